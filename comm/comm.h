@@ -1,0 +1,84 @@
+/* The communicator: what every module of comm/ shares.  Statistics,
+ * reduction ops and error text belong to the communicator, never to
+ * globals (STYLE.md rule 7). */
+#ifndef GEOCCL_COMM_H_
+#define GEOCCL_COMM_H_
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "comm/hmac.h"
+#include "comm/socket.h"
+#include "comm/transport.h"
+
+#define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
+#define GEO_MAX_REDOPS 64
+#define GEO_HOSTNAME_LEN 64
+
+/* What each rank tells the others at bootstrap. */
+typedef struct {
+    geoSockAddr addr;           /* data listener */
+    char host[GEO_HOSTNAME_LEN];
+    int32_t pid;
+    int32_t nstreams;           /* rank 0's value is used by all */
+    int64_t chunk_size;         /* rank 0's value is used by all */
+} geoPeerInfo;
+
+typedef struct {
+    int used;
+    ncclDataType_t datatype;
+    ncclScalarResidence_t residence;
+    unsigned char scalar[8];    /* host-immediate copy */
+    const void *ptr;            /* ncclScalarDevice: read at each call */
+} geoRedOp;
+
+struct ncclComm {
+    uint64_t magic;
+    int rank;
+    int nranks;
+    int cuda_dev;               /* -1: host-only */
+    uint8_t secret[GEO_SHA256_BYTES];
+    uint64_t comm_hash;         /* identifies the communicator in logs */
+    geoPeerInfo *peers;
+
+    const geoNetTransport *net;
+    void *net_state;
+    int nstreams;
+    size_t chunk_size;
+    int window;
+    double timeout;             /* seconds without progress */
+
+    int blocking;
+    char name[64];
+
+    volatile int abort_flag;
+    ncclResult_t async_error;   /* atomic; ncclInProgress during init */
+    pthread_mutex_t lock;       /* last_error, redops */
+    char last_error[1024];
+
+    uint64_t op_seq;            /* collective calls issued */
+    char op_desc[96];           /* current operation, for error text */
+
+    geoRedOp redops[GEO_MAX_REDOPS];
+
+    pthread_t init_thread;      /* non-blocking init */
+    int init_thread_live;
+    int finalized;
+    int active_calls;           /* API calls in flight (abort waits) */
+};
+
+/* Validate a handle: ncclInvalidArgument for NULL or a freed/foreign one. */
+ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn);
+/* Record the text ncclGetLastError(comm) returns (and the thread's). */
+void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Mark the communicator broken with res (first error wins). */
+void geoCommFail(struct ncclComm *comm, ncclResult_t res);
+ncclResult_t geoCommAsyncError(struct ncclComm *comm);
+
+/* Bootstrap-level helpers used by split/shrink. */
+ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,
+                                 int rank, const ncclConfig_t *config, int allow_env_root);
+
+#endif

@@ -1,0 +1,639 @@
+/* Communicator life cycle: unique id, init (blocking, non-blocking, all,
+ * grouped), split, finalize, destroy, abort, queries, errors, version. */
+#include "config.h"
+#include "comm/bootstrap.h"
+#include "comm/checks.h"
+#include "comm/coll.h"
+#include "comm/comm.h"
+#include "comm/group.h"
+#include "comm/param.h"
+#include "comm/reduce.h"
+#include "topology/ifaces.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- errors ---------------------------------------------------------- */
+
+ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn)
+{
+    (void)fn;
+    if (comm == NULL || comm->magic != GEO_COMM_MAGIC)
+        return ncclInvalidArgument;
+    return ncclSuccess;
+}
+
+void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
+{
+    char buf[sizeof(comm->last_error)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&comm->lock);
+    memcpy(comm->last_error, buf, sizeof(buf));
+    pthread_mutex_unlock(&comm->lock);
+    geoSetThreadError("%s", buf);
+}
+
+void geoCommFail(struct ncclComm *comm, ncclResult_t res)
+{
+    ncclResult_t expect = ncclSuccess;
+    __atomic_compare_exchange_n(&comm->async_error, &expect, res, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
+ncclResult_t geoCommAsyncError(struct ncclComm *comm)
+{
+    return __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
+}
+
+const char *ncclGetErrorString(ncclResult_t result)
+{
+    switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with GEOCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (ncclGetLastError names the call that failed)";
+    case ncclInternalError: return "internal error - please report this issue to the GeoCCL developers";
+    case ncclInvalidArgument: return "invalid argument (ncclGetLastError says which)";
+    case ncclInvalidUsage: return "invalid usage (ncclGetLastError says what)";
+    case ncclRemoteError: return "remote process exited, closed its connection or stopped answering";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm)
+{
+    if (comm != NULL && comm->magic == GEO_COMM_MAGIC)
+        return comm->last_error;
+    return geoThreadError();
+}
+
+void ncclResetDebugInit(void) { geoParamReload(); }
+
+ncclResult_t ncclGetVersion(int *version)
+{
+    GEO_RETURN_IF(version == NULL, ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
+{
+    GEO_RETURN_IF(uniqueId == NULL, ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    return geoBootstrapGetUniqueId(uniqueId);
+}
+
+/* ---- init ------------------------------------------------------------ */
+
+static ncclResult_t check_config(const ncclConfig_t *config)
+{
+    if (config == NULL)
+        return ncclSuccess;
+    GEO_RETURN_IF(config->magic != NCCL_CONFIG_MAGIC, ncclInvalidArgument,
+                  "ncclConfig_t has magic %#x, not %#x: initialise it with "
+                  "NCCL_CONFIG_INITIALIZER", config->magic, NCCL_CONFIG_MAGIC);
+    GEO_RETURN_IF(config->size < offsetof(ncclConfig_t, blocking) + sizeof(int) ||
+                      config->size > sizeof(ncclConfig_t) + 256,
+                  ncclInvalidArgument, "ncclConfig_t has size %zu: initialise it with "
+                  "NCCL_CONFIG_INITIALIZER", config->size);
+    GEO_RETURN_IF(config->version < NCCL_VERSION(2, 14, 0) ||
+                      config->version > NCCL_VERSION(2, 99, 99),
+                  ncclInvalidArgument, "ncclConfig_t has version %u, which GeoCCL does not know",
+                  config->version);
+    GEO_RETURN_IF(config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 &&
+                      config->blocking != 1,
+                  ncclInvalidArgument, "ncclConfig_t.blocking must be 0 or 1, not %d",
+                  config->blocking);
+    return ncclSuccess;
+}
+
+static void comm_free(struct ncclComm *comm)
+{
+    if (comm->net && comm->net_state)
+        comm->net->destroy(comm->net_state);
+    comm->net_state = NULL;
+    free(comm->peers);
+    comm->magic = 0;
+    pthread_mutex_destroy(&comm->lock);
+    free(comm);
+}
+
+/* Everything after the handle exists: bootstrap and connect. */
+static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInternal *id,
+                                 int allow_env_root)
+{
+    geoPeerInfo mine;
+    topoIface ifs[1];
+    geoSockAddr addr;
+    ncclResult_t res;
+    const char *filter = geoParamStr(GEO_PARAM_SOCKET_IFNAME);
+    char a[GEO_ADDR_STRLEN];
+
+    geoDebugSetRank(comm->rank);
+    if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
+        GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
+    for (int i = 0; geoNetTransports[i]; i++)
+        if (geoNetTransports[i]->canConnect(comm)) {
+            comm->net = geoNetTransports[i];
+            break;
+        }
+    if (comm->net == NULL) {
+        geoCommSetError(comm, "init: no transport can connect this communicator");
+        return ncclSystemError;
+    }
+    if (topoFindIfaces(filter, &id->root.sa, ifs, 1) < 1) {
+        geoCommSetError(comm, "init: no usable network interface (GEOCCL_SOCKET_IFNAME=%s)",
+                        filter ? filter : "unset");
+        return ncclSystemError;
+    }
+    memset(&addr, 0, sizeof(addr));
+    memcpy(&addr, &ifs[0].addr,
+           ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6) : sizeof(addr.sin));
+    GEO_CHECK(comm->net->listen(comm, &comm->net_state, &addr));
+
+    memset(&mine, 0, sizeof(mine));
+    mine.addr = addr;
+    gethostname(mine.host, sizeof(mine.host) - 1);
+    mine.pid = (int32_t)getpid();
+    mine.nstreams = comm->nstreams;
+    mine.chunk_size = (int64_t)comm->chunk_size;
+    comm->peers = calloc((size_t)comm->nranks, sizeof(geoPeerInfo));
+    if (comm->peers == NULL) {
+        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
+        return ncclSystemError;
+    }
+    geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
+            comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr, a), ifs[0].name);
+    GEO_CHECK(geoBootstrapJoin(comm, id, &mine, comm->peers));
+    /* Every rank uses rank 0's stream count and chunk size. */
+    comm->nstreams = comm->peers[0].nstreams;
+    comm->chunk_size = (size_t)comm->peers[0].chunk_size;
+    res = comm->net->connect(comm, comm->net_state);
+    if (res != ncclSuccess)
+        return res;
+    geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
+            "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
+            comm->name, comm->rank, comm->nranks, comm->net->name, comm->nstreams,
+            comm->chunk_size);
+    return ncclSuccess;
+}
+
+typedef struct {
+    struct ncclComm *comm;
+    geoUniqueIdInternal id;
+    int allow_env_root;
+} initArgs;
+
+static void *nonblocking_init_main(void *arg)
+{
+    initArgs *a = arg;
+    ncclResult_t res = comm_connect(a->comm, &a->id, a->allow_env_root);
+    __atomic_store_n(&a->comm->async_error, res, __ATOMIC_RELEASE);
+    free(a);
+    return NULL;
+}
+
+ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *uid,
+                                 int rank, const ncclConfig_t *config, int allow_env_root)
+{
+    geoUniqueIdInternal id;
+    struct ncclComm *comm;
+    ncclResult_t res;
+
+    GEO_RETURN_IF(out == NULL, ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+    GEO_RETURN_IF(nranks < 1, ncclInvalidArgument, "ncclCommInitRank: nranks %d < 1", nranks);
+    GEO_RETURN_IF(rank < 0 || rank >= nranks, ncclInvalidArgument,
+                  "ncclCommInitRank: rank %d is outside [0, %d)", rank, nranks);
+    GEO_CHECK(check_config(config));
+    GEO_CHECK(geoBootstrapDecode(uid, &id));
+
+    comm = calloc(1, sizeof(*comm));
+    GEO_RETURN_IF(comm == NULL, ncclSystemError, "out of memory");
+    pthread_mutex_init(&comm->lock, NULL);
+    comm->magic = GEO_COMM_MAGIC;
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->cuda_dev = -1;
+    memcpy(comm->secret, id.secret, sizeof(comm->secret));
+    comm->comm_hash = id.nonce ^ ((uint64_t)geoAddrPort(&id.root) << 48) ^
+                      (uint64_t)id.root.sin.sin_addr.s_addr;
+    comm->timeout = (double)geoParamInt(GEO_PARAM_TIMEOUT);
+    if (comm->timeout <= 0)
+        comm->timeout = 300;
+    int64_t ns = geoParamInt(GEO_PARAM_NSTREAMS);
+    comm->nstreams = (int)(ns < 1 ? 1 : ns > 64 ? 64 : ns);
+    int64_t cs = geoParamInt(GEO_PARAM_CHUNK_SIZE);
+    comm->chunk_size = (size_t)(cs < 64 ? 64 : cs);
+    int64_t w = geoParamInt(GEO_PARAM_WINDOW);
+    comm->window = (int)(w < 1 ? 1 : w > 1024 ? 1024 : w);
+    comm->blocking = !(config && config->blocking == 0);
+    if (config && config->commName)
+        snprintf(comm->name, sizeof(comm->name), "%s", config->commName);
+    snprintf(comm->op_desc, sizeof(comm->op_desc), "init");
+
+    if (!comm->blocking) {
+        initArgs *a = malloc(sizeof(*a));
+        if (a == NULL) {
+            comm_free(comm);
+            GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+        }
+        a->comm = comm;
+        a->id = id;
+        a->allow_env_root = allow_env_root;
+        comm->async_error = ncclInProgress;
+        if (pthread_create(&comm->init_thread, NULL, nonblocking_init_main, a) != 0) {
+            free(a);
+            comm_free(comm);
+            GEO_RETURN_IF(1, ncclSystemError, "cannot start the init thread");
+        }
+        comm->init_thread_live = 1;
+        *out = comm;
+        return ncclInProgress;
+    }
+    res = comm_connect(comm, &id, allow_env_root);
+    if (res != ncclSuccess) {
+        geoWarn(GEO_LOG_INIT, "%s", comm->last_error[0] ? comm->last_error : geoThreadError());
+        geoSetThreadError("%s", comm->last_error[0] ? comm->last_error : geoThreadError());
+        comm_free(comm);
+        return res;
+    }
+    *out = comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t *config)
+{
+    GEO_RETURN_IF(comm == NULL, ncclInvalidArgument, "ncclCommInitRankConfig: comm is NULL");
+    GEO_RETURN_IF(nranks < 1 || rank < 0 || rank >= nranks, ncclInvalidArgument,
+                  "ncclCommInitRankConfig: rank %d / nranks %d out of range", rank, nranks);
+    GEO_CHECK(check_config(config));
+    if (geoGroupActive())
+        return geoGroupAddInit(comm, nranks, &commId, rank, config);
+    return geoCommInitInternal(comm, nranks, &commId, rank, config, 1);
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+    return ncclCommInitRankConfig(comm, nranks, commId, rank, NULL);
+}
+
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    GEO_RETURN_IF(nId < 1 || commIds == NULL, ncclInvalidArgument,
+                  "ncclCommInitRankScalable: need at least one unique id");
+    /* One root serves all ranks; the other ids are accepted and unused. */
+    return ncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
+}
+
+typedef struct {
+    ncclComm_t *out;
+    int n, rank;
+    ncclUniqueId id;
+    ncclResult_t res;
+} allArgs;
+
+static void *init_all_main(void *arg)
+{
+    allArgs *a = arg;
+    a->res = geoCommInitInternal(a->out, a->n, &a->id, a->rank, NULL, 0);
+    return NULL;
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+{
+    ncclUniqueId id;
+    ncclResult_t res = ncclSuccess;
+    (void)devlist;
+    GEO_RETURN_IF(comms == NULL, ncclInvalidArgument, "ncclCommInitAll: comm is NULL");
+    GEO_RETURN_IF(ndev < 1, ncclInvalidArgument, "ncclCommInitAll: ndev %d < 1", ndev);
+    GEO_CHECK(geoBootstrapNewRoot(&id));
+    allArgs *a = calloc((size_t)ndev, sizeof(*a));
+    pthread_t *t = calloc((size_t)ndev, sizeof(*t));
+    if (a == NULL || t == NULL) {
+        free(a);
+        free(t);
+        GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+    }
+    for (int i = 0; i < ndev; i++) {
+        a[i] = (allArgs){.out = &comms[i], .n = ndev, .rank = i, .id = id, .res = ncclSuccess};
+        comms[i] = NULL;
+        if (pthread_create(&t[i], NULL, init_all_main, &a[i]) != 0) {
+            a[i].res = ncclSystemError;
+            t[i] = 0;
+        }
+    }
+    for (int i = 0; i < ndev; i++) {
+        if (t[i])
+            pthread_join(t[i], NULL);
+        if (a[i].res != ncclSuccess && res == ncclSuccess)
+            res = a[i].res;
+    }
+    if (res != ncclSuccess)
+        for (int i = 0; i < ndev; i++)
+            if (comms[i]) {
+                comm_free(comms[i]);
+                comms[i] = NULL;
+            }
+    free(a);
+    free(t);
+    return res;
+}
+
+/* ---- split ----------------------------------------------------------- */
+
+static ncclResult_t run_allgather(struct ncclComm *comm, const void *send, void *recv,
+                                  size_t bytes)
+{
+    geoOp op = {.type = GEO_OP_ALLGATHER, .comm = comm, .sendbuff = send, .recvbuff = recv,
+                .count = bytes, .dt = ncclUint8, .op = ncclSum, .root = 0, .next = NULL};
+    return geoRunCommOps(comm, NULL, &op);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    int32_t mine[2] = {color, key};
+    int32_t *all = NULL;
+    ncclUniqueId *ids = NULL, myid;
+    ncclResult_t res;
+
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommSplit") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommSplit: comm is NULL or not a live communicator");
+    GEO_RETURN_IF(newcomm == NULL, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+    GEO_RETURN_IF(color < 0 && color != NCCL_SPLIT_NOCOLOR, ncclInvalidArgument,
+                  "ncclCommSplit: color %d must be >= 0 or NCCL_SPLIT_NOCOLOR", color);
+    GEO_CHECK(check_config(config));
+    GEO_CHECK(geoCommAsyncError(comm));
+    *newcomm = NULL;
+    all = malloc(sizeof(int32_t) * 2 * (size_t)comm->nranks);
+    ids = calloc((size_t)comm->nranks, sizeof(ncclUniqueId));
+    if (all == NULL || ids == NULL) {
+        res = ncclSystemError;
+        goto out;
+    }
+    GEO_CHECK_GOTO(run_allgather(comm, mine, all, sizeof(mine)), res, out);
+
+    /* My group, ordered by (key, old rank); its first member is the root. */
+    int newrank = 0, newsize = 0, leader = -1, leader_key = 0;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (all[2 * r] != color || color == NCCL_SPLIT_NOCOLOR)
+            continue;
+        newsize++;
+        int k = all[2 * r + 1];
+        if (k < key || (k == key && r < comm->rank))
+            newrank++;
+        if (leader < 0 || k < leader_key || (k == leader_key && r < leader)) {
+            leader = r;
+            leader_key = k;
+        }
+    }
+    memset(&myid, 0, sizeof(myid));
+    if (color != NCCL_SPLIT_NOCOLOR && leader == comm->rank)
+        GEO_CHECK_GOTO(geoBootstrapNewRoot(&myid), res, out);
+    GEO_CHECK_GOTO(run_allgather(comm, &myid, ids, sizeof(myid)), res, out);
+    if (color == NCCL_SPLIT_NOCOLOR) {
+        res = ncclSuccess;
+        goto out;
+    }
+    ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
+    inherit.blocking = comm->blocking;
+    res = geoCommInitInternal(newcomm, newsize, &ids[leader], newrank, config ? config : &inherit,
+                              0);
+    if (res == ncclInProgress)
+        res = ncclSuccess; /* non-blocking: the caller polls the new comm */
+out:
+    free(all);
+    free(ids);
+    return res;
+}
+
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                            ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
+{
+    (void)excludeRanksList;
+    (void)excludeRanksCount;
+    (void)config;
+    (void)shrinkFlags;
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommShrink") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommShrink: comm is NULL or not a live communicator");
+    if (newcomm)
+        *newcomm = NULL;
+    geoCommSetError(comm, "ncclCommShrink is not supported by GeoCCL yet: create a new "
+                    "communicator with ncclGetUniqueId/ncclCommInitRank instead");
+    return ncclInvalidUsage;
+}
+
+/* ---- teardown --------------------------------------------------------- */
+
+static void join_init(struct ncclComm *comm)
+{
+    if (comm->init_thread_live) {
+        pthread_join(comm->init_thread, NULL);
+        comm->init_thread_live = 0;
+    }
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommFinalize") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommFinalize: comm is NULL or not a live communicator");
+    join_init(comm);
+    /* Host operations complete before their call returns: nothing to flush. */
+    comm->finalized = 1;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    if (comm == NULL)
+        return ncclSuccess; /* as NCCL: destroying NULL is a no-op */
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommDestroy") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommDestroy: not a live communicator");
+    join_init(comm);
+    comm_free(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    if (comm == NULL)
+        return ncclSuccess;
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommAbort") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommAbort: not a live communicator");
+    comm->abort_flag = 1;
+    if (comm->net && comm->net_state)
+        comm->net->breakAll(comm->net_state);
+    join_init(comm);
+    if (comm->net && comm->net_state)
+        comm->net->breakAll(comm->net_state);
+    /* Let calls running in other threads see the failure and leave. */
+    for (int i = 0; i < 10000 && __atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0; i++)
+        usleep(1000);
+    if (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0) {
+        geoWarn(GEO_LOG_INIT, "ncclCommAbort: a call is still running after 10 s; the "
+                "communicator's memory is left allocated");
+        return ncclSuccess;
+    }
+    comm_free(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommRevoke") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommRevoke: comm is NULL or not a live communicator");
+    GEO_RETURN_IF(revokeFlags != NCCL_REVOKE_DEFAULT, ncclInvalidArgument,
+                  "ncclCommRevoke: revokeFlags must be 0");
+    geoCommSetError(comm, "communicator revoked");
+    if (comm->net && comm->net_state)
+        comm->net->breakAll(comm->net_state);
+    return ncclSuccess;
+}
+
+/* ---- queries ---------------------------------------------------------- */
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommGetAsyncError") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommGetAsyncError: comm is NULL or not a live communicator");
+    GEO_RETURN_IF(asyncError == NULL, ncclInvalidArgument,
+                  "ncclCommGetAsyncError: asyncError is NULL");
+    *asyncError = geoCommAsyncError(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommCount") != ncclSuccess || count == NULL,
+                  ncclInvalidArgument, "ncclCommCount: NULL or dead comm, or NULL count");
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommCuDevice") != ncclSuccess || device == NULL,
+                  ncclInvalidArgument, "ncclCommCuDevice: NULL or dead comm, or NULL device");
+    *device = comm->cuda_dev;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommUserRank") != ncclSuccess || rank == NULL,
+                  ncclInvalidArgument, "ncclCommUserRank: NULL or dead comm, or NULL rank");
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+/* ---- memory and registration ------------------------------------------- */
+
+ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    GEO_RETURN_IF(ptr == NULL, ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+    GEO_RETURN_IF(posix_memalign(ptr, 4096, size ? size : 1) != 0, ncclSystemError,
+                  "ncclMemAlloc: cannot allocate %zu bytes", size);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclMemFree(void *ptr)
+{
+    free(ptr);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommRegister") != ncclSuccess || handle == NULL,
+                  ncclInvalidArgument, "ncclCommRegister: NULL or dead comm, or NULL handle");
+    (void)size;
+    /* Host buffers need no registration; the token is the address. */
+    *handle = buff ? buff : (void *)comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommDeregister") != ncclSuccess, ncclInvalidArgument,
+                  "ncclCommDeregister: NULL or dead comm");
+    (void)handle;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
+                                    int winFlags)
+{
+    (void)buff;
+    (void)size;
+    (void)winFlags;
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommWindowRegister") != ncclSuccess,
+                  ncclInvalidArgument, "ncclCommWindowRegister: NULL or dead comm");
+    if (win)
+        *win = NULL;
+    geoCommSetError(comm, "ncclCommWindowRegister: symmetric memory windows need GPU memory and "
+                    "are not supported by GeoCCL");
+    return ncclInvalidUsage;
+}
+
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
+{
+    (void)win;
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclCommWindowDeregister") != ncclSuccess,
+                  ncclInvalidArgument, "ncclCommWindowDeregister: NULL or dead comm");
+    geoCommSetError(comm, "ncclCommWindowDeregister: no window was registered");
+    return ncclInvalidUsage;
+}
+
+/* ---- PreMulSum --------------------------------------------------------- */
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclRedOpCreatePreMulSum") != ncclSuccess,
+                  ncclInvalidArgument, "ncclRedOpCreatePreMulSum: NULL or dead comm");
+    GEO_RETURN_IF(op == NULL || scalar == NULL, ncclInvalidArgument,
+                  "ncclRedOpCreatePreMulSum: op or scalar is NULL");
+    GEO_RETURN_IF(geoTypeSize(datatype) == 0, ncclInvalidArgument,
+                  "ncclRedOpCreatePreMulSum: datatype %d is invalid", (int)datatype);
+    GEO_RETURN_IF(residence != ncclScalarDevice && residence != ncclScalarHostImmediate,
+                  ncclInvalidArgument, "ncclRedOpCreatePreMulSum: residence %d is invalid",
+                  (int)residence);
+    pthread_mutex_lock(&comm->lock);
+    for (int i = 0; i < GEO_MAX_REDOPS; i++) {
+        geoRedOp *r = &comm->redops[i];
+        if (r->used)
+            continue;
+        r->used = 1;
+        r->datatype = datatype;
+        r->residence = residence;
+        memset(r->scalar, 0, sizeof(r->scalar));
+        memcpy(r->scalar, scalar, geoTypeSize(datatype));
+        r->ptr = scalar;
+        *op = (ncclRedOp_t)(ncclNumOps + i);
+        pthread_mutex_unlock(&comm->lock);
+        return ncclSuccess;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    geoCommSetError(comm, "ncclRedOpCreatePreMulSum: all %d op handles are in use",
+                    GEO_MAX_REDOPS);
+    return ncclInvalidUsage;
+}
+
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "ncclRedOpDestroy") != ncclSuccess, ncclInvalidArgument,
+                  "ncclRedOpDestroy: NULL or dead comm");
+    GEO_RETURN_IF(op < ncclNumOps || op - ncclNumOps >= GEO_MAX_REDOPS ||
+                      !comm->redops[op - ncclNumOps].used,
+                  ncclInvalidArgument, "ncclRedOpDestroy: op %d is not a live handle", (int)op);
+    pthread_mutex_lock(&comm->lock);
+    comm->redops[op - ncclNumOps].used = 0;
+    pthread_mutex_unlock(&comm->lock);
+    return ncclSuccess;
+}

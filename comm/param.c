@@ -1,0 +1,143 @@
+#include "config.h"
+#include "comm/param.h"
+#include "comm/debug.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const geoParamDesc table[GEO_PARAM_COUNT] = {
+    [GEO_PARAM_DEBUG] = {"GEOCCL_DEBUG", GEO_PARAM_STR, "WARN",
+                         "log level: NONE, WARN, INFO or TRACE"},
+    [GEO_PARAM_DEBUG_SUBSYS] = {"GEOCCL_DEBUG_SUBSYS", GEO_PARAM_STR, "ALL",
+                                "subsystems logged at INFO/TRACE: INIT,NET,TOPO,TUNING,"
+                                "COMPRESS,CUDA,COLL,ENV,ALL; ^ in front excludes"},
+    [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
+                           "seconds an operation may wait without progress before it fails"},
+    [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",
+                            "TCP connections per peer pair (1..64)"},
+    [GEO_PARAM_SOCKET_IFNAME] = {"GEOCCL_SOCKET_IFNAME", GEO_PARAM_STR, NULL,
+                                 "interfaces to use: prefixes, =exact, ^ excludes (as NCCL)"},
+    [GEO_PARAM_COMM_ID] = {"GEOCCL_COMM_ID", GEO_PARAM_STR, NULL,
+                           "host:port of the bootstrap root; rank 0 listens there"},
+    [GEO_PARAM_COMM_SECRET] = {"GEOCCL_COMM_SECRET", GEO_PARAM_STR, NULL,
+                               "shared secret for GEOCCL_COMM_ID bootstrap (else none)"},
+    [GEO_PARAM_CHUNK_SIZE] = {"GEOCCL_CHUNK_SIZE", GEO_PARAM_INT, "512K",
+                              "bytes per pipelined chunk in ring algorithms"},
+    [GEO_PARAM_WINDOW] = {"GEOCCL_WINDOW", GEO_PARAM_INT, "8",
+                          "chunks in flight per ring step"},
+    [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "4M",
+                                  "SO_SNDBUF/SO_RCVBUF per connection, if net.core.*mem_max "
+                                  "allows; 0 leaves the kernel's autotuning"},
+};
+
+static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
+static int loaded;
+static int64_t int_values[GEO_PARAM_COUNT];
+static char *str_values[GEO_PARAM_COUNT];
+static int is_set[GEO_PARAM_COUNT];
+
+int geoParseSize(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+
+    if (s == NULL)
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 0);
+    if (errno != 0 || end == s)
+        return -1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': v <<= 10; end++; break;
+    case 'M': v <<= 20; end++; break;
+    case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (toupper((unsigned char)*end) == 'B' || toupper((unsigned char)*end) == 'I')
+        end++;
+    if (*end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void load_locked(void)
+{
+    if (loaded)
+        return;
+    for (int i = 0; i < GEO_PARAM_COUNT; i++) {
+        const char *env = getenv(table[i].name);
+        const char *txt = env ? env : table[i].dflt;
+        free(str_values[i]);
+        str_values[i] = txt ? strdup(txt) : NULL;
+        is_set[i] = env != NULL;
+        int_values[i] = 0;
+        if (table[i].type == GEO_PARAM_INT) {
+            if (geoParseSize(txt, &int_values[i]) != 0) {
+                /* The default always parses. */
+                geoParseSize(table[i].dflt, &int_values[i]);
+                if (env)
+                    fprintf(stderr, "[geoccl] WARN %s=%s is not a number; using %s\n",
+                            table[i].name, env, table[i].dflt);
+            }
+        }
+    }
+    loaded = 1;
+}
+
+static void log_set_values(void)
+{
+    /* Logged outside the lock: geoLog reads GEOCCL_DEBUG through this table. */
+    for (int i = 0; i < GEO_PARAM_COUNT; i++)
+        if (is_set[i] && i != GEO_PARAM_COMM_SECRET)
+            geoInfo(GEO_LOG_ENV, "%s set by environment to %s", table[i].name, str_values[i]);
+}
+
+static void ensure_loaded(void)
+{
+    int fresh = 0;
+    pthread_mutex_lock(&param_lock);
+    if (!loaded) {
+        load_locked();
+        fresh = 1;
+    }
+    pthread_mutex_unlock(&param_lock);
+    if (fresh)
+        log_set_values();
+}
+
+int64_t geoParamInt(geoParamId id)
+{
+    ensure_loaded();
+    return int_values[id];
+}
+
+const char *geoParamStr(geoParamId id)
+{
+    ensure_loaded();
+    return str_values[id];
+}
+
+int geoParamIsSet(geoParamId id)
+{
+    ensure_loaded();
+    return is_set[id];
+}
+
+const geoParamDesc *geoParamDescribe(geoParamId id)
+{
+    return (id >= 0 && id < GEO_PARAM_COUNT) ? &table[id] : NULL;
+}
+
+void geoParamReload(void)
+{
+    pthread_mutex_lock(&param_lock);
+    loaded = 0;
+    load_locked();
+    pthread_mutex_unlock(&param_lock);
+    geoDebugInit();
+}

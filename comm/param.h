@@ -1,0 +1,46 @@
+/* The one table of environment parameters.  Values are read once, on first
+ * use, and cached; every value set in the environment is logged at INFO
+ * (subsystem ENV).  geoccl-info prints the whole table with its help. */
+#ifndef GEOCCL_PARAM_H_
+#define GEOCCL_PARAM_H_
+
+#include <stdint.h>
+
+typedef enum {
+    GEO_PARAM_DEBUG,
+    GEO_PARAM_DEBUG_SUBSYS,
+    GEO_PARAM_TIMEOUT,
+    GEO_PARAM_NSTREAMS,
+    GEO_PARAM_SOCKET_IFNAME,
+    GEO_PARAM_COMM_ID,
+    GEO_PARAM_COMM_SECRET,
+    GEO_PARAM_CHUNK_SIZE,
+    GEO_PARAM_WINDOW,
+    GEO_PARAM_SOCKET_BUFSIZE,
+    GEO_PARAM_COUNT
+} geoParamId;
+
+typedef enum { GEO_PARAM_INT, GEO_PARAM_STR } geoParamType;
+
+typedef struct {
+    const char *name;     /* environment variable */
+    geoParamType type;
+    const char *dflt;     /* default as text; NULL: unset */
+    const char *help;     /* one line */
+} geoParamDesc;
+
+/* Integer value (parsed with suffixes K, M, G); the default if unset or
+ * unparsable (the latter logged once). */
+int64_t geoParamInt(geoParamId id);
+/* String value or the default (may be NULL). */
+const char *geoParamStr(geoParamId id);
+/* 1 when the variable is set in the environment. */
+int geoParamIsSet(geoParamId id);
+const geoParamDesc *geoParamDescribe(geoParamId id);
+/* Forget cached values and read the environment again (tests, and
+ * ncclResetDebugInit). */
+void geoParamReload(void);
+/* Parse "123", "4K", "8M", "1G"; returns 0 and sets *out, or -1. */
+int geoParseSize(const char *s, int64_t *out);
+
+#endif

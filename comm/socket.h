@@ -1,0 +1,50 @@
+/* Blocking-with-deadline socket helpers for the bootstrap and connection
+ * handshakes; the data path uses the same sockets non-blocking (net_tcp.c). */
+#ifndef GEOCCL_SOCKET_H_
+#define GEOCCL_SOCKET_H_
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "nccl.h"
+
+typedef union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+} geoSockAddr;
+
+#define GEO_ADDR_STRLEN 64
+
+/* Monotonic clock in seconds. */
+double geoNow(void);
+/* "a.b.c.d:port" or "[v6]:port". */
+const char *geoAddrToString(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN]);
+/* Parse "host:port" / "[v6]:port" (host may be a name). */
+ncclResult_t geoAddrFromString(const char *s, geoSockAddr *out);
+socklen_t geoAddrLen(const geoSockAddr *addr);
+int geoAddrPort(const geoSockAddr *addr);
+
+/* Listen on addr (port 0: any).  [out] fd, bound (address with its port). */
+ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound);
+/* Connect, retrying refused or unreachable attempts until deadline (geoNow
+ * seconds).  The connected socket is blocking.  [out] fd. */
+ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd);
+/* Accept one connection, waiting until deadline or *abort becomes non-zero.
+ * ncclRemoteError on timeout. */
+ncclResult_t geoSocketAccept(int lfd, double deadline, const volatile int *abort, int *fd,
+                             geoSockAddr *peer);
+/* Send or receive exactly len bytes by deadline.  ncclRemoteError when the
+ * peer closes, resets or the deadline passes (errno-style cause in *why). */
+ncclResult_t geoSocketSendAll(int fd, const void *buf, size_t len, double deadline,
+                              const char **why);
+ncclResult_t geoSocketRecvAll(int fd, void *buf, size_t len, double deadline,
+                              const char **why);
+/* TCP_NODELAY, keepalive and, when bufsize > 0 and allowed by
+ * net.core.{r,w}mem_max, SO_SNDBUF/SO_RCVBUF of bufsize. */
+void geoSocketTune(int fd, int64_t bufsize);
+int geoSocketSetNonBlocking(int fd, int on);
+
+#endif

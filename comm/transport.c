@@ -1,0 +1,43 @@
+#include "config.h"
+#include "comm/comm.h"
+#include "comm/transport.h"
+
+#include <string.h>
+
+/* In order of preference: the first whose canConnect() says yes is used. */
+const geoNetTransport *const geoNetTransports[] = {&geoNetTcp, NULL};
+
+static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, size_t size,
+                         geoNetRequest *req)
+{
+    memset(req, 0, sizeof(*req));
+    req->peer = peer;
+    req->dir = dir;
+    req->buf = buf;
+    req->size = size;
+    if (size == 0) {
+        req->done = 1;
+        req->result = ncclSuccess;
+        return ncclSuccess;
+    }
+    return comm->net->post(comm->net_state, req);
+}
+
+ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                         geoNetRequest *req)
+{
+    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req);
+}
+
+ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
+                         geoNetRequest *req)
+{
+    return post(comm, peer, GEO_NET_RECV, buf, size, req);
+}
+
+ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req)
+{
+    if (req->size == 0 || (req->done && req->result != ncclInProgress))
+        return req->result;
+    return comm->net->wait(comm->net_state, req);
+}

@@ -1,0 +1,74 @@
+/* Transports between ranks.  A transport is a table of function pointers;
+ * geoNetTransports[] lists them in order of preference and the first whose
+ * canConnect() says yes carries the communicator (TCP always can; ibverbs
+ * joins here later).
+ *
+ * Matching rule: messages between two ranks are matched in the order they
+ * were posted, separately per direction: the k-th send posted from A to B
+ * meets the k-th receive posted on B from A, and both must have the same
+ * size (a mismatch is a malformed-frame error, not silent truncation).
+ * Zero-byte messages are never posted. */
+#ifndef GEOCCL_TRANSPORT_H_
+#define GEOCCL_TRANSPORT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+struct ncclComm;
+
+enum { GEO_NET_SEND = 0, GEO_NET_RECV = 1 };
+
+/* One posted message.  Owned by the caller, who must keep it (and its
+ * buffer) alive until wait() returns for it. */
+typedef struct geoNetRequest {
+    struct geoNetRequest *next; /* transport's queue link */
+    int peer;
+    int dir;                    /* GEO_NET_SEND / GEO_NET_RECV */
+    char *buf;
+    size_t size;
+    uint64_t seq;               /* set by post(): per (peer, dir) order */
+    size_t nframes;
+    size_t frames_done;
+    int done;                   /* 1 once complete or failed */
+    ncclResult_t result;
+    double last_progress;       /* geoNow() of the last byte moved */
+} geoNetRequest;
+
+typedef struct geoNetTransport {
+    const char *name;
+    /* 1 if this transport can connect every pair of comm's ranks. */
+    int (*canConnect)(struct ncclComm *comm);
+    /* Open this rank's listener before the bootstrap exchange; writes the
+     * address peers must use into *listen_addr (a geoSockAddr). */
+    ncclResult_t (*listen)(struct ncclComm *comm, void **state, void *listen_addr);
+    /* Connect to every peer (addresses in comm->peers) and start the
+     * progress thread.  Collective; bounded by comm->timeout. */
+    ncclResult_t (*connect)(struct ncclComm *comm, void *state);
+    /* Queue req; never blocks on the network.  Fails at once with the
+     * communicator's error if it is broken. */
+    ncclResult_t (*post)(void *state, geoNetRequest *req);
+    /* Block until req completes, the communicator breaks, it is aborted,
+     * or no byte of req moved for comm->timeout seconds (then the
+     * communicator is broken with a message naming peer and operation). */
+    ncclResult_t (*wait)(void *state, geoNetRequest *req);
+    /* Fail everything in flight and shut the connections (peers see it at
+     * once).  Any thread; idempotent. */
+    void (*breakAll)(void *state);
+    /* Stop the progress thread, close and free.  Local. */
+    void (*destroy)(void *state);
+} geoNetTransport;
+
+extern const geoNetTransport geoNetTcp;
+extern const geoNetTransport *const geoNetTransports[];
+
+/* Convenience wrappers on comm's transport. */
+ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                         geoNetRequest *req);
+ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
+                         geoNetRequest *req);
+/* Wait; a NULL-size request (never posted) returns at once. */
+ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req);
+
+#endif

@@ -1,0 +1,48 @@
+/*
+ * GeoCCL's own additions to the NCCL API.
+ *
+ * Everything here is optional: a trainer that only calls nccl.h gets
+ * GeoCCL's behaviour through environment variables.  All functions are
+ * thread-safe and never block on the network.
+ */
+#ifndef GEOCCL_H_
+#define GEOCCL_H_
+
+#include "nccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One environment parameter as GeoCCL read it. */
+typedef struct {
+    const char *name;    /* e.g. "GEOCCL_TIMEOUT" */
+    const char *value;   /* value in force (default or environment); may be NULL */
+    const char *dflt;    /* default; may be NULL */
+    const char *help;    /* one line */
+    int is_set;          /* 1 when taken from the environment */
+} geocclParamInfo;
+
+/* Number of environment parameters GeoCCL reads. */
+int geocclParamCount(void);
+
+/* [out] info: parameter i (0 <= i < geocclParamCount()).
+ * Returns ncclSuccess, or ncclInvalidArgument for a bad index or NULL info. */
+ncclResult_t geocclParamGet(int i, geocclParamInfo *info);
+
+/* Version of GeoCCL itself ("0.1.0"), distinct from ncclGetVersion's NCCL
+ * API level. */
+const char *geocclVersionString(void);
+
+/* Communication settings the communicator agreed on at init (rank 0's
+ * values win).  [out] nstreams: TCP connections per peer; [out] chunkBytes:
+ * pipelining chunk; [out] timeoutSec: GEOCCL_TIMEOUT in force.  Any output
+ * may be NULL.  ncclInvalidArgument for a NULL or dead comm. */
+ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *chunkBytes,
+                                        double *timeoutSec);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
