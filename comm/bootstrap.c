@@ -246,6 +246,7 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
     const char *why = "unknown";
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     uint32_t magic = 0;
+    int proved = 0;
     geoJoinMsg m;
     int fd;
 
@@ -262,7 +263,8 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
     m.info = *mine;
     if (geoSocketRecvAll(fd, challenge, sizeof(challenge), deadline, &why) == ncclSuccess) {
         join_proof(id, challenge, comm->rank, comm->nranks, m.proof);
-        if (geoSocketSendAll(fd, &m, sizeof(m), deadline, &why) == ncclSuccess &&
+        proved = geoSocketSendAll(fd, &m, sizeof(m), deadline, &why) == ncclSuccess;
+        if (proved &&
             geoSocketRecvAll(fd, &magic, sizeof(magic), deadline, &why) == ncclSuccess &&
             magic == GEO_TABLE_MAGIC &&
             geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)comm->nranks, deadline, &why) ==
@@ -272,9 +274,15 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
         }
     }
     close(fd);
-    geoCommSetError(comm,
-                    "init: bootstrap with the root at %s failed (%s): not all %d ranks joined "
-                    "within %.0f s, or a rank used another nranks or a duplicate rank",
-                    ra, why, comm->nranks, comm->timeout);
+    if (proved && magic == 0 && strcmp(why, "connection closed by peer") == 0)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
+                        "not carry the root's secret, or rank %d of %d is already taken",
+                        ra, comm->rank, comm->rank, comm->nranks);
+    else
+        geoCommSetError(comm,
+                        "init: bootstrap with the root at %s failed (%s): not all %d ranks "
+                        "joined within %.0f s",
+                        ra, why, comm->nranks, comm->timeout);
     return ncclRemoteError;
 }

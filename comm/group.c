@@ -136,7 +136,8 @@ static ncclResult_t run_inits(geoInitJob *jobs)
             pthread_join(t[i], NULL);
         else
             j->res = ncclSystemError;
-        if (j->res != ncclSuccess && res == ncclSuccess)
+        /* ncclInProgress (non-blocking init) is reported unless something failed. */
+        if (j->res != ncclSuccess && (res == ncclSuccess || res == ncclInProgress))
             res = j->res;
     }
     free(t);
@@ -164,6 +165,14 @@ ncclResult_t ncclGroupEnd(void)
 
     if (inits) {
         res = run_inits(inits);
+        if (res == ncclInProgress && ops == NULL) {
+            while (inits) {
+                geoInitJob *n = inits->next;
+                free(inits);
+                inits = n;
+            }
+            return ncclInProgress;
+        }
         while (inits) {
             geoInitJob *n = inits->next;
             free(inits);

@@ -57,7 +57,9 @@ int geoParseSize(const char *s, int64_t *out)
     case 'G': v <<= 30; end++; break;
     default: break;
     }
-    if (toupper((unsigned char)*end) == 'B' || toupper((unsigned char)*end) == 'I')
+    if (toupper((unsigned char)*end) == 'I')
+        end++;
+    if (toupper((unsigned char)*end) == 'B')
         end++;
     if (*end != '\0')
         return -1;

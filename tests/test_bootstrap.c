@@ -1,0 +1,191 @@
+/* Bootstrap: the unique id, the secret, strangers at the root's port. */
+#include "config.h"
+#include "comm/bootstrap.h"
+#include "comm/param.h"
+
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    ncclUniqueId id;
+    int rank, nranks;
+    ncclResult_t res;
+    double took;
+    float result;
+    char err[1024];
+} rankArgs;
+
+static void *rank_main(void *p)
+{
+    rankArgs *a = p;
+    ncclComm_t comm = NULL;
+    double t0 = geoNow();
+    a->res = ncclCommInitRank(&comm, a->nranks, a->id, a->rank);
+    a->took = geoNow() - t0;
+    snprintf(a->err, sizeof(a->err), "%s", ncclGetLastError(NULL));
+    if (a->res == ncclSuccess) {
+        float v = (float)(a->rank + 1);
+        a->res = ncclAllReduce(&v, &a->result, 1, ncclFloat, ncclSum, comm, NULL);
+        ncclCommDestroy(comm);
+    }
+    return NULL;
+}
+
+static void run_ranks(rankArgs *a, int n)
+{
+    pthread_t t[8];
+    for (int i = 0; i < n; i++)
+        pthread_create(&t[i], NULL, rank_main, &a[i]);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+static void test_id_decode(void)
+{
+    ncclUniqueId id;
+    geoUniqueIdInternal in;
+    memset(&id, 0x5a, sizeof(id));
+    CU_ASSERT_EQUAL(geoBootstrapDecode(&id, &in), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(geoBootstrapDecode(&id, &in), ncclSuccess);
+    CU_ASSERT_EQUAL(in.magic, GEO_ID_MAGIC);
+    /* Two ids never share a secret. */
+    ncclUniqueId id2;
+    geoUniqueIdInternal in2;
+    CU_ASSERT_EQUAL(ncclGetUniqueId(&id2), ncclSuccess);
+    geoBootstrapDecode(&id2, &in2);
+    CU_ASSERT_NOT_EQUAL(memcmp(in.secret, in2.secret, sizeof(in.secret)), 0);
+    /* A communicator from a garbage id is refused before any traffic. */
+    ncclComm_t c;
+    memset(&id, 0, sizeof(id));
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 2, id, 0), ncclInvalidArgument);
+}
+
+static void test_stranger_is_dropped(void)
+{
+    rankArgs a[3];
+    ncclUniqueId id;
+    geoUniqueIdInternal in;
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    geoBootstrapDecode(&id, &in);
+
+    /* A stranger connects first and answers the challenge with junk, and
+     * a second one connects and says nothing for a while. */
+    int fd1, fd2;
+    char challenge[16], junk[512];
+    const char *why;
+    memset(junk, 0x42, sizeof(junk));
+    CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&in.root, geoNow() + 5, &fd1), ncclSuccess);
+    CU_ASSERT_EQUAL(geoSocketRecvAll(fd1, challenge, sizeof(challenge), geoNow() + 5, &why),
+                    ncclSuccess);
+    geoSocketSendAll(fd1, junk, sizeof(junk), geoNow() + 5, &why);
+    /* The root closes on the stranger without sending anything else. */
+    char more;
+    CU_ASSERT_EQUAL(geoSocketRecvAll(fd1, &more, 1, geoNow() + 5, &why), ncclRemoteError);
+    close(fd1);
+    CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&in.root, geoNow() + 5, &fd2), ncclSuccess);
+    close(fd2);
+
+    for (int i = 0; i < 3; i++)
+        a[i] = (rankArgs){.id = id, .rank = i, .nranks = 3};
+    run_ranks(a, 3);
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(a[i].res, ncclSuccess);
+        CU_ASSERT_EQUAL(a[i].result, 6.0f);
+    }
+}
+
+static void test_wrong_secret_times_out(void)
+{
+    rankArgs a[2];
+    ncclUniqueId id, forged;
+    geoUniqueIdInternal in;
+    setenv("GEOCCL_TIMEOUT", "2", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    geoBootstrapDecode(&id, &in);
+    in.secret[0] ^= 1; /* knows the address, not the secret */
+    memcpy(forged.internal, &in, sizeof(in));
+    a[0] = (rankArgs){.id = id, .rank = 0, .nranks = 2};
+    a[1] = (rankArgs){.id = forged, .rank = 1, .nranks = 2};
+    run_ranks(a, 2);
+    /* Neither forms a communicator; both give up within the timeout. */
+    CU_ASSERT_EQUAL(a[0].res, ncclRemoteError);
+    CU_ASSERT_EQUAL(a[1].res, ncclRemoteError);
+    CU_ASSERT_TRUE(a[0].took < 2 + 5 && a[1].took < 2 + 5);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a[0].err, "bootstrap"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(a[1].err, "secret"));
+    unsetenv("GEOCCL_TIMEOUT");
+    geoParamReload();
+}
+
+static void test_init_all_and_group(void)
+{
+    ncclComm_t comms[3];
+    float in[3][5], out[3][5];
+    CU_ASSERT_EQUAL_FATAL(ncclCommInitAll(comms, 3, NULL), ncclSuccess);
+    for (int r = 0; r < 3; r++) {
+        int n, rank;
+        ncclCommCount(comms[r], &n);
+        ncclCommUserRank(comms[r], &rank);
+        CU_ASSERT_EQUAL(n, 3);
+        CU_ASSERT_EQUAL(rank, r);
+        for (int i = 0; i < 5; i++)
+            in[r][i] = (float)(r * 10 + i);
+    }
+    /* One thread drives all three ranks inside a group. */
+    CU_ASSERT_EQUAL(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 3; r++)
+        CU_ASSERT_EQUAL(ncclAllReduce(in[r], out[r], 5, ncclFloat, ncclSum, comms[r], NULL),
+                        ncclSuccess);
+    CU_ASSERT_EQUAL(ncclGroupEnd(), ncclSuccess);
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 5; i++)
+            CU_ASSERT_EQUAL(out[r][i], (float)(30 + 3 * i));
+    for (int r = 0; r < 3; r++)
+        CU_ASSERT_EQUAL(ncclCommDestroy(comms[r]), ncclSuccess);
+}
+
+static void test_nonblocking_init(void)
+{
+    ncclUniqueId id;
+    ncclComm_t comms[2];
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 2; r++)
+        CU_ASSERT_EQUAL(ncclCommInitRankConfig(&comms[r], 2, id, r, &cfg), ncclSuccess);
+    ncclResult_t ge = ncclGroupEnd();
+    CU_ASSERT_TRUE(ge == ncclSuccess || ge == ncclInProgress);
+    for (int r = 0; r < 2; r++) {
+        ncclResult_t st = ncclInProgress;
+        double t0 = geoNow();
+        while (st == ncclInProgress && geoNow() - t0 < 10)
+            ncclCommGetAsyncError(comms[r], &st);
+        CU_ASSERT_EQUAL(st, ncclSuccess);
+    }
+    for (int r = 0; r < 2; r++)
+        ncclCommDestroy(comms[r]);
+}
+
+int main(void)
+{
+    setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("bootstrap", NULL, NULL);
+    CU_add_test(s, "unique id encode/decode", test_id_decode);
+    CU_add_test(s, "stranger at the root is dropped", test_stranger_is_dropped);
+    CU_add_test(s, "wrong secret fails within timeout", test_wrong_secret_times_out);
+    CU_add_test(s, "ncclCommInitAll and a group over 3 comms", test_init_all_and_group);
+    CU_add_test(s, "non-blocking init in a group", test_nonblocking_init);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned f = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return f ? 1 : 0;
+}

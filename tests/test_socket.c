@@ -1,0 +1,126 @@
+/* Socket helpers and interface selection. */
+#include "config.h"
+#include "comm/socket.h"
+#include "topology/ifaces.h"
+
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void test_addr_parse(void)
+{
+    geoSockAddr a;
+    char buf[GEO_ADDR_STRLEN];
+    CU_ASSERT_EQUAL(geoAddrFromString("127.0.0.1:1234", &a), ncclSuccess);
+    CU_ASSERT_STRING_EQUAL(geoAddrToString(&a, buf), "127.0.0.1:1234");
+    CU_ASSERT_EQUAL(geoAddrFromString("[::1]:5", &a), ncclSuccess);
+    CU_ASSERT_STRING_EQUAL(geoAddrToString(&a, buf), "[::1]:5");
+    CU_ASSERT_EQUAL(geoAddrFromString("localhost:80", &a), ncclSuccess);
+    CU_ASSERT_EQUAL(geoAddrPort(&a), 80);
+    CU_ASSERT_EQUAL(geoAddrFromString("no-port", &a), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(geoAddrFromString("[::1", &a), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(geoAddrFromString(NULL, &a), ncclInvalidArgument);
+}
+
+static void test_send_recv_and_timeout(void)
+{
+    geoSockAddr any, bound, peer;
+    int lfd, cfd, sfd;
+    const char *why = NULL;
+    char big[1 << 20], got[1 << 20];
+
+    geoAddrFromString("127.0.0.1:0", &any);
+    CU_ASSERT_EQUAL_FATAL(geoSocketListen(&any, &lfd, &bound), ncclSuccess);
+    CU_ASSERT_NOT_EQUAL(geoAddrPort(&bound), 0);
+    CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&bound, geoNow() + 5, &cfd), ncclSuccess);
+    CU_ASSERT_EQUAL_FATAL(geoSocketAccept(lfd, geoNow() + 5, NULL, &sfd, &peer), ncclSuccess);
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (char)(i * 31);
+    /* 1 MiB does not fit the socket buffers: needs both sides moving. */
+    pthread_t t;
+    struct { int fd; char *buf; size_t n; } arg = {sfd, got, sizeof(got)};
+    void *(*rx)(void *) = NULL;
+    (void)rx;
+    CU_ASSERT_EQUAL(geoSocketSetNonBlocking(cfd, 1), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        const char *w;
+        _exit(geoSocketRecvAll(arg.fd, arg.buf, arg.n, geoNow() + 10, &w) == ncclSuccess &&
+                      memcmp(arg.buf, big, arg.n) == 0
+                  ? 0
+                  : 1);
+    }
+    (void)t;
+    CU_ASSERT_EQUAL(geoSocketSendAll(cfd, big, sizeof(big), geoNow() + 10, &why), ncclSuccess);
+    int st;
+    waitpid(child, &st, 0);
+    CU_ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+    /* Nothing more is coming: the receive gives up at its deadline. */
+    double t0 = geoNow();
+    char one;
+    CU_ASSERT_EQUAL(geoSocketRecvAll(sfd, &one, 1, geoNow() + 0.3, &why), ncclRemoteError);
+    CU_ASSERT_STRING_EQUAL(why, "timed out");
+    CU_ASSERT_TRUE(geoNow() - t0 >= 0.29 && geoNow() - t0 < 2.0);
+    /* The peer closes: the receive says so at once. */
+    close(cfd);
+    CU_ASSERT_EQUAL(geoSocketRecvAll(sfd, &one, 1, geoNow() + 5, &why), ncclRemoteError);
+    CU_ASSERT_STRING_EQUAL(why, "connection closed by peer");
+    close(sfd);
+    close(lfd);
+}
+
+static void test_connect_refused_until_deadline(void)
+{
+    geoSockAddr any, bound;
+    int lfd, fd;
+    geoAddrFromString("127.0.0.1:0", &any);
+    CU_ASSERT_EQUAL_FATAL(geoSocketListen(&any, &lfd, &bound), ncclSuccess);
+    close(lfd); /* nobody listens there now */
+    double t0 = geoNow();
+    CU_ASSERT_EQUAL(geoSocketConnect(&bound, geoNow() + 0.5, &fd), ncclRemoteError);
+    CU_ASSERT_TRUE(geoNow() - t0 >= 0.45 && geoNow() - t0 < 3.0);
+}
+
+static void test_iface_filter(void)
+{
+    CU_ASSERT_TRUE(topoIfaceMatch("eth", "eth0"));
+    CU_ASSERT_FALSE(topoIfaceMatch("eth", "ib0"));
+    CU_ASSERT_TRUE(topoIfaceMatch("ib,eth", "eth1"));
+    CU_ASSERT_FALSE(topoIfaceMatch("=eth", "eth0"));
+    CU_ASSERT_TRUE(topoIfaceMatch("=eth0", "eth0"));
+    CU_ASSERT_FALSE(topoIfaceMatch("^eth", "eth0"));
+    CU_ASSERT_TRUE(topoIfaceMatch("^eth", "ib0"));
+    CU_ASSERT_TRUE(topoIfaceMatch("^=eth", "eth0"));
+    CU_ASSERT_FALSE(topoIfaceMatch(NULL, "lo"));
+    CU_ASSERT_FALSE(topoIfaceMatch("", "docker0"));
+    CU_ASSERT_TRUE(topoIfaceMatch(NULL, "eth0"));
+
+    topoIface ifs[8];
+    CU_ASSERT_TRUE(topoFindIfaces("lo", NULL, ifs, 8) >= 1);
+    CU_ASSERT_STRING_EQUAL(ifs[0].name, "lo");
+    CU_ASSERT_EQUAL(ifs[0].addr.ss_family, AF_INET); /* IPv4 first */
+    /* A root on loopback leads to lo even without a filter. */
+    geoSockAddr near;
+    geoAddrFromString("127.0.0.1:9", &near);
+    CU_ASSERT_TRUE(topoFindIfaces(NULL, &near.sa, ifs, 8) >= 1);
+    CU_ASSERT_STRING_EQUAL(ifs[0].name, "lo");
+    CU_ASSERT_EQUAL(topoFindIfaces("=no-such-if", NULL, ifs, 8), 0);
+}
+
+int main(void)
+{
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("socket", NULL, NULL);
+    CU_add_test(s, "address parsing", test_addr_parse);
+    CU_add_test(s, "send/recv all, deadline, close", test_send_recv_and_timeout);
+    CU_add_test(s, "connect retries until deadline", test_connect_refused_until_deadline);
+    CU_add_test(s, "interface filter and choice", test_iface_filter);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned f = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return f ? 1 : 0;
+}
