@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+#
+# Installs GeoCCL's build and test dependencies that are missing, when run
+# as root on a system with apt-get (Debian 12). Quiet when all are present;
+# as another user, or without apt-get, it does nothing.
+#
+packages=(build-essential autoconf automake libtool pkg-config libzstd-dev
+          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2)
+
+[ "$(id -u)" = 0 ] || exit 0
+command -v apt-get >/dev/null 2>&1 || exit 0
+command -v dpkg-query >/dev/null 2>&1 || exit 0
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "== installing ${missing[*]}"
+apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

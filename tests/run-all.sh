@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+#
+# Build GeoCCL from this checkout and run its whole test suite:
+#
+#   bash tests/run-all.sh [configure options...]
+#
+# Installs missing build packages first when run as root on a system with
+# apt-get. The last line printed is always "N passed, N failed"; the exit
+# status is 0 only when nothing failed.
+#
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+
+packages=(build-essential autoconf automake libtool pkg-config libzstd-dev
+          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2)
+
+install_missing_packages() {
+    [ "$(id -u)" = 0 ] || return 0
+    command -v apt-get >/dev/null 2>&1 || return 0
+    command -v dpkg-query >/dev/null 2>&1 || return 0
+    local missing=() p
+    for p in "${packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "== installing ${missing[*]}"
+    if ! { apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; }; then
+        echo "warning: could not install ${missing[*]}; going on without them"
+    fi
+}
+
+# The closing line when the suite could not even start.
+fail_before_tests() {
+    echo "== $1 failed"
+    echo "0 passed, 1 failed"
+    exit 1
+}
+
+install_missing_packages
+
+echo "== autogen"
+if ! ./autogen.sh > autogen.log 2>&1; then
+    cat autogen.log
+    fail_before_tests "autogen.sh"
+fi
+
+echo "== configure $*"
+./configure "$@" || { [ -f config.log ] && tail -n 50 config.log; fail_before_tests "configure"; }
+
+echo "== make"
+make -j2 || fail_before_tests "make"
+
+echo "== make check"
+rm -f test-suite.log
+make -j2 check
+check_status=$?
+
+# Per-test results, from the .trs files of the parallel harness.
+echo "== results"
+find . -name '*.trs' -newer config.status 2>/dev/null | sort | while read -r trs; do
+    result=$(sed -n 's/^:test-result: *//p' "$trs" | head -n 1)
+    printf '  %-6s %s\n' "${result:-?}" "${trs%.trs}"
+done
+
+count() {
+    sed -n "s/^# $1: *\\([0-9][0-9]*\\).*/\\1/p" test-suite.log 2>/dev/null | head -n 1
+}
+if [ ! -f test-suite.log ]; then
+    fail_before_tests "make check (no test-suite.log: the tests did not build)"
+fi
+pass=$(count PASS); skip=$(count SKIP); xfail=$(count XFAIL)
+fail=$(count FAIL); xpass=$(count XPASS); error=$(count ERROR)
+failed=$(( ${fail:-0} + ${xpass:-0} + ${error:-0} ))
+
+if [ "$check_status" -ne 0 ] || [ "$failed" -ne 0 ]; then
+    echo "== test-suite.log"
+    cat test-suite.log
+    # make check failed without any test failing: count it as one failure.
+    [ "$failed" -eq 0 ] && failed=1
+fi
+
+echo "(${skip:-0} skipped, ${xfail:-0} expected failures)"
+echo "${pass:-0} passed, ${failed} failed"
+[ "$failed" -eq 0 ]

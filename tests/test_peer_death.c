@@ -1,0 +1,219 @@
+/*
+ * Peer failure during a collective.
+ *
+ * Four ranks all-reduce 64 MiB in a loop with GEOCCL_TIMEOUT=5. In the
+ * second iteration, 50 ms after it has started the call, rank 2 is taken
+ * out in one of three ways:
+ *   - SIGKILL: the kernel closes its sockets;
+ *   - _exit(0): the process ends normally, in the middle of the call;
+ *   - SIGSTOP: the process stops answering but its sockets stay open, so
+ *     only a deadline can notice.
+ * Every survivor must get an error (not ncclSuccess) within
+ * GEOCCL_TIMEOUT + 5 s of the death, ncclGetLastError(comm) must say which
+ * rank is involved, and ncclCommAbort must then return. The time each
+ * survivor took is printed.
+ */
+#define _GNU_SOURCE
+#include <CUnit/Basic.h>
+#include <CUnit/CUnit.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define NRANKS 4
+#define VICTIM 2
+#define LIB_TIMEOUT_S 5 /* GEOCCL_TIMEOUT given to the library */
+#define GRACE_S 5.0     /* allowed on top of it */
+#define COUNT ((size_t)16 << 20) /* floats: 64 MiB */
+#define MAX_ITERS 8
+
+enum death { DIE_SIGKILL, DIE_EXIT, DIE_SIGSTOP };
+
+static const char *const death_names[] = {"SIGKILL", "_exit(0)", "SIGSTOP"};
+
+/* Written by the children, read by the parent. */
+struct shared {
+  double death_time;           /* CLOCK_MONOTONIC when the victim went */
+  double took[NRANKS];         /* survivor: from the death to the error */
+  int iter[NRANKS];            /* iteration in which the error came */
+  int result[NRANKS];          /* the ncclResult_t */
+  int via_async[NRANKS];       /* 1 if seen through ncclCommGetAsyncError */
+  int abort_result[NRANKS];
+  char error[NRANKS][512];     /* ncclGetLastError(comm) */
+};
+
+struct death_arg {
+  enum death how;
+  struct shared *sh;
+};
+
+static void *executioner(void *p)
+{
+  struct death_arg *a = p;
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  a->sh->death_time = harness_now();
+  __sync_synchronize();
+  switch (a->how) {
+  case DIE_SIGKILL: raise(SIGKILL); break;
+  case DIE_EXIT: _exit(0);
+  case DIE_SIGSTOP: raise(SIGSTOP); break;
+  }
+  return NULL;
+}
+
+static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  struct death_arg *a = arg;
+  struct shared *sh = a->sh;
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] ncclCommInitRank: %s: %s\n", rank,
+            ncclGetErrorString(r), ncclGetLastError(NULL));
+    return 1;
+  }
+  float *send = malloc(COUNT * sizeof(float));
+  float *recv = malloc(COUNT * sizeof(float));
+  if (send == NULL || recv == NULL) return 1;
+  for (size_t i = 0; i < COUNT; i++) send[i] = (float)((i + (size_t)rank) & 1023);
+
+  int fails = 0, got_error = 0;
+  for (int it = 0; it < MAX_ITERS && !got_error; it++) {
+    if (rank == VICTIM && it == 1) {
+      pthread_t th;
+      pthread_create(&th, NULL, executioner, a);
+      pthread_detach(th);
+    }
+    r = ncclAllReduce(send, recv, COUNT, ncclFloat32, ncclSum, comm, NULL);
+    ncclResult_t async = ncclSuccess;
+    if (r == ncclSuccess) ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      double now = harness_now();
+      got_error = 1;
+      sh->iter[rank] = it;
+      sh->result[rank] = r != ncclSuccess ? (int)r : (int)async;
+      sh->via_async[rank] = r == ncclSuccess;
+      sh->took[rank] = sh->death_time > 0 ? now - sh->death_time : -1;
+      snprintf(sh->error[rank], sizeof(sh->error[rank]), "%s",
+               ncclGetLastError(comm));
+    }
+  }
+  if (rank == VICTIM) {
+    /* the executioner should have ended this process already */
+    fprintf(stderr, "[rank %d] victim survived %d iterations\n", rank, MAX_ITERS);
+    return 1;
+  }
+  if (!got_error) {
+    fprintf(stderr, "[rank %d] no error in %d iterations after rank %d went\n",
+            rank, MAX_ITERS, VICTIM);
+    fails++;
+  } else {
+    if (sh->result[rank] == ncclInProgress) {
+      fprintf(stderr, "[rank %d] blocking call gave ncclInProgress\n", rank);
+      fails++;
+    }
+    if (sh->took[rank] < 0) {
+      fprintf(stderr, "[rank %d] error before rank %d went: %s: %s\n", rank,
+              VICTIM, ncclGetErrorString((ncclResult_t)sh->result[rank]),
+              sh->error[rank]);
+      fails++;
+    } else if (sh->took[rank] > LIB_TIMEOUT_S + GRACE_S) {
+      fprintf(stderr, "[rank %d] error came %.2f s after the death, limit "
+                      "%.0f s\n", rank, sh->took[rank], LIB_TIMEOUT_S + GRACE_S);
+      fails++;
+    }
+    if (strlen(sh->error[rank]) == 0) {
+      fprintf(stderr, "[rank %d] ncclGetLastError(comm) is empty\n", rank);
+      fails++;
+    } else if (strcasestr(sh->error[rank], "rank") == NULL) {
+      fprintf(stderr, "[rank %d] ncclGetLastError(comm) names no rank: %s\n",
+              rank, sh->error[rank]);
+      fails++;
+    }
+  }
+  r = ncclCommAbort(comm);
+  sh->abort_result[rank] = (int)r;
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] ncclCommAbort: %s\n", rank, ncclGetErrorString(r));
+    fails++;
+  }
+  free(send);
+  free(recv);
+  return fails;
+}
+
+static void run_death(enum death how)
+{
+  struct shared *sh = harness_shared_alloc(sizeof(*sh));
+  CU_ASSERT_FATAL(sh != NULL);
+  struct death_arg a = {how, sh};
+  harness_status st[NRANKS];
+  harness_opts o;
+  memset(&o, 0, sizeof(o));
+  o.timeout_s = 90.0;
+  o.make_id = 1;
+  o.expect_die = 1u << VICTIM;
+  o.status = st;
+  int rc = harness_run_opts(NRANKS, death_body, &a, &o);
+
+  printf("\n  rank %d %s:", VICTIM, death_names[how]);
+  for (int r = 0; r < NRANKS; r++) {
+    if (r == VICTIM) continue;
+    if (sh->took[r] != 0 || sh->result[r] != 0)
+      printf("\n    rank %d: %s%s after %.2f s (iteration %d), abort %s: %s", r,
+             ncclGetErrorString((ncclResult_t)sh->result[r]),
+             sh->via_async[r] ? " (async)" : "", sh->took[r], sh->iter[r],
+             ncclGetErrorString((ncclResult_t)sh->abort_result[r]),
+             sh->error[r]);
+    else
+      printf("\n    rank %d: no error recorded", r);
+  }
+  printf("\n");
+  fflush(stdout);
+
+  CU_ASSERT_EQUAL(rc, 0);
+  CU_ASSERT(sh->death_time > 0);
+  /* the victim went the way it was meant to */
+  if (how == DIE_EXIT) {
+    CU_ASSERT(st[VICTIM].done && st[VICTIM].exit_code == 0);
+  } else {
+    CU_ASSERT_EQUAL(st[VICTIM].signal, SIGKILL);
+  }
+  harness_shared_free(sh, sizeof(*sh));
+}
+
+static void test_sigkill(void) { run_death(DIE_SIGKILL); }
+static void test_exit(void) { run_death(DIE_EXIT); }
+static void test_sigstop(void) { run_death(DIE_SIGSTOP); }
+
+int main(void)
+{
+  /* before any library call: parameters are read once per process */
+  char t[16];
+  snprintf(t, sizeof(t), "%d", LIB_TIMEOUT_S);
+  setenv("GEOCCL_TIMEOUT", t, 1);
+  harness_setup_env();
+
+  if (CU_initialize_registry() != CUE_SUCCESS) return CU_get_error();
+  CU_pSuite s = CU_add_suite("peer_death", NULL, NULL);
+  if (s == NULL) {
+    CU_cleanup_registry();
+    return CU_get_error();
+  }
+  CU_add_test(s, "rank 2 SIGKILLed during all-reduce", test_sigkill);
+  CU_add_test(s, "rank 2 calls _exit(0) during all-reduce", test_exit);
+  CU_add_test(s, "rank 2 SIGSTOPped during all-reduce", test_sigstop);
+  CU_basic_set_mode(CU_BRM_VERBOSE);
+  CU_basic_run_tests();
+  unsigned failures = CU_get_number_of_failures();
+  CU_cleanup_registry();
+  return failures != 0;
+}
