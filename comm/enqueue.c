@@ -7,8 +7,50 @@
 #include "comm/group.h"
 #include "comm/reduce.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#ifdef HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+/* GPUs visible to this process, counted once.  Without a GPU (or driver)
+ * cudaGetDeviceCount fails and leaves the count unwritten: zero. */
+static int gpu_count;
+static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+
+static void count_gpus(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        n = 0;
+        cudaGetLastError();
+    }
+    gpu_count = n;
+}
+
+/* 1 when p is device memory, which the host path must not touch. */
+static int is_device_ptr(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (p == NULL)
+        return 0;
+    pthread_once(&gpu_once, count_gpus);
+    if (gpu_count == 0)
+        return 0;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+#else
+static int is_device_ptr(const void *p)
+{
+    (void)p;
+    return 0;
+}
+#endif
 
 static ncclResult_t arg_error(struct ncclComm *comm, const char *fn, const char *what)
 {
@@ -88,6 +130,12 @@ static ncclResult_t validate(geoOp *op, const char *fn)
             return arg_error(comm, fn, "sendbuff is NULL with count > 0");
         if (need_recv && op->recvbuff == NULL)
             return arg_error(comm, fn, "recvbuff is NULL with count > 0");
+    }
+    if (op->count > 0 && (is_device_ptr(op->sendbuff) || is_device_ptr(op->recvbuff))) {
+        geoCommSetError(comm, "%s: device (GPU) buffers are not supported by this GeoCCL "
+                        "release; it runs collectives on host memory only", fn);
+        geoWarn(GEO_LOG_COLL, "%s", comm->last_error);
+        return ncclInvalidUsage;
     }
     if (__atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE) == ncclInProgress) {
         geoCommSetError(comm, "%s: the communicator is still initialising (non-blocking init); "

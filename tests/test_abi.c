@@ -9,10 +9,13 @@
  * check that a bad datatype and a NULL buffer give ncclInvalidArgument. The
  * communicators are made with ncclCommInitRankConfig and a config from
  * NCCL_CONFIG_INITIALIZER. No CUDA function is called: streams are NULL.
+ * The parent also checks that every nccl.h function (and its pnccl twin) is
+ * exported (dlsym is in libc from glibc 2.34 on; older systems need -ldl).
  */
 #define _GNU_SOURCE
 #include <nccl.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -36,6 +39,7 @@ struct tally {
 
 static struct tally *tally;
 static int my_rank;
+static int exports_passed, exports_failed; /* checked in the parent */
 
 static void check(int ok, const char *what, const char *detail)
 {
@@ -261,6 +265,46 @@ static void run_all(ncclComm_t comm, int rank)
     check(y[0] == 6.0f && y[3] == 18.0f, "allreduce after bad calls", NULL);
 }
 
+/* Every function of NCCL 2.28's nccl.h; each is also exported with a "p"
+ * prefix (the profiling entry points). A program built against NCCL links
+ * to all of them, so libgeoccl must export every one, even those it only
+ * answers with ncclInvalidUsage. */
+static const char *const api_functions[] = {
+    "ncclAllGather", "ncclAllReduce", "ncclAlltoAll", "ncclBcast",
+    "ncclBroadcast", "ncclCommAbort", "ncclCommCount", "ncclCommCuDevice",
+    "ncclCommDeregister", "ncclCommDestroy", "ncclCommFinalize",
+    "ncclCommGetAsyncError", "ncclCommInitAll", "ncclCommInitRank",
+    "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommRegister",
+    "ncclCommRevoke", "ncclCommShrink", "ncclCommSplit", "ncclCommUserRank",
+    "ncclCommWindowDeregister", "ncclCommWindowRegister", "ncclGather",
+    "ncclGetErrorString", "ncclGetLastError", "ncclGetUniqueId",
+    "ncclGetVersion", "ncclGroupEnd", "ncclGroupSimulateEnd",
+    "ncclGroupStart", "ncclMemAlloc", "ncclMemFree", "ncclRecv",
+    "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclReduce",
+    "ncclReduceScatter", "ncclScatter", "ncclSend",
+};
+
+/* Looks each name up in the running program, where libgeoccl is loaded. */
+static void check_exports(void)
+{
+  size_t n = sizeof(api_functions) / sizeof(api_functions[0]);
+  int missing = 0;
+  for (size_t i = 0; i < n; i++) {
+    char pname[64];
+    snprintf(pname, sizeof(pname), "p%s", api_functions[i]);
+    if (dlsym(RTLD_DEFAULT, api_functions[i]) == NULL) {
+      fprintf(stderr, "FAIL libgeoccl does not export %s\n", api_functions[i]);
+      missing++;
+    }
+    if (dlsym(RTLD_DEFAULT, pname) == NULL) {
+      fprintf(stderr, "FAIL libgeoccl does not export %s\n", pname);
+      missing++;
+    }
+  }
+  exports_passed = 2 * (int)n - missing;
+  exports_failed = missing;
+}
+
 static int child(int rank, ncclUniqueId id)
 {
   my_rank = rank;
@@ -288,6 +332,8 @@ int main(void)
     return 1;
   }
   memset(tally, 0, sizeof(*tally));
+
+  check_exports();
 
   int version = 0;
   int version_ok = ncclGetVersion(&version) == ncclSuccess && version >= 22800;
@@ -342,7 +388,8 @@ int main(void)
     nanosleep(&ts, NULL);
   }
 
-  int passed = version_ok, failed = !version_ok + bad_exit;
+  int passed = version_ok + exports_passed;
+  int failed = !version_ok + bad_exit + exports_failed;
   for (int i = 0; i < NRANKS; i++) {
     passed += tally->passed[i];
     failed += tally->failed[i];

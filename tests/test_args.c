@@ -256,10 +256,29 @@ static int bad_calls(ncclComm_t comm, int rank, int nranks)
   /* queries with nowhere to write */
   EXPECT_INVALID(fails, ncclCommCount(comm, NULL));
   EXPECT_INVALID(fails, ncclCommUserRank(comm, NULL));
-  /* a pre-multiplied sum needs a scalar */
+  /* a pre-multiplied sum needs a scalar, and is bound to its datatype;
+   * once destroyed its handle is dead */
   ncclRedOp_t op;
+  float two = 2.0f;
   EXPECT_INVALID(fails, ncclRedOpCreatePreMulSum(&op, NULL, f,
                                                  ncclScalarHostImmediate, comm));
+  EXPECT_INVALID(fails, ncclRedOpCreatePreMulSum(NULL, &two, f,
+                                                 ncclScalarHostImmediate, comm));
+  EXPECT_INVALID(fails, ncclRedOpCreatePreMulSum(&op, &two, ncclNumTypes,
+                                                 ncclScalarHostImmediate, comm));
+  if (ncclRedOpCreatePreMulSum(&op, &two, f, ncclScalarHostImmediate, comm) ==
+      ncclSuccess) {
+    EXPECT_INVALID(fails, ncclAllReduce(a, b, N, ncclFloat64, op, comm, NULL));
+    EXPECT_RC(fails, ncclSuccess, ncclRedOpDestroy(op, comm));
+    EXPECT_INVALID(fails, ncclAllReduce(a, b, N, f, op, comm, NULL));
+    EXPECT_INVALID(fails, ncclRedOpDestroy(op, comm));
+  } else {
+    fprintf(stderr, "ncclRedOpCreatePreMulSum(float, host) failed\n");
+    fails++;
+  }
+  EXPECT_INVALID(fails, ncclRedOpDestroy(ncclSum, comm));
+  /* group calls out of order */
+  EXPECT_RC(fails, ncclInvalidUsage, ncclGroupEnd());
   return fails;
 }
 

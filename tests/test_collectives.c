@@ -11,8 +11,9 @@
  * all ranks (hash all-gathered after the case).
  *
  * Also: pre-multiplied sum ops, grouped collectives, ncclCommSplit,
- * ncclCommCount/UserRank, ncclGetVersion, ncclCommInitAll from one thread
- * and GEOCCL_COMM_ID bootstrap.
+ * ncclCommCount/UserRank, ncclGetVersion, non-blocking init with
+ * ncclCommFinalize, ncclCommInitAll from one thread and GEOCCL_COMM_ID
+ * bootstrap.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -918,6 +920,89 @@ static void test_comm_split(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Non-blocking communicator (config.blocking = 0) and ncclCommFinalize     */
+/* ------------------------------------------------------------------------ */
+
+/* Polls ncclCommGetAsyncError until the communicator is no longer busy. */
+static ncclResult_t wait_not_in_progress(ncclComm_t comm, double timeout_s)
+{
+  double end = harness_now() + timeout_s;
+  ncclResult_t st = ncclInProgress;
+  while (harness_now() < end) {
+    ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return r;
+    if (st != ncclInProgress) return st;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return ncclInProgress;
+}
+
+static int nonblocking_body(int rank, int nranks, const ncclUniqueId *id,
+                            void *arg)
+{
+  (void)arg;
+  enum { N = 10007 };
+  int fails = 0;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, *id, rank, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    fprintf(stderr, "[rank %d] non-blocking ncclCommInitRankConfig: %s: %s\n",
+            rank, ncclGetErrorString(r), ncclGetLastError(NULL));
+    return 1;
+  }
+  if (comm == NULL) {
+    fprintf(stderr, "[rank %d] non-blocking init gave no comm handle\n", rank);
+    return 1;
+  }
+  r = wait_not_in_progress(comm, 30.0);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] non-blocking init ended with %s: %s\n", rank,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    ncclCommAbort(comm);
+    return 1;
+  }
+  float *x = malloc(N * sizeof(float)), *e = malloc(N * sizeof(float));
+  harness_fill_input(x, ncclFloat32, ncclSum, nranks, rank, 0, N, 77);
+  harness_fill_expected(e, ncclFloat32, ncclSum, nranks, 0, N, 77);
+  r = ncclAllReduce(x, x, N, ncclFloat32, ncclSum, comm, NULL);
+  if (r == ncclInProgress) r = wait_not_in_progress(comm, 30.0);
+  char m[256];
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] non-blocking all-reduce: %s: %s\n", rank,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    fails++;
+  } else if (harness_check(x, e, ncclFloat32, ncclSum, nranks, N, m, sizeof(m))) {
+    fprintf(stderr, "[rank %d] non-blocking all-reduce: %s\n", rank, m);
+    fails++;
+  }
+  /* finalize flushes, then destroy frees */
+  r = ncclCommFinalize(comm);
+  if (r == ncclInProgress) r = wait_not_in_progress(comm, 30.0);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] ncclCommFinalize: %s: %s\n", rank,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    fails++;
+  }
+  r = ncclCommDestroy(comm);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] ncclCommDestroy after finalize: %s\n", rank,
+            ncclGetErrorString(r));
+    fails++;
+  }
+  free(x);
+  free(e);
+  return fails;
+}
+
+static void test_nonblocking(void)
+{
+  CU_ASSERT_EQUAL(harness_run_noinit(4, nonblocking_body, NULL, 60.0), 0);
+}
+
+/* ------------------------------------------------------------------------ */
 /* ncclCommInitAll: three communicators driven from one thread              */
 /* ------------------------------------------------------------------------ */
 
@@ -1092,6 +1177,7 @@ int main(int argc, char **argv)
   CU_add_test(s, "premulsum float/double", test_premulsum);
   CU_add_test(s, "mixed collectives in one group", test_group_mixed);
   CU_add_test(s, "ncclCommSplit", test_comm_split);
+  CU_add_test(s, "non-blocking init, finalize, destroy", test_nonblocking);
   CU_add_test(s, "ncclCommInitAll from one thread", test_init_all);
   CU_add_test(s, "GEOCCL_COMM_ID bootstrap", test_comm_id_env);
 

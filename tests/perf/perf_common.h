@@ -103,6 +103,8 @@ typedef struct {
  * the other ranks are left waiting in a collective.
  */
 typedef struct {
+    /* The tool's name, for the header and for messages. */
+    const char *name;
     /* Runs *call once and returns when its result is in recvbuff. */
     int (*coll)(void *ctx, const perfCall *call);
     /* Returns on every rank only once all ranks have called it. */
