@@ -578,6 +578,7 @@ static void prepare(perfBench *b, const perfSize *s, int inplace, perfCall *call
     call->op = o->op;
     call->root = o->coll == PERF_BROADCAST ? o->root : 0;
     call->count = s->callCount;
+    call->inplace = inplace;
     if (!inplace) {
         memset(b->recv, PERF_POISON, s->recvBytes + PERF_GUARD);
         data_fill(&b->data, mine, b->send, s->sendBytes / es, 0);

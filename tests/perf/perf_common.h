@@ -93,6 +93,7 @@ typedef struct {
     const void *sendbuff;
     void *recvbuff;
     size_t count;
+    int inplace; /* for messages */
 } perfCall;
 
 /*

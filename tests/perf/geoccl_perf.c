@@ -1,0 +1,407 @@
+/*
+ * geoccl_perf.c: geoccl-perf, the nccl-tests style benchmark of GeoCCL's
+ * collectives on host buffers.
+ *
+ *   geoccl-perf -N 4 -b 1K -e 256M            4 local ranks, forked here
+ *   GEOCCL_COMM_ID=host:port RANK=r NRANKS=n geoccl-perf ...
+ *                                              one rank of an n-rank job
+ *                                              (OMPI_COMM_WORLD_RANK/SIZE or
+ *                                              PMI_RANK/SIZE serve too)
+ *   mpirun -np 4 geoccl-perf-mpi ...          built with -DGEOCCL_PERF_MPI:
+ *                                              MPI starts the ranks and
+ *                                              carries the unique id
+ *
+ * -C picks the collective (allreduce, broadcast, allgather, reducescatter);
+ * the other options are nccl-tests' (-b -e -f -i -n -w -c -d -o -r, plus
+ * -T, a watchdog per size). Rank 0 prints the table; see perf_common.h for
+ * what it holds.
+ *
+ * Exit status: 0 all results right; 1 some element wrong or written out of
+ * bounds; 2 bad options; 3 a GeoCCL call failed (the message names the call
+ * and ncclGetLastError's text); 4 the -T watchdog fired. With -N the parent
+ * ends the other ranks when one fails, and exits with that rank's status.
+ */
+#define _GNU_SOURCE
+#include "perf_common.h"
+
+#include <nccl.h>
+#include <geoccl.h>
+#ifdef GEOCCL_PERF_MPI
+#include <mpi.h>
+#endif
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef GEOCCL_PERF_MPI
+#define TOOL "geoccl-perf-mpi"
+#else
+#define TOOL "geoccl-perf"
+#endif
+
+/* perfType and perfOp are numbered as nccl.h so that a cast converts them. */
+_Static_assert((int)PERF_INT8 == (int)ncclInt8 && (int)PERF_UINT8 == (int)ncclUint8 &&
+                   (int)PERF_INT32 == (int)ncclInt32 && (int)PERF_UINT32 == (int)ncclUint32 &&
+                   (int)PERF_INT64 == (int)ncclInt64 && (int)PERF_UINT64 == (int)ncclUint64 &&
+                   (int)PERF_HALF == (int)ncclFloat16 && (int)PERF_FLOAT == (int)ncclFloat32 &&
+                   (int)PERF_DOUBLE == (int)ncclFloat64 &&
+                   (int)PERF_BFLOAT16 == (int)ncclBfloat16 &&
+                   (int)PERF_FP8E4M3 == (int)ncclFloat8e4m3 &&
+                   (int)PERF_FP8E5M2 == (int)ncclFloat8e5m2,
+               "perfType must be numbered as ncclDataType_t");
+_Static_assert((int)PERF_SUM == (int)ncclSum && (int)PERF_PROD == (int)ncclProd &&
+                   (int)PERF_MAX == (int)ncclMax && (int)PERF_MIN == (int)ncclMin &&
+                   (int)PERF_AVG == (int)ncclAvg,
+               "perfOp must be numbered as ncclRedOp_t");
+
+typedef struct {
+    ncclComm_t comm;
+    int rank;
+    int token; /* the barrier's one-element all-reduce */
+} geoCtx;
+
+static int failed(const geoCtx *c, const char *call, ncclResult_t r)
+{
+    fprintf(stderr, "%s: rank %d: %s failed: %s: %s\n", TOOL, c->rank, call,
+            ncclGetErrorString(r), ncclGetLastError(c->comm));
+    return 1;
+}
+
+static int geo_coll(void *ctx, const perfCall *k)
+{
+    geoCtx *c = ctx;
+    ncclDataType_t dt = (ncclDataType_t)k->type;
+    ncclRedOp_t op = (ncclRedOp_t)k->op;
+    const char *name = "?";
+    ncclResult_t r = ncclInvalidUsage;
+
+    switch (k->coll) {
+    case PERF_ALLREDUCE:
+        name = "ncclAllReduce";
+        r = ncclAllReduce(k->sendbuff, k->recvbuff, k->count, dt, op, c->comm, NULL);
+        break;
+    case PERF_BROADCAST:
+        name = "ncclBroadcast";
+        r = ncclBroadcast(k->sendbuff, k->recvbuff, k->count, dt, k->root, c->comm, NULL);
+        break;
+    case PERF_ALLGATHER:
+        name = "ncclAllGather";
+        r = ncclAllGather(k->sendbuff, k->recvbuff, k->count, dt, c->comm, NULL);
+        break;
+    case PERF_REDUCESCATTER:
+        name = "ncclReduceScatter";
+        r = ncclReduceScatter(k->sendbuff, k->recvbuff, k->count, dt, op, c->comm, NULL);
+        break;
+    default:
+        break;
+    }
+    if (r == ncclSuccess)
+        return 0;
+    char what[160];
+    snprintf(what, sizeof(what), "%s(count %zu, %s, %s, %s)", name, k->count,
+             perfTypeName(k->type), perfOpName(k->op), k->inplace ? "in-place" : "out-of-place");
+    return failed(c, what, r);
+}
+
+static int geo_barrier(void *ctx)
+{
+    geoCtx *c = ctx;
+    ncclResult_t r = ncclAllReduce(&c->token, &c->token, 1, ncclInt32, ncclSum, c->comm, NULL);
+    return r == ncclSuccess ? 0 : failed(c, "ncclAllReduce (barrier)", r);
+}
+
+static int geo_reduce_doubles(void *ctx, double *v, int n, int max)
+{
+    geoCtx *c = ctx;
+    ncclResult_t r = ncclAllReduce(v, v, (size_t)n, ncclDouble, max ? ncclMax : ncclSum,
+                                   c->comm, NULL);
+    return r == ncclSuccess ? 0 : failed(c, "ncclAllReduce of the times/counts", r);
+}
+
+static int geo_gather_bytes(void *ctx, const void *mine, void *all, size_t bytes)
+{
+    geoCtx *c = ctx;
+    ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, c->comm, NULL);
+    return r == ncclSuccess ? 0 : failed(c, "ncclAllGather of the rank list", r);
+}
+
+static void geo_describe(void *ctx, FILE *out)
+{
+    geoCtx *c = ctx;
+    int version = 0, nstreams = 0;
+    size_t chunk = 0;
+    double timeout = 0;
+
+    ncclGetVersion(&version);
+    fprintf(out, "# GeoCCL %s, NCCL API %d.%d.%d\n", geocclVersionString(), version / 10000,
+            version / 100 % 100, version % 100);
+    if (geocclCommGetTransportInfo(c->comm, &nstreams, &chunk, &timeout) == ncclSuccess)
+        fprintf(out, "# transport: %d TCP connection%s per peer, chunk %zu bytes, timeout %.0f s\n",
+                nstreams, nstreams == 1 ? "" : "s", chunk, timeout);
+    /* The settings that were not left at their defaults; a secret is
+     * named, never printed. */
+    int n = geocclParamCount(), shown = 0;
+    for (int i = 0; i < n; i++) {
+        geocclParamInfo p;
+        if (geocclParamGet(i, &p) != ncclSuccess || !p.is_set)
+            continue;
+        fprintf(out, "%s %s=%s", shown++ ? "" : "# environment:", p.name,
+                strstr(p.name, "SECRET") ? "(set)" : p.value ? p.value : "");
+    }
+    if (shown)
+        fprintf(out, "\n");
+}
+
+static const perfBackend geo_backend = {
+    .name = TOOL,
+    .coll = geo_coll,
+    .barrier = geo_barrier,
+    .reduceDoubles = geo_reduce_doubles,
+    .gatherBytes = geo_gather_bytes,
+    .describe = geo_describe,
+};
+
+/* One rank, start to end. Returns perfRun's status, or 3 when the
+ * communicator could not be made. */
+static int run_rank(const perfOptions *o, int rank, int nranks, ncclUniqueId id,
+                    const char *launch)
+{
+    geoCtx c = {.comm = NULL, .rank = rank};
+    ncclResult_t r = ncclCommInitRank(&c.comm, nranks, id, rank);
+    if (r != ncclSuccess) {
+        char what[64];
+        snprintf(what, sizeof(what), "ncclCommInitRank(%d ranks)", nranks);
+        failed(&c, what, r);
+        return 3;
+    }
+    int res = perfRun(&geo_backend, &c, o, rank, nranks, launch);
+    /* After a failed call the other ranks may be stuck in a collective;
+     * ncclCommDestroy would wait for them, so the caller ends the job. */
+    if (res < 3) {
+        r = ncclCommDestroy(c.comm);
+        if (r != ncclSuccess) {
+            failed(&c, "ncclCommDestroy", r);
+            res = 3;
+        }
+    }
+    fflush(stdout);
+    return res;
+}
+
+#ifdef GEOCCL_PERF_MPI
+
+int main(int argc, char **argv)
+{
+    int rank, nranks, ok, res;
+    perfOptions o;
+    ncclUniqueId id;
+    char launch[96];
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    res = perfParseArgs(argc, argv, TOOL, PERF_OPT_COLL | PERF_OPT_ROOT, &o);
+    if (res != 0) {
+        MPI_Finalize();
+        return res == 1 ? 0 : 2;
+    }
+    /* Rank 0 makes the id (and with it the bootstrap listener); MPI only
+     * carries its bytes. */
+    memset(&id, 0, sizeof(id));
+    ok = 1;
+    if (rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) {
+            fprintf(stderr, "%s: rank 0: ncclGetUniqueId failed: %s: %s\n", TOOL,
+                    ncclGetErrorString(r), ncclGetLastError(NULL));
+            ok = 0;
+        }
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+        MPI_Finalize();
+        return 3;
+    }
+    MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    snprintf(launch, sizeof(launch), "started by MPI, unique id sent with MPI_Bcast");
+    res = run_rank(&o, rank, nranks, id, launch);
+    if (res >= 3)
+        MPI_Abort(MPI_COMM_WORLD, res);
+    MPI_Finalize();
+    return res;
+}
+
+#else /* !GEOCCL_PERF_MPI */
+
+/* Reads a rank and a rank count from the first pair of variables that is
+ * set. Returns 1 when found and valid, 0 when none is set, -1 (after a
+ * message) when set but unusable. */
+static int env_ranks(int *rank, int *nranks, const char **which)
+{
+    static const char *const pairs[][3] = {
+        {"RANK", "NRANKS", "RANK/NRANKS"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK/SIZE"},
+        {"PMI_RANK", "PMI_SIZE", "PMI_RANK/SIZE"},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        const char *r = getenv(pairs[i][0]), *n = getenv(pairs[i][1]);
+        char *e1, *e2;
+        if (r == NULL || n == NULL)
+            continue;
+        long rv = strtol(r, &e1, 10), nv = strtol(n, &e2, 10);
+        if (*r == '\0' || *e1 != '\0' || *n == '\0' || *e2 != '\0' || nv < 1 || rv < 0 ||
+            rv >= nv || nv > 1 << 20) {
+            fprintf(stderr, "%s: %s=%s %s=%s: need 0 <= rank < count\n", TOOL, pairs[i][0], r,
+                    pairs[i][1], n);
+            return -1;
+        }
+        *rank = (int)rv;
+        *nranks = (int)nv;
+        *which = pairs[i][2];
+        return 1;
+    }
+    return 0;
+}
+
+/* Forks nranks ranks that share one unique id, made here first (so this
+ * process holds the bootstrap listener and must outlive them). When a rank
+ * fails, the others would wait in a collective until GEOCCL_TIMEOUT: they
+ * are ended at once. Returns the first failed rank's status, else the
+ * highest status (0 or 1). */
+static int run_forked(const perfOptions *o, int nranks, const char *launch)
+{
+    ncclUniqueId id;
+    ncclResult_t r;
+    pid_t *pids;
+    int worst = 0, failed_status = -1, live = 0;
+
+    /* All ranks are on this machine: loopback, unless the user chose. */
+    setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
+    r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "%s: ncclGetUniqueId failed: %s: %s\n", TOOL, ncclGetErrorString(r),
+                ncclGetLastError(NULL));
+        return 3;
+    }
+    pids = calloc((size_t)nranks, sizeof(*pids));
+    if (pids == NULL) {
+        fprintf(stderr, "%s: out of memory\n", TOOL);
+        return 3;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (int rank = 0; rank < nranks; rank++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* Only rank 0 prints the table. */
+            if (rank != 0 && freopen("/dev/null", "w", stdout) == NULL)
+                _exit(3);
+            int res = run_rank(o, rank, nranks, id, launch);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(res);
+        }
+        if (pid < 0) {
+            fprintf(stderr, "%s: fork of rank %d failed: %s\n", TOOL, rank, strerror(errno));
+            failed_status = 3;
+            break;
+        }
+        pids[rank] = pid;
+        live++;
+    }
+    if (failed_status >= 0) {
+        for (int rank = 0; rank < nranks; rank++)
+            if (pids[rank] > 0)
+                kill(pids[rank], SIGTERM);
+    }
+    while (live > 0) {
+        int st, rank;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "%s: waitpid: %s\n", TOOL, strerror(errno));
+            break;
+        }
+        for (rank = 0; rank < nranks && pids[rank] != pid; rank++)
+            ;
+        if (rank == nranks)
+            continue;
+        pids[rank] = 0;
+        live--;
+        int status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (status > worst)
+            worst = status;
+        if (status >= 2 && failed_status < 0) {
+            if (WIFEXITED(st))
+                fprintf(stderr, "%s: rank %d (pid %d) exited with status %d", TOOL, rank,
+                        (int)pid, status);
+            else
+                fprintf(stderr, "%s: rank %d (pid %d) was killed by signal %d (%s)", TOOL, rank,
+                        (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)));
+            fprintf(stderr, "%s\n", live ? "; ending the other ranks" : "");
+            failed_status = status;
+            for (int q = 0; q < nranks; q++)
+                if (pids[q] > 0)
+                    kill(pids[q], SIGTERM);
+        }
+    }
+    free(pids);
+    return failed_status >= 0 ? failed_status : worst;
+}
+
+int main(int argc, char **argv)
+{
+    perfOptions o;
+    int rank, nranks, found;
+    const char *which = NULL;
+    char launch[256];
+
+    int res = perfParseArgs(argc, argv, TOOL, PERF_OPT_COLL | PERF_OPT_ROOT | PERF_OPT_NPROCS, &o);
+    if (res != 0)
+        return res == 1 ? 0 : 2;
+
+    if (o.nprocs > 0) {
+        snprintf(launch, sizeof(launch), "forked by -N %d", o.nprocs);
+        return run_forked(&o, o.nprocs, launch);
+    }
+    found = env_ranks(&rank, &nranks, &which);
+    if (found < 0)
+        return 2;
+    const char *cid = getenv("GEOCCL_COMM_ID");
+    if (cid != NULL && *cid != '\0') {
+        if (found == 0) {
+            fprintf(stderr, "%s: GEOCCL_COMM_ID is set but not this rank's number: set RANK "
+                            "and NRANKS (or run under mpirun)\n", TOOL);
+            return 2;
+        }
+        /* With GEOCCL_COMM_ID every rank computes the same id locally;
+         * rank 0 listens at that address. */
+        ncclUniqueId id;
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) {
+            fprintf(stderr, "%s: rank %d: ncclGetUniqueId failed: %s: %s\n", TOOL, rank,
+                    ncclGetErrorString(r), ncclGetLastError(NULL));
+            return 3;
+        }
+        snprintf(launch, sizeof(launch), "bootstrap at GEOCCL_COMM_ID=%s, ranks from %s", cid,
+                 which);
+        return run_rank(&o, rank, nranks, id, launch);
+    }
+    if (found > 0 && nranks > 1) {
+        fprintf(stderr, "%s: %s say this is rank %d of %d, but the ranks cannot meet: set "
+                        "GEOCCL_COMM_ID=host:port (rank 0's machine), or use geoccl-perf-mpi "
+                        "under mpirun, or -N to fork local ranks\n", TOOL, which, rank, nranks);
+        return 2;
+    }
+    snprintf(launch, sizeof(launch), "forked (no -N, no GEOCCL_COMM_ID: one rank)");
+    return run_forked(&o, 1, launch);
+}
+
+#endif /* GEOCCL_PERF_MPI */
