@@ -153,8 +153,8 @@ static ncclResult_t start_root_thread(const geoUniqueIdInternal *id, int fd, dou
 
 static ncclResult_t env_id(geoUniqueIdInternal *id)
 {
-    const char *cid = geoParamStr(GEO_PARAM_COMM_ID);
-    const char *secret = geoParamStr(GEO_PARAM_COMM_SECRET);
+    const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+    const char *secret = geoParamStrLive(GEO_PARAM_COMM_SECRET);
     geoSha256 s;
 
     memset(id, 0, sizeof(*id));
@@ -209,7 +209,7 @@ ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
 
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *out)
 {
-    if (geoParamStr(GEO_PARAM_COMM_ID) != NULL) {
+    if (geoParamStrLive(GEO_PARAM_COMM_ID) != NULL) {
         geoUniqueIdInternal id;
         GEO_CHECK(env_id(&id));
         memset(out, 0, sizeof(*out));

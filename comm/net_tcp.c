@@ -291,7 +291,8 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         if (got <= 0) {
             char why[160];
             if (got == 0)
-                snprintf(why, sizeof(why), "closed the connection while we waited for %zu bytes",
+                snprintf(why, sizeof(why), "closed the connection while we waited for %zu "
+                         "bytes (it died, or gave up because of another rank's failure)",
                          r->size);
             else
                 snprintf(why, sizeof(why), "failed while we received from it: %s",
@@ -411,7 +412,8 @@ static void *progress_main(void *arg)
             size_t sf = c->s_frame;
             if (cursor_req(st, &st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
                 (pfd[i].revents & POLLERR)) {
-                peer_error(st, p, s, "closed or reset the connection");
+                peer_error(st, p, s, "closed or reset the connection (it died, or gave up "
+                           "because of another rank's failure)");
                 break;
             }
             c->closed = 1;

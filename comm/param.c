@@ -124,6 +124,12 @@ const char *geoParamStr(geoParamId id)
     return str_values[id];
 }
 
+const char *geoParamStrLive(geoParamId id)
+{
+    const char *v = getenv(table[id].name);
+    return v ? v : table[id].dflt;
+}
+
 int geoParamIsSet(geoParamId id)
 {
     ensure_loaded();

@@ -34,6 +34,11 @@ typedef struct {
 int64_t geoParamInt(geoParamId id);
 /* String value or the default (may be NULL). */
 const char *geoParamStr(geoParamId id);
+/* Read the environment now rather than the cache: for the bootstrap
+ * variables (GEOCCL_COMM_ID, GEOCCL_COMM_SECRET), which programs often set
+ * with setenv after their first library call, as NCCL_COMM_ID is read at
+ * each ncclGetUniqueId in NCCL. */
+const char *geoParamStrLive(geoParamId id);
 /* 1 when the variable is set in the environment. */
 int geoParamIsSet(geoParamId id);
 const geoParamDesc *geoParamDescribe(geoParamId id);

@@ -359,7 +359,7 @@ static int run_forked(const perfOptions *o, int nranks, const char *launch)
 int main(int argc, char **argv)
 {
     perfOptions o;
-    int rank, nranks, found;
+    int rank = 0, nranks = 0, found;
     const char *which = NULL;
     char launch[256];
 

@@ -674,10 +674,12 @@ static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, s
     return 0;
 }
 
-static void print_centered(const char *text, int width)
+/* Appends text centred in width columns to line. */
+static void add_centered(char *line, size_t cap, const char *text, int width)
 {
+    size_t at = strlen(line);
     int len = (int)strlen(text), left = (width - len) / 2;
-    printf("%*s%s%*s", left, "", text, width - len - left, "");
+    snprintf(line + at, cap - at, "%*s%s%*s", left, "", text, width - len - left, "");
 }
 
 static void print_header(perfBench *b, const char *launch, const char *ranklist, size_t hostlen)
@@ -704,16 +706,19 @@ static void print_header(perfBench *b, const char *launch, const char *ranklist,
         printf("#  Rank %2d Pid %7d on %s\n", rank, pid, e + 8);
     }
     printf("#\n");
-    printf("#%49s  ", "");
-    print_centered("out-of-place", 35);
-    printf("  ");
-    print_centered("in-place", 35);
-    printf("\n");
+    char line[160];
+    snprintf(line, sizeof(line), "#%49s  ", "");
+    add_centered(line, sizeof(line), "out-of-place", 35);
+    add_centered(line, sizeof(line), "", 2);
+    add_centered(line, sizeof(line), "in-place", 35);
+    for (size_t n = strlen(line); n > 0 && line[n - 1] == ' '; n--)
+        line[n - 1] = '\0';
+    printf("%s\n", line);
     printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s %6s\n", "size", "count", "type",
            "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
            "#wrong");
-    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s %6s\n", "(B)", "(elements)",
-           "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s\n", "(B)", "(elements)", "",
+           "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)");
     fflush(stdout);
 }
 
