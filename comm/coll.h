@@ -39,6 +39,41 @@ typedef struct geoOp {
     struct geoOp *next;    /* group list */
 } geoOp;
 
+/* A ring over some of the communicator's ranks: position i holds global
+ * rank ranks[i] and segment number blk[i] of the buffer (the rank's own
+ * block for all-gather/reduce-scatter); me is this rank's position.
+ * pos_of[g] is the position of global rank g (full ring only). */
+typedef struct {
+    int n;
+    int me;
+    int *ranks;
+    int *blk;
+    int *pos_of;
+} geoRing;
+
+/* A ring of segments: at step s, position r sends segment (r + a - s) mod N
+ * to r+1 and receives (r + a - s - 1) mod N from r-1; the first
+ * reduce_steps steps combine the received chunk with the local input. */
+typedef struct {
+    int a;                 /* segment offset (0 or -1) */
+    int nsteps;
+    int reduce_steps;
+    const char *local;     /* local input, all N segments */
+    char *out;             /* output of every segment (all-reduce, all-gather) */
+    char *out_final;       /* reduce-scatter: output of my final segment only */
+    int divide;            /* Avg: divide the final reduced segment by this */
+} geoRingPlan;
+
+/* Segment i of count elements cut in n (the first count % n get one more). */
+void geoSegRange(size_t count, int n, int i, size_t *off, size_t *len);
+/* Run a ring of segments over `total` elements (chunk-pipelined). */
+ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
+                        const geoRingPlan *p, size_t total);
+
+/* Hierarchical all-reduce over the communicator's regions (coll_hier.c);
+ * op->op is a built-in op (PreMulSum already applied to the input). */
+ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
+
 const char *geoOpTypeName(geoOpType t);
 /* Run one collective (not send/recv) to completion. */
 ncclResult_t geoCollRun(geoOp *op);

@@ -28,7 +28,7 @@ const char *geoOpTypeName(geoOpType t)
 static inline int mod(int x, int n) { return ((x % n) + n) % n; }
 
 /* Segment i of count elements split in n parts (first count%n get one more). */
-static void seg_range(size_t count, int n, int i, size_t *off, size_t *len)
+void geoSegRange(size_t count, int n, int i, size_t *off, size_t *len)
 {
     size_t base = count / (size_t)n, extra = count % (size_t)n;
     *off = (size_t)i * base + ((size_t)i < extra ? (size_t)i : extra);
@@ -58,25 +58,16 @@ static ncclResult_t wait_all(struct ncclComm *comm, geoNetRequest *reqs, size_t 
     return res;
 }
 
-typedef struct {
-    int a;                 /* segment offset (0 or -1) */
-    int nsteps;
-    int reduce_steps;      /* steps < reduce_steps combine with local input */
-    const char *local;     /* local input, whole (N segments) */
-    char *out;             /* output for every segment (all-reduce, all-gather) */
-    char *out_final;       /* reduce-scatter: output of the final segment only */
-    int divide;            /* Avg: divide the final reduced segment */
-} ringPlan;
 
-static ncclResult_t ring_run(struct ncclComm *comm, const geoOp *op, const ringPlan *p,
-                             size_t seg_count_total)
+ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
+                        const geoRingPlan *p, size_t seg_count_total)
 {
-    const int N = comm->nranks, r = comm->rank;
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    const int N = ring->n, r = ring->me;
+    const int next = ring->ranks[(r + 1) % N], prev = ring->ranks[(r + N - 1) % N];
     const size_t es = geoTypeSize(op->dt);
     const size_t ce = chunk_elems(comm, es);
     size_t maxlen, dummy;
-    seg_range(seg_count_total, N, 0, &dummy, &maxlen);
+    geoSegRange(seg_count_total, N, 0, &dummy, &maxlen);
     const size_t maxc = nchunks(maxlen, ce) ? nchunks(maxlen, ce) : 1;
     const size_t nitems = (size_t)p->nsteps * maxc;
     const int W = comm->window > 0 ? comm->window : 1;
@@ -100,7 +91,7 @@ static ncclResult_t ring_run(struct ncclComm *comm, const geoOp *op, const ringP
     {
         size_t off, len;
         int x = SEND_SEG(0);
-        seg_range(seg_count_total, N, x, &off, &len);
+        geoSegRange(seg_count_total, N, ring->blk[x], &off, &len);
         const char *src = p->reduce_steps > 0 ? p->local : p->out;
         for (size_t c = 0; c < nchunks(len, ce); c++) {
             size_t n = len - c * ce < ce ? len - c * ce : ce;
@@ -122,14 +113,14 @@ static ncclResult_t ring_run(struct ncclComm *comm, const geoOp *op, const ringP
     for (size_t s = 0; s < (size_t)p->nsteps; s++) {
         size_t off, len;
         int x = RECV_SEG((int)s);
-        seg_range(seg_count_total, N, x, &off, &len);
+        geoSegRange(seg_count_total, N, ring->blk[x], &off, &len);
         size_t nc = nchunks(len, ce);
         for (size_t c = 0; c < nc; c++) {
             /* Post receives ahead, keeping the posting order (step, chunk). */
             while (inflight < (size_t)W && k_post_s < (size_t)p->nsteps) {
                 size_t poff, plen;
                 int px = RECV_SEG((int)k_post_s);
-                seg_range(seg_count_total, N, px, &poff, &plen);
+                geoSegRange(seg_count_total, N, ring->blk[px], &poff, &plen);
                 size_t pnc = nchunks(plen, ce);
                 if (k_post_c >= pnc) {
                     k_post_s++;
@@ -174,7 +165,7 @@ static ncclResult_t ring_run(struct ncclComm *comm, const geoOp *op, const ringP
                     dst = slot;
                 geoReduce(dst, p->local + eoff * es, slot, n, op->dt, op->op);
                 if (final && p->divide)
-                    geoDivide(dst, n, op->dt, N);
+                    geoDivide(dst, n, op->dt, p->divide);
                 send_from = dst;
             } else {
                 send_from = p->out + eoff * es;
@@ -208,11 +199,11 @@ out:
 }
 
 /* Chain from root through root+1, ... (broadcast), chunk-pipelined. */
-static ncclResult_t chain_bcast(struct ncclComm *comm, const geoOp *op)
+static ncclResult_t chain_bcast(struct ncclComm *comm, const geoOp *op, const geoRing *ring)
 {
-    const int N = comm->nranks, r = comm->rank;
-    const int pos = mod(r - op->root, N);
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    const int N = ring->n, r = ring->me;
+    const int pos = mod(r - ring->pos_of[op->root], N);
+    const int next = ring->ranks[(r + 1) % N], prev = ring->ranks[(r + N - 1) % N];
     const size_t es = geoTypeSize(op->dt), ce = chunk_elems(comm, es);
     const size_t nc = nchunks(op->count, ce);
     char *buf = op->recvbuff;
@@ -258,11 +249,12 @@ out:
 }
 
 /* Chain root+1 -> root+2 -> ... -> root, each adding its input. */
-static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const char *local)
+static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
+                                const char *local)
 {
-    const int N = comm->nranks, r = comm->rank;
-    const int pos = mod(r - op->root - 1, N); /* root is N-1 */
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    const int N = ring->n, r = ring->me;
+    const int pos = mod(r - ring->pos_of[op->root] - 1, N); /* root is N-1 */
+    const int next = ring->ranks[(r + 1) % N], prev = ring->ranks[(r + N - 1) % N];
     const size_t es = geoTypeSize(op->dt), ce = chunk_elems(comm, es);
     const size_t nc = nchunks(op->count, ce);
     const int W = comm->window > 0 ? comm->window : 1;
@@ -453,17 +445,24 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
+    if (!(o.type == GEO_OP_ALLREDUCE && comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT))
+        comm->stats.calls_flat++;
     switch (o.type) {
     case GEO_OP_ALLREDUCE: {
+        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+            comm->stats.calls_hier++;
+            res = geoHierAllReduce(comm, &o);
+            break;
+        }
         if (N == 1) {
             if (o.recvbuff != o.sendbuff)
                 memmove(o.recvbuff, o.sendbuff, total * es);
             res = ncclSuccess;
             break;
         }
-        ringPlan p = {.a = 0, .nsteps = 2 * N - 2, .reduce_steps = N - 1, .local = o.sendbuff,
-                      .out = o.recvbuff, .out_final = NULL, .divide = o.op == ncclAvg};
-        res = ring_run(comm, &o, &p, total);
+        geoRingPlan p = {.a = 0, .nsteps = 2 * N - 2, .reduce_steps = N - 1, .local = o.sendbuff,
+                      .out = o.recvbuff, .out_final = NULL, .divide = o.op == ncclAvg ? N : 0};
+        res = geoRingRun(comm, &o, &comm->ring, &p, total);
         break;
     }
     case GEO_OP_REDUCESCATTER: {
@@ -474,9 +473,9 @@ ncclResult_t geoCollRun(geoOp *in)
             break;
         }
         /* Segments are exactly the ranks' blocks: count per rank. */
-        ringPlan p = {.a = -1, .nsteps = N - 1, .reduce_steps = N - 1, .local = o.sendbuff,
-                      .out = NULL, .out_final = o.recvbuff, .divide = o.op == ncclAvg};
-        res = ring_run(comm, &o, &p, total);
+        geoRingPlan p = {.a = -1, .nsteps = N - 1, .reduce_steps = N - 1, .local = o.sendbuff,
+                      .out = NULL, .out_final = o.recvbuff, .divide = o.op == ncclAvg ? N : 0};
+        res = geoRingRun(comm, &o, &comm->ring, &p, total);
         break;
     }
     case GEO_OP_ALLGATHER: {
@@ -487,9 +486,9 @@ ncclResult_t geoCollRun(geoOp *in)
             res = ncclSuccess;
             break;
         }
-        ringPlan p = {.a = 0, .nsteps = N - 1, .reduce_steps = 0, .local = NULL,
+        geoRingPlan p = {.a = 0, .nsteps = N - 1, .reduce_steps = 0, .local = NULL,
                       .out = o.recvbuff, .out_final = NULL, .divide = 0};
-        res = ring_run(comm, &o, &p, o.count * (size_t)N);
+        res = geoRingRun(comm, &o, &comm->ring, &p, o.count * (size_t)N);
         break;
     }
     case GEO_OP_BROADCAST:
@@ -499,7 +498,7 @@ ncclResult_t geoCollRun(geoOp *in)
             res = ncclSuccess;
             break;
         }
-        res = chain_bcast(comm, &o);
+        res = chain_bcast(comm, &o, &comm->ring);
         break;
     case GEO_OP_REDUCE:
         if (N == 1) {
@@ -508,7 +507,7 @@ ncclResult_t geoCollRun(geoOp *in)
             res = ncclSuccess;
             break;
         }
-        res = chain_reduce(comm, &o, o.sendbuff);
+        res = chain_reduce(comm, &o, &comm->ring, o.sendbuff);
         break;
     default:
         res = exchange(comm, &o);

@@ -8,9 +8,11 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "comm/coll.h"
 #include "comm/hmac.h"
 #include "comm/socket.h"
 #include "comm/transport.h"
+#include "topology/regions.h"
 
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
 #define GEO_MAX_REDOPS 64
@@ -23,7 +25,21 @@ typedef struct {
     int32_t pid;
     int32_t nstreams;           /* rank 0's value is used by all */
     int64_t chunk_size;         /* rank 0's value is used by all */
+    char region[TOPO_REGION_LABEL_LEN]; /* GEOCCL_REGION or topology file; "" */
 } geoPeerInfo;
+
+/* Per-communicator statistics (geocclCommGetStats). */
+typedef struct {
+    uint64_t bytes_intra;       /* sent to ranks of my region */
+    uint64_t bytes_wan;         /* sent to ranks of other regions */
+    uint64_t calls_flat;
+    uint64_t calls_hier;
+    double t_intra_rs;          /* seconds in hierarchical phases */
+    double t_inter;
+    double t_intra_ag;
+} geoStats;
+
+enum { GEO_ALGO_AUTO = 0, GEO_ALGO_FLAT, GEO_ALGO_HIER };
 
 typedef struct {
     int used;
@@ -61,6 +77,13 @@ struct ncclComm {
     char op_desc[96];           /* current operation, for error text */
 
     geoRedOp redops[GEO_MAX_REDOPS];
+
+    topoRegionMap regions;
+    geoRing ring;               /* all ranks in region order */
+    geoRing region_ring;        /* my region's ranks, local order */
+    int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
+    size_t hier_slice;          /* bytes per hierarchical slice */
+    geoStats stats;
 
     pthread_t init_thread;      /* non-blocking init */
     int init_thread_live;

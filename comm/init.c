@@ -9,6 +9,10 @@
 #include "comm/param.h"
 #include "comm/reduce.h"
 #include "topology/ifaces.h"
+#include "topology/topofile.h"
+
+#include <arpa/inet.h>
+#include <strings.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,8 +115,28 @@ static ncclResult_t check_config(const ncclConfig_t *config)
     return ncclSuccess;
 }
 
+static void ring_free(geoRing *r)
+{
+    free(r->blk);
+    free(r->pos_of);
+    memset(r, 0, sizeof(*r));
+}
+
 static void comm_free(struct ncclComm *comm)
 {
+    if (comm->stats.calls_flat + comm->stats.calls_hier > 0)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET,
+                "destroy: %llu flat and %llu hierarchical collectives; sent %llu bytes to my "
+                "region and %llu bytes over the WAN; hierarchical phases: intra reduce-scatter "
+                "%.3f s, inter-region %.3f s, intra all-gather %.3f s",
+                (unsigned long long)comm->stats.calls_flat,
+                (unsigned long long)comm->stats.calls_hier,
+                (unsigned long long)comm->stats.bytes_intra,
+                (unsigned long long)comm->stats.bytes_wan, comm->stats.t_intra_rs,
+                comm->stats.t_inter, comm->stats.t_intra_ag);
+    ring_free(&comm->ring);
+    ring_free(&comm->region_ring);
+    topoRegionMapFree(&comm->regions);
     if (comm->net && comm->net_state)
         comm->net->destroy(comm->net_state);
     comm->net_state = NULL;
@@ -120,6 +144,97 @@ static void comm_free(struct ncclComm *comm)
     comm->magic = 0;
     pthread_mutex_destroy(&comm->lock);
     free(comm);
+}
+
+/* This process's region label: GEOCCL_REGION, else the topology file's
+ * answer for my rank, address or host name, else "" (one region). */
+static ncclResult_t my_region(struct ncclComm *comm, const geoSockAddr *addr, const char *host,
+                              char out[TOPO_REGION_LABEL_LEN])
+{
+    /* Read at each init (not cached): launchers and tests set them per rank. */
+    const char *label = geoParamStrLive(GEO_PARAM_REGION);
+    const char *path = geoParamStrLive(GEO_PARAM_TOPO_FILE);
+    memset(out, 0, TOPO_REGION_LABEL_LEN);
+    if (label) {
+        if (strlen(label) >= TOPO_REGION_LABEL_LEN) {
+            geoCommSetError(comm, "init: GEOCCL_REGION '%s' is longer than %d characters",
+                            label, TOPO_REGION_LABEL_LEN - 1);
+            return ncclInvalidUsage;
+        }
+        snprintf(out, TOPO_REGION_LABEL_LEN, "%s", label);
+        return ncclSuccess;
+    }
+    if (path) {
+        topoFile tf;
+        char err[512], ip[INET6_ADDRSTRLEN] = "";
+        if (topoFileLoad(path, &tf, err, sizeof(err)) != 0) {
+            geoCommSetError(comm, "init: %s", err);
+            return ncclInvalidUsage;
+        }
+        if (addr->sa.sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &addr->sin6.sin6_addr, ip, sizeof(ip));
+        else
+            inet_ntop(AF_INET, &addr->sin.sin_addr, ip, sizeof(ip));
+        const char *r = topoFileRegionFor(&tf, comm->rank, ip, host);
+        if (r)
+            snprintf(out, TOPO_REGION_LABEL_LEN, "%s", r);
+        else
+            geoInfo(GEO_LOG_TOPO, "topology file %s does not place rank %d (%s, %s): default "
+                    "region", path, comm->rank, ip, host);
+        topoFileFree(&tf);
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t build_rings(struct ncclComm *comm)
+{
+    char (*labels)[TOPO_REGION_LABEL_LEN] = calloc((size_t)comm->nranks, sizeof(*labels));
+    if (labels == NULL)
+        goto oom;
+    for (int r = 0; r < comm->nranks; r++)
+        memcpy(labels[r], comm->peers[r].region, TOPO_REGION_LABEL_LEN);
+    int rc = topoRegionMapBuild(&comm->regions, comm->nranks,
+                                (const char (*)[TOPO_REGION_LABEL_LEN])labels);
+    free(labels);
+    if (rc != 0)
+        goto oom;
+    topoRegionMap *m = &comm->regions;
+    int g = m->region_of[comm->rank];
+    comm->ring.n = comm->nranks;
+    comm->ring.ranks = m->order;
+    comm->ring.blk = malloc(sizeof(int) * (size_t)comm->nranks);
+    comm->ring.pos_of = malloc(sizeof(int) * (size_t)comm->nranks);
+    comm->region_ring.n = m->size[g];
+    comm->region_ring.me = m->local_rank[comm->rank];
+    comm->region_ring.ranks = m->members[g];
+    comm->region_ring.blk = malloc(sizeof(int) * (size_t)m->size[g]);
+    comm->region_ring.pos_of = calloc((size_t)comm->nranks, sizeof(int));
+    if (!comm->ring.blk || !comm->ring.pos_of || !comm->region_ring.blk ||
+        !comm->region_ring.pos_of)
+        goto oom;
+    for (int i = 0; i < comm->nranks; i++) {
+        comm->ring.blk[i] = m->order[i];
+        comm->ring.pos_of[m->order[i]] = i;
+    }
+    comm->ring.me = comm->ring.pos_of[comm->rank];
+    for (int i = 0; i < m->size[g]; i++) {
+        comm->region_ring.blk[i] = i;
+        comm->region_ring.pos_of[m->members[g][i]] = i;
+    }
+    if (m->nregions > 1 && comm->rank == 0)
+        for (int k = 0; k < m->nregions; k++) {
+            char list[256];
+            int len = 0;
+            for (int i = 0; i < m->size[k] && len < (int)sizeof(list) - 16; i++)
+                len += snprintf(list + len, sizeof(list) - (size_t)len, "%s%d", i ? "," : "",
+                                m->members[k][i]);
+            geoInfo(GEO_LOG_INIT | GEO_LOG_TOPO, "region %d '%s': %d ranks (%s)", k,
+                    m->names[k][0] ? m->names[k] : "default", m->size[k], list);
+        }
+    return ncclSuccess;
+oom:
+    geoCommSetError(comm, "init: out of memory for the region map");
+    return ncclSystemError;
 }
 
 /* Everything after the handle exists: bootstrap and connect. */
@@ -161,6 +276,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.pid = (int32_t)getpid();
     mine.nstreams = comm->nstreams;
     mine.chunk_size = (int64_t)comm->chunk_size;
+    GEO_CHECK(my_region(comm, &addr, mine.host, mine.region));
     comm->peers = calloc((size_t)comm->nranks, sizeof(geoPeerInfo));
     if (comm->peers == NULL) {
         geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
@@ -172,6 +288,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     /* Every rank uses rank 0's stream count and chunk size. */
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
+    GEO_CHECK(build_rings(comm));
     res = comm->net->connect(comm, comm->net_state);
     if (res != ncclSuccess)
         return res;
@@ -231,6 +348,16 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     int64_t w = geoParamInt(GEO_PARAM_WINDOW);
     comm->window = (int)(w < 1 ? 1 : w > 1024 ? 1024 : w);
     comm->blocking = !(config && config->blocking == 0);
+    const char *algo = geoParamStr(GEO_PARAM_ALGO);
+    comm->algo = GEO_ALGO_AUTO;
+    if (algo && strcasecmp(algo, "flat") == 0)
+        comm->algo = GEO_ALGO_FLAT;
+    else if (algo && (strcasecmp(algo, "hier") == 0 || strcasecmp(algo, "hierarchical") == 0))
+        comm->algo = GEO_ALGO_HIER;
+    else if (algo && strcasecmp(algo, "auto") != 0)
+        geoWarn(GEO_LOG_TUNING, "GEOCCL_ALGO=%s is not auto, flat or hier: using auto", algo);
+    int64_t hs = geoParamInt(GEO_PARAM_HIER_SLICE);
+    comm->hier_slice = (size_t)(hs < 4096 ? 4096 : hs);
     if (config && config->commName)
         snprintf(comm->name, sizeof(comm->name), "%s", config->commName);
     snprintf(comm->op_desc, sizeof(comm->op_desc), "init");

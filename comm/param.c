@@ -32,6 +32,14 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "4M",
                                   "SO_SNDBUF/SO_RCVBUF per connection, if net.core.*mem_max "
                                   "allows; 0 leaves the kernel's autotuning"},
+    [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
+                          "this process's region label (wins over the topology file)"},
+    [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,
+                             "topology file mapping ranks/hosts to regions, with link rates"},
+    [GEO_PARAM_ALGO] = {"GEOCCL_ALGO", GEO_PARAM_STR, "auto",
+                        "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)"},
+    [GEO_PARAM_HIER_SLICE] = {"GEOCCL_HIER_SLICE", GEO_PARAM_INT, "4M",
+                              "bytes per pipelined slice of the hierarchical all-reduce"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -26,6 +26,11 @@ static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, si
 ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
                          geoNetRequest *req)
 {
+    if (comm->regions.region_of &&
+        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank])
+        comm->stats.bytes_wan += size;
+    else
+        comm->stats.bytes_intra += size;
     return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req);
 }
 

@@ -368,6 +368,11 @@ int main(int argc, char **argv)
         return res == 1 ? 0 : 2;
 
     if (o.nprocs > 0) {
+        if (o.coll == PERF_BROADCAST && o.root >= o.nprocs) {
+            fprintf(stderr, "%s: -r %d: the root must be a rank in 0..%d\n", TOOL, o.root,
+                    o.nprocs - 1);
+            return 2;
+        }
         snprintf(launch, sizeof(launch), "forked by -N %d", o.nprocs);
         return run_forked(&o, o.nprocs, launch);
     }

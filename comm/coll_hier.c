@@ -1,0 +1,307 @@
+/* Hierarchical all-reduce across regions.
+ *
+ * The buffer is cut into slices of GEOCCL_HIER_SLICE bytes.  Per slice:
+ *
+ *  RS  intra-region ring reduce-scatter: local rank i of region q ends with
+ *      segment i of the slice (geoSegRange(len, n_q, i)) summed over q.
+ *  X1  the segment boundaries of all regions cut the slice into pieces; each
+ *      piece has exactly one owner per region.  A piece is split in k parts
+ *      (k regions); the owner in region q reduces part q: every owner sends
+ *      its region's partial of part q to the owner in region q.
+ *  R   the owner in region q sums the k partials of part q in region order
+ *      (0, 1, ..., k-1: the same order everywhere, so the same bits),
+ *  X2  and sends the result back to the other k-1 owners.
+ *  AG  intra-region ring all-gather of the finished segments.
+ *
+ * Every byte of a region's partial crosses its WAN link once out and once
+ * back: 2(k-1)/k of the data per region, the minimum, spread over all the
+ * region's ranks whatever the region sizes (3 + 1 works: the lone rank owns
+ * the whole slice, the three others a third each).
+ *
+ * Slices are software-pipelined: iteration s does RS and X1 of slice s, R and
+ * X2 of slice s - D, AG of slice s - 2D (D = 2), so the WAN always has work
+ * queued while the intra phases run.  All ranks run the same schedule and
+ * post messages in the same order, which keeps each peer pair's message
+ * order matched (transport.h). */
+#include "config.h"
+#include "comm/checks.h"
+#include "comm/coll.h"
+#include "comm/comm.h"
+#include "comm/reduce.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define HIER_DEPTH 2
+
+typedef struct {
+    int peer;
+    size_t off;         /* element offset in the buffer */
+    size_t n;           /* elements */
+    char *tmp;          /* X1 receive: where the peer's partial lands */
+    geoNetRequest req;
+    int posted;
+} hierMsg;
+
+typedef struct {
+    size_t off, n;      /* my part of the piece: elements I reduce */
+    int first_rx;       /* index of its k-1 X1 receives in rx1 */
+} hierPart;
+
+typedef struct {
+    size_t s0, len;     /* slice in elements */
+    hierMsg *tx1, *rx1, *tx2, *rx2;
+    int ntx1, nrx1, ntx2, nrx2;
+    hierPart *parts;
+    int nparts;
+    char *tmp;
+} hierSlice;
+
+static void slice_free(hierSlice *sl)
+{
+    free(sl->tx1);
+    free(sl->rx1);
+    free(sl->tx2);
+    free(sl->rx2);
+    free(sl->parts);
+    free(sl->tmp);
+    memset(sl, 0, sizeof(*sl));
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Lay out the messages of one slice for this rank. */
+static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es)
+{
+    const topoRegionMap *m = &comm->regions;
+    const int k = m->nregions, g = m->region_of[comm->rank], me = m->local_rank[comm->rank];
+    size_t nb = 0, *bounds;
+    size_t my_off, my_len;
+
+    geoSegRange(sl->len, m->size[g], me, &my_off, &my_len);
+    int total_ranks = 0;
+    for (int q = 0; q < k; q++)
+        total_ranks += m->size[q];
+    bounds = malloc(sizeof(size_t) * (size_t)(total_ranks + k + 1));
+    if (bounds == NULL)
+        return ncclSystemError;
+    for (int q = 0; q < k; q++)
+        for (int i = 0; i < m->size[q]; i++) {
+            size_t o, l;
+            geoSegRange(sl->len, m->size[q], i, &o, &l);
+            if (o >= my_off && o < my_off + my_len)
+                bounds[nb++] = o;
+        }
+    bounds[nb++] = my_off;
+    bounds[nb++] = my_off + my_len;
+    qsort(bounds, nb, sizeof(size_t), cmp_size);
+
+    /* Upper bounds on message counts: one piece per distinct boundary. */
+    size_t maxp = nb, maxm = maxp * (size_t)k;
+    sl->tx1 = calloc(maxm, sizeof(hierMsg));
+    sl->rx1 = calloc(maxm, sizeof(hierMsg));
+    sl->tx2 = calloc(maxm, sizeof(hierMsg));
+    sl->rx2 = calloc(maxm, sizeof(hierMsg));
+    sl->parts = calloc(maxp, sizeof(hierPart));
+    size_t tmp_elems = 0;
+    if (!sl->tx1 || !sl->rx1 || !sl->tx2 || !sl->rx2 || !sl->parts) {
+        free(bounds);
+        return ncclSystemError;
+    }
+    for (size_t t = 0; t + 1 < nb; t++) {
+        size_t a = bounds[t], b = bounds[t + 1];
+        if (b <= a || a < my_off || b > my_off + my_len)
+            continue;
+        size_t plen = b - a;
+        hierPart *part = &sl->parts[sl->nparts++];
+        size_t so, sn;
+        geoSegRange(plen, k, g, &so, &sn);
+        part->off = sl->s0 + a + so;
+        part->n = sn;
+        part->first_rx = sl->nrx1;
+        for (int q = 0; q < k; q++) {
+            if (q == g)
+                continue;
+            /* The owner of this piece in region q. */
+            int owner = -1;
+            for (int i = 0; i < m->size[q]; i++) {
+                size_t o, l;
+                geoSegRange(sl->len, m->size[q], i, &o, &l);
+                if (a >= o && a < o + l) {
+                    owner = m->members[q][i];
+                    break;
+                }
+            }
+            size_t qo, qn;
+            geoSegRange(plen, k, q, &qo, &qn);
+            /* X1: my partial of part q goes to its owner; its partial of my
+             * part comes to me.  X2: the reverse, with finished values. */
+            sl->tx1[sl->ntx1++] = (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn};
+            sl->rx1[sl->nrx1++] = (hierMsg){.peer = owner, .off = part->off, .n = sn};
+            sl->tx2[sl->ntx2++] = (hierMsg){.peer = owner, .off = part->off, .n = sn};
+            sl->rx2[sl->nrx2++] = (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn};
+            tmp_elems += sn;
+        }
+    }
+    free(bounds);
+    sl->tmp = malloc(tmp_elems * es + 1);
+    if (sl->tmp == NULL)
+        return ncclSystemError;
+    size_t t = 0;
+    for (int i = 0; i < sl->nrx1; i++) {
+        sl->rx1[i].tmp = sl->tmp + t * es;
+        t += sl->rx1[i].n;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send, char *buf,
+                             size_t es)
+{
+    for (int i = 0; i < n; i++) {
+        hierMsg *x = &msgs[i];
+        if (send)
+            GEO_CHECK(geoNetIsend(comm, x->peer, buf + x->off * es, x->n * es, &x->req));
+        else
+            GEO_CHECK(geoNetIrecv(comm, x->peer, x->tmp ? x->tmp : buf + x->off * es, x->n * es,
+                                  &x->req));
+        x->posted = 1;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t wait_msgs(struct ncclComm *comm, hierMsg *msgs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (msgs[i].posted) {
+            GEO_CHECK(geoNetWait(comm, &msgs[i].req));
+            msgs[i].posted = 0;
+        }
+    return ncclSuccess;
+}
+
+/* RS or AG of one slice over my region. */
+static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlice *sl, int ag,
+                          size_t es)
+{
+    const geoRing *ring = &comm->region_ring;
+    char *out = (char *)op->recvbuff + sl->s0 * es;
+    if (ring->n == 1) {
+        if (!ag && op->sendbuff != op->recvbuff)
+            memmove(out, (const char *)op->sendbuff + sl->s0 * es, sl->len * es);
+        return ncclSuccess;
+    }
+    if (ag) {
+        geoRingPlan p = {.a = 0, .nsteps = ring->n - 1, .reduce_steps = 0, .local = NULL,
+                         .out = out, .out_final = NULL, .divide = 0};
+        return geoRingRun(comm, op, ring, &p, sl->len);
+    }
+    size_t off, len;
+    geoSegRange(sl->len, ring->n, ring->me, &off, &len);
+    geoRingPlan p = {.a = -1, .nsteps = ring->n - 1, .reduce_steps = ring->n - 1,
+                     .local = (const char *)op->sendbuff + sl->s0 * es, .out = NULL,
+                     .out_final = out + off * es, .divide = 0};
+    return geoRingRun(comm, op, ring, &p, sl->len);
+}
+
+/* Sum the k partials of each of my parts in region order. */
+static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, size_t es,
+                         char *scratch)
+{
+    const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
+    char *buf = op->recvbuff;
+    for (int p = 0; p < sl->nparts; p++) {
+        hierPart *part = &sl->parts[p];
+        char *mine = buf + part->off * es;
+        if (part->n == 0)
+            continue;
+        /* partial of region q: mine when q == g, else the X1 receive from it */
+        const char *src[64] = {0};
+        for (int q = 0, j = 0; q < k; q++)
+            src[q] = q == g ? mine : sl->rx1[part->first_rx + j++].tmp;
+        memcpy(scratch, src[0], part->n * es);
+        for (int q = 1; q < k; q++)
+            geoReduce(scratch, scratch, src[q], part->n, op->dt, op->op);
+        if (op->op == ncclAvg)
+            geoDivide(scratch, part->n, op->dt, comm->nranks);
+        memcpy(mine, scratch, part->n * es);
+    }
+}
+
+ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
+{
+    const size_t es = geoTypeSize(op->dt);
+    const size_t se = comm->hier_slice / es ? comm->hier_slice / es : 1;
+    const size_t M = (op->count + se - 1) / se;
+    ncclResult_t res = ncclSuccess;
+    hierSlice *sl = calloc(M ? M : 1, sizeof(*sl));
+    char *scratch = NULL;
+    double t0;
+
+    if (sl == NULL || comm->regions.nregions > 64) {
+        geoCommSetError(comm, "%s: out of memory (or more than 64 regions)", comm->op_desc);
+        free(sl);
+        return ncclSystemError;
+    }
+    size_t maxpart = 0;
+    for (size_t s = 0; s < M; s++) {
+        sl[s].s0 = s * se;
+        sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
+        if (slice_plan(comm, &sl[s], es) != ncclSuccess) {
+            geoCommSetError(comm, "%s: out of memory planning slice %zu", comm->op_desc, s);
+            res = ncclSystemError;
+            goto out;
+        }
+        for (int p = 0; p < sl[s].nparts; p++)
+            if (sl[s].parts[p].n > maxpart)
+                maxpart = sl[s].parts[p].n;
+    }
+    scratch = malloc(maxpart * es + 1);
+    if (scratch == NULL) {
+        res = ncclSystemError;
+        goto out;
+    }
+    for (size_t it = 0; it < M + 2 * HIER_DEPTH; it++) {
+        if (it < M) {
+            t0 = geoNow();
+            GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es), res, out);
+            comm->stats.t_intra_rs += geoNow() - t0;
+            GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, op->recvbuff, es), res,
+                           out);
+            GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, op->recvbuff, es), res,
+                           out);
+        }
+        if (it >= HIER_DEPTH && it - HIER_DEPTH < M) {
+            hierSlice *x = &sl[it - HIER_DEPTH];
+            t0 = geoNow();
+            GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
+            comm->stats.t_inter += geoNow() - t0;
+            reduce_parts(comm, op, x, es, scratch);
+            GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, op->recvbuff, es), res, out);
+            GEO_CHECK_GOTO(post_all(comm, x->rx2, x->nrx2, 0, op->recvbuff, es), res, out);
+        }
+        if (it >= 2 * HIER_DEPTH && it - 2 * HIER_DEPTH < M) {
+            hierSlice *x = &sl[it - 2 * HIER_DEPTH];
+            t0 = geoNow();
+            GEO_CHECK_GOTO(wait_msgs(comm, x->rx2, x->nrx2), res, out);
+            GEO_CHECK_GOTO(wait_msgs(comm, x->tx1, x->ntx1), res, out);
+            GEO_CHECK_GOTO(wait_msgs(comm, x->tx2, x->ntx2), res, out);
+            comm->stats.t_inter += geoNow() - t0;
+            t0 = geoNow();
+            GEO_CHECK_GOTO(intra(comm, op, x, 1, es), res, out);
+            comm->stats.t_intra_ag += geoNow() - t0;
+        }
+    }
+out:
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
+    for (size_t s = 0; s < M; s++)
+        slice_free(&sl[s]);
+    free(sl);
+    free(scratch);
+    return res;
+}

@@ -1,0 +1,509 @@
+/*
+ * delayline.c: holds every packet that the kernel routes into a TUN device
+ * for a fixed time, then hands it back to the kernel through the same
+ * device. Routed through it, a link gains a one-way delay: this is the
+ * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
+ * kernel here has no netem; tbf on the TUN device does the bandwidth).
+ *
+ *   delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-v]
+ *
+ * -i  TUN device to attach (created if absent; an existing persistent one
+ *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
+ *     IFF_NO_PI: every read is one IP packet, every write injects one.
+ * -d  delay in milliseconds, fractional allowed (0 .. 600000).
+ * -q  most bytes held at once (suffix K, M or G; default 256M). A packet
+ *     that does not fit is dropped and counted, as a full router queue does.
+ * -v  print statistics to stderr on SIGUSR1 and at exit (without -v,
+ *     SIGUSR1 still prints them).
+ *
+ * SIGTERM, SIGINT and SIGHUP stop it cleanly (packets still held are
+ * discarded and counted). Exit status: 0 after a stop signal, 1 on a system
+ * error, 2 on a usage error.
+ *
+ * How it works. The main thread reads packets straight into a byte ring (no
+ * allocation per packet), stamping each with its due time, now + delay, on
+ * CLOCK_MONOTONIC. A second thread writes the packet at the head of the ring
+ * back into the device when it is due: it sleeps on a futex with an absolute
+ * CLOCK_MONOTONIC deadline (timer slack 1 ns), so it wakes for the due time
+ * or for a stop request, never polls. Every packet has the same delay, so the
+ * ring is in due order and the order of packets is kept. One reader, one
+ * writer: the ring needs only the two positions, published with
+ * release/acquire. The writer sleeps on the futex when the ring is empty;
+ * the reader wakes it only on that transition.
+ *
+ * Build: cc -std=c11 -O2 -Wall -Wextra -pthread -o delayline delayline.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <linux/if_tun.h>
+#include <net/if.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_PKT 65536u           /* largest packet a TUN read can return */
+#define REC_ALIGN 16u            /* record size granularity in the ring */
+#define DEFAULT_QUEUE (256u << 20)
+#define MIN_QUEUE (1u << 20)
+#define READ_BATCH 256           /* reads per poll wake-up, at most */
+
+/* One queued packet: this header, then len bytes, padded to REC_ALIGN. A
+ * record never straddles the end of the ring; when the space left before the
+ * end is too small, a record with wrap set fills it and the next record
+ * starts at offset 0. */
+struct rec {
+  uint32_t len;
+  uint32_t wrap;
+  int64_t due_ns;
+};
+_Static_assert(sizeof(struct rec) == REC_ALIGN, "record header size");
+
+/* Counters: each has one writing thread (reader or writer); anyone may read
+ * them for a report, hence relaxed atomics. */
+struct stats {
+  _Atomic uint64_t rx_pkts, rx_bytes;      /* read from the device */
+  _Atomic uint64_t drop_pkts, drop_bytes;  /* ring full */
+  _Atomic uint64_t max_queued;             /* most bytes held at once */
+  _Atomic uint64_t tx_pkts, tx_bytes;      /* written back */
+  _Atomic uint64_t tx_errors;              /* writes refused by the kernel */
+  _Atomic uint64_t late_sum_ns, late_max_ns, late_over_1ms;
+  _Atomic uint64_t discarded;              /* still held at exit */
+};
+
+struct line {
+  int fd;
+  char ifname[IFNAMSIZ];
+  int64_t delay_ns;
+  unsigned char *mem;
+  uint64_t cap;                            /* multiple of REC_ALIGN */
+  _Atomic uint64_t head;                   /* absolute; advanced by writer */
+  _Atomic uint64_t tail;                   /* absolute; advanced by reader */
+  _Atomic uint32_t wake;                   /* futex word, bumped to wake */
+  _Atomic int writer_idle;                 /* writer waits for a packet */
+  _Atomic int stop;
+  struct stats st;
+};
+
+static unsigned char scratch[MAX_PKT];
+
+static void usage(FILE *f)
+{
+  fprintf(f,
+          "usage: delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-v]\n"
+          "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
+          "  milliseconds, then gives it back to the kernel.\n"
+          "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
+          "  -v  statistics to stderr on SIGUSR1 and at exit\n");
+}
+
+static int64_t mono_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline uint64_t rec_size(uint32_t len)
+{
+  return ((uint64_t)sizeof(struct rec) + len + REC_ALIGN - 1) & ~(uint64_t)(REC_ALIGN - 1);
+}
+
+static inline void counter_add(_Atomic uint64_t *c, uint64_t v)
+{
+  /* Single writer per counter: a plain load and store is enough. */
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+                        memory_order_relaxed);
+}
+
+static inline uint64_t counter(_Atomic uint64_t *c)
+{
+  return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* Sleeps until *word is no longer seq, a wake-up, or the absolute monotonic
+ * deadline (0: none). Spurious returns are fine: every caller re-checks. */
+static void futex_wait_until(_Atomic uint32_t *word, uint32_t seq, int64_t deadline_ns)
+{
+  struct timespec ts, *tsp = NULL;
+  if (deadline_ns > 0) {
+    ts.tv_sec = deadline_ns / 1000000000;
+    ts.tv_nsec = deadline_ns % 1000000000;
+    tsp = &ts;
+  }
+  /* FUTEX_WAIT_BITSET takes an absolute timeout on CLOCK_MONOTONIC. */
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG,
+          seq, tsp, NULL, FUTEX_BITSET_MATCH_ANY);
+}
+
+static void futex_wake(_Atomic uint32_t *word)
+{
+  atomic_fetch_add(word, 1);
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+}
+
+/* Reader side: returns where a record of up to need bytes (header included)
+ * may be written, writing a wrap record first when the end of the ring is too
+ * close; NULL when the ring lacks the room. *tail is the reader's unpublished
+ * tail and is moved past a wrap record. */
+static struct rec *ring_reserve(struct line *l, uint64_t *tail, uint64_t need)
+{
+  uint64_t head = atomic_load_explicit(&l->head, memory_order_acquire);
+  uint64_t free_bytes = l->cap - (*tail - head);
+  uint64_t idx = *tail % l->cap;
+  uint64_t contig = l->cap - idx;
+  if (contig >= need)
+    return free_bytes >= need ? (struct rec *)(l->mem + idx) : NULL;
+  if (free_bytes < contig + need)
+    return NULL;
+  struct rec *w = (struct rec *)(l->mem + idx);
+  w->len = 0;
+  w->wrap = 1;
+  w->due_ns = 0;
+  *tail += contig;
+  return (struct rec *)l->mem;
+}
+
+static void publish(struct line *l, uint64_t tail)
+{
+  atomic_store_explicit(&l->tail, tail, memory_order_seq_cst);
+  uint64_t queued = tail - atomic_load_explicit(&l->head, memory_order_relaxed);
+  if (queued > counter(&l->st.max_queued))
+    atomic_store_explicit(&l->st.max_queued, queued, memory_order_relaxed);
+  /* Pairs with the writer's store of writer_idle then load of tail: one of
+   * the two sides sees the other's store (both seq_cst). */
+  if (atomic_load_explicit(&l->writer_idle, memory_order_seq_cst))
+    futex_wake(&l->wake);
+}
+
+/* Reads what the device has ready (up to READ_BATCH packets). Returns 0, or
+ * -1 after printing the cause when the device failed. */
+static int read_batch(struct line *l)
+{
+  uint64_t tail = atomic_load_explicit(&l->tail, memory_order_relaxed);
+  for (int i = 0; i < READ_BATCH; i++) {
+    uint64_t t = tail;
+    struct rec *r = ring_reserve(l, &t, sizeof(struct rec) + MAX_PKT);
+    unsigned char *dst = r ? (unsigned char *)(r + 1) : scratch;
+    ssize_t n = read(l->fd, dst, MAX_PKT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR)
+        return 0;
+      fprintf(stderr, "delayline %s: read: %s\n", l->ifname, strerror(errno));
+      return -1;
+    }
+    if (n == 0)
+      continue;
+    int64_t now = mono_ns();
+    counter_add(&l->st.rx_pkts, 1);
+    counter_add(&l->st.rx_bytes, (uint64_t)n);
+    if (!r) {
+      /* No room for the largest packet; this one may still fit. */
+      t = tail;
+      r = ring_reserve(l, &t, rec_size((uint32_t)n));
+      if (!r) {
+        counter_add(&l->st.drop_pkts, 1);
+        counter_add(&l->st.drop_bytes, (uint64_t)n);
+        continue;
+      }
+      memcpy(r + 1, scratch, (size_t)n);
+    }
+    r->len = (uint32_t)n;
+    r->wrap = 0;
+    r->due_ns = now + l->delay_ns;
+    tail = t + rec_size((uint32_t)n);
+    publish(l, tail);
+  }
+  return 0;
+}
+
+/* Writes one packet back; the kernel takes it as received on the device. */
+static void write_packet(struct line *l, const struct rec *r)
+{
+  for (int tries = 0;; tries++) {
+    ssize_t n = write(l->fd, r + 1, r->len);
+    if (n >= 0)
+      break;
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN && tries < 100) {
+      struct pollfd p = {.fd = l->fd, .events = POLLOUT};
+      poll(&p, 1, 1);
+      continue;
+    }
+    if (counter(&l->st.tx_errors) == 0)
+      fprintf(stderr, "delayline %s: write of a %" PRIu32 "-byte packet: %s (dropped; further "
+              "errors only counted)\n", l->ifname, r->len, strerror(errno));
+    counter_add(&l->st.tx_errors, 1);
+    return;
+  }
+  counter_add(&l->st.tx_pkts, 1);
+  counter_add(&l->st.tx_bytes, r->len);
+}
+
+static void *writer_main(void *arg)
+{
+  struct line *l = arg;
+  /* Default slack (50 us) would be added to every due-time wake-up. */
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  uint64_t head = atomic_load_explicit(&l->head, memory_order_relaxed);
+  while (!atomic_load_explicit(&l->stop, memory_order_relaxed)) {
+    uint32_t seq = atomic_load_explicit(&l->wake, memory_order_seq_cst);
+    uint64_t tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+    if (head == tail) {
+      atomic_store_explicit(&l->writer_idle, 1, memory_order_seq_cst);
+      if (atomic_load_explicit(&l->tail, memory_order_seq_cst) == head &&
+          !atomic_load_explicit(&l->stop, memory_order_seq_cst))
+        futex_wait_until(&l->wake, seq, 0);
+      atomic_store_explicit(&l->writer_idle, 0, memory_order_relaxed);
+      continue;
+    }
+    const struct rec *r = (const struct rec *)(l->mem + head % l->cap);
+    if (r->wrap) {
+      head += l->cap - head % l->cap;
+      atomic_store_explicit(&l->head, head, memory_order_release);
+      continue;
+    }
+    int64_t now = mono_ns();
+    if (r->due_ns > now) {
+      futex_wait_until(&l->wake, seq, r->due_ns);
+      continue;
+    }
+    write_packet(l, r);
+    uint64_t late = (uint64_t)(now - r->due_ns);
+    counter_add(&l->st.late_sum_ns, late);
+    if (late > counter(&l->st.late_max_ns))
+      atomic_store_explicit(&l->st.late_max_ns, late, memory_order_relaxed);
+    if (late > 1000000)
+      counter_add(&l->st.late_over_1ms, 1);
+    head += rec_size(r->len);
+    atomic_store_explicit(&l->head, head, memory_order_release);
+  }
+  /* Count what is left; the reader has stopped by now. */
+  uint64_t tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+  while (head != tail) {
+    const struct rec *r = (const struct rec *)(l->mem + head % l->cap);
+    if (r->wrap) {
+      head += l->cap - head % l->cap;
+      continue;
+    }
+    counter_add(&l->st.discarded, 1);
+    head += rec_size(r->len);
+  }
+  atomic_store_explicit(&l->head, head, memory_order_release);
+  return NULL;
+}
+
+static void print_stats(struct line *l)
+{
+  struct stats *s = &l->st;
+  uint64_t tx = counter(&s->tx_pkts);
+  uint64_t queued = atomic_load(&l->tail) - atomic_load(&l->head);
+  fprintf(stderr,
+          "delayline %s: delay %.3f ms; in %" PRIu64 " pkts %" PRIu64 " B; out %" PRIu64
+          " pkts %" PRIu64 " B; dropped (queue full) %" PRIu64 " pkts %" PRIu64
+          " B; write errors %" PRIu64 "; held now %" PRIu64 " B, most %" PRIu64
+          " B of %" PRIu64 "; late avg %.1f us max %.1f us, >1 ms %" PRIu64
+          "; discarded at exit %" PRIu64 "\n",
+          l->ifname, (double)l->delay_ns / 1e6, counter(&s->rx_pkts), counter(&s->rx_bytes), tx,
+          counter(&s->tx_bytes), counter(&s->drop_pkts), counter(&s->drop_bytes),
+          counter(&s->tx_errors), queued, counter(&s->max_queued), l->cap,
+          tx ? (double)counter(&s->late_sum_ns) / (double)tx / 1e3 : 0.0,
+          (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms),
+          counter(&s->discarded));
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || v <= 0)
+    return -1;
+  switch (*end) {
+  case 'k': case 'K': v *= 1024.0; end++; break;
+  case 'm': case 'M': v *= 1024.0 * 1024.0; end++; break;
+  case 'g': case 'G': v *= 1024.0 * 1024.0 * 1024.0; end++; break;
+  default: break;
+  }
+  if (*end == 'i' || *end == 'B' || *end == 'b')
+    end += (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ? 2 : 1;
+  if (*end || v > 64.0 * 1024 * 1024 * 1024)
+    return -1;
+  *out = (uint64_t)v;
+  return 0;
+}
+
+static int open_tun(const char *name)
+{
+  int fd = open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    fprintf(stderr, "delayline: open /dev/net/tun: %s\n", strerror(errno));
+    return -1;
+  }
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  ifr.ifr_flags = IFF_TUN | IFF_NO_PI;
+  memcpy(ifr.ifr_name, name, strlen(name));
+  if (ioctl(fd, TUNSETIFF, &ifr) < 0) {
+    fprintf(stderr, "delayline: attach TUN device %s: %s%s\n", name, strerror(errno),
+            errno == EPERM ? " (needs CAP_NET_ADMIN)"
+            : errno == EINVAL ? " (is it a tap or multi-queue device?)" : "");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int main(int argc, char **argv)
+{
+  static struct line l;
+  const char *ifname = NULL;
+  double delay_ms = -1;
+  uint64_t qbytes = DEFAULT_QUEUE;
+  int verbose = 0, opt;
+  char *end;
+
+  while ((opt = getopt(argc, argv, "i:d:q:vh")) != -1) {
+    switch (opt) {
+    case 'i':
+      ifname = optarg;
+      break;
+    case 'd':
+      errno = 0;
+      delay_ms = strtod(optarg, &end);
+      if (errno || end == optarg || *end || !(delay_ms >= 0 && delay_ms <= 600000)) {
+        fprintf(stderr, "delayline: -d %s: want milliseconds in 0..600000\n", optarg);
+        return 2;
+      }
+      break;
+    case 'q':
+      if (parse_size(optarg, &qbytes) < 0 || qbytes < MIN_QUEUE) {
+        fprintf(stderr, "delayline: -q %s: want a byte count >= 1M (suffix K, M, G)\n", optarg);
+        return 2;
+      }
+      break;
+    case 'v':
+      verbose = 1;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind != argc || !ifname || delay_ms < 0) {
+    usage(stderr);
+    return 2;
+  }
+  if (strlen(ifname) == 0 || strlen(ifname) >= IFNAMSIZ) {
+    fprintf(stderr, "delayline: -i %s: interface names have 1..%d characters\n", ifname,
+            IFNAMSIZ - 1);
+    return 2;
+  }
+
+  snprintf(l.ifname, sizeof l.ifname, "%s", ifname);
+  l.delay_ns = (int64_t)(delay_ms * 1e6 + 0.5);
+  l.cap = qbytes & ~(uint64_t)(REC_ALIGN - 1);
+
+  /* Signals go to the signalfd only; blocked before the writer exists so
+   * that it inherits the mask. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
+  sigaddset(&sigs, SIGUSR1);
+  if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0) {
+    fprintf(stderr, "delayline: block signals failed\n");
+    return 1;
+  }
+  int sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd < 0) {
+    fprintf(stderr, "delayline: signalfd: %s\n", strerror(errno));
+    return 1;
+  }
+
+  /* Pages are touched only as the queue grows: a 256M bound costs nothing
+   * until that much is held. */
+  l.mem = mmap(NULL, l.cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+  if (l.mem == MAP_FAILED) {
+    fprintf(stderr, "delayline: map a %" PRIu64 "-byte queue: %s\n", l.cap, strerror(errno));
+    return 1;
+  }
+
+  l.fd = open_tun(ifname);
+  if (l.fd < 0)
+    return 1;
+
+  pthread_t writer;
+  int err = pthread_create(&writer, NULL, writer_main, &l);
+  if (err) {
+    fprintf(stderr, "delayline: start writer thread: %s\n", strerror(err));
+    return 1;
+  }
+  if (verbose)
+    fprintf(stderr, "delayline %s: delay %.3f ms, queue bound %" PRIu64 " B, pid %ld\n",
+            l.ifname, delay_ms, l.cap, (long)getpid());
+
+  int status = 0;
+  struct pollfd pfd[2] = {{.fd = l.fd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+  for (;;) {
+    if (poll(pfd, 2, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      fprintf(stderr, "delayline %s: poll: %s\n", l.ifname, strerror(errno));
+      status = 1;
+      break;
+    }
+    if (pfd[1].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      int stop = 0;
+      while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGUSR1)
+          print_stats(&l);
+        else
+          stop = 1;
+      }
+      if (stop)
+        break;
+    }
+    if (pfd[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      fprintf(stderr, "delayline %s: device gone (poll events 0x%x)\n", l.ifname,
+              (unsigned)pfd[0].revents);
+      status = 1;
+      break;
+    }
+    if ((pfd[0].revents & POLLIN) && read_batch(&l) < 0) {
+      status = 1;
+      break;
+    }
+  }
+
+  atomic_store(&l.stop, 1);
+  futex_wake(&l.wake);
+  pthread_join(writer, NULL);
+  if (verbose)
+    print_stats(&l);
+  close(l.fd);
+  munmap(l.mem, l.cap);
+  return status;
+}

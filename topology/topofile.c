@@ -1,0 +1,188 @@
+#include "config.h"
+#include "topology/topofile.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+double topoParseRate(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0)
+        return -1;
+    if (*end == '\0')
+        return v;
+    double mult = 1;
+    switch (tolower((unsigned char)*end)) {
+    case 'k': mult = 1e3; end++; break;
+    case 'm': mult = 1e6; end++; break;
+    case 'g': mult = 1e9; end++; break;
+    default: break;
+    }
+    if (strcasecmp(end, "bit") == 0 || strcasecmp(end, "bps") == 0)
+        return v * mult / 8;
+    if (*end == '\0' || strcasecmp(end, "b") == 0 || strcasecmp(end, "B/s") == 0)
+        return v * mult;
+    return -1;
+}
+
+static int add_region(topoFile *tf, const char *name)
+{
+    for (int i = 0; i < tf->nregions; i++)
+        if (strcmp(tf->regions[i].name, name) == 0)
+            return i;
+    topoFileRegion *n = realloc(tf->regions, sizeof(*n) * (size_t)(tf->nregions + 1));
+    if (n == NULL)
+        return -1;
+    tf->regions = n;
+    memset(&n[tf->nregions], 0, sizeof(*n));
+    snprintf(n[tf->nregions].name, TOPO_REGION_LABEL_LEN, "%s", name);
+    n[tf->nregions].delay_ms = -1;
+    return tf->nregions++;
+}
+
+int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, size_t errlen)
+{
+    char *copy = strdup(text ? text : ""), *save = NULL, *line;
+    int lineno = 0;
+    memset(tf, 0, sizeof(*tf));
+    if (copy == NULL) {
+        snprintf(err, errlen, "%s: out of memory", name);
+        return -1;
+    }
+    for (line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *tok[8], *ts = NULL, *t;
+        int n = 0;
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        for (t = strtok_r(line, " \t\r", &ts); t && n < 8; t = strtok_r(NULL, " \t\r", &ts))
+            tok[n++] = t;
+        if (n == 0)
+            continue;
+        if (strcmp(tok[0], "region") == 0 && n >= 2) {
+            if (strlen(tok[1]) >= TOPO_REGION_LABEL_LEN)
+                goto bad_name;
+            int g = add_region(tf, tok[1]);
+            if (g < 0)
+                goto oom;
+            for (int i = 2; i < n; i++) {
+                if (strncmp(tok[i], "bw=", 3) == 0) {
+                    tf->regions[g].bw_bytes = topoParseRate(tok[i] + 3);
+                    if (tf->regions[g].bw_bytes <= 0) {
+                        snprintf(err, errlen, "%s:%d: bad rate '%s' (use 100mbit, 1gbit...)",
+                                 name, lineno, tok[i] + 3);
+                        goto fail;
+                    }
+                } else if (strncmp(tok[i], "delay=", 6) == 0) {
+                    char *e;
+                    tf->regions[g].delay_ms = strtod(tok[i] + 6, &e);
+                    if (e == tok[i] + 6 || (*e && strcmp(e, "ms") != 0) ||
+                        tf->regions[g].delay_ms < 0) {
+                        snprintf(err, errlen, "%s:%d: bad delay '%s' (milliseconds)", name,
+                                 lineno, tok[i] + 6);
+                        goto fail;
+                    }
+                } else {
+                    snprintf(err, errlen, "%s:%d: unknown region attribute '%s'", name, lineno,
+                             tok[i]);
+                    goto fail;
+                }
+            }
+        } else if ((strcmp(tok[0], "rank") == 0 || strcmp(tok[0], "host") == 0) && n == 3) {
+            topoFileRule r;
+            memset(&r, 0, sizeof(r));
+            if (strlen(tok[2]) >= TOPO_REGION_LABEL_LEN)
+                goto bad_name;
+            if (tok[0][0] == 'r') {
+                char *e;
+                r.kind = 0;
+                r.rank = strtol(tok[1], &e, 10);
+                if (*e || r.rank < 0) {
+                    snprintf(err, errlen, "%s:%d: '%s' is not a rank number", name, lineno,
+                             tok[1]);
+                    goto fail;
+                }
+            } else {
+                r.kind = 1;
+                snprintf(r.host, sizeof(r.host), "%s", tok[1]);
+            }
+            snprintf(r.region, sizeof(r.region), "%s", tok[2]);
+            topoFileRule *nr = realloc(tf->rules, sizeof(*nr) * (size_t)(tf->nrules + 1));
+            if (nr == NULL)
+                goto oom;
+            tf->rules = nr;
+            nr[tf->nrules++] = r;
+            if (add_region(tf, r.region) < 0)
+                goto oom;
+        } else {
+            snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] "
+                     "[delay=MS]', 'rank N REGION' or 'host ADDR REGION'", name, lineno, tok[0]);
+            goto fail;
+        }
+        continue;
+    bad_name:
+        snprintf(err, errlen, "%s:%d: region name longer than %d characters", name, lineno,
+                 TOPO_REGION_LABEL_LEN - 1);
+        goto fail;
+    }
+    free(copy);
+    return 0;
+oom:
+    snprintf(err, errlen, "%s: out of memory", name);
+fail:
+    free(copy);
+    topoFileFree(tf);
+    return -1;
+}
+
+int topoFileLoad(const char *path, topoFile *tf, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    char *buf;
+    long len;
+    int rc;
+    if (f == NULL) {
+        snprintf(err, errlen, "cannot open topology file %s: %m", path);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (len < 0 || len > (16 << 20) || (buf = malloc((size_t)len + 1)) == NULL) {
+        fclose(f);
+        snprintf(err, errlen, "topology file %s is too large or unreadable", path);
+        return -1;
+    }
+    len = (long)fread(buf, 1, (size_t)len, f);
+    buf[len] = '\0';
+    fclose(f);
+    rc = topoFileParse(buf, path, tf, err, errlen);
+    free(buf);
+    return rc;
+}
+
+void topoFileFree(topoFile *tf)
+{
+    free(tf->regions);
+    free(tf->rules);
+    memset(tf, 0, sizeof(*tf));
+}
+
+const char *topoFileRegionFor(const topoFile *tf, int rank, const char *addr, const char *host)
+{
+    for (int i = 0; i < tf->nrules; i++)
+        if (tf->rules[i].kind == 0 && tf->rules[i].rank == rank)
+            return tf->rules[i].region;
+    for (int i = 0; i < tf->nrules; i++)
+        if (tf->rules[i].kind == 1 && addr && strcmp(tf->rules[i].host, addr) == 0)
+            return tf->rules[i].region;
+    for (int i = 0; i < tf->nrules; i++)
+        if (tf->rules[i].kind == 1 && host && strcmp(tf->rules[i].host, host) == 0)
+            return tf->rules[i].region;
+    return NULL;
+}
