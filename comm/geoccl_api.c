@@ -5,6 +5,8 @@
 #include "comm/comm.h"
 #include "comm/param.h"
 
+#include <string.h>
+
 int geocclParamCount(void) { return GEO_PARAM_COUNT; }
 
 ncclResult_t geocclParamGet(int i, geocclParamInfo *info)
@@ -33,5 +35,47 @@ ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *
         *chunkBytes = comm->chunk_size;
     if (timeoutSec)
         *timeoutSec = comm->timeout;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
+                                 int *regionSize, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetRegion") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetRegion: NULL or dead comm");
+    const topoRegionMap *m = &comm->regions;
+    int g = m->region_of[comm->rank];
+    if (nregions)
+        *nregions = m->nregions;
+    if (region)
+        *region = g;
+    if (localRank)
+        *localRank = m->local_rank[comm->rank];
+    if (regionSize)
+        *regionSize = m->size[g];
+    if (name)
+        *name = m->names[g];
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetStats") != ncclSuccess || stats == NULL,
+                  ncclInvalidArgument, "geocclCommGetStats: NULL or dead comm, or NULL stats");
+    stats->bytesIntra = comm->stats.bytes_intra;
+    stats->bytesWan = comm->stats.bytes_wan;
+    stats->callsFlat = comm->stats.calls_flat;
+    stats->callsHier = comm->stats.calls_hier;
+    stats->secIntraReduceScatter = comm->stats.t_intra_rs;
+    stats->secInter = comm->stats.t_inter;
+    stats->secIntraAllGather = comm->stats.t_intra_ag;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommResetStats(ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetStats") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommResetStats: NULL or dead comm");
+    memset(&comm->stats, 0, sizeof(comm->stats));
     return ncclSuccess;
 }

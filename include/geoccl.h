@@ -41,6 +41,30 @@ const char *geocclVersionString(void);
 ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *chunkBytes,
                                         double *timeoutSec);
 
+/* Where this rank sits.  [out] nregions: regions in the communicator;
+ * [out] region: this rank's region (0-based, numbered by lowest rank);
+ * [out] localRank / regionSize: index and count within its region;
+ * [out] name: the region's label (GEOCCL_REGION or topology file; "" for the
+ * default region), valid while comm lives.  Any output may be NULL.
+ * ncclInvalidArgument for a NULL or dead comm. */
+ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
+                                 int *regionSize, const char **name);
+
+/* Counters since init (or the last reset), per communicator. */
+typedef struct {
+    unsigned long long bytesIntra;   /* payload bytes this rank sent inside its region */
+    unsigned long long bytesWan;     /* payload bytes this rank sent to other regions */
+    unsigned long long callsFlat;    /* collectives run with flat algorithms */
+    unsigned long long callsHier;    /* all-reduces run hierarchically */
+    double secIntraReduceScatter;    /* time in the hierarchical phases */
+    double secInter;
+    double secIntraAllGather;
+} geocclStats;
+
+/* [out] stats.  Call from the thread that issues collectives on comm. */
+ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats);
+ncclResult_t geocclCommResetStats(ncclComm_t comm);
+
 #ifdef __cplusplus
 }
 #endif
