@@ -2,6 +2,7 @@
 #include "topology/topofile.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@ double topoParseRate(const char *s)
 {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v < 0)
+    if (end == s || !isfinite(v) || v < 0)
         return -1;
     if (*end == '\0')
         return v;
@@ -53,9 +54,15 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
         snprintf(err, errlen, "%s: out of memory", name);
         return -1;
     }
-    for (line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    (void)save;
+    for (char *next = copy; next != NULL;) {
         char *tok[8], *ts = NULL, *t;
         int n = 0;
+        /* One line at a time, empty ones included, so numbers are right. */
+        line = next;
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
         lineno++;
         char *hash = strchr(line, '#');
         if (hash)
@@ -73,7 +80,7 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
             for (int i = 2; i < n; i++) {
                 if (strncmp(tok[i], "bw=", 3) == 0) {
                     tf->regions[g].bw_bytes = topoParseRate(tok[i] + 3);
-                    if (tf->regions[g].bw_bytes <= 0) {
+                    if (!(tf->regions[g].bw_bytes > 0)) {
                         snprintf(err, errlen, "%s:%d: bad rate '%s' (use 100mbit, 1gbit...)",
                                  name, lineno, tok[i] + 3);
                         goto fail;
@@ -82,7 +89,7 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                     char *e;
                     tf->regions[g].delay_ms = strtod(tok[i] + 6, &e);
                     if (e == tok[i] + 6 || (*e && strcmp(e, "ms") != 0) ||
-                        tf->regions[g].delay_ms < 0) {
+                        !isfinite(tf->regions[g].delay_ms) || tf->regions[g].delay_ms < 0) {
                         snprintf(err, errlen, "%s:%d: bad delay '%s' (milliseconds)", name,
                                  lineno, tok[i] + 6);
                         goto fail;

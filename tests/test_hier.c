@@ -1,0 +1,944 @@
+/*
+ * Hierarchical all-reduce (comm/coll_hier.c) over forked ranks on loopback.
+ *
+ * Each rank sets GEOCCL_REGION to its label before ncclCommInitRank, which
+ * gives the communicator more than one region and so routes ncclAllReduce
+ * through the hierarchical algorithm. One CUnit test per region layout
+ * (2x2, 3x2, 3+1, 1+3, interleaved 3+2, 2x1, 4x1, 2x4); in each, the ranks
+ * run every data type x every op x in-place/out-of-place x counts
+ * {0, 1, 2, 7}, 1000003 elements for float sum and int8 max, and a
+ * pre-multiplied float sum. Results must equal the reference of
+ * tests/harness.c byte for byte (within rounding where the harness says the
+ * result is approximate), be bit-identical on every rank, leave the send
+ * buffer alone and write nothing past the end of the output.
+ *
+ * Each layout test also checks geocclCommGetRegion against the map the
+ * labels imply, that geocclCommGetStats counts every all-reduce as
+ * hierarchical, and the bytes of a 1000003-float sum: each rank's WAN bytes
+ * equal what the piece arithmetic described in coll_hier.c implies, each
+ * region's WAN total is 2(k-1)/k of the buffer (k regions) within rounding,
+ * and each region's intra bytes are 2(n-1) times the buffer (n ranks: a ring
+ * reduce-scatter and all-gather).
+ *
+ * Then: GEOCCL_ALGO=flat on the 3x2 layout runs flat, gives the same bits
+ * as the hierarchical run and sends more over the WAN; and
+ * GEOCCL_HIER_SLICE=4096 (and 4100) cuts a 1000003-element all-reduce into
+ * hundreds of pipelined slices, still exact and with the bytes the slice
+ * arithmetic implies.
+ */
+#define _GNU_SOURCE
+#include <CUnit/Basic.h>
+#include <CUnit/CUnit.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <geoccl.h>
+
+#include "harness.h"
+
+#define TIMEOUT_S 120.0
+#define BIG_COUNT ((size_t)1000003)
+#define GUARD 64                 /* bytes checked past the end of outputs */
+#define LABEL_LEN 32             /* GEOCCL_REGION labels are shorter */
+#define DEFAULT_SLICE (4u << 20) /* GEOCCL_HIER_SLICE default, 4M */
+
+/* ------------------------------------------------------------------------ */
+/* Layouts: one region label per rank                                       */
+/* ------------------------------------------------------------------------ */
+
+/* The region map the labels imply, computed here independently of the
+ * library: regions are numbered in order of their lowest rank. */
+struct layout {
+  int nranks, nregions;
+  char label[HARNESS_MAX_RANKS][LABEL_LEN];
+  int region_of[HARNESS_MAX_RANKS];
+  int local_rank[HARNESS_MAX_RANKS];
+  int size[HARNESS_MAX_RANKS]; /* per region */
+};
+
+/* Parses "a a b b" into a layout. Returns 0, or -1 for a malformed spec. */
+static int layout_parse(const char *spec, struct layout *l)
+{
+  memset(l, 0, sizeof(*l));
+  const char *p = spec;
+  while (*p != '\0') {
+    while (*p == ' ') p++;
+    if (*p == '\0') break;
+    size_t n = strcspn(p, " ");
+    if (l->nranks == HARNESS_MAX_RANKS || n >= LABEL_LEN) return -1;
+    memcpy(l->label[l->nranks], p, n);
+    int r = l->nranks++, g = l->nregions;
+    /* the region of an earlier rank with the same label, else a new one */
+    for (int q = 0; q < r; q++)
+      if (strcmp(l->label[q], l->label[r]) == 0) {
+        g = l->region_of[q];
+        break;
+      }
+    if (g == l->nregions) l->nregions++;
+    l->region_of[r] = g;
+    l->local_rank[r] = l->size[g]++;
+    p += n;
+  }
+  return l->nranks > 0 ? 0 : -1;
+}
+
+/* The balanced split the algorithm uses for segments and parts: element
+ * range i of count split n ways, the first count % n ranges one longer. */
+static void seg_range(size_t count, int n, int i, size_t *off, size_t *len)
+{
+  size_t base = count / (size_t)n, extra = count % (size_t)n;
+  *off = (size_t)i * base + ((size_t)i < extra ? (size_t)i : extra);
+  *len = base + ((size_t)i < extra ? 1 : 0);
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+  size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Bytes `rank` sends to other regions in one hierarchical all-reduce of
+ * count elements of es bytes, per the contract in coll_hier.c: per slice,
+ * the starts of every region's reduce-scatter segments cut my segment into
+ * pieces; piece p is split k ways; I send the k-1 parts that are not mine
+ * (X1) and my finished part to the k-1 other owners (X2). */
+static uint64_t hier_wan_bytes(const struct layout *l, int rank, size_t count,
+                               size_t es, size_t slice_bytes)
+{
+  const int k = l->nregions, g = l->region_of[rank];
+  const size_t se = slice_bytes / es ? slice_bytes / es : 1;
+  uint64_t elems = 0;
+  for (size_t s0 = 0; s0 < count; s0 += se) {
+    size_t len = count - s0 < se ? count - s0 : se;
+    size_t mo, ml, cuts[HARNESS_MAX_RANKS + 2];
+    int nc = 0;
+    seg_range(len, l->size[g], l->local_rank[rank], &mo, &ml);
+    cuts[nc++] = mo;
+    cuts[nc++] = mo + ml;
+    for (int q = 0; q < k; q++)
+      for (int i = 0; i < l->size[q]; i++) {
+        size_t o, n;
+        seg_range(len, l->size[q], i, &o, &n);
+        if (q != g && o > mo && o < mo + ml) cuts[nc++] = o;
+      }
+    qsort(cuts, (size_t)nc, sizeof(cuts[0]), cmp_size);
+    for (int c = 0; c + 1 < nc; c++) {
+      size_t plen = cuts[c + 1] - cuts[c], po, pn;
+      if (plen == 0) continue;
+      seg_range(plen, k, g, &po, &pn);
+      elems += (plen - pn) + (uint64_t)(k - 1) * pn;
+    }
+  }
+  return elems * es;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cases                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  int inplace;
+  size_t count;
+  uint32_t seed;
+} tcase;
+
+/* 2 is fewer elements than regions in the 3- and 4-region layouts */
+static const size_t small_counts[] = {0, 1, 2, 7};
+#define NSMALL (sizeof(small_counts) / sizeof(small_counts[0]))
+
+/* Every case of the matrix, the same list in the same order on every
+ * rank; writes them to out when out is not NULL and returns how many. */
+static size_t make_cases(tcase *out)
+{
+  size_t n = 0;
+  for (int t = 0; t < (int)ncclNumTypes; t++)
+    for (int op = 0; op < (int)ncclNumOps; op++)
+      for (int ip = 0; ip < 2; ip++)
+        for (size_t ci = 0; ci <= NSMALL; ci++) {
+          size_t count;
+          if (ci < NSMALL) {
+            count = small_counts[ci];
+          } else {
+            int big = (t == ncclFloat32 && op == ncclSum) ||
+                      (t == ncclInt8 && op == ncclMax);
+            if (!big) continue;
+            count = BIG_COUNT;
+          }
+          if (out != NULL) {
+            out[n].type = (ncclDataType_t)t;
+            out[n].op = (ncclRedOp_t)op;
+            out[n].inplace = ip;
+            out[n].count = count;
+            out[n].seed = (uint32_t)(n + 1);
+          }
+          n++;
+        }
+  return n;
+}
+
+static void case_name(const tcase *c, char *buf, size_t len)
+{
+  snprintf(buf, len, "allreduce %s %s %s count=%zu", harness_type_name(c->type),
+           harness_op_name(c->op), c->inplace ? "in-place" : "out-of-place",
+           c->count);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Buffers with a guard zone, outcomes                                      */
+/* ------------------------------------------------------------------------ */
+
+static void *galloc(size_t bytes)
+{
+  unsigned char *p = malloc(bytes + GUARD);
+  if (p != NULL) harness_fill_bytes(p + bytes, GUARD, 0x6a6a, (uint32_t)bytes);
+  return p;
+}
+
+static int guard_ok(const void *p, size_t bytes)
+{
+  unsigned char g[GUARD];
+  harness_fill_bytes(g, GUARD, 0x6a6a, (uint32_t)bytes);
+  return memcmp((const unsigned char *)p + bytes, g, GUARD) == 0;
+}
+
+enum { CASE_OK = 0, CASE_WRONG = 1, CASE_CALL_FAILED = 2 };
+
+struct outcome {
+  int rc;
+  char msg[512];
+};
+
+static void wrong(struct outcome *o, const char *detail)
+{
+  if (o->rc == CASE_OK) {
+    o->rc = CASE_WRONG;
+    snprintf(o->msg, sizeof(o->msg), "%s", detail);
+  }
+}
+
+static void call_failed(struct outcome *o, ncclComm_t comm, const char *what,
+                        ncclResult_t r)
+{
+  o->rc = CASE_CALL_FAILED;
+  snprintf(o->msg, sizeof(o->msg), "%s returned %s: %s", what,
+           ncclGetErrorString(r), ncclGetLastError(comm));
+}
+
+#define CALL(o, comm, what, expr)                                            \
+  do {                                                                       \
+    ncclResult_t r_ = (expr);                                                \
+    if (r_ != ncclSuccess) {                                                 \
+      call_failed((o), (comm), (what), r_);                                  \
+      goto out;                                                              \
+    }                                                                        \
+  } while (0)
+
+/* The all-gathered hash check; a collective, so every rank calls it. */
+static void check_same(struct outcome *o, ncclComm_t comm, const void *buf,
+                       size_t bytes)
+{
+  int s = harness_same_on_all_ranks(comm, buf, bytes);
+  if (s < 0) {
+    o->rc = CASE_CALL_FAILED;
+    snprintf(o->msg, sizeof(o->msg), "hash all-gather failed: %s",
+             ncclGetLastError(comm));
+  } else if (s > 0) {
+    wrong(o, "result is not bit-identical on every rank");
+  }
+}
+
+/* Collectives issued on a communicator, to check geocclCommGetStats. */
+struct calls {
+  unsigned long long allreduce; /* non-empty all-reduces */
+  unsigned long long other;     /* everything else (hash all-gathers) */
+};
+
+/* One all-reduce case. If keep is not NULL it receives a copy of the result
+ * (count elements). */
+static void run_allreduce(const tcase *c, int rank, int n, ncclComm_t comm,
+                          struct calls *calls, void *keep, struct outcome *o)
+{
+  size_t nb = c->count * harness_type_size(c->type);
+  char m[256];
+  unsigned char *send = galloc(nb);
+  unsigned char *recv = c->inplace ? send : galloc(nb);
+  unsigned char *orig = malloc(nb + 1), *exp = malloc(nb + 1);
+  o->rc = CASE_OK;
+  o->msg[0] = '\0';
+  if (send == NULL || recv == NULL || orig == NULL || exp == NULL) {
+    o->rc = CASE_CALL_FAILED;
+    snprintf(o->msg, sizeof(o->msg), "out of memory");
+    goto out;
+  }
+  harness_fill_input(send, c->type, c->op, n, rank, 0, c->count, c->seed);
+  memcpy(orig, send, nb);
+  if (!c->inplace) harness_fill_bytes(recv, nb, c->seed, 0xdead);
+  harness_fill_expected(exp, c->type, c->op, n, 0, c->count, c->seed);
+  CALL(o, comm, "ncclAllReduce",
+       ncclAllReduce(send, recv, c->count, c->type, c->op, comm, NULL));
+  if (c->count > 0) calls->allreduce++;
+  if (harness_check(recv, exp, c->type, c->op, n, c->count, m, sizeof(m)))
+    wrong(o, m);
+  if (!c->inplace && memcmp(send, orig, nb) != 0)
+    wrong(o, "sendbuff was modified");
+  if (!guard_ok(recv, nb) || !guard_ok(send, nb))
+    wrong(o, "wrote past the end of a buffer");
+  if (keep != NULL) memcpy(keep, recv, nb);
+  check_same(o, comm, recv, nb);
+  calls->other++;
+out:
+  if (!c->inplace) free(recv);
+  free(send);
+  free(orig);
+  free(exp);
+}
+
+/* Runs cases [0, ncases); returns the number that failed. After a failed
+ * call the ranks may be out of step, so the rank stops there. */
+static int run_cases(const tcase *cases, size_t ncases, int rank, int n,
+                     ncclComm_t comm, struct calls *calls, const char *tag)
+{
+  int fails = 0;
+  for (size_t i = 0; i < ncases; i++) {
+    struct outcome o;
+    char name[160];
+    run_allreduce(&cases[i], rank, n, comm, calls, NULL, &o);
+    if (o.rc == CASE_OK) continue;
+    case_name(&cases[i], name, sizeof(name));
+    fprintf(stderr, "[rank %d/%d %s] FAIL %s: %s\n", rank, n, tag, name, o.msg);
+    fails++;
+    if (o.rc == CASE_CALL_FAILED) {
+      fprintf(stderr, "[rank %d/%d %s] stopping after the failed call (%zu "
+                      "cases not run)\n", rank, n, tag, ncases - i - 1);
+      break;
+    }
+  }
+  return fails;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pre-multiplied sum                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Powers of two and small integers: every product and sum is exact. */
+static float premul_scalar(int rank) { return rank % 3 == 0 ? 0.5f : rank % 3 == 1 ? 2.0f : 4.0f; }
+
+static float premul_input(int rank, size_t i)
+{
+  return (float)((int)((i * 7 + (size_t)rank * 13) % 61) - 30);
+}
+
+static int premul_cases(int rank, int n, ncclComm_t comm, struct calls *calls,
+                        const char *tag)
+{
+  static const size_t counts[] = {1, 2, 7, 1000};
+  int fails = 0;
+  float scalar = premul_scalar(rank);
+  ncclRedOp_t op;
+  ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32,
+                                            ncclScalarHostImmediate, comm);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] ncclRedOpCreatePreMulSum: %s: %s\n", rank,
+            tag, ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+    for (int ip = 0; ip < 2; ip++) {
+      size_t count = counts[ci], nb = count * sizeof(float);
+      float *send = galloc(nb), *recv = ip ? send : galloc(nb);
+      float *exp = malloc(nb);
+      struct outcome o = {CASE_OK, ""};
+      char m[256];
+      for (size_t i = 0; i < count; i++) {
+        float sum = 0;
+        for (int q = 0; q < n; q++) sum += premul_scalar(q) * premul_input(q, i);
+        send[i] = premul_input(rank, i);
+        exp[i] = sum;
+      }
+      r = ncclAllReduce(send, recv, count, ncclFloat32, op, comm, NULL);
+      if (r != ncclSuccess) {
+        fprintf(stderr, "[rank %d %s] premulsum float %s count=%zu: %s: %s\n",
+                rank, tag, ip ? "in-place" : "out-of-place", count,
+                ncclGetErrorString(r), ncclGetLastError(comm));
+        if (!ip) free(recv);
+        free(send);
+        free(exp);
+        ncclRedOpDestroy(op, comm);
+        return fails + 1;
+      }
+      calls->allreduce++;
+      if (harness_check(recv, exp, ncclFloat32, ncclSum, n, count, m, sizeof(m)))
+        wrong(&o, m);
+      if (!guard_ok(recv, nb)) wrong(&o, "wrote past the end of a buffer");
+      check_same(&o, comm, recv, nb);
+      calls->other++;
+      if (o.rc != CASE_OK) {
+        fprintf(stderr, "[rank %d %s] FAIL premulsum float %s count=%zu: %s\n",
+                rank, tag, ip ? "in-place" : "out-of-place", count, o.msg);
+        fails++;
+      }
+      if (!ip) free(recv);
+      free(send);
+      free(exp);
+      if (o.rc == CASE_CALL_FAILED) {
+        ncclRedOpDestroy(op, comm);
+        return fails;
+      }
+    }
+  if ((r = ncclRedOpDestroy(op, comm)) != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] ncclRedOpDestroy: %s\n", rank, tag,
+            ncclGetErrorString(r));
+    fails++;
+  }
+  return fails;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Region map and statistics                                                */
+/* ------------------------------------------------------------------------ */
+
+static int check_region(ncclComm_t comm, const struct layout *l, int rank,
+                        const char *tag)
+{
+  int k = -1, g = -1, lr = -1, sz = -1;
+  const char *name = NULL;
+  ncclResult_t r = geocclCommGetRegion(comm, &k, &g, &lr, &sz, &name);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetRegion: %s: %s\n", rank, tag,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  int want_g = l->region_of[rank];
+  if (k != l->nregions || g != want_g || lr != l->local_rank[rank] ||
+      sz != l->size[want_g] || name == NULL || strcmp(name, l->label[rank]) != 0) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetRegion gave nregions %d region "
+                    "%d localRank %d regionSize %d name '%s'; expected %d %d "
+                    "%d %d '%s'\n", rank, tag, k, g, lr, sz, name ? name : "(null)",
+            l->nregions, want_g, l->local_rank[rank], l->size[want_g],
+            l->label[rank]);
+    return 1;
+  }
+  /* every output is optional */
+  if (geocclCommGetRegion(comm, NULL, NULL, NULL, NULL, NULL) != ncclSuccess ||
+      geocclCommGetRegion(comm, NULL, &g, NULL, NULL, NULL) != ncclSuccess ||
+      g != want_g) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetRegion with NULL outputs failed\n",
+            rank, tag);
+    return 1;
+  }
+  return 0;
+}
+
+static int get_stats(ncclComm_t comm, geocclStats *st, int rank, const char *tag)
+{
+  ncclResult_t r = geocclCommGetStats(comm, st);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetStats: %s: %s\n", rank, tag,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  return 0;
+}
+
+static int reset_stats(ncclComm_t comm, int rank, const char *tag)
+{
+  ncclResult_t r = geocclCommResetStats(comm);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] geocclCommResetStats: %s: %s\n", rank, tag,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  return 0;
+}
+
+/* geocclCommGetStats counts what was issued since the last reset: every
+ * non-empty all-reduce as hierarchical (or flat when flat is set), every
+ * other collective as flat. */
+static int check_calls(ncclComm_t comm, const struct calls *c, int flat,
+                       int rank, const char *tag)
+{
+  geocclStats st;
+  if (get_stats(comm, &st, rank, tag)) return 1;
+  unsigned long long want_hier = flat ? 0 : c->allreduce;
+  unsigned long long want_flat = c->other + (flat ? c->allreduce : 0);
+  if (st.callsHier != want_hier || st.callsFlat != want_flat) {
+    fprintf(stderr, "[rank %d %s] stats count %llu hierarchical and %llu flat "
+                    "calls; issued %llu all-reduces and %llu other "
+                    "collectives (%s)\n", rank, tag, st.callsHier,
+            st.callsFlat, c->allreduce, c->other,
+            flat ? "GEOCCL_ALGO=flat" : "hierarchical");
+    return 1;
+  }
+  return 0;
+}
+
+/* Each rank's counters as of st, all-gathered: all[r] = {bytesWan,
+ * bytesIntra}. The gather is itself a collective, counted afterwards. */
+static int gather_bytes(ncclComm_t comm, const geocclStats *st,
+                        uint64_t (*all)[2], int rank, const char *tag)
+{
+  uint64_t mine[2] = {st->bytesWan, st->bytesIntra};
+  ncclResult_t r = ncclAllGather(mine, all, 2, ncclUint64, comm, NULL);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] all-gather of the byte counters: %s: %s\n",
+            rank, tag, ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  return 0;
+}
+
+/* One all-reduce of count elements of t (sum, out-of-place), alone between
+ * a stats reset and a stats read, with the bytes checked:
+ *  - this rank's WAN bytes equal hier_wan_bytes exactly;
+ *  - each region's WAN total is 2(k-1)/k * count * es within
+ *    k * nranks * es per slice;
+ *  - each region's intra bytes are 2(n-1) * count * es exactly (ring
+ *    reduce-scatter and all-gather pass every element n-1 times each).
+ * WAN totals per rank go to wan_out (nranks entries) when not NULL. */
+static int check_bytes(ncclComm_t comm, const struct layout *l, int rank,
+                       ncclDataType_t t, size_t count, size_t slice_bytes,
+                       struct calls *calls, uint64_t *wan_out, const char *tag)
+{
+  const int n = l->nranks, k = l->nregions;
+  const size_t es = harness_type_size(t), nb = count * es;
+  const uint32_t seed = 9001;
+  int fails = 0;
+  char m[256];
+  void *buf = malloc(nb), *out = malloc(nb), *exp = malloc(nb);
+  uint64_t all[HARNESS_MAX_RANKS][2];
+  geocclStats st;
+  harness_fill_input(buf, t, ncclSum, n, rank, 0, count, seed);
+  harness_fill_expected(exp, t, ncclSum, n, 0, count, seed);
+  if (reset_stats(comm, rank, tag)) {
+    fails = 1;
+    goto out;
+  }
+  ncclResult_t r = ncclAllReduce(buf, out, count, t, ncclSum, comm, NULL);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] bytes check: all-reduce %s count=%zu: %s: %s\n",
+            rank, tag, harness_type_name(t), count, ncclGetErrorString(r),
+            ncclGetLastError(comm));
+    fails = 1;
+    goto out;
+  }
+  if (get_stats(comm, &st, rank, tag)) {
+    fails = 1;
+    goto out;
+  }
+  calls->allreduce = 1;
+  calls->other = 0;
+  fails += check_calls(comm, calls, 0, rank, tag);
+  if (harness_check(out, exp, t, ncclSum, n, count, m, sizeof(m))) {
+    fprintf(stderr, "[rank %d %s] bytes check: all-reduce %s count=%zu: %s\n",
+            rank, tag, harness_type_name(t), count, m);
+    fails++;
+  }
+  uint64_t want = hier_wan_bytes(l, rank, count, es, slice_bytes);
+  if (st.bytesWan != want) {
+    fprintf(stderr, "[rank %d %s] %s sum of %zu elements: sent %llu bytes over "
+                    "the WAN, the algorithm implies %llu\n", rank, tag,
+            harness_type_name(t), count, st.bytesWan, (unsigned long long)want);
+    fails++;
+  }
+  if (gather_bytes(comm, &st, all, rank, tag)) {
+    fails++;
+    goto out;
+  }
+  if (wan_out != NULL)
+    for (int q = 0; q < n; q++) wan_out[q] = all[q][0];
+  const size_t se = slice_bytes / es ? slice_bytes / es : 1;
+  const uint64_t nslices = (count + se - 1) / se;
+  for (int g = 0; g < k; g++) {
+    uint64_t wan = 0, intra = 0;
+    for (int q = 0; q < n; q++)
+      if (l->region_of[q] == g) {
+        wan += all[q][0];
+        intra += all[q][1];
+      }
+    double ideal = 2.0 * (k - 1) / k * (double)nb;
+    double slack = (double)k * n * (double)es * (double)nslices;
+    double diff = (double)wan - ideal;
+    if (diff < -slack || diff > slack) {
+      fprintf(stderr, "[rank %d %s] region %d sent %llu bytes over the WAN for "
+                      "%zu bytes; 2(k-1)/k of it is %.0f (allowed +-%.0f)\n",
+              rank, tag, g, (unsigned long long)wan, nb, ideal, slack);
+      fails++;
+    }
+    uint64_t want_intra = 2 * (uint64_t)(l->size[g] - 1) * nb;
+    if (intra != want_intra) {
+      fprintf(stderr, "[rank %d %s] region %d (%d ranks) sent %llu bytes "
+                      "inside the region for %zu bytes; expected %llu\n",
+              rank, tag, g, l->size[g], (unsigned long long)intra, nb,
+              (unsigned long long)want_intra);
+      fails++;
+    }
+  }
+out:
+  free(buf);
+  free(out);
+  free(exp);
+  return fails;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rank bodies                                                              */
+/* ------------------------------------------------------------------------ */
+
+enum {
+  RUN_MATRIX = 1,      /* the type x op x place x count matrix, premulsum */
+  RUN_FLAT_COMPARE = 2 /* the same exact cases again under GEOCCL_ALGO=flat */
+};
+
+struct hier_arg {
+  const char *spec;   /* region labels, one per rank */
+  int what;           /* RUN_* bits */
+  size_t slice_bytes; /* GEOCCL_HIER_SLICE to set; 0 leaves the default */
+};
+
+/* Sets GEOCCL_REGION (and GEOCCL_HIER_SLICE) for this rank and creates the
+ * communicator. The parameter cache was filled in the parent, before the
+ * fork, so cached parameters are reloaded. */
+static ncclComm_t init_rank(const struct layout *l, const struct hier_arg *a,
+                            int rank, const ncclUniqueId *id, const char *tag)
+{
+  ncclComm_t comm = NULL;
+  setenv("GEOCCL_REGION", l->label[rank], 1);
+  if (a->slice_bytes != 0) {
+    char v[32];
+    snprintf(v, sizeof(v), "%zu", a->slice_bytes);
+    setenv("GEOCCL_HIER_SLICE", v, 1);
+    ncclResetDebugInit();
+  }
+  ncclResult_t r = ncclCommInitRank(&comm, l->nranks, *id, rank);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] ncclCommInitRank: %s: %s\n", rank, tag,
+            ncclGetErrorString(r), ncclGetLastError(NULL));
+    return NULL;
+  }
+  return comm;
+}
+
+/* Exact cases for the flat comparison: every type with sum, prod, max, min
+ * and the integer averages (float averages over 6 ranks round, and the two
+ * algorithms may round differently), plus the two big cases. */
+static size_t make_exact_cases(int nranks, tcase *out)
+{
+  size_t n = 0;
+  for (int t = 0; t < (int)ncclNumTypes; t++)
+    for (int op = 0; op < (int)ncclNumOps; op++) {
+      if (harness_result_is_approx((ncclDataType_t)t, (ncclRedOp_t)op, nranks))
+        continue;
+      if (out != NULL)
+        out[n] = (tcase){(ncclDataType_t)t, (ncclRedOp_t)op, 0, 1001,
+                         (uint32_t)(5000 + n)};
+      n++;
+    }
+  if (out != NULL) {
+    out[n] = (tcase){ncclFloat32, ncclSum, 0, BIG_COUNT, 7000};
+    out[n + 1] = (tcase){ncclInt8, ncclMax, 1, BIG_COUNT, 7001};
+  }
+  return n + 2;
+}
+
+/* Runs the exact cases on comm keeping each result (results[i] must hold
+ * case i). Returns the number of failures. */
+static int run_kept(const tcase *cases, size_t ncases, void **results,
+                    int rank, int n, ncclComm_t comm, struct calls *calls,
+                    const char *tag)
+{
+  int fails = 0;
+  for (size_t i = 0; i < ncases; i++) {
+    struct outcome o;
+    char name[160];
+    run_allreduce(&cases[i], rank, n, comm, calls, results[i], &o);
+    if (o.rc == CASE_OK) continue;
+    case_name(&cases[i], name, sizeof(name));
+    fprintf(stderr, "[rank %d/%d %s] FAIL %s: %s\n", rank, n, tag, name, o.msg);
+    fails++;
+    if (o.rc == CASE_CALL_FAILED) return fails;
+  }
+  return fails;
+}
+
+/* The same exact cases hierarchical, then on a communicator split off
+ * under GEOCCL_ALGO=flat (same regions, since GEOCCL_REGION is still set):
+ * the flat one counts flat calls only and gives the same bits, and the
+ * hierarchical algorithm sends fewer bytes over the WAN. */
+static int flat_compare(ncclComm_t comm, const struct layout *l, int rank,
+                        const char *tag)
+{
+  const int n = l->nranks;
+  size_t ncases = make_exact_cases(n, NULL);
+  tcase *cases = calloc(ncases, sizeof(*cases));
+  void **hier = calloc(ncases, sizeof(void *)), **flat = calloc(ncases, sizeof(void *));
+  uint64_t wan_hier[HARNESS_MAX_RANKS], wan_flat[HARNESS_MAX_RANKS];
+  struct calls calls = {0, 0};
+  ncclComm_t fc = NULL;
+  ncclResult_t r;
+  int fails = 0;
+  char ftag[80];
+  snprintf(ftag, sizeof(ftag), "%s flat", tag);
+  if (cases == NULL || hier == NULL || flat == NULL) return 1;
+  make_exact_cases(n, cases);
+  for (size_t i = 0; i < ncases; i++) {
+    size_t nb = cases[i].count * harness_type_size(cases[i].type);
+    hier[i] = malloc(nb);
+    flat[i] = malloc(nb);
+  }
+
+  if (reset_stats(comm, rank, tag)) {
+    fails++;
+    goto out;
+  }
+  fails += run_kept(cases, ncases, hier, rank, n, comm, &calls, tag);
+  if (fails) goto out;
+  fails += check_calls(comm, &calls, 0, rank, tag);
+  fails += check_bytes(comm, l, rank, ncclFloat32, BIG_COUNT, DEFAULT_SLICE,
+                       &calls, wan_hier, tag);
+  if (fails) goto out;
+
+  setenv("GEOCCL_ALGO", "flat", 1);
+  ncclResetDebugInit();
+  r = ncclCommSplit(comm, 0, rank, &fc, NULL);
+  unsetenv("GEOCCL_ALGO");
+  ncclResetDebugInit();
+  if (r != ncclSuccess || fc == NULL) {
+    fprintf(stderr, "[rank %d %s] ncclCommSplit under GEOCCL_ALGO=flat: %s: %s\n",
+            rank, ftag, ncclGetErrorString(r), ncclGetLastError(comm));
+    fails++;
+    goto out;
+  }
+  fails += check_region(fc, l, rank, ftag);
+  memset(&calls, 0, sizeof(calls));
+  fails += run_kept(cases, ncases, flat, rank, n, fc, &calls, ftag);
+  if (fails) goto out;
+  fails += check_calls(fc, &calls, 1, rank, ftag);
+  for (size_t i = 0; i < ncases; i++) {
+    size_t nb = cases[i].count * harness_type_size(cases[i].type);
+    if (memcmp(hier[i], flat[i], nb) != 0) {
+      char name[160];
+      case_name(&cases[i], name, sizeof(name));
+      fprintf(stderr, "[rank %d %s] %s: flat and hierarchical results differ\n",
+              rank, ftag, name);
+      fails++;
+    }
+  }
+
+  /* WAN bytes of the same float sum run flat */
+  {
+    size_t nb = BIG_COUNT * sizeof(float);
+    float *x = malloc(nb);
+    geocclStats st;
+    uint64_t all[HARNESS_MAX_RANKS][2];
+    harness_fill_input(x, ncclFloat32, ncclSum, n, rank, 0, BIG_COUNT, 9001);
+    if (reset_stats(fc, rank, ftag) ||
+        ncclAllReduce(x, x, BIG_COUNT, ncclFloat32, ncclSum, fc, NULL) != ncclSuccess ||
+        get_stats(fc, &st, rank, ftag) || gather_bytes(fc, &st, all, rank, ftag)) {
+      fprintf(stderr, "[rank %d %s] flat WAN bytes run failed: %s\n", rank, ftag,
+              ncclGetLastError(fc));
+      free(x);
+      fails++;
+      goto out;
+    }
+    free(x);
+    if (st.callsFlat != 1 || st.callsHier != 0) {
+      fprintf(stderr, "[rank %d %s] one flat all-reduce counted %llu flat and "
+                      "%llu hierarchical\n", rank, ftag, st.callsFlat, st.callsHier);
+      fails++;
+    }
+    uint64_t th = 0, tf = 0;
+    for (int q = 0; q < n; q++) {
+      wan_flat[q] = all[q][0];
+      th += wan_hier[q];
+      tf += wan_flat[q];
+    }
+    if (th >= tf) {
+      fprintf(stderr, "[rank %d %s] hierarchical all-reduce sent %llu WAN bytes "
+                      "in all, flat ring %llu: expected fewer\n", rank, ftag,
+              (unsigned long long)th, (unsigned long long)tf);
+      fails++;
+    }
+  }
+out:
+  if (fc != NULL && (r = ncclCommDestroy(fc)) != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] ncclCommDestroy of the flat comm: %s\n",
+            rank, ftag, ncclGetErrorString(r));
+    fails++;
+  }
+  for (size_t i = 0; i < ncases; i++) {
+    free(hier[i]);
+    free(flat[i]);
+  }
+  free(hier);
+  free(flat);
+  free(cases);
+  return fails;
+}
+
+/* The slice test: the big cases (and a double sum) through many slices,
+ * then the bytes, which depend on the slice arithmetic. */
+static int slices_body(ncclComm_t comm, const struct layout *l, int rank,
+                       size_t slice_bytes, const char *tag)
+{
+  const tcase cases[] = {
+      {ncclFloat32, ncclSum, 0, BIG_COUNT, 1},
+      {ncclFloat32, ncclSum, 1, BIG_COUNT, 2},
+      {ncclInt8, ncclMax, 0, BIG_COUNT, 3},
+      {ncclFloat64, ncclSum, 1, 100003, 4},
+      {ncclBfloat16, ncclProd, 0, 30011, 5},
+  };
+  struct calls calls = {0, 0};
+  int fails = 0;
+  if (reset_stats(comm, rank, tag)) return 1;
+  fails += run_cases(cases, sizeof(cases) / sizeof(cases[0]), rank, l->nranks,
+                     comm, &calls, tag);
+  if (fails) return fails;
+  fails += check_calls(comm, &calls, 0, rank, tag);
+  fails += check_bytes(comm, l, rank, ncclFloat32, BIG_COUNT, slice_bytes,
+                       &calls, NULL, tag);
+  fails += check_bytes(comm, l, rank, ncclFloat64, 100003, slice_bytes,
+                       &calls, NULL, tag);
+  return fails;
+}
+
+static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  const struct hier_arg *a = arg;
+  struct layout l;
+  char tag[64];
+  int fails = 0;
+  snprintf(tag, sizeof(tag), "'%s'", a->spec);
+  if (layout_parse(a->spec, &l) != 0 || l.nranks != nranks) {
+    fprintf(stderr, "[rank %d] bad layout '%s'\n", rank, a->spec);
+    return 1;
+  }
+  ncclComm_t comm = init_rank(&l, a, rank, id, tag);
+  if (comm == NULL) return 1;
+  fails += check_region(comm, &l, rank, tag);
+
+  if (a->what & RUN_MATRIX) {
+    size_t ncases = make_cases(NULL);
+    tcase *cases = calloc(ncases, sizeof(*cases));
+    struct calls calls = {0, 0};
+    if (cases == NULL) return fails + 1;
+    make_cases(cases);
+    if (reset_stats(comm, rank, tag)) fails++;
+    int f = run_cases(cases, ncases, rank, nranks, comm, &calls, tag);
+    if (f == 0) f += premul_cases(rank, nranks, comm, &calls, tag);
+    if (f == 0) f += check_calls(comm, &calls, 0, rank, tag);
+    if (f == 0)
+      f += check_bytes(comm, &l, rank, ncclFloat32, BIG_COUNT, DEFAULT_SLICE,
+                       &calls, NULL, tag);
+    fails += f;
+    free(cases);
+  }
+  if (fails == 0 && (a->what & RUN_FLAT_COMPARE))
+    fails += flat_compare(comm, &l, rank, tag);
+  if (fails == 0 && a->slice_bytes != 0)
+    fails += slices_body(comm, &l, rank, a->slice_bytes, tag);
+
+  ncclResult_t r = ncclCommDestroy(comm);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d %s] ncclCommDestroy: %s\n", rank, tag,
+            ncclGetErrorString(r));
+    fails++;
+  }
+  return fails;
+}
+
+/* ------------------------------------------------------------------------ */
+/* CUnit tests                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void run_layout(const char *spec, int what, size_t slice_bytes)
+{
+  struct layout l;
+  CU_ASSERT_FATAL(layout_parse(spec, &l) == 0);
+  struct hier_arg a = {spec, what, slice_bytes};
+  double t0 = harness_now();
+  int rc = harness_run_noinit(l.nranks, hier_body, &a, TIMEOUT_S);
+  printf("\n  '%s': %d ranks in %d regions %s (%.1f s)\n", spec, l.nranks,
+         l.nregions, rc == 0 ? "ok" : "FAILED", harness_now() - t0);
+  fflush(stdout);
+  CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void test_2x2(void) { run_layout("a a b b", RUN_MATRIX, 0); }
+static void test_3x2(void) { run_layout("a a b b c c", RUN_MATRIX, 0); }
+static void test_3p1(void) { run_layout("a a a b", RUN_MATRIX, 0); }
+static void test_1p3(void) { run_layout("a b b b", RUN_MATRIX, 0); }
+static void test_interleaved(void) { run_layout("a b a b a", RUN_MATRIX, 0); }
+static void test_2x1(void) { run_layout("a b", RUN_MATRIX, 0); }
+static void test_4x1(void) { run_layout("a b c d", RUN_MATRIX, 0); }
+static void test_2x4(void) { run_layout("a a a a b b b b", RUN_MATRIX, 0); }
+static void test_flat(void) { run_layout("a a b b c c", RUN_FLAT_COMPARE, 0); }
+
+/* 4096 bytes, and 4100, which is no multiple of the element size (1025
+ * floats, 512 doubles, 2050 bfloat16 per slice) */
+static void test_small_slices(void)
+{
+  run_layout("a a a b", 0, 4096);
+  run_layout("a b a b a", 0, 4100);
+}
+
+/* The layout helper itself, against hand-written maps. */
+static void test_layout_helper(void)
+{
+  struct layout l;
+  CU_ASSERT_EQUAL_FATAL(layout_parse("a b a b a", &l), 0);
+  CU_ASSERT_EQUAL(l.nranks, 5);
+  CU_ASSERT_EQUAL(l.nregions, 2);
+  CU_ASSERT_EQUAL(l.region_of[3], 1);
+  CU_ASSERT_EQUAL(l.local_rank[4], 2);
+  CU_ASSERT_EQUAL(l.size[0], 3);
+  CU_ASSERT_EQUAL(l.size[1], 2);
+  /* 2 regions of 2, 8 floats: my segment of 4 is one piece, split 2 ways:
+   * 2 out in X1, 2 back in X2 */
+  CU_ASSERT_EQUAL_FATAL(layout_parse("a a b b", &l), 0);
+  CU_ASSERT_EQUAL(hier_wan_bytes(&l, 0, 8, 4, DEFAULT_SLICE), 16);
+  /* 3 + 1, 9 elements: rank 3 owns all of it, cut at 0, 3, 6 into three
+   * pieces of 3, each split 2 ways (2 + 1; rank 3 is region 1: part 1 is
+   * 1 element): X1 sends 2, X2 sends 1, per piece */
+  CU_ASSERT_EQUAL_FATAL(layout_parse("a a a b", &l), 0);
+  CU_ASSERT_EQUAL(hier_wan_bytes(&l, 3, 9, 1, DEFAULT_SLICE), 9);
+  CU_ASSERT_EQUAL(hier_wan_bytes(&l, 0, 9, 1, DEFAULT_SLICE), 3);
+  CU_ASSERT_EQUAL(layout_parse("", &l), -1);
+}
+
+int main(void)
+{
+  harness_setup_env();
+  /* the tests choose these per rank; nothing from the caller's shell */
+  unsetenv("GEOCCL_REGION");
+  unsetenv("GEOCCL_TOPO_FILE");
+  unsetenv("GEOCCL_ALGO");
+  unsetenv("GEOCCL_HIER_SLICE");
+
+  if (CU_initialize_registry() != CUE_SUCCESS) return CU_get_error();
+  CU_pSuite s = CU_add_suite("hierarchical all-reduce", NULL, NULL);
+  if (s == NULL) {
+    CU_cleanup_registry();
+    return CU_get_error();
+  }
+  CU_add_test(s, "layout helper", test_layout_helper);
+  CU_add_test(s, "2x2 'a a b b'", test_2x2);
+  CU_add_test(s, "3x2 'a a b b c c'", test_3x2);
+  CU_add_test(s, "3+1 'a a a b'", test_3p1);
+  CU_add_test(s, "1+3 'a b b b'", test_1p3);
+  CU_add_test(s, "interleaved 3+2 'a b a b a'", test_interleaved);
+  CU_add_test(s, "2x1 'a b'", test_2x1);
+  CU_add_test(s, "4x1 'a b c d'", test_4x1);
+  CU_add_test(s, "2x4 'a a a a b b b b'", test_2x4);
+  CU_add_test(s, "GEOCCL_ALGO=flat on 3x2: same bits, more WAN bytes", test_flat);
+  CU_add_test(s, "GEOCCL_HIER_SLICE=4096 and 4100: hundreds of slices", test_small_slices);
+
+  CU_basic_set_mode(CU_BRM_VERBOSE);
+  CU_basic_run_tests();
+  unsigned failures = CU_get_number_of_failures();
+  CU_cleanup_registry();
+  return failures != 0;
+}
