@@ -5,7 +5,7 @@
  * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
- *   delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-v]
+ *   delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]
  *
  * -i  TUN device to attach (created if absent; an existing persistent one
  *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
@@ -13,6 +13,11 @@
  * -d  delay in milliseconds, fractional allowed (0 .. 600000).
  * -q  most bytes held at once (suffix K, M or G; default 256M). A packet
  *     that does not fit is dropped and counted, as a full router queue does.
+ * -r  run both threads SCHED_FIFO at this priority (1..99). On a machine
+ *     whose CPUs are busy, an ordinary thread wakes up milliseconds after
+ *     a packet's due time; a real-time one is not kept waiting by ordinary
+ *     tasks. Its CPU use is bounded by the packet rate (and by the kernel's
+ *     real-time throttling), so it cannot lock the machine up.
  * -v  print statistics to stderr on SIGUSR1 and at exit (without -v,
  *     SIGUSR1 still prints them).
  *
@@ -43,6 +48,7 @@
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -105,10 +111,11 @@ static unsigned char scratch[MAX_PKT];
 static void usage(FILE *f)
 {
   fprintf(f,
-          "usage: delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-v]\n"
+          "usage: delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]\n"
           "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
           "  milliseconds, then gives it back to the kernel.\n"
           "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
+          "  -r  SCHED_FIFO priority 1..99 for its threads (default: none)\n"
           "  -v  statistics to stderr on SIGUSR1 and at exit\n");
 }
 
@@ -376,10 +383,10 @@ int main(int argc, char **argv)
   const char *ifname = NULL;
   double delay_ms = -1;
   uint64_t qbytes = DEFAULT_QUEUE;
-  int verbose = 0, opt;
+  int verbose = 0, rt_prio = 0, opt;
   char *end;
 
-  while ((opt = getopt(argc, argv, "i:d:q:vh")) != -1) {
+  while ((opt = getopt(argc, argv, "i:d:q:r:vh")) != -1) {
     switch (opt) {
     case 'i':
       ifname = optarg;
@@ -395,6 +402,14 @@ int main(int argc, char **argv)
     case 'q':
       if (parse_size(optarg, &qbytes) < 0 || qbytes < MIN_QUEUE) {
         fprintf(stderr, "delayline: -q %s: want a byte count >= 1M (suffix K, M, G)\n", optarg);
+        return 2;
+      }
+      break;
+    case 'r':
+      errno = 0;
+      rt_prio = (int)strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || rt_prio < 1 || rt_prio > 99) {
+        fprintf(stderr, "delayline: -r %s: want a SCHED_FIFO priority in 1..99\n", optarg);
         return 2;
       }
       break;
@@ -453,6 +468,15 @@ int main(int argc, char **argv)
   l.fd = open_tun(ifname);
   if (l.fd < 0)
     return 1;
+
+  /* Set before the writer starts, which inherits it. */
+  if (rt_prio) {
+    struct sched_param sp = {.sched_priority = rt_prio};
+    int e = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+    if (e)
+      fprintf(stderr, "delayline %s: warning: SCHED_FIFO priority %d: %s; running without "
+              "(wake-ups may be late on a busy machine)\n", l.ifname, rt_prio, strerror(e));
+  }
 
   pthread_t writer;
   int err = pthread_create(&writer, NULL, writer_main, &l);
