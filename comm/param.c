@@ -29,9 +29,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                               "bytes per pipelined chunk in ring algorithms"},
     [GEO_PARAM_WINDOW] = {"GEOCCL_WINDOW", GEO_PARAM_INT, "8",
                           "chunks in flight per ring step"},
-    [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "4M",
-                                  "SO_SNDBUF/SO_RCVBUF per connection, if net.core.*mem_max "
-                                  "allows; 0 leaves the kernel's autotuning"},
+    [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "0",
+                                  "SO_SNDBUF/SO_RCVBUF per connection (set before connect, if "
+                                  "net.core.*mem_max allows); 0: the kernel's autotuning"},
     [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
                           "this process's region label (wins over the topology file)"},
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,

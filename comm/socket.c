@@ -1,6 +1,7 @@
 #include "config.h"
 #include "comm/socket.h"
 #include "comm/checks.h"
+#include "comm/param.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -97,22 +98,35 @@ static int64_t read_sysctl(const char *path)
     return v;
 }
 
+/* Fixed buffers must be set before connect/listen, so that the TCP window
+ * scale negotiated in the handshake fits them; set afterwards (or clamped
+ * by a small *mem_max) they cap the window far below a WAN's
+ * bandwidth-delay product.  GEOCCL_SOCKET_BUFSIZE=0 (the default) keeps
+ * the kernel's autotuning, which measured best on the emulated WAN. */
+static void pre_tune(int fd)
+{
+    int64_t bufsize = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
+    if (bufsize <= 0)
+        return;
+    int64_t rmax = read_sysctl("/proc/sys/net/core/rmem_max");
+    int64_t wmax = read_sysctl("/proc/sys/net/core/wmem_max");
+    int v = (int)bufsize;
+    if (wmax >= bufsize)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+    if (rmax >= bufsize)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+    if (wmax < bufsize || rmax < bufsize)
+        geoInfo(GEO_LOG_NET, "GEOCCL_SOCKET_BUFSIZE=%lld exceeds net.core.rmem_max/wmem_max "
+                "(%lld/%lld): kept the kernel's autotuning for that direction",
+                (long long)bufsize, (long long)rmax, (long long)wmax);
+}
+
 void geoSocketTune(int fd, int64_t bufsize)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    if (bufsize > 0) {
-        /* A fixed buffer turns off the kernel's autotuning; a fixed buffer
-         * clamped to a small *mem_max would be worse than autotuning. */
-        int64_t rmax = read_sysctl("/proc/sys/net/core/rmem_max");
-        int64_t wmax = read_sysctl("/proc/sys/net/core/wmem_max");
-        int v = (int)bufsize;
-        if (wmax >= bufsize)
-            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-        if (rmax >= bufsize)
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
-    }
+    (void)bufsize; /* applied before connect/listen: pre_tune() */
 }
 
 ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound)
@@ -127,6 +141,7 @@ ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *boun
         return ncclSystemError;
     }
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    pre_tune(s);
     if (bind(s, &addr->sa, geoAddrLen(addr)) != 0 || listen(s, 16384) != 0) {
         geoSetThreadError("cannot listen on %s: %s", geoAddrToString(addr, buf), strerror(errno));
         geoWarn(GEO_LOG_NET, "cannot listen on %s: %s", buf, strerror(errno));
@@ -151,6 +166,7 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
             geoWarn(GEO_LOG_NET, "socket() failed: %s", strerror(errno));
             return ncclSystemError;
         }
+        pre_tune(s);
         if (connect(s, &addr->sa, geoAddrLen(addr)) == 0) {
             *fd = s;
             return ncclSuccess;
