@@ -47,8 +47,20 @@ static unsigned parse_subsys(const char *s)
     return invert ? ~mask : mask;
 }
 
+/* A fork while another thread logs must not leave the child's logger
+ * locked (programs fork ranks after ncclGetUniqueId started the root
+ * thread). */
+static void log_atfork_prepare(void) { pthread_mutex_lock(&log_lock); }
+static void log_atfork_release(void) { pthread_mutex_unlock(&log_lock); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void)
+{
+    pthread_atfork(log_atfork_prepare, log_atfork_release, log_atfork_release);
+}
+
 void geoDebugInit(void)
 {
+    pthread_once(&atfork_once, register_atfork);
     const char *lv = geoParamStr(GEO_PARAM_DEBUG);
     const char *ss = geoParamStr(GEO_PARAM_DEBUG_SUBSYS);
     int level = GEO_LEVEL_WARN;

@@ -269,29 +269,48 @@ static int env_ranks(int *rank, int *nranks, const char **which)
     return 0;
 }
 
-/* Forks nranks ranks that share one unique id, made here first (so this
- * process holds the bootstrap listener and must outlive them). When a rank
- * fails, the others would wait in a collective until GEOCCL_TIMEOUT: they
- * are ended at once. Returns the first failed rank's status, else the
- * highest status (0 or 1). */
+/* Reads the unique id from the parent; 0 on success, -1 at EOF (the parent
+ * could not make one, and has said why). */
+static int read_id(int fd, ncclUniqueId *id)
+{
+    size_t got = 0;
+    while (got < sizeof(*id)) {
+        ssize_t n = read(fd, (char *)id + got, sizeof(*id) - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* Forks nranks ranks, then makes the unique id and hands it to them through
+ * a pipe; this process keeps the bootstrap listener that ncclGetUniqueId
+ * starts, so it outlives the ranks. The id is made after the forks, not
+ * before, so that no fork happens while the listener thread runs: a child
+ * forked while that thread holds a lock (malloc's, the logger's) would
+ * inherit the lock held forever.
+ *
+ * When a rank fails, the others would wait in a collective until
+ * GEOCCL_TIMEOUT: they are ended at once. Returns the first failed rank's
+ * status, else the highest status (0 or 1). */
 static int run_forked(const perfOptions *o, int nranks, const char *launch)
 {
     ncclUniqueId id;
-    ncclResult_t r;
     pid_t *pids;
-    int worst = 0, failed_status = -1, live = 0;
+    int idpipe[2], worst = 0, failed_status = -1, live = 0;
 
     /* All ranks are on this machine: loopback, unless the user chose. */
     setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
-    r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) {
-        fprintf(stderr, "%s: ncclGetUniqueId failed: %s: %s\n", TOOL, ncclGetErrorString(r),
-                ncclGetLastError(NULL));
-        return 3;
-    }
     pids = calloc((size_t)nranks, sizeof(*pids));
     if (pids == NULL) {
         fprintf(stderr, "%s: out of memory\n", TOOL);
+        return 3;
+    }
+    if (pipe(idpipe) != 0) {
+        fprintf(stderr, "%s: pipe: %s\n", TOOL, strerror(errno));
+        free(pids);
         return 3;
     }
     fflush(stdout);
@@ -299,6 +318,10 @@ static int run_forked(const perfOptions *o, int nranks, const char *launch)
     for (int rank = 0; rank < nranks; rank++) {
         pid_t pid = fork();
         if (pid == 0) {
+            close(idpipe[1]);
+            if (read_id(idpipe[0], &id) != 0)
+                _exit(3);
+            close(idpipe[0]);
             /* Only rank 0 prints the table. */
             if (rank != 0 && freopen("/dev/null", "w", stdout) == NULL)
                 _exit(3);
@@ -315,11 +338,30 @@ static int run_forked(const perfOptions *o, int nranks, const char *launch)
         pids[rank] = pid;
         live++;
     }
-    if (failed_status >= 0) {
-        for (int rank = 0; rank < nranks; rank++)
-            if (pids[rank] > 0)
-                kill(pids[rank], SIGTERM);
+    close(idpipe[0]);
+    if (failed_status < 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) {
+            fprintf(stderr, "%s: ncclGetUniqueId failed: %s: %s\n", TOOL,
+                    ncclGetErrorString(r), ncclGetLastError(NULL));
+            failed_status = 3;
+        }
     }
+    /* One id per rank; each write is smaller than PIPE_BUF, so it is never
+     * interleaved with another and every read gets a whole id. */
+    for (int rank = 0; rank < nranks && failed_status < 0; rank++) {
+        ssize_t n;
+        do {
+            n = write(idpipe[1], &id, sizeof(id));
+        } while (n < 0 && errno == EINTR);
+        if (n != (ssize_t)sizeof(id)) {
+            fprintf(stderr, "%s: cannot pass the unique id to the ranks: %s\n", TOOL,
+                    n < 0 ? strerror(errno) : "short write");
+            failed_status = 3;
+        }
+    }
+    /* Without an id the ranks read EOF and exit with status 3. */
+    close(idpipe[1]);
     while (live > 0) {
         int st, rank;
         pid_t pid = waitpid(-1, &st, 0);

@@ -127,7 +127,9 @@ typedef struct {
  * Returns 0 when every result was right, 1 when some element was wrong or
  * written out of bounds (the table says where), 2 for options that do not
  * fit the rank count, 3 when a backend call or an allocation failed (the
- * job should then be ended: other ranks may be blocked).
+ * job should then be ended: other ranks may be blocked). With o->timeout
+ * set, a size that takes longer ends the process with status 4 after a
+ * message naming the rank, the size and the placement.
  */
 int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, int nranks,
             const char *launch);
