@@ -11,6 +11,9 @@
  *                                              MPI starts the ranks and
  *                                              carries the unique id
  *
+ * With -N, GEOCCL_PERF_REGIONS=a,a,b,b puts forked rank r in the r-th
+ * region (GEOCCL_REGION), to try the hierarchical algorithms on one machine.
+ *
  * -C picks the collective (allreduce, broadcast, allgather, reducescatter);
  * the other options are nccl-tests' (-b -e -f -i -n -w -c -d -o -r, plus
  * -T, a watchdog per size). Rank 0 prints the table; see perf_common.h for
@@ -158,6 +161,15 @@ static void geo_describe(void *ctx, FILE *out)
         fprintf(out, "\n");
 }
 
+/* The WAN bytes column: the most any rank sent to other regions per call
+ * (out-of-place run). */
+static double geo_wan_bytes(void *ctx)
+{
+    geoCtx *c = ctx;
+    geocclStats st;
+    return geocclCommGetStats(c->comm, &st) == ncclSuccess ? (double)st.bytesWan : 0.0;
+}
+
 static const perfBackend geo_backend = {
     .name = TOOL,
     .coll = geo_coll,
@@ -165,6 +177,7 @@ static const perfBackend geo_backend = {
     .reduceDoubles = geo_reduce_doubles,
     .gatherBytes = geo_gather_bytes,
     .describe = geo_describe,
+    .wanBytes = geo_wan_bytes,
 };
 
 /* One rank, start to end. Returns perfRun's status, or 3 when the
@@ -322,6 +335,18 @@ static int run_forked(const perfOptions *o, int nranks, const char *launch)
             if (read_id(idpipe[0], &id) != 0)
                 _exit(3);
             close(idpipe[0]);
+            /* GEOCCL_PERF_REGIONS=a,a,b,b gives forked rank r the r-th label
+             * as its GEOCCL_REGION: regions on one machine, links not
+             * shaped. */
+            const char *labels = getenv("GEOCCL_PERF_REGIONS");
+            if (labels) {
+                char buf[4096], *save = NULL, *tok;
+                int i = 0;
+                snprintf(buf, sizeof(buf), "%s", labels);
+                for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++)
+                    if (i == rank)
+                        setenv("GEOCCL_REGION", tok, 1);
+            }
             /* Only rank 0 prints the table. */
             if (rank != 0 && freopen("/dev/null", "w", stdout) == NULL)
                 _exit(3);

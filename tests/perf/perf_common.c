@@ -647,7 +647,7 @@ static size_t verify(perfBench *b, const perfSize *s, int inplace, const perfCal
 /* One placement of one size: average time per call on this rank, and the
  * wrong and out-of-bounds counts of one checked call. */
 static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, size_t *wrong,
-                   size_t *oob)
+                   size_t *oob, double *wan)
 {
     const perfBackend *be = b->be;
     perfCall call;
@@ -658,11 +658,13 @@ static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, s
             return -1;
     if (be->barrier(b->ctx))
         return -1;
+    double wan0 = be->wanBytes ? be->wanBytes(b->ctx) : 0;
     double t0 = perfNow();
     for (int i = 0; i < b->o->iters; i++)
         if (be->coll(b->ctx, &call))
             return -1;
     *usec = (perfNow() - t0) * 1e6 / b->o->iters;
+    *wan = be->wanBytes ? (be->wanBytes(b->ctx) - wan0) / b->o->iters : 0;
 
     *wrong = *oob = 0;
     if (b->o->check) {
@@ -714,11 +716,12 @@ static void print_header(perfBench *b, const char *launch, const char *ranklist,
     for (size_t n = strlen(line); n > 0 && line[n - 1] == ' '; n--)
         line[n - 1] = '\0';
     printf("%s\n", line);
-    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s %6s\n", "size", "count", "type",
-           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-           "#wrong");
-    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s\n", "(B)", "(elements)", "",
-           "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)");
+    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s %6s%s\n", "size", "count",
+           "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+           "#wrong", b->be->wanBytes ? "        wan(B)" : "");
+    printf("#%12s %12s %9s %6s %6s  %10s %8s %8s %6s  %10s %8s %8s%s\n", "(B)", "(elements)", "",
+           "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+           b->be->wanBytes ? "         /rank" : "");
     fflush(stdout);
 }
 
@@ -777,7 +780,7 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
         /* Sizes too small for one element per rank, or that round to the
          * size just measured, are skipped. */
         if (size_for(&b, req, &s) == 0 && s.bytes != prev) {
-            double t[2], w[4];
+            double t[2], w[4], wan[2];
             size_t wrong, oob;
             prev = s.bytes;
             for (int inplace = 0; inplace < 2; inplace++) {
@@ -785,12 +788,13 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
                              "%s: rank %d: %s of %zu bytes (%s) did not finish within %d s\n",
                              be->name, rank, perfCollName(o->coll), s.bytes,
                              inplace ? "in-place" : "out-of-place", o->timeout);
-                if (measure(&b, &s, inplace, &t[inplace], &wrong, &oob))
+                if (measure(&b, &s, inplace, &t[inplace], &wrong, &oob, &wan[inplace]))
                     goto out;
                 w[inplace] = (double)wrong;
                 w[2 + inplace] = (double)oob;
             }
-            if (be->reduceDoubles(ctx, t, 2, 1) || be->reduceDoubles(ctx, w, 4, 0))
+            if (be->reduceDoubles(ctx, t, 2, 1) || be->reduceDoubles(ctx, w, 4, 0) ||
+                (be->wanBytes && be->reduceDoubles(ctx, wan, 2, 1)))
                 goto out;
             wrong_total += w[0] + w[1];
             oob_total += w[2] + w[3];
@@ -811,6 +815,8 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
                     bus_sum += busbw;
                     bus_n++;
                 }
+                if (be->wanBytes)
+                    printf("  %12.0f", wan[0]);
                 printf("\n");
                 fflush(stdout);
             }

@@ -119,6 +119,9 @@ typedef struct {
      * library, its version and the settings that shape its performance.
      * May be NULL. */
     void (*describe)(void *ctx, FILE *out);
+    /* Payload bytes this rank has sent to other regions so far (GeoCCL's
+     * statistics), for the "wan(B)" column; NULL prints no such column. */
+    double (*wanBytes)(void *ctx);
 } perfBackend;
 
 /*
