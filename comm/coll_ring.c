@@ -396,6 +396,50 @@ out:
     return res;
 }
 
+/* Small all-reduce: every rank sends its whole input to every other rank
+ * (one message latency instead of 2(N-1)) and sums all N inputs locally in
+ * rank order, so every rank computes the same bits. */
+static ncclResult_t allreduce_direct(struct ncclComm *comm, const geoOp *op)
+{
+    const int N = comm->nranks, me = comm->rank;
+    const size_t es = geoTypeSize(op->dt), bytes = op->count * es;
+    char *all = malloc(bytes * (size_t)N);
+    geoNetRequest *reqs = calloc(2 * (size_t)N, sizeof(*reqs));
+    unsigned char *posted = calloc(2 * (size_t)N, 1);
+    ncclResult_t res = ncclSuccess;
+
+    if (!all || !reqs || !posted) {
+        res = ncclSystemError;
+        goto out;
+    }
+    memcpy(all + (size_t)me * bytes, op->sendbuff, bytes);
+    for (int d = 1; d < N; d++) {
+        int to = (me + d) % N, from = (me + N - d) % N;
+        GEO_CHECK_GOTO(geoNetIrecv(comm, from, all + (size_t)from * bytes, bytes, &reqs[2 * d]),
+                       res, out);
+        posted[2 * d] = 1;
+        GEO_CHECK_GOTO(geoNetIsend(comm, to, all + (size_t)me * bytes, bytes, &reqs[2 * d + 1]),
+                       res, out);
+        posted[2 * d + 1] = 1;
+    }
+    res = wait_all(comm, reqs, 2 * (size_t)N, posted);
+    if (res == ncclSuccess) {
+        char *dst = op->recvbuff;
+        memcpy(dst, all, bytes);
+        for (int r = 1; r < N; r++)
+            geoReduce(dst, dst, all + (size_t)r * bytes, op->count, op->dt, op->op);
+        if (op->op == ncclAvg)
+            geoDivide(dst, op->count, op->dt, N);
+    }
+out:
+    if (res != ncclSuccess && reqs)
+        comm->net->breakAll(comm->net_state);
+    free(all);
+    free(reqs);
+    free(posted);
+    return res;
+}
+
 /* PreMulSum handles: resolve to a scalar (read now for ncclScalarDevice). */
 static int premul_scalar(struct ncclComm *comm, ncclRedOp_t op, double *scalar)
 {
@@ -445,10 +489,15 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
-    if (!(o.type == GEO_OP_ALLREDUCE && comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT))
+    if (!(o.type == GEO_OP_ALLREDUCE && comm->regions.nregions > 1 &&
+          comm->algo != GEO_ALGO_FLAT && !(total * es <= comm->direct_max && N <= 32)))
         comm->stats.calls_flat++;
     switch (o.type) {
     case GEO_OP_ALLREDUCE: {
+        if (N > 1 && N <= 32 && total * es <= comm->direct_max) {
+            res = allreduce_direct(comm, &o);
+            break;
+        }
         if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
             comm->stats.calls_hier++;
             res = geoHierAllReduce(comm, &o);

@@ -83,6 +83,7 @@ struct ncclComm {
     geoRing region_ring;        /* my region's ranks, local order */
     int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
     size_t hier_slice;          /* bytes per hierarchical slice */
+    size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
 
     pthread_t init_thread;      /* non-blocking init */

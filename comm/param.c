@@ -40,6 +40,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                         "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)"},
     [GEO_PARAM_HIER_SLICE] = {"GEOCCL_HIER_SLICE", GEO_PARAM_INT, "4M",
                               "bytes per pipelined slice of the hierarchical all-reduce"},
+    [GEO_PARAM_DIRECT_MAX] = {"GEOCCL_DIRECT_MAX", GEO_PARAM_INT, "16K",
+                              "all-reduces up to this many bytes (and <= 32 ranks) send every "
+                              "input to every rank: one message latency; 0 turns it off"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

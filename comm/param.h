@@ -21,6 +21,7 @@ typedef enum {
     GEO_PARAM_TOPO_FILE,
     GEO_PARAM_ALGO,
     GEO_PARAM_HIER_SLICE,
+    GEO_PARAM_DIRECT_MAX,
     GEO_PARAM_COUNT
 } geoParamId;
 

@@ -917,6 +917,9 @@ int main(void)
   unsetenv("GEOCCL_TOPO_FILE");
   unsetenv("GEOCCL_ALGO");
   unsetenv("GEOCCL_HIER_SLICE");
+  /* Small all-reduces would take the direct exchange (GEOCCL_DIRECT_MAX):
+   * this file tests the hierarchical algorithm at every size. */
+  setenv("GEOCCL_DIRECT_MAX", "0", 1);
 
   if (CU_initialize_registry() != CUE_SUCCESS) return CU_get_error();
   CU_pSuite s = CU_add_suite("hierarchical all-reduce", NULL, NULL);
