@@ -44,8 +44,12 @@ typedef struct {
     uint32_t len;      /* payload bytes */
     uint64_t seq;      /* message number in this direction */
     uint64_t offset;   /* byte offset in the message */
-    uint64_t check;    /* magic ^ len ^ seq ^ offset, rotated */
+    uint64_t total;    /* message bytes */
+    uint64_t check;    /* a hash of the fields above */
 } tcpFrameHdr;
+
+#define GEO_FRAME_UNSET ((size_t)-1)
+#define GEO_FRAME_NONE ((size_t)-2)
 
 typedef struct {
     uint32_t magic;
@@ -96,7 +100,8 @@ typedef struct {
 
 static uint64_t hdr_check(const tcpFrameHdr *h)
 {
-    uint64_t x = ((uint64_t)h->magic << 32 | h->len) ^ h->seq ^ (h->offset * 0x9e3779b97f4a7c15ULL);
+    uint64_t x = ((uint64_t)h->magic << 32 | h->len) ^ h->seq ^ (h->offset * 0x9e3779b97f4a7c15ULL) ^
+                 (h->total * 0xc2b2ae3d27d4eb4fULL);
     return (x << 13) | (x >> 51);
 }
 
@@ -111,11 +116,20 @@ static size_t frame_len(const geoNetRequest *r, size_t f)
     return r->size - off < GEO_TCP_FRAME ? r->size - off : GEO_TCP_FRAME;
 }
 
-/* First frame of message seq carried by stream s. */
-static size_t first_frame(const tcpState *st, uint64_t seq, int s)
+/* First frame of message seq carried by stream s.  A variable-length
+ * message travels whole on stream seq % nstreams (the receiver learns its
+ * length from its first frame); others are spread frame by frame. */
+static size_t first_frame(const tcpState *st, const geoNetRequest *r, int s)
 {
-    return (size_t)(((uint64_t)s + (uint64_t)st->nstreams - seq % (uint64_t)st->nstreams) %
-                    (uint64_t)st->nstreams);
+    uint64_t ns = (uint64_t)st->nstreams;
+    if (r->vlen)
+        return (uint64_t)s == r->seq % ns ? 0 : GEO_FRAME_NONE;
+    return (size_t)(((uint64_t)s + ns - r->seq % ns) % ns);
+}
+
+static size_t frame_step(const tcpState *st, const geoNetRequest *r)
+{
+    return r->vlen ? 1 : (size_t)st->nstreams;
 }
 
 static void wake(tcpState *st)
@@ -186,11 +200,13 @@ static geoNetRequest *cursor_req(tcpState *st, tcpPeer *peer, int dir, int s, ui
         if (*seq >= peer->posted[dir])
             return NULL;
         geoNetRequest *r = find_req(peer, dir, *seq);
+        if (r != NULL && *frame == GEO_FRAME_UNSET)
+            *frame = first_frame(st, r, s);
         if (r != NULL && *frame < r->nframes)
             return r;
         /* Completed (removed) or no frame left for this stream: next one. */
         (*seq)++;
-        *frame = first_frame(st, *seq, s);
+        *frame = GEO_FRAME_UNSET;
     }
 }
 
@@ -225,6 +241,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
             c->s_hdr.len = (uint32_t)len;
             c->s_hdr.seq = r->seq;
             c->s_hdr.offset = (uint64_t)c->s_frame * GEO_TCP_FRAME;
+            c->s_hdr.total = r->size;
             c->s_hdr.check = hdr_check(&c->s_hdr);
             c->s_off = 0;
             c->s_active = 1;
@@ -257,7 +274,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
         if (c->s_off < sizeof(tcpFrameHdr) + len)
             return moved;
         c->s_active = 0;
-        c->s_frame += (size_t)st->nstreams;
+        c->s_frame += frame_step(st, r);
         complete_frame(st, peer, GEO_NET_SEND, r);
     }
 }
@@ -306,7 +323,22 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         c->r_off += (size_t)got;
         if (before < sizeof(tcpFrameHdr) && c->r_off == sizeof(tcpFrameHdr)) {
             const tcpFrameHdr *h = &c->r_hdr;
-            if (h->magic != GEO_FRAME_MAGIC || h->check != hdr_check(h) || h->seq != r->seq ||
+            int hdr_ok = h->magic == GEO_FRAME_MAGIC && h->check == hdr_check(h) &&
+                         h->seq == r->seq;
+            if (hdr_ok && r->vlen && c->r_frame == 0) {
+                /* The first frame says how long the message is. */
+                if (h->total > r->capacity) {
+                    char why[200];
+                    snprintf(why, sizeof(why), "sent a %llu-byte message where at most %zu "
+                             "were expected", (unsigned long long)h->total, r->capacity);
+                    peer_error(st, p, s, why);
+                    return moved;
+                }
+                r->size = h->total;
+                r->nframes = h->total ? nframes_of(h->total) : 1;
+                len = frame_len(r, c->r_frame);
+            }
+            if (!hdr_ok || h->total != r->size ||
                 h->offset != (uint64_t)c->r_frame * GEO_TCP_FRAME || h->len != len) {
                 char why[256];
                 snprintf(why, sizeof(why),
@@ -323,7 +355,7 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         if (c->r_off < sizeof(tcpFrameHdr) + len)
             continue;
         c->r_active = 0;
-        c->r_frame += (size_t)st->nstreams;
+        c->r_frame += frame_step(st, r);
         complete_frame(st, peer, GEO_NET_RECV, r);
     }
 }
@@ -590,8 +622,8 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
         GEO_RETURN_IF(st->peers[p].conns == NULL, ncclSystemError, "out of memory");
         for (int s = 0; s < st->nstreams; s++) {
             st->peers[p].conns[s].fd = -1;
-            st->peers[p].conns[s].s_frame = first_frame(st, 0, s);
-            st->peers[p].conns[s].r_frame = first_frame(st, 0, s);
+            st->peers[p].conns[s].s_frame = GEO_FRAME_UNSET;
+            st->peers[p].conns[s].r_frame = GEO_FRAME_UNSET;
         }
     }
     a.st = st;
@@ -644,6 +676,9 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
 
     req->next = NULL;
     req->nframes = nframes_of(req->size);
+    if (req->vlen && (req->nframes == 0 || req->dir == GEO_NET_RECV))
+        req->nframes = 1; /* a receive learns the rest from the first frame; an
+                           * empty variable-length message is one empty frame */
     req->frames_done = 0;
     req->done = 0;
     req->result = ncclInProgress;

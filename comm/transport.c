@@ -8,14 +8,16 @@
 const geoNetTransport *const geoNetTransports[] = {&geoNetTcp, NULL};
 
 static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, size_t size,
-                         geoNetRequest *req)
+                         geoNetRequest *req, int vlen)
 {
     memset(req, 0, sizeof(*req));
     req->peer = peer;
     req->dir = dir;
     req->buf = buf;
     req->size = size;
-    if (size == 0) {
+    req->capacity = size;
+    req->vlen = vlen;
+    if (size == 0 && !vlen) {
         req->done = 1;
         req->result = ncclSuccess;
         return ncclSuccess;
@@ -31,18 +33,35 @@ ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_
         comm->stats.bytes_wan += size;
     else
         comm->stats.bytes_intra += size;
-    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req);
+    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
 }
 
 ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
                          geoNetRequest *req)
 {
-    return post(comm, peer, GEO_NET_RECV, buf, size, req);
+    return post(comm, peer, GEO_NET_RECV, buf, size, req, 0);
+}
+
+ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                          geoNetRequest *req)
+{
+    if (comm->regions.region_of &&
+        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank])
+        comm->stats.bytes_wan += size;
+    else
+        comm->stats.bytes_intra += size;
+    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 1);
+}
+
+ncclResult_t geoNetIrecvV(struct ncclComm *comm, int peer, void *buf, size_t capacity,
+                          geoNetRequest *req)
+{
+    return post(comm, peer, GEO_NET_RECV, buf, capacity, req, 1);
 }
 
 ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req)
 {
-    if (req->size == 0 || (req->done && req->result != ncclInProgress))
+    if ((req->size == 0 && !req->vlen) || (req->done && req->result != ncclInProgress))
         return req->result;
     return comm->net->wait(comm->net_state, req);
 }

@@ -7,7 +7,10 @@
  * were posted, separately per direction: the k-th send posted from A to B
  * meets the k-th receive posted on B from A, and both must have the same
  * size (a mismatch is a malformed-frame error, not silent truncation).
- * Zero-byte messages are never posted. */
+ * Zero-byte messages are never posted, except variable-length ones: a
+ * variable-length send (vlen) meets a variable-length receive whose buffer
+ * is at least as large; the receive learns the size from the first frame
+ * (compressed chunks whose size only the sender knows). */
 #ifndef GEOCCL_TRANSPORT_H_
 #define GEOCCL_TRANSPORT_H_
 
@@ -27,7 +30,9 @@ typedef struct geoNetRequest {
     int peer;
     int dir;                    /* GEO_NET_SEND / GEO_NET_RECV */
     char *buf;
-    size_t size;
+    size_t size;                /* bytes; a vlen receive: the size that arrived */
+    size_t capacity;            /* vlen receive: room in buf */
+    int vlen;                   /* variable-length message (see above) */
     uint64_t seq;               /* set by post(): per (peer, dir) order */
     size_t nframes;
     size_t frames_done;
@@ -68,6 +73,11 @@ ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_
                          geoNetRequest *req);
 ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
                          geoNetRequest *req);
+/* Variable-length messages (both sides must use these for a message). */
+ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                          geoNetRequest *req);
+ncclResult_t geoNetIrecvV(struct ncclComm *comm, int peer, void *buf, size_t capacity,
+                          geoNetRequest *req);
 /* Wait; a NULL-size request (never posted) returns at once. */
 ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req);
 
