@@ -22,12 +22,23 @@
  * X2 of slice s - D, AG of slice s - 2D (D = 2), so the WAN always has work
  * queued while the intra phases run.  All ranks run the same schedule and
  * post messages in the same order, which keeps each peer pair's message
- * order matched (transport.h). */
+ * order matched (transport.h).
+ *
+ * Compression (GEOCCL_COMPRESS, geocclCommSetCompression): X1 and X2 carry
+ * encoded chunks (compress/codec.h) as variable-length messages.  X1
+ * encodes my region's partial of part q with error feedback slot 1; the
+ * owner decodes the k-1 partials into floats and sums them with its own
+ * exact partial in region order.  X2 encodes the finished part once (slot
+ * 2), and the owner then replaces its own copy by decode(encode(part)), the
+ * very bytes every other region decodes: all ranks end bit-identical.  The
+ * intra-region phases stay exact. */
 #include "config.h"
 #include "comm/checks.h"
 #include "comm/coll.h"
 #include "comm/comm.h"
 #include "comm/reduce.h"
+#include "compress/codec.h"
+#include "compress/ef.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +50,21 @@ typedef struct {
     size_t off;         /* element offset in the buffer */
     size_t n;           /* elements */
     char *tmp;          /* X1 receive: where the peer's partial lands */
+    char *enc;          /* compressed: the chunk sent, or the receive buffer */
+    size_t enc_cap;     /* bytes at enc */
+    size_t enc_len;     /* send: chunk bytes */
+    int enc_owned;      /* enc was allocated for this message */
     geoNetRequest req;
     int posted;
 } hierMsg;
+
+/* What compression does in this call (NULL codec: exact transfer). */
+typedef struct {
+    const geoCodec *codec;
+    const geoCodecParams *params;
+    float *ef1, *ef2;   /* residuals over the whole buffer, or NULL */
+    uint64_t counter;   /* stochastic rounding stream of this call */
+} hierCodec;
 
 typedef struct {
     size_t off, n;      /* my part of the piece: elements I reduce */
@@ -57,8 +80,19 @@ typedef struct {
     char *tmp;
 } hierSlice;
 
+static void msgs_free(hierMsg *m, int n)
+{
+    for (int i = 0; m && i < n; i++)
+        if (m[i].enc_owned)
+            free(m[i].enc);
+}
+
 static void slice_free(hierSlice *sl)
 {
+    msgs_free(sl->tx1, sl->ntx1);
+    msgs_free(sl->rx1, sl->nrx1);
+    msgs_free(sl->tx2, sl->ntx2);
+    msgs_free(sl->rx2, sl->nrx2);
     free(sl->tx1);
     free(sl->rx1);
     free(sl->tx2);
@@ -74,8 +108,23 @@ static int cmp_size(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataType_t dt)
+{
+    for (int i = 0; i < n; i++) {
+        m[i].enc_cap = hc->codec->maxEncodedSize(m[i].n, dt, hc->params);
+        if (m[i].enc_cap == 0)
+            return ncclInvalidArgument;
+        m[i].enc = malloc(m[i].enc_cap);
+        if (m[i].enc == NULL)
+            return ncclSystemError;
+        m[i].enc_owned = 1;
+    }
+    return ncclSuccess;
+}
+
 /* Lay out the messages of one slice for this rank. */
-static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es)
+static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
+                               const hierCodec *hc, ncclDataType_t dt)
 {
     const topoRegionMap *m = &comm->regions;
     const int k = m->nregions, g = m->region_of[comm->rank], me = m->local_rank[comm->rank];
@@ -156,6 +205,24 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es)
         sl->rx1[i].tmp = sl->tmp + t * es;
         t += sl->rx1[i].n;
     }
+    if (hc->codec) {
+        /* X2 sends one chunk per part to k-1 owners: one buffer per part,
+         * shared by its messages (allocated for the first, k-1 in a row). */
+        ncclResult_t r;
+        if ((r = alloc_enc(sl->tx1, sl->ntx1, hc, dt)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx1, sl->nrx1, hc, dt)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx2, sl->nrx2, hc, dt)) != ncclSuccess)
+            return r;
+        int k1 = comm->regions.nregions - 1;
+        for (int i = 0; i < sl->ntx2; i += k1) {
+            if ((r = alloc_enc(&sl->tx2[i], 1, hc, dt)) != ncclSuccess)
+                return r;
+            for (int j = 1; j < k1; j++) {
+                sl->tx2[i + j].enc = sl->tx2[i].enc;
+                sl->tx2[i + j].enc_cap = sl->tx2[i].enc_cap;
+            }
+        }
+    }
     return ncclSuccess;
 }
 
@@ -164,6 +231,15 @@ static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int se
 {
     for (int i = 0; i < n; i++) {
         hierMsg *x = &msgs[i];
+        if (x->enc) {
+            if (send)
+                GEO_CHECK(geoNetIsendV(comm, x->peer, x->enc, x->enc_len, &x->req));
+            else
+                GEO_CHECK(geoNetIrecvV(comm, x->peer, x->enc, x->enc_cap, &x->req));
+            comm->stats.bytes_wan_raw += send ? x->n * es : 0;
+            x->posted = 1;
+            continue;
+        }
         if (send)
             GEO_CHECK(geoNetIsend(comm, x->peer, buf + x->off * es, x->n * es, &x->req));
         else
@@ -232,6 +308,136 @@ static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, 
     }
 }
 
+static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int peer,
+                                const char *why, ncclResult_t res)
+{
+    if (peer >= 0)
+        geoCommSetError(comm, "%s: %s rank %d (host %s): %s", comm->op_desc, what, peer,
+                        comm->peers[peer].host, why ? why : "invalid chunk");
+    else
+        geoCommSetError(comm, "%s: %s: %s", comm->op_desc, what, why ? why : "failed");
+    geoWarn(GEO_LOG_COMPRESS, "%s", comm->last_error);
+    return res == ncclInvalidArgument ? ncclRemoteError : res;
+}
+
+/* X1 sends of one slice: encode my region's partial of each part. */
+static ncclResult_t encode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
+                              const hierCodec *hc)
+{
+    const size_t es = geoTypeSize(op->dt);
+    for (int i = 0; i < sl->ntx1; i++) {
+        hierMsg *x = &sl->tx1[i];
+        ncclResult_t r = hc->codec->encode((char *)op->recvbuff + x->off * es, x->n, op->dt,
+                                           hc->params, hc->counter + 2 * x->off,
+                                           hc->ef1 ? hc->ef1 + x->off : NULL, x->enc,
+                                           x->enc_cap, &x->enc_len);
+        if (r != ncclSuccess)
+            return codec_error(comm, "encoding a partial for", x->peer, NULL, r);
+    }
+    return ncclSuccess;
+}
+
+/* X1 receives: decode the other regions' partials of my parts. */
+static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
+                              const hierCodec *hc)
+{
+    for (int i = 0; i < sl->nrx1; i++) {
+        hierMsg *x = &sl->rx1[i];
+        const char *why = NULL;
+        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt, x->tmp, x->n, &why);
+        if (r != ncclSuccess)
+            return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
+    }
+    return ncclSuccess;
+}
+
+/* X2: encode each finished part once, and keep decode(encode(part)) as my
+ * own copy: the bytes every other region decodes. */
+static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
+                              const hierCodec *hc)
+{
+    const size_t es = geoTypeSize(op->dt);
+    int k1 = comm->regions.nregions - 1;
+    for (int i = 0; i < sl->ntx2; i += k1) {
+        hierMsg *x = &sl->tx2[i];
+        char *part = (char *)op->recvbuff + x->off * es;
+        const char *why = NULL;
+        ncclResult_t r = hc->codec->encode(part, x->n, op->dt, hc->params,
+                                           hc->counter + 2 * x->off + 1,
+                                           hc->ef2 ? hc->ef2 + x->off : NULL, x->enc, x->enc_cap,
+                                           &x->enc_len);
+        if (r != ncclSuccess)
+            return codec_error(comm, "encoding a reduced part for", x->peer, NULL, r);
+        if (hc->codec->lossy &&
+            (r = hc->codec->decode(x->enc, x->enc_len, op->dt, part, x->n, &why)) != ncclSuccess)
+            return codec_error(comm, "decoding our own chunk", -1, why, r);
+        for (int j = 1; j < k1; j++)
+            sl->tx2[i + j].enc_len = x->enc_len;
+    }
+    return ncclSuccess;
+}
+
+/* X2 receives: decode the finished parts owned by other regions. */
+static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
+                              const hierCodec *hc)
+{
+    const size_t es = geoTypeSize(op->dt);
+    for (int i = 0; i < sl->nrx2; i++) {
+        hierMsg *x = &sl->rx2[i];
+        const char *why = NULL;
+        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt,
+                                           (char *)op->recvbuff + x->off * es, x->n, &why);
+        if (r != ncclSuccess)
+            return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
+    }
+    return ncclSuccess;
+}
+
+/* The codec this call may use: lossy codecs only on float32 sum/avg, and
+ * only when the user chose one; anything else is sent exactly (said once
+ * at INFO). */
+static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
+{
+    memset(hc, 0, sizeof(*hc));
+    if (comm->codec == GEO_CODEC_NONE || comm->codec >= GEO_CODEC_COUNT)
+        return;
+    const geoCodec *c = geoCodecGet(comm->codec);
+    if (c == NULL)
+        return;
+    int ok = c->supports(op->dt) &&
+             (!c->lossy || op->op == ncclSum || op->op == ncclAvg);
+    if (!ok) {
+        if (!comm->compress_fallback_noted) {
+            comm->compress_fallback_noted = 1;
+            geoInfo(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS=%s applies to float sum/avg only: %s %s "
+                    "all-reduces cross the WAN exactly", c->name, geoTypeName(op->dt),
+                    geoOpName(op->op));
+        }
+        return;
+    }
+    hc->codec = c;
+    hc->params = &comm->codec_params;
+    hc->counter = comm->op_seq << 40;
+    if (c->lossy && comm->ef_enabled) {
+        size_t evicted = 0;
+        geoEfBeginOp(&comm->ef);
+        if (geoEfGet(&comm->ef, op->recvbuff, op->count, 1, &hc->ef1, &evicted) != ncclSuccess ||
+            geoEfGet(&comm->ef, op->recvbuff, op->count, 2, &hc->ef2, &evicted) != ncclSuccess) {
+            hc->ef1 = hc->ef2 = NULL;
+            if (!comm->ef_full_noted) {
+                comm->ef_full_noted = 1;
+                geoInfo(GEO_LOG_COMPRESS, "error feedback: a %zu-element buffer does not fit "
+                        "GEOCCL_EF_MAX_BYTES=%zu; it is compressed without error feedback",
+                        op->count, comm->ef.maxBytes);
+            }
+        }
+        if (geoEfTakeEvictionNotice(&comm->ef))
+            geoInfo(GEO_LOG_COMPRESS, "error feedback: GEOCCL_EF_MAX_BYTES=%zu reached; least "
+                    "recently used residuals are dropped (%llu so far)", comm->ef.maxBytes,
+                    (unsigned long long)comm->ef.evictions);
+    }
+}
+
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
 {
     const size_t es = geoTypeSize(op->dt);
@@ -247,11 +453,13 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         free(sl);
         return ncclSystemError;
     }
+    hierCodec hc;
+    choose_codec(comm, op, &hc);
     size_t maxpart = 0;
     for (size_t s = 0; s < M; s++) {
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
-        if (slice_plan(comm, &sl[s], es) != ncclSuccess) {
+        if (slice_plan(comm, &sl[s], es, &hc, op->dt) != ncclSuccess) {
             geoCommSetError(comm, "%s: out of memory planning slice %zu", comm->op_desc, s);
             res = ncclSystemError;
             goto out;
@@ -270,6 +478,11 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             t0 = geoNow();
             GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es), res, out);
             comm->stats.t_intra_rs += geoNow() - t0;
+            if (hc.codec) {
+                t0 = geoNow();
+                GEO_CHECK_GOTO(encode_x1(comm, op, &sl[it], &hc), res, out);
+                comm->stats.t_codec += geoNow() - t0;
+            }
             GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, op->recvbuff, es), res,
                            out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, op->recvbuff, es), res,
@@ -280,7 +493,17 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
             comm->stats.t_inter += geoNow() - t0;
+            if (hc.codec) {
+                t0 = geoNow();
+                GEO_CHECK_GOTO(decode_x1(comm, op, x, &hc), res, out);
+                comm->stats.t_codec += geoNow() - t0;
+            }
             reduce_parts(comm, op, x, es, scratch);
+            if (hc.codec) {
+                t0 = geoNow();
+                GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc), res, out);
+                comm->stats.t_codec += geoNow() - t0;
+            }
             GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, op->recvbuff, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, x->rx2, x->nrx2, 0, op->recvbuff, es), res, out);
         }
@@ -291,6 +514,11 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             GEO_CHECK_GOTO(wait_msgs(comm, x->tx1, x->ntx1), res, out);
             GEO_CHECK_GOTO(wait_msgs(comm, x->tx2, x->ntx2), res, out);
             comm->stats.t_inter += geoNow() - t0;
+            if (hc.codec) {
+                t0 = geoNow();
+                GEO_CHECK_GOTO(decode_x2(comm, op, x, &hc), res, out);
+                comm->stats.t_codec += geoNow() - t0;
+            }
             t0 = geoNow();
             GEO_CHECK_GOTO(intra(comm, op, x, 1, es), res, out);
             comm->stats.t_intra_ag += geoNow() - t0;

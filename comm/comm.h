@@ -12,6 +12,8 @@
 #include "comm/hmac.h"
 #include "comm/socket.h"
 #include "comm/transport.h"
+#include "compress/codec.h"
+#include "compress/ef.h"
 #include "topology/regions.h"
 
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
@@ -32,11 +34,13 @@ typedef struct {
 typedef struct {
     uint64_t bytes_intra;       /* sent to ranks of my region */
     uint64_t bytes_wan;         /* sent to ranks of other regions */
+    uint64_t bytes_wan_raw;     /* what that would have been uncompressed */
     uint64_t calls_flat;
     uint64_t calls_hier;
     double t_intra_rs;          /* seconds in hierarchical phases */
     double t_inter;
     double t_intra_ag;
+    double t_codec;             /* encoding and decoding */
 } geoStats;
 
 enum { GEO_ALGO_AUTO = 0, GEO_ALGO_FLAT, GEO_ALGO_HIER };
@@ -86,6 +90,14 @@ struct ncclComm {
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
 
+    /* Compression between regions (GEOCCL_COMPRESS, geocclCommSetCompression). */
+    geoCodecId codec;
+    geoCodecParams codec_params;
+    int ef_enabled;             /* GEOCCL_EF */
+    geoEfStore ef;
+    int compress_fallback_noted;
+    int ef_full_noted;
+
     pthread_t init_thread;      /* non-blocking init */
     int init_thread_live;
     int finalized;
@@ -100,6 +112,10 @@ void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
 /* Mark the communicator broken with res (first error wins). */
 void geoCommFail(struct ncclComm *comm, ncclResult_t res);
 ncclResult_t geoCommAsyncError(struct ncclComm *comm);
+
+/* Compression settings from the environment (init) or geoccl.h. */
+void geoCommCompressionInit(struct ncclComm *comm);
+ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec);
 
 /* Bootstrap-level helpers used by split/shrink. */
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,

@@ -64,6 +64,8 @@ ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats)
                   ncclInvalidArgument, "geocclCommGetStats: NULL or dead comm, or NULL stats");
     stats->bytesIntra = comm->stats.bytes_intra;
     stats->bytesWan = comm->stats.bytes_wan;
+    stats->bytesWanRaw = comm->stats.bytes_wan_raw;
+    stats->secCodec = comm->stats.t_codec;
     stats->callsFlat = comm->stats.calls_flat;
     stats->callsHier = comm->stats.calls_hier;
     stats->secIntraReduceScatter = comm->stats.t_intra_rs;
@@ -77,5 +79,28 @@ ncclResult_t geocclCommResetStats(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetStats") != ncclSuccess, ncclInvalidArgument,
                   "geocclCommResetStats: NULL or dead comm");
     memset(&comm->stats, 0, sizeof(comm->stats));
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommSetCompression") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommSetCompression: NULL or dead comm");
+    return geoCommSetCodec(comm, spec);
+}
+
+ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetCompression") != ncclSuccess || name == NULL,
+                  ncclInvalidArgument, "geocclCommGetCompression: NULL or dead comm, or NULL name");
+    *name = geoCodecGet(comm->codec) ? geoCodecGet(comm->codec)->name : "none";
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetErrorFeedback") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommResetErrorFeedback: NULL or dead comm");
+    geoEfReset(&comm->ef);
     return ncclSuccess;
 }

@@ -91,6 +91,57 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
     return geoBootstrapGetUniqueId(uniqueId);
 }
 
+/* ---- compression policy --------------------------------------------- */
+
+ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec)
+{
+    geoCodecId id;
+    geoCodecParams p = comm->codec_params;
+    if (geoCodecParse(spec, &id, &p) != ncclSuccess) {
+        geoCommSetError(comm, "compression '%s' is not none, lossless, fp16, bf16, int8, int4, "
+                        "sign or topk:<k> (0 < k <= 1)", spec ? spec : "(null)");
+        return ncclInvalidArgument;
+    }
+    if (id == GEO_CODEC_AUTO) {
+        geoInfo(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS=auto needs the topology probe's cost model, "
+                "which this release does not have: exact transfer");
+        id = GEO_CODEC_NONE;
+    }
+    comm->codec = id;
+    comm->codec_params = p;
+    comm->compress_fallback_noted = 0;
+    if (id != GEO_CODEC_NONE)
+        geoInfo(GEO_LOG_COMPRESS, "compression between regions: %s%s", geoCodecGet(id)->name,
+                geoCodecGet(id)->lossy ? (comm->ef_enabled ? " with error feedback"
+                                                           : " without error feedback")
+                                       : "");
+    return ncclSuccess;
+}
+
+void geoCommCompressionInit(struct ncclComm *comm)
+{
+    int64_t block = geoParamInt(GEO_PARAM_COMPRESS_BLOCK);
+    int64_t seed = geoParamInt(GEO_PARAM_COMPRESS_STOCHASTIC);
+    int64_t efmax = geoParamInt(GEO_PARAM_EF_MAX_BYTES);
+    geoCodecParamsInit(&comm->codec_params);
+    if (block >= 8 && block % 8 == 0 && block <= GEO_CODEC_BLOCK_MAX)
+        comm->codec_params.blockSize = (uint32_t)block;
+    else
+        geoWarn(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS_BLOCK=%lld is not a multiple of 8 in "
+                "[8, %u]: using %u", (long long)block, GEO_CODEC_BLOCK_MAX,
+                comm->codec_params.blockSize);
+    comm->codec_params.stochastic = seed != 0;
+    comm->codec_params.seed = (uint64_t)seed;
+    comm->ef_enabled = geoParamInt(GEO_PARAM_EF) != 0;
+    geoEfInit(&comm->ef, efmax < 0 ? 0 : (size_t)efmax, NULL);
+    comm->codec = GEO_CODEC_NONE;
+    const char *spec = geoParamStr(GEO_PARAM_COMPRESS);
+    if (spec && geoCommSetCodec(comm, spec) != ncclSuccess) {
+        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", comm->last_error);
+        comm->codec = GEO_CODEC_NONE;
+    }
+}
+
 /* ---- init ------------------------------------------------------------ */
 
 static ncclResult_t check_config(const ncclConfig_t *config)
@@ -127,15 +178,21 @@ static void comm_free(struct ncclComm *comm)
     if (comm->stats.calls_flat + comm->stats.calls_hier > 0)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET,
                 "destroy: %llu flat and %llu hierarchical collectives; sent %llu bytes to my "
-                "region and %llu bytes over the WAN; hierarchical phases: intra reduce-scatter "
-                "%.3f s, inter-region %.3f s, intra all-gather %.3f s",
+                "region and %llu bytes over the WAN (%.2fx less than uncompressed); "
+                "hierarchical phases: intra reduce-scatter %.3f s, inter-region %.3f s, intra "
+                "all-gather %.3f s, codec %.3f s",
                 (unsigned long long)comm->stats.calls_flat,
                 (unsigned long long)comm->stats.calls_hier,
                 (unsigned long long)comm->stats.bytes_intra,
-                (unsigned long long)comm->stats.bytes_wan, comm->stats.t_intra_rs,
-                comm->stats.t_inter, comm->stats.t_intra_ag);
+                (unsigned long long)comm->stats.bytes_wan,
+                comm->stats.bytes_wan ? (double)comm->stats.bytes_wan_raw /
+                                            (double)comm->stats.bytes_wan
+                                      : 1.0,
+                comm->stats.t_intra_rs, comm->stats.t_inter, comm->stats.t_intra_ag,
+                comm->stats.t_codec);
     ring_free(&comm->ring);
     ring_free(&comm->region_ring);
+    geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     if (comm->net && comm->net_state)
         comm->net->destroy(comm->net_state);
@@ -360,6 +417,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm->hier_slice = (size_t)(hs < 4096 ? 4096 : hs);
     int64_t dm = geoParamInt(GEO_PARAM_DIRECT_MAX);
     comm->direct_max = (size_t)(dm < 0 ? 0 : dm);
+    geoCommCompressionInit(comm);
     if (config && config->commName)
         snprintf(comm->name, sizeof(comm->name), "%s", config->commName);
     snprintf(comm->op_desc, sizeof(comm->op_desc), "init");

@@ -43,6 +43,19 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_DIRECT_MAX] = {"GEOCCL_DIRECT_MAX", GEO_PARAM_INT, "16K",
                               "all-reduces up to this many bytes (and <= 32 ranks) send every "
                               "input to every rank: one message latency; 0 turns it off"},
+    [GEO_PARAM_COMPRESS] = {"GEOCCL_COMPRESS", GEO_PARAM_STR, "none",
+                            "codec between regions: none, lossless, fp16, bf16, int8, int4, "
+                            "sign, topk:<k>; lossy ones only on float sum/avg"},
+    [GEO_PARAM_EF] = {"GEOCCL_EF", GEO_PARAM_INT, "1",
+                      "error feedback for lossy codecs (1 on, 0 off)"},
+    [GEO_PARAM_EF_MAX_BYTES] = {"GEOCCL_EF_MAX_BYTES", GEO_PARAM_INT, "1G",
+                                "bound on error-feedback residuals per communicator; least "
+                                "recently used ones are dropped beyond it"},
+    [GEO_PARAM_COMPRESS_BLOCK] = {"GEOCCL_COMPRESS_BLOCK", GEO_PARAM_INT, "256",
+                                  "elements per scale for int8, int4 and sign (multiple of 8)"},
+    [GEO_PARAM_COMPRESS_STOCHASTIC] = {"GEOCCL_COMPRESS_STOCHASTIC", GEO_PARAM_INT, "0",
+                                       "int8/int4: 0 rounds to nearest; any other value is the "
+                                       "seed of reproducible stochastic rounding"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -29,8 +29,10 @@ ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_
                          geoNetRequest *req)
 {
     if (comm->regions.region_of &&
-        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank])
+        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank]) {
         comm->stats.bytes_wan += size;
+        comm->stats.bytes_wan_raw += size; /* exact: as large as it is */
+    }
     else
         comm->stats.bytes_intra += size;
     return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
@@ -45,6 +47,8 @@ ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size
 ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
                           geoNetRequest *req)
 {
+    /* Variable-length messages carry compressed chunks; the caller counts
+     * their uncompressed size in bytes_wan_raw. */
     if (comm->regions.region_of &&
         comm->regions.region_of[peer] != comm->regions.region_of[comm->rank])
         comm->stats.bytes_wan += size;

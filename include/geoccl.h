@@ -54,16 +54,36 @@ ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, in
 typedef struct {
     unsigned long long bytesIntra;   /* payload bytes this rank sent inside its region */
     unsigned long long bytesWan;     /* payload bytes this rank sent to other regions */
+    unsigned long long bytesWanRaw;  /* what bytesWan would have been uncompressed */
     unsigned long long callsFlat;    /* collectives run with flat algorithms */
     unsigned long long callsHier;    /* all-reduces run hierarchically */
     double secIntraReduceScatter;    /* time in the hierarchical phases */
     double secInter;
     double secIntraAllGather;
+    double secCodec;                 /* encoding and decoding compressed chunks */
 } geocclStats;
 
 /* [out] stats.  Call from the thread that issues collectives on comm. */
 ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats);
 ncclResult_t geocclCommResetStats(ncclComm_t comm);
+
+/* Compression of the all-reduce between regions for this communicator,
+ * overriding GEOCCL_COMPRESS: "none", "lossless", "fp16", "bf16", "int8",
+ * "int4", "sign" or "topk:<k>" (0 < k <= 1).  Lossy codecs apply only to
+ * float32 sum/avg all-reduces (others are sent exactly) and use error
+ * feedback unless GEOCCL_EF=0.  Takes effect at the next call; collective
+ * in effect: every rank must choose the same codec.  Returns ncclSuccess, or
+ * ncclInvalidArgument for a NULL/dead comm or an unknown spec. */
+ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec);
+
+/* [out] name: the codec in force ("none", "int8", ...), static string. */
+ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name);
+
+/* Forgets all error-feedback residuals of comm (e.g. when the model's
+ * buckets change).  Memory for them is bounded by GEOCCL_EF_MAX_BYTES:
+ * beyond it the least recently used residuals are dropped (logged once at
+ * INFO). */
+ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
 
 #ifdef __cplusplus
 }
