@@ -1,0 +1,194 @@
+/* Compressed hierarchical all-reduce (comm/coll_hier.c with compress/):
+ * for every codec on 2 and 3 regions (even and uneven) the result is
+ * bit-identical on every rank, within the codec's error, and error feedback
+ * makes the running sum of the results converge to the exact running sum;
+ * lossy codecs never touch integer or max all-reduces; the statistics count
+ * the compressed bytes. */
+#include "config.h"
+#include "geoccl.h"
+#include "harness.h"
+#include "nccl.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *labels[8];
+    int nranks;
+    const char *codec;
+    int ef;
+} cfg;
+
+static float val(int r, size_t i, int step)
+{
+    unsigned x = (unsigned)(r * 2654435761u + i * 40503u + (unsigned)step * 97u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return ((float)(x % 20001) - 10000.0f) / 1000.0f; /* [-10, 10] */
+}
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= ((const unsigned char *)p)[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Runs 6 steps of a 40000-float sum; checks identity every step, and that
+ * |sum of results - exact sum of inputs| over the steps stays within a
+ * codec-dependent bound (error feedback keeps it from growing with steps). */
+static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    const cfg *c = arg;
+    const size_t count = 40000;
+    const int steps = 6;
+    ncclComm_t comm;
+    int bad = 0;
+    setenv("GEOCCL_REGION", c->labels[rank], 1);
+    setenv("GEOCCL_COMPRESS", c->codec, 1);
+    setenv("GEOCCL_EF", c->ef ? "1" : "0", 1);
+    setenv("GEOCCL_DIRECT_MAX", "0", 1);
+    setenv("GEOCCL_HIER_SLICE", "64K", 1);
+    ncclResetDebugInit();
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    float *in = malloc(count * 4), *out = malloc(count * 4);
+    double *acc = calloc(count, sizeof(double)), *exact = calloc(count, sizeof(double));
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)nranks);
+    for (int s = 0; s < steps && !bad; s++) {
+        for (size_t i = 0; i < count; i++)
+            in[i] = val(rank, i, s);
+        if (ncclAllReduce(in, out, count, ncclFloat, ncclSum, comm, NULL) != ncclSuccess) {
+            fprintf(stderr, "rank %d: %s\n", rank, ncclGetLastError(comm));
+            bad = 1;
+            break;
+        }
+        uint64_t h = fnv(out, count * 4);
+        ncclAllGather(&h, all, 8, ncclUint8, comm, NULL);
+        for (int q = 0; q < nranks; q++)
+            if (all[q] != h) {
+                fprintf(stderr, "%s: rank %d differs from rank %d at step %d\n", c->codec, q,
+                        rank, s);
+                bad = 1;
+            }
+        for (size_t i = 0; i < count; i++) {
+            acc[i] += out[i];
+            for (int q = 0; q < nranks; q++)
+                exact[i] += val(q, i, s);
+        }
+    }
+    /* Mean absolute error of the accumulated sum, relative to its scale. */
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < count; i++) {
+        err += fabs(acc[i] - exact[i]);
+        scale += fabs(exact[i]);
+    }
+    double rel = err / scale;
+    double limit = strcmp(c->codec, "none") == 0 || strcmp(c->codec, "lossless") == 0 ? 1e-6
+                   : strcmp(c->codec, "fp16") == 0 || strcmp(c->codec, "bf16") == 0   ? 0.01
+                   : strcmp(c->codec, "int8") == 0                                       ? 0.02
+                   : strncmp(c->codec, "topk", 4) == 0 ? 0.95 /* 5% per step: much still queued */
+                                                       : 0.6;
+    if (!c->ef)
+        limit = 10; /* without feedback only identity is checked */
+    if (!(rel <= limit)) {
+        fprintf(stderr, "%s (ef %d): accumulated relative error %.4g > %.4g\n", c->codec, c->ef,
+                rel, limit);
+        bad = 1;
+    }
+    geocclStats st;
+    geocclCommGetStats(comm, &st);
+    if (rank == 0)
+        printf("  %-9s ef=%d %d ranks: rel. error of the summed results %.2e, WAN %.2fx smaller\n",
+               c->codec, c->ef, nranks, rel,
+               st.bytesWan ? (double)st.bytesWanRaw / (double)st.bytesWan : 0.0);
+    if (strcmp(c->codec, "none") != 0 && strcmp(c->codec, "lossless") != 0 &&
+        !(st.bytesWan < st.bytesWanRaw))
+        bad = 1;
+    fflush(stdout);
+    /* Integers and max are never compressed lossily: exact results. */
+    int32_t iv[1000], io[1000];
+    for (int i = 0; i < 1000; i++)
+        iv[i] = rank * 1000 + i;
+    ncclAllReduce(iv, io, 1000, ncclInt32, ncclSum, comm, NULL);
+    for (int i = 0; i < 1000; i++)
+        if (io[i] != nranks * i + 1000 * nranks * (nranks - 1) / 2)
+            bad = 1;
+    ncclAllReduce(in, out, count, ncclFloat, ncclMax, comm, NULL);
+    for (size_t i = 0; i < count && !bad; i++) {
+        float m = -INFINITY;
+        for (int q = 0; q < nranks; q++)
+            m = fmaxf(m, val(q, i, steps - 1));
+        if (out[i] != m)
+            bad = 1;
+    }
+    free(in);
+    free(out);
+    free(acc);
+    free(exact);
+    free(all);
+    ncclCommDestroy(comm);
+    return bad;
+}
+
+static void run_codecs(const char **labels, int nranks)
+{
+    const char *codecs[] = {"none", "lossless", "fp16", "bf16", "int8", "int4", "sign", "topk:0.05"};
+    for (size_t k = 0; k < sizeof(codecs) / sizeof(codecs[0]); k++) {
+        cfg c = {.nranks = nranks, .codec = codecs[k], .ef = 1};
+        memcpy(c.labels, labels, sizeof(c.labels));
+        CU_ASSERT_EQUAL(harness_run_noinit(nranks, body, &c, 120), 0);
+    }
+    cfg c = {.nranks = nranks, .codec = "sign", .ef = 0};
+    memcpy(c.labels, labels, sizeof(c.labels));
+    CU_ASSERT_EQUAL(harness_run_noinit(nranks, body, &c, 120), 0);
+}
+
+static void test_2x2(void)
+{
+    const char *l[8] = {"a", "a", "b", "b"};
+    run_codecs(l, 4);
+}
+
+static void test_3_uneven(void)
+{
+    const char *l[8] = {"a", "a", "b", "c", "c", "c"};
+    run_codecs(l, 6);
+}
+
+static void test_bad_spec(void)
+{
+    /* geocclCommSetCompression refuses what is not a codec. */
+    ncclComm_t comm;
+    CU_ASSERT_EQUAL_FATAL(ncclCommInitAll(&comm, 1, NULL), ncclSuccess);
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "zip"), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "topk:2"), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "int8"), ncclSuccess);
+    const char *name = NULL;
+    CU_ASSERT_EQUAL(geocclCommGetCompression(comm, &name), ncclSuccess);
+    CU_ASSERT_STRING_EQUAL(name, "int8");
+    CU_ASSERT_EQUAL(geocclCommResetErrorFeedback(comm), ncclSuccess);
+    ncclCommDestroy(comm);
+}
+
+int main(void)
+{
+    harness_setup_env();
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("compressed hierarchical all-reduce", NULL, NULL);
+    CU_add_test(s, "every codec, 2 regions x 2", test_2x2);
+    CU_add_test(s, "every codec, regions of 2, 1, 3", test_3_uneven);
+    CU_add_test(s, "geocclCommSetCompression", test_bad_spec);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned f = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return f ? 1 : 0;
+}
