@@ -73,6 +73,10 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
 /* Hierarchical all-reduce over the communicator's regions (coll_hier.c);
  * op->op is a built-in op (PreMulSum already applied to the input). */
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
+/* Hierarchical all-gather and reduce-scatter: each block crosses into every
+ * other region once, handled by a rank that spreads the load. */
+ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op);
+ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op);
 
 const char *geoOpTypeName(geoOpType t);
 /* Run one collective (not send/recv) to completion. */

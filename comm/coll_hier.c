@@ -533,3 +533,162 @@ out:
     free(scratch);
     return res;
 }
+
+/* ---- hierarchical all-gather and reduce-scatter ----------------------
+ *
+ * Both move every byte over the WAN the least number of times: a block
+ * crosses into each other region once.  The rank of region q that handles
+ * block b (receives it for its region, or reduces its region's share of
+ * it) is b itself when b is in q, else the member of q whose local rank is
+ * b's local rank modulo q's size: regions of different sizes spread the
+ * blocks over all their ranks. */
+
+static int handler(const topoRegionMap *m, int q, int b)
+{
+    if (m->region_of[b] == q)
+        return b;
+    return m->members[q][m->local_rank[b] % m->size[q]];
+}
+
+/* All-gather: (1) each rank sends its block to its handler in every other
+ * region; (2) inside each region, every block goes from its handler to the
+ * other members.  Messages of a pair are posted in ascending block order. */
+ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
+{
+    const topoRegionMap *m = &comm->regions;
+    const int N = comm->nranks, me = comm->rank, g = m->region_of[me];
+    const size_t bytes = op->count * geoTypeSize(op->dt);
+    char *out = op->recvbuff;
+    geoNetRequest *req = calloc((size_t)(N + N * m->size[g] + m->nregions + 1), sizeof(*req));
+    int nreq = 0;
+    ncclResult_t res = ncclSuccess;
+    double t0 = geoNow();
+
+    GEO_RETURN_IF(req == NULL, ncclSystemError, "out of memory");
+    if (out + (size_t)me * bytes != (const char *)op->sendbuff)
+        memmove(out + (size_t)me * bytes, op->sendbuff, bytes);
+    /* (1) inter-region: my block out, the blocks I handle in */
+    for (int q = 0; q < m->nregions; q++)
+        if (q != g)
+            GEO_CHECK_GOTO(geoNetIsend(comm, handler(m, q, me), op->sendbuff, bytes,
+                                       &req[nreq++]), res, out);
+    for (int b = 0; b < N; b++)
+        if (m->region_of[b] != g && handler(m, g, b) == me)
+            GEO_CHECK_GOTO(geoNetIrecv(comm, b, out + (size_t)b * bytes, bytes, &req[nreq++]),
+                           res, out);
+    for (int i = 0; i < nreq; i++)
+        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+    comm->stats.t_inter += geoNow() - t0;
+    t0 = geoNow();
+    /* (2) intra-region: blocks from their handlers to everyone */
+    nreq = 0;
+    for (int b = 0; b < N; b++) {
+        int h = handler(m, g, b);
+        if (h == me) {
+            for (int i = 0; i < m->size[g]; i++)
+                if (m->members[g][i] != me)
+                    GEO_CHECK_GOTO(geoNetIsend(comm, m->members[g][i], out + (size_t)b * bytes,
+                                               bytes, &req[nreq++]), res, out);
+        } else {
+            GEO_CHECK_GOTO(geoNetIrecv(comm, h, out + (size_t)b * bytes, bytes, &req[nreq++]),
+                           res, out);
+        }
+    }
+    for (int i = 0; i < nreq; i++)
+        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+    comm->stats.t_intra_ag += geoNow() - t0;
+out:
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state);
+    free(req);
+    return res;
+}
+
+/* Reduce-scatter: (1) inside each region, every member sends its input
+ * block b to the block's handler, which sums the region's share in local
+ * rank order; (2) each handler sends its region's share of block b to rank
+ * b, which sums the regions' shares in region order. */
+ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
+{
+    const topoRegionMap *m = &comm->regions;
+    const int N = comm->nranks, me = comm->rank, g = m->region_of[me], ng = m->size[g];
+    const size_t es = geoTypeSize(op->dt), n = op->count, bytes = n * es;
+    const char *in = op->sendbuff;
+    int mine = 0; /* blocks I handle */
+    for (int b = 0; b < N; b++)
+        mine += handler(m, g, b) == me;
+    /* per handled block: ng inputs (mine in place) then the region share */
+    char *stage = malloc((size_t)mine * (size_t)ng * bytes + 1);
+    char *shares = malloc((size_t)m->nregions * bytes + 1);
+    geoNetRequest *req = calloc((size_t)(N * ng + N + m->nregions + 1), sizeof(*req));
+    int nreq = 0;
+    ncclResult_t res = ncclSuccess;
+    double t0 = geoNow();
+
+    if (!stage || !shares || !req) {
+        free(stage);
+        free(shares);
+        free(req);
+        GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+    }
+    /* (1) intra-region */
+    for (int b = 0, k = 0; b < N; b++) {
+        int h = handler(m, g, b);
+        if (h != me) {
+            GEO_CHECK_GOTO(geoNetIsend(comm, h, in + (size_t)b * bytes, bytes, &req[nreq++]),
+                           res, out);
+            continue;
+        }
+        char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
+        for (int i = 0; i < ng; i++)
+            if (m->members[g][i] != me)
+                GEO_CHECK_GOTO(geoNetIrecv(comm, m->members[g][i], slot + (size_t)i * bytes,
+                                           bytes, &req[nreq++]), res, out);
+            else
+                memcpy(slot + (size_t)i * bytes, in + (size_t)b * bytes, bytes);
+    }
+    for (int i = 0; i < nreq; i++)
+        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+    for (int b = 0, k = 0; b < N; b++) {
+        if (handler(m, g, b) != me)
+            continue;
+        char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
+        for (int i = 1; i < ng; i++) /* region share into the slot's first input */
+            geoReduce(slot, slot, slot + (size_t)i * bytes, n, op->dt, op->op);
+    }
+    comm->stats.t_intra_rs += geoNow() - t0;
+    t0 = geoNow();
+    /* (2) inter-region: shares of other ranks' blocks out, mine in */
+    nreq = 0;
+    for (int b = 0, k = 0; b < N; b++) {
+        if (handler(m, g, b) != me)
+            continue;
+        char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
+        if (b != me)
+            GEO_CHECK_GOTO(geoNetIsend(comm, b, slot, bytes, &req[nreq++]), res, out);
+        else
+            memcpy(shares + (size_t)g * bytes, slot, bytes);
+    }
+    for (int q = 0; q < m->nregions; q++)
+        if (q != g)
+            GEO_CHECK_GOTO(geoNetIrecv(comm, handler(m, q, me), shares + (size_t)q * bytes, bytes,
+                                       &req[nreq++]), res, out);
+    for (int i = 0; i < nreq; i++)
+        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+    {
+        char *dst = op->recvbuff;
+        memmove(dst, shares, bytes);
+        for (int q = 1; q < m->nregions; q++)
+            geoReduce(dst, dst, shares + (size_t)q * bytes, n, op->dt, op->op);
+        if (op->op == ncclAvg)
+            geoDivide(dst, n, op->dt, N);
+    }
+    comm->stats.t_inter += geoNow() - t0;
+out:
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state);
+    free(stage);
+    free(shares);
+    free(req);
+    return res;
+}

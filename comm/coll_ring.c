@@ -489,8 +489,10 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
-    if (!(o.type == GEO_OP_ALLREDUCE && comm->regions.nregions > 1 &&
-          comm->algo != GEO_ALGO_FLAT && !(total * es <= comm->direct_max && N <= 32)))
+    int hier = comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT &&
+               ((o.type == GEO_OP_ALLREDUCE && !(total * es <= comm->direct_max && N <= 32)) ||
+                o.type == GEO_OP_ALLGATHER || o.type == GEO_OP_REDUCESCATTER);
+    if (!hier)
         comm->stats.calls_flat++;
     switch (o.type) {
     case GEO_OP_ALLREDUCE: {
@@ -515,6 +517,11 @@ ncclResult_t geoCollRun(geoOp *in)
         break;
     }
     case GEO_OP_REDUCESCATTER: {
+        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+            comm->stats.calls_hier++;
+            res = geoHierReduceScatter(comm, &o);
+            break;
+        }
         if (N == 1) {
             if (o.recvbuff != o.sendbuff)
                 memmove(o.recvbuff, o.sendbuff, total * es);
@@ -528,6 +535,11 @@ ncclResult_t geoCollRun(geoOp *in)
         break;
     }
     case GEO_OP_ALLGATHER: {
+        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+            comm->stats.calls_hier++;
+            res = geoHierAllGather(comm, &o);
+            break;
+        }
         char *own = (char *)o.recvbuff + (size_t)r * o.count * es;
         if (own != (const char *)o.sendbuff)
             memmove(own, o.sendbuff, o.count * es);

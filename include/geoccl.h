@@ -54,13 +54,13 @@ ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, in
 typedef struct {
     unsigned long long bytesIntra;   /* payload bytes this rank sent inside its region */
     unsigned long long bytesWan;     /* payload bytes this rank sent to other regions */
-    unsigned long long bytesWanRaw;  /* what bytesWan would have been uncompressed */
     unsigned long long callsFlat;    /* collectives run with flat algorithms */
     unsigned long long callsHier;    /* all-reduces run hierarchically */
     double secIntraReduceScatter;    /* time in the hierarchical phases */
     double secInter;
     double secIntraAllGather;
     double secCodec;                 /* encoding and decoding compressed chunks */
+    unsigned long long bytesWanRaw;  /* what bytesWan would have been uncompressed */
 } geocclStats;
 
 /* [out] stats.  Call from the thread that issues collectives on comm. */
