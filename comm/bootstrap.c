@@ -12,6 +12,8 @@
 
 #define GEO_JOIN_MAGIC 0x47454f4au /* "GEOJ" */
 #define GEO_TABLE_MAGIC 0x47454f54u /* "GEOT" */
+#define GEO_REFUSED_MAGIC 0x47454f52u /* "GEOR": wrong proof, or rank taken */
+#define GEO_EXPIRED_MAGIC 0x47454f58u /* "GEOX": the root gave up waiting */
 #define GEO_CHALLENGE_BYTES 16
 
 typedef struct {
@@ -62,6 +64,13 @@ static void *root_main(void *arg)
         if (geoSocketAccept(a->listen_fd, deadline, NULL, &fd, &from) != ncclSuccess) {
             geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
                     "giving up", joined, nranks, a->timeout);
+            /* Tell the ranks that did join why they get no table. */
+            for (int r = 0; fds && r < nranks; r++)
+                if (fds[r] >= 0) {
+                    uint32_t x = GEO_EXPIRED_MAGIC;
+                    const char *w;
+                    geoSocketSendAll(fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
+                }
             goto out;
         }
         geoAddrToString(&from, fa);
@@ -76,8 +85,10 @@ static void *root_main(void *arg)
         }
         join_proof(&a->id, challenge, m.rank, m.nranks, expect);
         if (m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, m.proof, sizeof(expect))) {
+            uint32_t no = GEO_REFUSED_MAGIC;
             geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
                     "hold the communicator's secret", fa);
+            geoSocketSendAll(fd, &no, sizeof(no), geoNow() + 1.0, &why);
             close(fd);
             continue;
         }
@@ -98,9 +109,11 @@ static void *root_main(void *arg)
                 fds[i] = -1;
         }
         if (m.nranks != nranks || m.rank < 0 || m.rank >= nranks || fds[m.rank] >= 0) {
+            uint32_t no = GEO_REFUSED_MAGIC;
             geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d of %d from %s conflicts with the "
                     "communicator being formed (%d ranks); dropped", m.rank, m.nranks, fa,
                     nranks);
+            geoSocketSendAll(fd, &no, sizeof(no), geoNow() + 1.0, &why);
             close(fd);
             continue;
         }
@@ -274,11 +287,21 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
         }
     }
     close(fd);
-    if (proved && magic == 0 && strcmp(why, "connection closed by peer") == 0)
+    if (magic == GEO_REFUSED_MAGIC)
         geoCommSetError(comm,
                         "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
                         "not carry the root's secret, or rank %d of %d is already taken",
                         ra, comm->rank, comm->rank, comm->nranks);
+    else if (magic == GEO_EXPIRED_MAGIC)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s gave up: not all %d ranks joined within "
+                        "its timeout (GEOCCL_TIMEOUT of the process that made the id)",
+                        ra, comm->nranks);
+    else if (proved && strcmp(why, "connection closed by peer") == 0)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s closed the connection after rank %d "
+                        "joined (the root's process ended, or it refused us)",
+                        ra, comm->rank);
     else
         geoCommSetError(comm,
                         "init: bootstrap with the root at %s failed (%s): not all %d ranks "

@@ -83,8 +83,11 @@ static void test_stranger_is_dropped(void)
     CU_ASSERT_EQUAL(geoSocketRecvAll(fd1, challenge, sizeof(challenge), geoNow() + 5, &why),
                     ncclSuccess);
     geoSocketSendAll(fd1, junk, sizeof(junk), geoNow() + 5, &why);
-    /* The root closes on the stranger without sending anything else. */
+    /* The root says "refused" (4 bytes, no other information) and closes. */
+    uint32_t code = 0;
     char more;
+    CU_ASSERT_EQUAL(geoSocketRecvAll(fd1, &code, sizeof(code), geoNow() + 5, &why), ncclSuccess);
+    CU_ASSERT_EQUAL(code, 0x47454f52u);
     CU_ASSERT_EQUAL(geoSocketRecvAll(fd1, &more, 1, geoNow() + 5, &why), ncclRemoteError);
     close(fd1);
     CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&in.root, geoNow() + 5, &fd2), ncclSuccess);
@@ -119,6 +122,26 @@ static void test_wrong_secret_times_out(void)
     CU_ASSERT_TRUE(a[0].took < 2 + 5 && a[1].took < 2 + 5);
     CU_ASSERT_PTR_NOT_NULL(strstr(a[0].err, "bootstrap"));
     CU_ASSERT_PTR_NOT_NULL(strstr(a[1].err, "secret"));
+    unsetenv("GEOCCL_TIMEOUT");
+    geoParamReload();
+}
+
+static void test_root_gives_up_says_so(void)
+{
+    /* Only rank 1 of 3 joins: when the root's timeout passes, the rank is
+     * told the root gave up (not that it was refused). */
+    rankArgs a[1];
+    ncclUniqueId id;
+    setenv("GEOCCL_TIMEOUT", "2", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    setenv("GEOCCL_TIMEOUT", "10", 1); /* the rank waits longer than the root */
+    geoParamReload();
+    a[0] = (rankArgs){.id = id, .rank = 1, .nranks = 3};
+    run_ranks(a, 1);
+    CU_ASSERT_EQUAL(a[0].res, ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a[0].err, "gave up"));
+    CU_ASSERT_TRUE(a[0].took < 6);
     unsetenv("GEOCCL_TIMEOUT");
     geoParamReload();
 }
@@ -181,6 +204,7 @@ int main(void)
     CU_add_test(s, "unique id encode/decode", test_id_decode);
     CU_add_test(s, "stranger at the root is dropped", test_stranger_is_dropped);
     CU_add_test(s, "wrong secret fails within timeout", test_wrong_secret_times_out);
+    CU_add_test(s, "root that gives up says so", test_root_gives_up_says_so);
     CU_add_test(s, "ncclCommInitAll and a group over 3 comms", test_init_all_and_group);
     CU_add_test(s, "non-blocking init in a group", test_nonblocking_init);
     CU_basic_set_mode(CU_BRM_VERBOSE);

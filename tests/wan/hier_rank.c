@@ -1,0 +1,454 @@
+/*
+ * One rank of the hierarchical all-reduce tests over the emulated WAN
+ * (tests/wan/test_hier_wan.sh starts one of these per rank, each inside its
+ * region's namespace).
+ *
+ *   RANK=r NRANKS=n GEOCCL_COMM_ID=host:port [EXPECT_REGIONS=k] \
+ *     hier_rank matrix
+ *   ... hier_rank loop SECONDS BYTES
+ *
+ * The region comes from GEOCCL_REGION (geoccl-wan exec sets it); with more
+ * than one region ncclAllReduce runs hierarchically (comm/coll_hier.c).
+ *
+ * matrix: every data type x every op x in-place/out-of-place x counts
+ *   {1, 2, 7, 4099}, then 262147 elements for float sum and int8 max, then a
+ *   pre-multiplied float sum. Each result must equal the reference of
+ *   tests/harness.c (within rounding where the harness calls it approximate),
+ *   be bit-identical on every rank (harness_same_on_all_ranks), leave the
+ *   send buffer alone and write nothing past the end of the output. Then
+ *   geocclCommGetStats must show hierarchical calls and WAN bytes, and
+ *   geocclCommGetRegion k regions when EXPECT_REGIONS=k is set. Prints one
+ *   summary line; exits 0 when everything held, 1 otherwise.
+ *
+ * loop: all-reduces BYTES of floats (sum, out-of-place, result checked)
+ *   until SECONDS have passed. Every rank must issue the same number of
+ *   calls, so the decision to stop travels in the data: element 0 of each
+ *   rank's input is 1 once its own clock says stop, and all stop after the
+ *   call whose element 0 sums to more than 0. Exits 0 after the last call;
+ *   on a failed call prints
+ *     rank R: error after X.XX s: <ncclGetErrorString> / <ncclGetLastError>
+ *   (X counted from the start of the failing call), calls ncclCommAbort
+ *   and exits 2. A wrong result or a failed init exits 1.
+ *
+ * Ranks print "rank R: ..." lines; the script collects them.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <geoccl.h>
+
+#include "../harness.h"
+
+#define GUARD 64 /* bytes checked past the end of outputs */
+
+static int g_rank = -1, g_nranks = 0;
+
+/* ------------------------------------------------------------------------ */
+/* Setup                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int env_int(const char *name, int lo, int hi, int *out)
+{
+  const char *s = getenv(name);
+  char *end;
+  if (s == NULL || *s == '\0') {
+    fprintf(stderr, "hier_rank: %s is not set\n", name);
+    return -1;
+  }
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) {
+    fprintf(stderr, "hier_rank: %s=%s: want an integer in %d..%d\n", name, s,
+            lo, hi);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+/* The id only encodes GEOCCL_COMM_ID; rank 0 listens there. */
+static ncclComm_t init_comm(void)
+{
+  ncclUniqueId id;
+  ncclComm_t comm = NULL;
+  ncclResult_t r;
+  if (getenv("GEOCCL_COMM_ID") == NULL) {
+    fprintf(stderr, "rank %d: GEOCCL_COMM_ID=host:port is not set\n", g_rank);
+    return NULL;
+  }
+  if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclGetUniqueId: %s: %s\n", g_rank,
+            ncclGetErrorString(r), ncclGetLastError(NULL));
+    return NULL;
+  }
+  if ((r = ncclCommInitRank(&comm, g_nranks, id, g_rank)) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclCommInitRank (%d ranks, region '%s', "
+                    "GEOCCL_COMM_ID=%s): %s: %s\n", g_rank, g_nranks,
+            getenv("GEOCCL_REGION") ? getenv("GEOCCL_REGION") : "",
+            getenv("GEOCCL_COMM_ID"), ncclGetErrorString(r),
+            ncclGetLastError(NULL));
+    return NULL;
+  }
+  return comm;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Matrix                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Buffers with GUARD pattern bytes past the end. */
+static void *galloc(size_t bytes)
+{
+  unsigned char *p = malloc(bytes + GUARD);
+  if (p != NULL) harness_fill_bytes(p + bytes, GUARD, 0x5eed, (uint32_t)bytes);
+  return p;
+}
+
+static int guard_ok(const void *p, size_t bytes)
+{
+  unsigned char g[GUARD];
+  harness_fill_bytes(g, GUARD, 0x5eed, (uint32_t)bytes);
+  return memcmp((const unsigned char *)p + bytes, g, GUARD) == 0;
+}
+
+struct tally {
+  int cases, failed;
+  unsigned long long allreduces; /* issued, all non-empty */
+  int call_failed;               /* a call failed: ranks are out of step */
+};
+
+/* Reports a case's first problem; `call` says the ranks can no longer
+ * continue in step. */
+static void case_fail(struct tally *t, const char *name, const char *why,
+                      int call)
+{
+  fprintf(stderr, "rank %d: FAIL %s: %s\n", g_rank, name, why);
+  t->failed++;
+  if (call) t->call_failed = 1;
+}
+
+/* Checks one finished all-reduce: reference, send buffer, guards and the
+ * bits on every other rank (a collective, so every rank reaches it). */
+static void check_case(struct tally *t, ncclComm_t comm, const char *name,
+                       ncclDataType_t type, ncclRedOp_t op, size_t count,
+                       const void *recv, const void *send, const void *orig,
+                       const void *exp, int inplace)
+{
+  size_t nb = count * harness_type_size(type);
+  char m[256];
+  const char *why = NULL;
+  if (harness_check(recv, exp, type, op, g_nranks, count, m, sizeof(m)))
+    why = m;
+  else if (!inplace && memcmp(send, orig, nb) != 0)
+    why = "sendbuff was modified";
+  else if (!guard_ok(recv, nb) || !guard_ok(send, nb))
+    why = "wrote past the end of a buffer";
+  int s = harness_same_on_all_ranks(comm, recv, nb);
+  if (s < 0) {
+    snprintf(m, sizeof(m), "hash all-gather failed: %s", ncclGetLastError(comm));
+    case_fail(t, name, m, 1);
+    return;
+  }
+  if (why == NULL && s > 0) why = "result is not bit-identical on every rank";
+  if (why != NULL) case_fail(t, name, why, 0);
+}
+
+static void run_case(struct tally *t, ncclComm_t comm, ncclDataType_t type,
+                     ncclRedOp_t op, int inplace, size_t count, uint32_t seed)
+{
+  size_t nb = count * harness_type_size(type);
+  char name[160];
+  unsigned char *send = galloc(nb), *recv = inplace ? send : galloc(nb);
+  unsigned char *orig = malloc(nb), *exp = malloc(nb);
+  snprintf(name, sizeof(name), "allreduce %s %s %s count=%zu",
+           harness_type_name(type), harness_op_name(op),
+           inplace ? "in-place" : "out-of-place", count);
+  t->cases++;
+  if (send == NULL || recv == NULL || orig == NULL || exp == NULL) {
+    case_fail(t, name, "out of memory", 1);
+    goto out;
+  }
+  harness_fill_input(send, type, op, g_nranks, g_rank, 0, count, seed);
+  memcpy(orig, send, nb);
+  if (!inplace) harness_fill_bytes(recv, nb, seed, 0xdead);
+  harness_fill_expected(exp, type, op, g_nranks, 0, count, seed);
+  ncclResult_t r = ncclAllReduce(send, recv, count, type, op, comm, NULL);
+  if (r != ncclSuccess) {
+    char m[512];
+    snprintf(m, sizeof(m), "ncclAllReduce: %s: %s", ncclGetErrorString(r),
+             ncclGetLastError(comm));
+    case_fail(t, name, m, 1);
+    goto out;
+  }
+  t->allreduces++;
+  check_case(t, comm, name, type, op, count, recv, send, orig, exp, inplace);
+out:
+  if (!inplace) free(recv);
+  free(send);
+  free(orig);
+  free(exp);
+}
+
+/* Powers of two times small integers: every product and sum is exact. */
+static float premul_scalar(int rank) { return rank % 3 == 0 ? 0.5f : rank % 3 == 1 ? 2.0f : 4.0f; }
+static float premul_input(int rank, size_t i)
+{
+  return (float)((int)((i * 5 + (size_t)rank * 11) % 41) - 20);
+}
+
+static void run_premul(struct tally *t, ncclComm_t comm, int inplace,
+                       size_t count)
+{
+  size_t nb = count * sizeof(float);
+  char name[160];
+  float scalar = premul_scalar(g_rank);
+  ncclRedOp_t op;
+  float *send = galloc(nb), *recv = inplace ? send : galloc(nb);
+  float *orig = malloc(nb), *exp = malloc(nb);
+  snprintf(name, sizeof(name), "allreduce float premulsum %s count=%zu",
+           inplace ? "in-place" : "out-of-place", count);
+  t->cases++;
+  if (send == NULL || recv == NULL || orig == NULL || exp == NULL) {
+    case_fail(t, name, "out of memory", 1);
+    goto out;
+  }
+  for (size_t i = 0; i < count; i++) {
+    float sum = 0;
+    for (int q = 0; q < g_nranks; q++) sum += premul_scalar(q) * premul_input(q, i);
+    send[i] = orig[i] = premul_input(g_rank, i);
+    exp[i] = sum;
+  }
+  if (!inplace) harness_fill_bytes(recv, nb, 77, 0xdead);
+  ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32,
+                                            ncclScalarHostImmediate, comm);
+  if (r != ncclSuccess) {
+    char m[512];
+    snprintf(m, sizeof(m), "ncclRedOpCreatePreMulSum: %s: %s",
+             ncclGetErrorString(r), ncclGetLastError(comm));
+    case_fail(t, name, m, 1);
+    goto out;
+  }
+  r = ncclAllReduce(send, recv, count, ncclFloat32, op, comm, NULL);
+  if (r != ncclSuccess) {
+    char m[512];
+    snprintf(m, sizeof(m), "ncclAllReduce: %s: %s", ncclGetErrorString(r),
+             ncclGetLastError(comm));
+    case_fail(t, name, m, 1);
+    ncclRedOpDestroy(op, comm);
+    goto out;
+  }
+  t->allreduces++;
+  /* exact sums: compared as a plain float sum, byte for byte */
+  check_case(t, comm, name, ncclFloat32, ncclSum, count, recv, send, orig,
+             exp, inplace);
+  if ((r = ncclRedOpDestroy(op, comm)) != ncclSuccess) {
+    char m[256];
+    snprintf(m, sizeof(m), "ncclRedOpDestroy: %s", ncclGetErrorString(r));
+    case_fail(t, name, m, 0);
+  }
+out:
+  if (!inplace) free(recv);
+  free(send);
+  free(orig);
+  free(exp);
+}
+
+/* The region map as the communicator sees it; label gets a copy of the
+ * region's name (the library's string lives only as long as comm). */
+static int check_region(ncclComm_t comm, int *nregions, int *region,
+                        char *label_out, size_t label_len)
+{
+  const char *name = NULL;
+  int k = -1, g = -1, lr = -1, sz = -1, want_k = 0;
+  const char *label = getenv("GEOCCL_REGION");
+  ncclResult_t r = geocclCommGetRegion(comm, &k, &g, &lr, &sz, &name);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "rank %d: FAIL geocclCommGetRegion: %s: %s\n", g_rank,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    return 1;
+  }
+  *nregions = k;
+  *region = g;
+  snprintf(label_out, label_len, "%s", name != NULL ? name : "(null)");
+  if (getenv("EXPECT_REGIONS") != NULL &&
+      env_int("EXPECT_REGIONS", 1, 64, &want_k) == 0 && k != want_k) {
+    fprintf(stderr, "rank %d: FAIL geocclCommGetRegion says %d regions, "
+                    "expected %d\n", g_rank, k, want_k);
+    return 1;
+  }
+  if (label != NULL && (name == NULL || strcmp(name, label) != 0)) {
+    fprintf(stderr, "rank %d: FAIL geocclCommGetRegion names the region '%s', "
+                    "GEOCCL_REGION is '%s'\n", g_rank, label_out, label);
+    return 1;
+  }
+  return 0;
+}
+
+static int mode_matrix(void)
+{
+  static const size_t counts[] = {1, 2, 7, 4099};
+  static const size_t premul_counts[] = {1, 7, 4099};
+  const size_t big = 262147;
+  struct tally t = {0, 0, 0, 0};
+  uint32_t seed = 1;
+  int nregions = 0, region = -1, bad = 0;
+  char label[64] = "";
+  double t0 = harness_now(), big_s = 0;
+
+  ncclComm_t comm = init_comm();
+  if (comm == NULL) return 1;
+  bad += check_region(comm, &nregions, &region, label, sizeof(label));
+  if (geocclCommResetStats(comm) != ncclSuccess) bad++;
+
+  for (int ty = 0; ty < (int)ncclNumTypes && !t.call_failed; ty++)
+    for (int op = 0; op < (int)ncclNumOps && !t.call_failed; op++)
+      for (int ip = 0; ip < 2 && !t.call_failed; ip++)
+        for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]) && !t.call_failed; ci++)
+          run_case(&t, comm, (ncclDataType_t)ty, (ncclRedOp_t)op, ip,
+                   counts[ci], seed++);
+  for (int ip = 0; ip < 2 && !t.call_failed; ip++) {
+    double s = harness_now();
+    run_case(&t, comm, ncclFloat32, ncclSum, ip, big, seed++);
+    big_s += harness_now() - s;
+    if (!t.call_failed) run_case(&t, comm, ncclInt8, ncclMax, ip, big, seed++);
+  }
+  for (int ip = 0; ip < 2 && !t.call_failed; ip++)
+    for (size_t ci = 0; ci < sizeof(premul_counts) / sizeof(premul_counts[0]) && !t.call_failed; ci++)
+      run_premul(&t, comm, ip, premul_counts[ci]);
+
+  geocclStats st;
+  memset(&st, 0, sizeof(st));
+  ncclResult_t r = geocclCommGetStats(comm, &st);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "rank %d: FAIL geocclCommGetStats: %s: %s\n", g_rank,
+            ncclGetErrorString(r), ncclGetLastError(comm));
+    bad++;
+  } else if (!t.call_failed && (st.callsHier == 0 || st.bytesWan == 0)) {
+    fprintf(stderr, "rank %d: FAIL stats after %llu all-reduces: %llu "
+                    "hierarchical calls, %llu WAN bytes (both must be > 0)\n",
+            g_rank, t.allreduces, st.callsHier, st.bytesWan);
+    bad++;
+  }
+  if (t.call_failed) {
+    if ((r = ncclCommAbort(comm)) != ncclSuccess)
+      fprintf(stderr, "rank %d: ncclCommAbort: %s\n", g_rank, ncclGetErrorString(r));
+  } else if ((r = ncclCommDestroy(comm)) != ncclSuccess) {
+    fprintf(stderr, "rank %d: FAIL ncclCommDestroy: %s\n", g_rank,
+            ncclGetErrorString(r));
+    bad++;
+  }
+  int ok = t.failed == 0 && bad == 0;
+  printf("rank %d: matrix %s: region %d '%s' of %d, %d cases, %d failed; "
+         "%llu all-reduces, stats %llu hierarchical, %llu flat, WAN %llu B, "
+         "intra %llu B; float sum x%zu %.1f ms avg; %.1f s\n",
+         g_rank, ok ? "ok" : "FAILED", region, label, nregions,
+         t.cases, t.failed + bad, t.allreduces, st.callsHier, st.callsFlat,
+         st.bytesWan, st.bytesIntra, big, big_s * 1000 / 2,
+         harness_now() - t0);
+  fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loop                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static int mode_loop(double seconds, size_t bytes)
+{
+  const size_t count = bytes / sizeof(float) > 2 ? bytes / sizeof(float) : 2;
+  const size_t nb = count * sizeof(float);
+  const uint32_t seed = 4242;
+  float *send = malloc(nb), *recv = malloc(nb), *exp = malloc(nb);
+  unsigned long calls = 0;
+  double slowest = 0;
+  if (send == NULL || recv == NULL || exp == NULL) {
+    fprintf(stderr, "rank %d: out of memory for %zu bytes\n", g_rank, nb);
+    return 1;
+  }
+  harness_fill_input(send, ncclFloat32, ncclSum, g_nranks, g_rank, 0, count, seed);
+  harness_fill_expected(exp, ncclFloat32, ncclSum, g_nranks, 0, count, seed);
+
+  ncclComm_t comm = init_comm();
+  if (comm == NULL) return 1;
+  const double t0 = harness_now();
+  for (;;) {
+    double start = harness_now();
+    send[0] = start - t0 >= seconds ? 1.0f : 0.0f;
+    ncclResult_t r = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum,
+                                   comm, NULL);
+    double took = harness_now() - start;
+    if (r != ncclSuccess) {
+      printf("rank %d: error after %.2f s: %s / %s\n", g_rank, took,
+             ncclGetErrorString(r), ncclGetLastError(comm));
+      fflush(stdout);
+      double a0 = harness_now();
+      ncclResult_t ra = ncclCommAbort(comm);
+      printf("rank %d: ncclCommAbort returned %s after %.2f s (%lu calls had "
+             "succeeded)\n", g_rank, ncclGetErrorString(ra),
+             harness_now() - a0, calls);
+      fflush(stdout);
+      return 2;
+    }
+    calls++;
+    if (took > slowest) slowest = took;
+    if (recv[0] < 0 || recv[0] > (float)g_nranks ||
+        memcmp(recv + 1, exp + 1, nb - sizeof(float)) != 0) {
+      char m[256];
+      exp[0] = recv[0];
+      harness_check(recv, exp, ncclFloat32, ncclSum, g_nranks, count, m, sizeof(m));
+      printf("rank %d: FAIL wrong result in call %lu: %s (stop flag sum %g)\n",
+             g_rank, calls, m, (double)recv[0]);
+      fflush(stdout);
+      ncclCommDestroy(comm);
+      return 1;
+    }
+    if (recv[0] > 0) break;
+  }
+  double el = harness_now() - t0;
+  printf("rank %d: loop ok: %lu all-reduces of %zu B in %.2f s (%.1f MB/s "
+         "algbw, slowest call %.2f s)\n", g_rank, calls, nb, el,
+         (double)nb * (double)calls / el / 1e6, slowest);
+  fflush(stdout);
+  ncclResult_t r = ncclCommDestroy(comm);
+  free(send);
+  free(recv);
+  free(exp);
+  if (r != ncclSuccess) {
+    printf("rank %d: FAIL ncclCommDestroy: %s\n", g_rank, ncclGetErrorString(r));
+    return 1;
+  }
+  return 0;
+}
+
+static int usage(void)
+{
+  fprintf(stderr, "usage: RANK=r NRANKS=n GEOCCL_COMM_ID=host:port "
+                  "[EXPECT_REGIONS=k] hier_rank matrix\n"
+                  "       ... hier_rank loop SECONDS BYTES\n");
+  return 1;
+}
+
+int main(int argc, char **argv)
+{
+  if (argc < 2) return usage();
+  if (env_int("RANK", 0, HARNESS_MAX_RANKS - 1, &g_rank) != 0 ||
+      env_int("NRANKS", 1, HARNESS_MAX_RANKS, &g_nranks) != 0)
+    return usage();
+  if (g_rank >= g_nranks) {
+    fprintf(stderr, "hier_rank: RANK=%d is not below NRANKS=%d\n", g_rank, g_nranks);
+    return 1;
+  }
+  if (strcmp(argv[1], "matrix") == 0 && argc == 2) return mode_matrix();
+  if (strcmp(argv[1], "loop") == 0 && argc == 4) {
+    char *e1, *e2;
+    double secs = strtod(argv[2], &e1);
+    unsigned long long bytes = strtoull(argv[3], &e2, 10);
+    if (*e1 != '\0' || *e2 != '\0' || secs < 0 || bytes == 0) return usage();
+    return mode_loop(secs, (size_t)bytes);
+  }
+  return usage();
+}

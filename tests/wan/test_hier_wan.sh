@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+#
+# The hierarchical all-reduce (comm/coll_hier.c) across emulated regions:
+# real network namespaces joined by shaped, delayed links
+# (examples/wan/geoccl-wan), one process per rank (tests/wan/hier_rank.c),
+# env bootstrap at rank 0 in region r0 (GEOCCL_COMM_ID=10.231.0.10:PORT),
+# GEOCCL_SOCKET_IFNAME unset so that each rank picks its interface itself.
+#
+#   a. 2 regions x 2 ranks, 1 Gbit/s, 5 ms:     the matrix passes on every rank
+#   b. 3 regions of 2 + 1 + 2 ranks, 1 Gbit/s, 5 ms: the matrix passes
+#   c. 3 regions x 1 rank, and 3 + 1 ranks in 2 regions: the matrix passes
+#   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
+#      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
+#      link goes down (inside its namespace, so peers see a dead link: no
+#      FIN, no RST). Every rank must fail its call and exit 2 (after
+#      ncclCommAbort returned) within GEOCCL_TIMEOUT + 5 s of the cut.
+#      Ranks still running 60 s after the cut are killed and fail the step.
+#
+# "matrix" is every type x op x in-place/out-of-place x counts 1, 2, 7, 4099,
+# 262147-element float sum and int8 max, and a pre-multiplied float sum,
+# checked against tests/harness.c's reference and for identical bits on
+# every rank, with geocclCommGetStats showing hierarchical calls and WAN
+# bytes (see hier_rank.c).
+#
+#   sudo bash tests/wan/test_hier_wan.sh [BUILDDIR]
+#
+# BUILDDIR (or $GEOCCL_TEST_BUILDDIR, else the current directory) holds the
+# built lib/.libs/libgeoccl.so. hier_rank is $HIER_RANK when set, else it is
+# built here with cc from this source tree against that library.
+# Needs root, network namespaces and TUN (exit 77, "skipped", otherwise).
+# Only one emulated WAN can exist at a time: while another one is up this
+# waits, checking every 30 s, for up to $GEOCCL_WAN_WAIT seconds (default
+# 600), then skips. Its own WAN is called "ghier" and is always taken down
+# on the way out. Takes about 2 minutes. The last line is always
+# "N passed, N failed".
+#
+set -uo pipefail
+export LC_ALL=C   # decimal points in $EPOCHREALTIME and awk
+
+SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
+BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
+BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
+WAN=$SRC/examples/wan/geoccl-wan
+NAME=ghier
+SKIP=77
+WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
+TIMEOUT_CUT=10          # GEOCCL_TIMEOUT in the cut-off step
+MATRIX_LIMIT=100        # seconds a matrix step may take before ranks are killed
+passed=0
+failed=0
+
+pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+skip() { echo "SKIP: $*"; echo "0 passed, 0 failed"; exit $SKIP; }
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+    exit $?
+}
+now() { echo "$EPOCHREALTIME"; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
+[ -x "$WAN" ] || { echo "no $WAN"; exit 1; }
+
+# The settings under test come from here, not from the caller's shell.
+unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE GEOCCL_TIMEOUT
+
+WORK=$(mktemp -d /tmp/geoccl-hier-wan.XXXXXX) || exit 1
+RANK_PIDS=()
+
+# Whatever happens from here on: no rank left running, no WAN of ours left up.
+# shellcheck disable=SC2317  # called by the trap
+cleanup() {
+    local p
+    for p in "${RANK_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait   # the per-rank wrappers
+    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 130' INT TERM
+
+# ---- hier_rank --------------------------------------------------------------
+
+LIBDIR=$BUILD/lib/.libs
+if [ -n "${HIER_RANK:-}" ]; then
+    BIN=$HIER_RANK
+    [ -x "$BIN" ] || { echo "HIER_RANK=$BIN is not executable"; exit 1; }
+else
+    [ -e "$LIBDIR/libgeoccl.so" ] || { echo "no $LIBDIR/libgeoccl.so (build first, or pass the build directory)"; exit 1; }
+    BIN=$WORK/hier_rank
+    if ! cc -O2 -std=gnu11 -Wall -Wextra -pthread -I "$BUILD/include" -I "$SRC/include" -I "$SRC" \
+            "$SRC/tests/wan/hier_rank.c" "$SRC/tests/harness.c" \
+            -L "$LIBDIR" -lgeoccl -Wl,-rpath,"$LIBDIR" -o "$BIN" > "$WORK/cc.log" 2>&1; then
+        cat "$WORK/cc.log"
+        echo "cannot build hier_rank"
+        exit 1
+    fi
+fi
+echo "== hier_rank: $BIN"
+
+# ---- the emulated WAN ---------------------------------------------------------
+
+# Another WAN than ours? (They all share 10.231.0.0/24.)
+wan_busy() {
+    local st
+    st=$("$WAN" status 2>/dev/null)
+    if grep -q "^'$NAME'" <<< "$st"; then
+        "$WAN" down -n "$NAME" -q >/dev/null 2>&1   # a leftover of ours
+        st=$("$WAN" status 2>/dev/null)
+    fi
+    ! grep -q '^no emulated WAN is up' <<< "$st" ||
+        ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'
+}
+
+# wan_up ARGS...: takes ours down and brings it up with ARGS, waiting while
+# another WAN is up. Skips (77) when the machine cannot emulate one.
+wan_up() {
+    local waited=0 rc
+    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+    while :; do
+        if wan_busy; then
+            [ "$waited" -ge "$WAIT_MAX" ] && skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)"
+            echo "   another emulated WAN is up; checking again in 30 s (waited $waited s)"
+            sleep 30
+            waited=$((waited + 30))
+            continue
+        fi
+        "$WAN" up -n "$NAME" -q "$@" > "$WORK/up.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] && return 0
+        [ "$rc" = "$SKIP" ] && skip "$(cat "$WORK/up.log")"
+        "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+        wan_busy && continue   # someone came up first
+        cat "$WORK/up.log"
+        echo "geoccl-wan up $* failed (status $rc)"
+        exit 1
+    done
+}
+
+# ---- ranks --------------------------------------------------------------------
+
+# start STEPDIR PORT TIMEOUT "REGION_OF_RANK0 REGION_OF_RANK1 ..." ARGS...
+# Starts one hier_rank per rank in its region's namespace. Per rank, in
+# STEPDIR: rankR.out (its output), rankR.pid, and rankR.exit ("STATUS TIME",
+# written when it ends). Rank 0 must be in region 0 (it listens on r0's
+# address).
+start() {
+    local d=$1 port=$2 timeout=$3 layout=$4 r=0 g k n
+    shift 4
+    read -r -a REGION_OF <<< "$layout"
+    n=${#REGION_OF[@]}
+    k=$(tr ' ' '\n' <<< "$layout" | sort -u | grep -c .)
+    mkdir -p "$d"
+    for g in "${REGION_OF[@]}"; do
+        (
+            "$WAN" exec -n "$NAME" -i "$g" -- env RANK=$r NRANKS="$n" EXPECT_REGIONS="$k" \
+                GEOCCL_COMM_ID=10.231.0.10:"$port" GEOCCL_TIMEOUT="$timeout" \
+                "$BIN" "$@" > "$d/rank$r.out" 2>&1 &
+            echo $! > "$d/rank$r.pid"
+            wait $!
+            echo "$? $EPOCHREALTIME" > "$d/rank$r.exit"
+        ) 2>/dev/null &   # not bash's "Killed" notes: the steps report kills
+        r=$((r + 1))
+    done
+    NR=$n
+    for ((r = 0; r < n; r++)); do
+        while [ ! -s "$d/rank$r.pid" ]; do sleep 0.01; done
+        RANK_PIDS+=("$(cat "$d/rank$r.pid")")
+    done
+}
+
+# finish_ranks STEPDIR DEADLINE: waits until every rank has ended or the
+# wall clock passes DEADLINE; kills the rest with SIGKILL. Returns how many
+# had to be killed.
+finish_ranks() {
+    local d=$1 deadline=$2 r left killed=0
+    while :; do
+        left=0
+        for ((r = 0; r < NR; r++)); do [ -s "$d/rank$r.exit" ] || left=1; done
+        [ "$left" = 0 ] && break
+        awk -v a="$(now)" -v b="$deadline" 'BEGIN { exit !(a > b) }' && break
+        sleep 0.1
+    done
+    for ((r = 0; r < NR; r++)); do
+        if [ ! -s "$d/rank$r.exit" ]; then
+            kill -9 "$(cat "$d/rank$r.pid")" 2>/dev/null
+            killed=$((killed + 1))
+        fi
+    done
+    wait   # the wrappers write their .exit and end
+    return $killed
+}
+
+# matrix NAME PORT "LAYOUT": the matrix on every rank of the layout.
+matrix() {
+    local what=$1 port=$2 layout=$3 d t0 r st bad=0 killed
+    d=$WORK/$port
+    t0=$(now)
+    start "$d" "$port" 60 "$layout" matrix
+    finish_ranks "$d" "$(awk -v a="$t0" -v l=$MATRIX_LIMIT 'BEGIN { printf "%.6f", a + l }')"
+    killed=$?
+    echo "   $what: $NR ranks in regions ($layout), $(since "$t0" "$(now)") s"
+    for ((r = 0; r < NR; r++)); do
+        read -r st _ < "$d/rank$r.exit"
+        [ "$st" = 0 ] && grep -q "^rank $r: matrix ok" "$d/rank$r.out" || bad=$((bad + 1))
+        echo "   [r${REGION_OF[$r]}] status $st: $(grep "^rank $r: matrix" "$d/rank$r.out" || echo "(no summary)")"
+        if [ "$st" != 0 ]; then sed -n '1,15p' "$d/rank$r.out" | grep -v "^rank $r: matrix" | sed 's/^/      /'; fi
+    done
+    RANK_PIDS=()
+    if [ "$bad" = 0 ] && [ "$killed" = 0 ]; then
+        pass "$what"
+    else
+        fail "$what: $bad of $NR ranks failed, $killed killed after $MATRIX_LIMIT s"
+    fi
+}
+
+# ---- a, c (3 + 1): 2 regions -------------------------------------------------
+
+echo "== 2 regions, 1 Gbit/s, 5 ms one-way"
+wan_up -r 2 --rate 1gbit --delay 5ms
+matrix "a. 2 regions x 2 ranks" 29501 "0 0 1 1"
+matrix "c. 3 + 1 ranks in 2 regions" 29502 "0 0 0 1"
+
+# ---- b, c (3 x 1): 3 regions -------------------------------------------------
+
+echo "== 3 regions, 1 Gbit/s, 5 ms one-way"
+wan_up -r 3 --rate 1gbit --delay 5ms
+matrix "b. 3 regions of 2 + 1 + 2 ranks" 29503 "0 0 1 2 2"
+matrix "c. 3 regions x 1 rank" 29504 "0 1 2"
+
+# ---- d: region 2 cut off mid-all-reduce -----------------------------------------
+
+echo "== 3 regions, 100 Mbit/s, 25 ms one-way; GEOCCL_TIMEOUT=$TIMEOUT_CUT; region 2 cut off after 4 s"
+wan_up -r 3 --rate 100mbit --delay 25ms
+d=$WORK/cut
+t0=$(now)
+start "$d" 29505 "$TIMEOUT_CUT" "0 0 1 1 2 2" loop 120 16777216
+sleep 4
+early=0
+for ((r = 0; r < NR; r++)); do [ -s "$d/rank$r.exit" ] && early=$((early + 1)); done
+# wan0 is region 2's only way out (a veth to the bridge); down, it drops
+# everything silently, both ways.
+ip netns exec "$NAME-r2" ip link set wan0 down
+tcut=$(now)
+echo "   region 2's wan0 down $(since "$t0" "$tcut") s after the start"
+finish_ranks "$d" "$(awk -v a="$tcut" 'BEGIN { printf "%.6f", a + 60 }')"
+killed=$?
+limit=$((TIMEOUT_CUT + 5))
+bad=0
+worst=0
+for ((r = 0; r < NR; r++)); do
+    read -r st te < "$d/rank$r.exit"
+    dt=$(since "$tcut" "$te")
+    worst=$(awk -v a="$worst" -v b="$dt" 'BEGIN { print (b > a) ? b : a }')
+    verdict=ok
+    if [ "$st" != 2 ]; then
+        verdict="status $st, expected 2"
+    elif ! awk -v x="$dt" -v l="$limit" 'BEGIN { exit !(x >= 0 && x <= l) }'; then
+        verdict="exited ${dt} s after the cut, limit $limit s"
+    fi
+    [ "$verdict" = ok ] || bad=$((bad + 1))
+    echo "   rank $r [r${REGION_OF[$r]}] status $st, ended ${dt} s after the cut: $verdict"
+    sed 's/^/      /' "$d/rank$r.out" | head -8
+done
+RANK_PIDS=()
+if [ "$bad" = 0 ] && [ "$killed" = 0 ] && [ "$early" = 0 ]; then
+    pass "d. cut-off: all $NR ranks exited 2 within ${worst} s of the cut (limit $limit s)"
+else
+    fail "d. cut-off: $bad of $NR ranks wrong, $killed killed 60 s after the cut, $early ended before it"
+fi
+
+"$WAN" down -n "$NAME" -q >/dev/null 2>&1
+finish
