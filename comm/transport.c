@@ -25,16 +25,23 @@ static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, si
     return comm->net->post(comm->net_state, req);
 }
 
-ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
-                         geoNetRequest *req)
+/* Statistics of a send; raw: its uncompressed size when it crosses the WAN
+ * (a compressed chunk's caller counts that itself and passes 0). */
+static void count_send(struct ncclComm *comm, int peer, size_t size, size_t raw)
 {
     if (comm->regions.region_of &&
         comm->regions.region_of[peer] != comm->regions.region_of[comm->rank]) {
         comm->stats.bytes_wan += size;
-        comm->stats.bytes_wan_raw += size; /* exact: as large as it is */
-    }
-    else
+        comm->stats.bytes_wan_raw += raw;
+    } else {
         comm->stats.bytes_intra += size;
+    }
+}
+
+ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                         geoNetRequest *req)
+{
+    count_send(comm, peer, size, size);
     return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
 }
 
@@ -47,13 +54,7 @@ ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size
 ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
                           geoNetRequest *req)
 {
-    /* Variable-length messages carry compressed chunks; the caller counts
-     * their uncompressed size in bytes_wan_raw. */
-    if (comm->regions.region_of &&
-        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank])
-        comm->stats.bytes_wan += size;
-    else
-        comm->stats.bytes_intra += size;
+    count_send(comm, peer, size, 0); /* compressed chunks: raw size counted by the caller */
     return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 1);
 }
 

@@ -12,26 +12,6 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
 
-packages=(build-essential autoconf automake libtool pkg-config libzstd-dev
-          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2)
-
-install_missing_packages() {
-    [ "$(id -u)" = 0 ] || return 0
-    command -v apt-get >/dev/null 2>&1 || return 0
-    command -v dpkg-query >/dev/null 2>&1 || return 0
-    local missing=() p
-    for p in "${packages[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-            missing+=("$p")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    echo "== installing ${missing[*]}"
-    if ! { apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; }; then
-        echo "warning: could not install ${missing[*]}; going on without them"
-    fi
-}
-
 # The closing line when the suite could not even start.
 fail_before_tests() {
     echo "== $1 failed"
@@ -39,7 +19,8 @@ fail_before_tests() {
     exit 1
 }
 
-install_missing_packages
+bash config/install-deps.sh ||
+    echo "warning: could not install every build package; going on with what is here"
 
 echo "== autogen"
 if ! ./autogen.sh > autogen.log 2>&1; then
