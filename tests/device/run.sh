@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+#
+# One prepared run for a lent GPU machine (one GPU, about 10 minutes, a fresh
+# Debian image with the CUDA toolkit and maybe NCCL, no network), from the
+# repository root of a copied working tree:
+#
+#   bash tests/device/run.sh
+#
+# With the device tool, carry the autotools output so that the full build
+# works where autoconf/automake/libtool are missing:
+#   carry: configure Makefile.in aclocal.m4 config.h.in build-aux m4
+# Without them (and without autotools there) only the direct build of the
+# codec check below runs.
+#
+# What it does, each stage under a "=== name ===" marker, within about
+# 8 minutes (later stages are skipped when time runs short):
+#   1. environment: the GPU (nvidia-smi), its compute capability, nvcc.
+#   2. packages: if build tools are missing and apt-get works, installs them;
+#      never fails the run (there is usually no network).
+#   3. codec check, direct build: nvcc compiles cuda/codec_kernels.cu for
+#      this GPU's architecture only, gcc the CPU codecs (compress/) and
+#      tests/device/codec_check.c; no autotools needed.
+#   4. codec check, run: GPU chunks vs CPU chunks byte for byte, residuals,
+#      decoders, corrupt chunks; then each kernel's throughput beside the
+#      GPU's memory bandwidth.
+#   5. full build: configure (--with-cuda-arch=<this GPU>, --without-X for
+#      packages that are missing) and make, if configure is there or
+#      autoreconf can make it.
+#   6. host tests: make check of everything but the emulated-WAN tests
+#      (tests needing a missing package skip with 77); the codec check runs
+#      there again in its quick form.  Stopped by the time budget, the stage
+#      is "incomplete" (not failed) unless a test failed.
+# The last line is the summary: "=== summary: ... ===", then
+# "N passed, N failed" (stages).  Exit 0 only when no stage failed.
+#
+# Output also goes to $OUT/device-run.log when OUT is set (the device tool
+# fetches $OUT), written as it goes so a timeout still leaves it.
+#
+set -uo pipefail
+
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$(pwd)
+START=$(date +%s)
+BUDGET=${GEOCCL_DEVICE_BUDGET:-470} # seconds for the whole run
+BUILD=$ROOT/build-device
+mkdir -p "$BUILD"
+
+if [ -n "${OUT:-}" ] && mkdir -p "$OUT" 2>/dev/null; then
+    LOG=$OUT/device-run.log
+else
+    LOG=$BUILD/device-run.log
+fi
+: > "$LOG"
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET - $(elapsed))); }
+section() { echo; echo "=== $1 === (t=$(elapsed)s)"; }
+
+STAGES_PASSED=0
+STAGES_FAILED=0
+SUMMARY=()
+stage_result() { # name status text
+    case $2 in
+        pass) STAGES_PASSED=$((STAGES_PASSED + 1)) ;;
+        fail) STAGES_FAILED=$((STAGES_FAILED + 1)) ;;
+    esac
+    SUMMARY+=("$1: $2${3:+ ($3)}")
+}
+
+NPROC=$(nproc 2>/dev/null || echo 4)
+
+# ---------------------------------------------------------------------------
+section "environment"
+echo "host $(hostname), $(uname -sr), $NPROC CPUs, tree $ROOT"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=${NVCC:-}
+if [ -z "$NVCC" ]; then
+    if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+        NVCC=$CUDA_HOME/bin/nvcc
+    elif command -v nvcc >/dev/null 2>&1; then
+        NVCC=$(command -v nvcc)
+        CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+    fi
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory,compute_cap \
+        --format=csv 2>&1 | sed 's/^/  /'
+else
+    echo "  nvidia-smi: not found"
+fi
+ARCH=
+if command -v nvidia-smi >/dev/null 2>&1; then
+    ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+           head -n1 | tr -d ' .')
+fi
+case $ARCH in
+    [0-9][0-9]|[0-9][0-9][0-9]) ;;
+    *) ARCH= ;;
+esac
+if [ -n "$NVCC" ]; then
+    echo "  nvcc: $NVCC ($("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+else
+    echo "  nvcc: not found"
+fi
+echo "  GPU architecture: ${ARCH:-unknown (nvcc -arch=native)}"
+for t in gcc g++ make autoreconf pkg-config; do
+    printf '  %-11s %s\n' "$t" "$(command -v $t || echo missing)"
+done
+
+# ---------------------------------------------------------------------------
+section "packages"
+have_header() { echo "#include <$1>" | gcc -E -x c - >/dev/null 2>&1; }
+want=()
+command -v autoreconf >/dev/null 2>&1 || [ -x "$ROOT/configure" ] || want+=(autoconf automake libtool)
+command -v pkg-config >/dev/null 2>&1 || want+=(pkg-config)
+have_header zstd.h || want+=(libzstd-dev)
+have_header CUnit/CUnit.h || want+=(libcunit1-dev)
+if [ ${#want[@]} -eq 0 ]; then
+    echo "  nothing missing"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "  missing: ${want[*]}; trying apt-get (no network is normal here)"
+    if timeout 40 apt-get update -qq >/dev/null 2>&1 &&
+       DEBIAN_FRONTEND=noninteractive timeout 120 apt-get install -y -qq \
+           --no-install-recommends "${want[@]}" >/dev/null 2>&1; then
+        echo "  installed"
+    else
+        echo "  apt-get did not work; going on without: ${want[*]}"
+    fi
+else
+    echo "  missing: ${want[*]} (no apt-get as root; going on without)"
+fi
+
+# ---------------------------------------------------------------------------
+section "codec check: direct build"
+DIRECT=$BUILD/direct
+mkdir -p "$DIRECT"
+ARCHFLAGS="-arch=native"
+[ -n "$ARCH" ] && ARCHFLAGS="-gencode=arch=compute_$ARCH,code=sm_$ARCH"
+ZSTD_DEF="" ZSTD_LIB=""
+if have_header zstd.h && echo 'int main(void){return 0;}' |
+       gcc -x c - -lzstd -o "$DIRECT/zt" >/dev/null 2>&1; then
+    ZSTD_DEF="#define HAVE_ZSTD 1"
+    ZSTD_LIB="-lzstd"
+fi
+cat > "$DIRECT/config.h" <<EOF
+/* Minimal config.h for the direct build of tests/device/codec_check. */
+#define HAVE_CUDA 1
+$ZSTD_DEF
+EOF
+CHECK_BIN=
+direct_build() {
+    [ -n "$NVCC" ] || { echo "no nvcc"; return 1; }
+    local inc="-I$DIRECT -I$ROOT/include -I$ROOT"
+    echo "  nvcc $ARCHFLAGS cuda/codec_kernels.cu"
+    "$NVCC" -O3 $ARCHFLAGS -DHAVE_CONFIG_H $inc -Xcompiler -fPIC \
+        -c "$ROOT/cuda/codec_kernels.cu" -o "$DIRECT/codec_kernels.o" &
+    local nv=$!
+    local objs=() f ok=0
+    for f in "$ROOT"/compress/codec*.c "$ROOT/tests/device/codec_check.c"; do
+        local o
+        o=$DIRECT/$(basename "$f" .c).o
+        gcc -std=gnu11 -O2 -g -Wall -Wextra -DHAVE_CONFIG_H $inc -I"$CUDA_HOME/include" \
+            -c "$f" -o "$o" || ok=1
+        objs+=("$o")
+    done
+    wait $nv || ok=1
+    [ $ok = 0 ] || return 1
+    local libdir=$CUDA_HOME/lib64
+    [ -d "$libdir" ] || libdir=$CUDA_HOME/lib
+    gcc -o "$DIRECT/codec_check" "${objs[@]}" "$DIRECT/codec_kernels.o" \
+        -L"$libdir" -Wl,-rpath,"$libdir" -lcudart -lstdc++ $ZSTD_LIB -lm
+}
+if direct_build; then
+    CHECK_BIN=$DIRECT/codec_check
+    echo "  built $CHECK_BIN"
+    stage_result "direct build" pass
+else
+    echo "  direct build failed"
+    stage_result "direct build" fail
+fi
+
+# ---------------------------------------------------------------------------
+section "codec check: GPU vs CPU, throughput"
+if [ -n "$CHECK_BIN" ]; then
+    t=$(left)
+    [ "$t" -gt 240 ] && t=240
+    [ "$t" -lt 30 ] && t=30
+    timeout "$t" "$CHECK_BIN"
+    rc=$?
+    case $rc in
+        0) stage_result "codec_check" pass "$(grep -a 'codec_check: .* passed' "$LOG" | tail -n1 | sed 's/codec_check: //')" ;;
+        77) stage_result "codec_check" skip "no GPU visible" ;;
+        124) stage_result "codec_check" fail "timed out after ${t}s" ;;
+        *) stage_result "codec_check" fail "exit $rc" ;;
+    esac
+else
+    stage_result "codec_check" skip "not built"
+fi
+
+# ---------------------------------------------------------------------------
+section "full build"
+FULL_OK=0
+full_build() {
+    if [ ! -x "$ROOT/configure" ]; then
+        command -v autoreconf >/dev/null 2>&1 || { echo "  no configure and no autoreconf: skipped"; return 2; }
+        (cd "$ROOT" && ./autogen.sh >"$BUILD/autogen.log" 2>&1) ||
+            { echo "  autogen.sh failed (see $BUILD/autogen.log)"; tail -5 "$BUILD/autogen.log"; return 1; }
+    fi
+    local opts=(--with-cuda="$CUDA_HOME")
+    [ -n "$ARCH" ] && opts+=(--with-cuda-arch="$ARCH")
+    have_header zstd.h || opts+=(--without-zstd)
+    have_header CUnit/CUnit.h || opts+=(--without-cunit)
+    have_header infiniband/verbs.h || opts+=(--without-ibverbs)
+    command -v mpicc >/dev/null 2>&1 || opts+=(--without-mpi)
+    echo "  configure ${opts[*]}"
+    local obj=$BUILD/full
+    mkdir -p "$obj"
+    (cd "$obj" && "$ROOT/configure" "${opts[@]}" >configure.out 2>&1) ||
+        { echo "  configure failed:"; tail -20 "$obj/configure.out"; return 1; }
+    sed -n '/configuration summary/,$p' "$obj/configure.out" | sed 's/^/  /'
+    local t
+    t=$(left)
+    [ "$t" -gt 200 ] && t=200
+    timeout "$t" make -C "$obj" -j"$NPROC" >"$obj/make.out" 2>&1 ||
+        { echo "  make failed:"; grep -E "error|Error" "$obj/make.out" | head -20; tail -5 "$obj/make.out"; return 1; }
+    echo "  make: ok ($(grep -ci warning "$obj/make.out") warning lines)"
+    return 0
+}
+if [ "$(left)" -lt 150 ]; then
+    echo "  skipped: $(left)s left"
+    stage_result "full build" skip "no time left"
+else
+    full_build
+    case $? in
+        0) FULL_OK=1; stage_result "full build" pass ;;
+        2) stage_result "full build" skip "no autotools output" ;;
+        *) stage_result "full build" fail ;;
+    esac
+fi
+
+# ---------------------------------------------------------------------------
+section "host tests"
+if [ $FULL_OK = 1 ] && [ "$(left)" -gt 45 ]; then
+    obj=$BUILD/full
+    t=$(($(left) - 15))
+    [ "$t" -gt 200 ] && t=200
+    # Every test of make check but the emulated-WAN ones (network namespaces,
+    # minutes, nothing to do with the GPU).
+    printf 'geoccl-print-tests:\n\t@echo $(TESTS)\n' > "$obj/print-tests.mk"
+    tests=$(make -s -C "$obj" -f Makefile -f print-tests.mk geoccl-print-tests 2>/dev/null |
+            tr ' ' '\n' | grep -v '^tests/wan/' | tr '\n' ' ')
+    echo "  make check TESTS=\"$tests\""
+    # The codec check already ran in full above: quick form here.
+    GEOCCL_CODEC_CHECK_ARGS="--quick --no-perf" timeout "$t" \
+        make -C "$obj" -j"$NPROC" check TESTS="$tests" >"$obj/check.out" 2>&1
+    rc=$?
+    grep -E "^(PASS|FAIL|SKIP|XFAIL|XPASS|ERROR):" "$obj/check.out" | sed 's/^/  /'
+    for f in $(grep -E "^(FAIL|ERROR):" "$obj/check.out" | awk '{print $2}'); do
+        echo "  --- $f.log (tail)"
+        tail -n 15 "$obj/$f.log" 2>/dev/null | sed 's/^/    /'
+    done
+    npass=$(grep -cE "^(PASS|XFAIL):" "$obj/check.out")
+    nskip=$(grep -cE "^SKIP:" "$obj/check.out")
+    nfail=$(grep -cE "^(FAIL|XPASS|ERROR):" "$obj/check.out")
+    counts="$npass pass, $nskip skip, $nfail fail"
+    if [ "$nfail" -gt 0 ]; then
+        stage_result "host tests" fail "$counts"
+    elif [ $rc = 124 ]; then
+        stage_result "host tests" incomplete "$counts; stopped after ${t}s"
+    elif [ $rc = 0 ]; then
+        stage_result "host tests" pass "$counts"
+    else
+        stage_result "host tests" fail "$counts; make check exit $rc"
+    fi
+else
+    echo "  skipped (full build: $FULL_OK, $(left)s left)"
+    stage_result "host tests" skip "no full build or no time"
+fi
+
+# ---------------------------------------------------------------------------
+section "summary"
+for s in "${SUMMARY[@]}"; do
+    echo "  $s"
+done
+echo "=== summary: $(IFS=';'; echo "${SUMMARY[*]}" | sed 's/;/; /g'); $(elapsed)s ==="
+echo "$STAGES_PASSED passed, $STAGES_FAILED failed"
+status=0
+[ $STAGES_FAILED = 0 ] || status=1
+# Let tee write the last lines before the device tool collects $OUT.
+exec 1>&- 2>&-
+wait "$TEE_PID" 2>/dev/null || sleep 1
+exit $status
