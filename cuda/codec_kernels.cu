@@ -9,7 +9,8 @@
  *     below, which are single PTX instructions with an explicit rounding
  *     mode and no .ftz: never contracted into an FMA, subnormals kept,
  *     whatever -fmad/-ftz/--use_fast_math say.  Every other test on a
- *     float is done on its bits.
+ *     float is done on its bits.  NaN results that reach bytes get the
+ *     bits the CPU reference gets (the *N helpers).
  *   - Reductions whose result depends on order are done in the CPU's
  *     order: absmax is a max of integers (any order); the sign codec's
  *     block sum is codec.h's 32-lane order, which is one warp: lane l adds
@@ -25,10 +26,12 @@
  *   int8, int4              one team per quantisation block: a warp when the
  *                           block has <= 2048 elements (8 teams per CUDA
  *                           block), else the whole CUDA block.  Pass 1 reads
- *                           v and reduces absmax; pass 2 re-reads v (cache),
- *                           quantises, writes values and the residual.
+ *                           v and reduces absmax; pass 2 quantises v kept in
+ *                           registers (one group per thread: B <= 256) or
+ *                           read again (cache), writes values and residual.
  *   sign                    one warp per quantisation block (the order of the
- *                           sum is fixed to 32 lanes); ballot builds the bits.
+ *                           sum is fixed to 32 lanes); ballot builds the bits;
+ *                           B <= 256 keeps v in registers for the residual.
  *   topk                    histogram passes + find kernels, a per-tile count,
  *                           a scan of the tile counts, and the write pass.
  *   decoders                one thread per group of 8 elements, grid-stride;
@@ -36,9 +39,15 @@
  *                           writes anything (topk: one kernel checks header and
  *                           indices first, the writers read its verdict).
  *
+ * Host side: the public functions check the arguments every codec shares,
+ * build the header on the host (it reaches the device as a kernel argument,
+ * so no host buffer has to outlive the call) and dispatch through
+ * gpuCodecs[], a table of per-codec operations indexed by geoCodecId.
+ *
  * Built by nvcc for the library, or (GEO_CUDA_EMU) as plain C++ against
- * tests/device/cuda_emu.h, which runs the same kernels on the CPU so that
- * their indexing is tested where no GPU is.
+ * tests/device/cuda_emu_device.h, which runs the same kernels on the CPU so
+ * that their indexing, bounds, barriers and warp logic are tested by make
+ * check where no GPU is.
  */
 #ifdef GEO_CUDA_EMU
 /* The emulation switches stacks with _longjmp, which the checked longjmp

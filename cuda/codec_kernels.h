@@ -35,11 +35,17 @@
  * On an error, *why (when why is not NULL) names the failed check or the
  * CUDA error, a static string for the caller's log line.
  *
- * Building: the kernels must be compiled without flush-to-zero or fast
- * math changes to their arithmetic.  The arithmetic that defines the bytes
- * is written with PTX instructions whose rounding and subnormal handling
- * are explicit (add.rn, mul.rn, div.rn, cvt without .ftz), so -ftz=true,
- * -fmad=true or --use_fast_math in NVCCFLAGS do not change the chunks.
+ * Exactness: the arithmetic that defines the bytes is written with PTX
+ * instructions whose rounding and subnormal handling are explicit (add.rn,
+ * mul.rn, div.rn, cvt without .ftz), so -ftz=true, -fmad=true or
+ * --use_fast_math in NVCCFLAGS do not change the chunks.  NaNs: IEEE 754
+ * does not fix a NaN result's bits; where one reaches a chunk or a decoded
+ * value the kernels reproduce what the CPU reference gives on x86-64 (the
+ * NaN operand, quieted; 0xFFC00000 for an invalid operation such as
+ * 0 * inf).  One exception: a sign block containing a NaN gets the scale
+ * 0x7FC00000, because the CPU's NaN there depends on how its compiler
+ * vectorised the sum (both are NaN; tests/device/codec_check.c reports
+ * such chunks separately).
  */
 #ifndef GEOCCL_CUDA_CODEC_KERNELS_H_
 #define GEOCCL_CUDA_CODEC_KERNELS_H_
