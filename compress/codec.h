@@ -140,7 +140,8 @@ typedef enum {
     GEO_CODEC_BF16 = 3,     /* float32 -> bfloat16, nearest even */
     GEO_CODEC_INT8 = 4,     /* per-block absmax scale, 8-bit */
     GEO_CODEC_INT4 = 5,     /* per-block absmax scale, 4-bit */
-    GEO_CODEC_SIGN = 6,     /* 1 bit per element, per-block mean |x| */
+    GEO_CODEC_SIGN = 6,     /* 1 bit per element, per-block mean |x|; a NaN
+                               mean is stored as 0x7FC00000 */
     GEO_CODEC_TOPK = 7,     /* fraction k largest by magnitude */
     GEO_CODEC_COUNT = 8,    /* number of codecs (size of geoCodecs[]) */
     GEO_CODEC_AUTO = 9      /* not a codec: geoCodecParse("auto") returns it;

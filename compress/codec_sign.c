@@ -82,6 +82,10 @@ ncclResult_t codecSignEncode(const void *src, size_t count, ncclDataType_t dtype
             v = residual + start;
         }
         float scale = blockAbsSum(v, n) / (float)n;
+        /* One NaN for every compiler and device: a vectorised sum keeps
+         * whichever NaN payload its operand order picked. */
+        if (scale != scale)
+            scale = codecU2F(0x7FC00000u);
         codecStF(scales + 4 * b, scale);
         /* Blocks start on a byte (block % 8 == 0); only the chunk's last
          * byte may be partial. */
