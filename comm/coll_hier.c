@@ -431,6 +431,12 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
                         op->count, comm->ef.maxBytes);
             }
         }
+        /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
+         * first trip (see the parameter's help). */
+        if (comm->ef_mode == 2)
+            hc->ef1 = NULL;
+        else if (comm->ef_mode == 3)
+            hc->ef2 = NULL;
         if (geoEfTakeEvictionNotice(&comm->ef))
             geoInfo(GEO_LOG_COMPRESS, "error feedback: GEOCCL_EF_MAX_BYTES=%zu reached; least "
                     "recently used residuals are dropped (%llu so far)", comm->ef.maxBytes,

@@ -93,7 +93,8 @@ struct ncclComm {
     /* Compression between regions (GEOCCL_COMPRESS, geocclCommSetCompression). */
     geoCodecId codec;
     geoCodecParams codec_params;
-    int ef_enabled;             /* GEOCCL_EF */
+    int ef_enabled;             /* GEOCCL_EF != 0 */
+    int ef_mode;                /* GEOCCL_EF: 1 both trips, 2 return only, 3 first only */
     geoEfStore ef;
     int compress_fallback_noted;
     int ef_full_noted;

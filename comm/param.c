@@ -47,7 +47,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                             "codec between regions: none, lossless, fp16, bf16, int8, int4, "
                             "sign, topk:<k>; lossy ones only on float sum/avg"},
     [GEO_PARAM_EF] = {"GEOCCL_EF", GEO_PARAM_INT, "1",
-                      "error feedback for lossy codecs (1 on, 0 off)"},
+                      "error feedback for lossy codecs: 1 both trips, 0 off, 2 only the "
+                      "return trip (measured best for sign), 3 only the first trip"},
     [GEO_PARAM_EF_MAX_BYTES] = {"GEOCCL_EF_MAX_BYTES", GEO_PARAM_INT, "1G",
                                 "bound on error-feedback residuals per communicator; least "
                                 "recently used ones are dropped beyond it"},
