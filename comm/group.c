@@ -26,7 +26,6 @@ typedef struct geoInitJob {
 static __thread int group_depth;
 static __thread geoOp *group_ops, *group_ops_tail;
 static __thread geoInitJob *group_inits;
-static __thread ncclResult_t group_error; /* an error inside the group */
 
 int geoGroupActive(void) { return group_depth > 0; }
 
@@ -91,6 +90,7 @@ typedef struct {
     geoOp *p2p, *colls;
     ncclResult_t res;
     pthread_t thread;
+    int started;
 } commWork;
 
 static void *comm_work_main(void *arg)
@@ -158,10 +158,8 @@ ncclResult_t ncclGroupEnd(void)
 
     geoInitJob *inits = group_inits;
     geoOp *ops = group_ops;
-    ncclResult_t pending = group_error;
     group_inits = NULL;
     group_ops = group_ops_tail = NULL;
-    group_error = ncclSuccess;
 
     if (inits) {
         res = run_inits(inits);
@@ -227,12 +225,15 @@ ncclResult_t ncclGroupEnd(void)
                 work[0].res = geoRunCommOps(work[0].comm, work[0].p2p, work[0].colls);
             } else {
                 for (int k = 0; k < ncomm; k++)
-                    if (pthread_create(&work[k].thread, NULL, comm_work_main, &work[k]) != 0)
-                        work[k].res = geoRunCommOps(work[k].comm, work[k].p2p, work[k].colls);
-                    else
-                        work[k].thread = work[k].thread;
+                    work[k].started =
+                        pthread_create(&work[k].thread, NULL, comm_work_main, &work[k]) == 0;
+                /* A communicator whose thread could not start runs here. */
                 for (int k = 0; k < ncomm; k++)
-                    pthread_join(work[k].thread, NULL);
+                    if (!work[k].started)
+                        work[k].res = geoRunCommOps(work[k].comm, work[k].p2p, work[k].colls);
+                for (int k = 0; k < ncomm; k++)
+                    if (work[k].started)
+                        pthread_join(work[k].thread, NULL);
             }
             for (int k = 0; k < ncomm; k++)
                 if (work[k].res != ncclSuccess && res == ncclSuccess)
@@ -247,8 +248,6 @@ ncclResult_t ncclGroupEnd(void)
     }
     free(work);
     free_list(ops);
-    if (res == ncclSuccess && pending != ncclSuccess)
-        res = pending;
     return res;
 }
 
@@ -263,7 +262,6 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
         group_inits = n;
     }
     group_depth = 0;
-    group_error = ncclSuccess;
     GEO_RETURN_IF(simInfo == NULL || simInfo->magic != NCCL_SIM_INFO_MAGIC, ncclInvalidArgument,
                   "ncclGroupSimulateEnd: simInfo must start from NCCL_SIM_INFO_INITIALIZER");
     GEO_RETURN_IF(1, ncclInvalidUsage,

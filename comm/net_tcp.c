@@ -612,7 +612,6 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
     ncclResult_t res = ncclSuccess;
     pthread_t acc;
     acceptArgs a;
-    int64_t bufsize = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
 
     st->nstreams = comm->nstreams;
     st->peers = calloc((size_t)comm->nranks, sizeof(tcpPeer));
@@ -649,7 +648,7 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
 
     for (int p = 0; p < comm->nranks; p++)
         for (int s = 0; s < st->nstreams && p != comm->rank; s++) {
-            geoSocketTune(st->peers[p].conns[s].fd, bufsize);
+            geoSocketTune(st->peers[p].conns[s].fd);
             geoSocketSetNonBlocking(st->peers[p].conns[s].fd, 1);
         }
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

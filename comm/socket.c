@@ -121,12 +121,11 @@ static void pre_tune(int fd)
                 (long long)bufsize, (long long)rmax, (long long)wmax);
 }
 
-void geoSocketTune(int fd, int64_t bufsize)
+void geoSocketTune(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    (void)bufsize; /* applied before connect/listen: pre_tune() */
 }
 
 ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound)

@@ -42,9 +42,9 @@ ncclResult_t geoSocketSendAll(int fd, const void *buf, size_t len, double deadli
                               const char **why);
 ncclResult_t geoSocketRecvAll(int fd, void *buf, size_t len, double deadline,
                               const char **why);
-/* TCP_NODELAY, keepalive and, when bufsize > 0 and allowed by
- * net.core.{r,w}mem_max, SO_SNDBUF/SO_RCVBUF of bufsize. */
-void geoSocketTune(int fd, int64_t bufsize);
+/* TCP_NODELAY and keepalive on a connected socket (buffer sizes, from
+ * GEOCCL_SOCKET_BUFSIZE, are set before connect/listen). */
+void geoSocketTune(int fd);
 int geoSocketSetNonBlocking(int fd, int on);
 
 #endif
