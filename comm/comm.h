@@ -14,7 +14,9 @@
 #include "comm/transport.h"
 #include "compress/codec.h"
 #include "compress/ef.h"
+#include "comm/probe.h"
 #include "topology/regions.h"
+#include "topology/topofile.h"
 
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
 #define GEO_MAX_REDOPS 64
@@ -28,6 +30,7 @@ typedef struct {
     int32_t nstreams;           /* rank 0's value is used by all */
     int64_t chunk_size;         /* rank 0's value is used by all */
     char region[TOPO_REGION_LABEL_LEN]; /* GEOCCL_REGION or topology file; "" */
+    int32_t probe;              /* GEOCCL_PROBE; rank 0's value is used by all */
 } geoPeerInfo;
 
 /* Per-communicator statistics (geocclCommGetStats). */
@@ -89,6 +92,10 @@ struct ncclComm {
     size_t hier_slice;          /* bytes per hierarchical slice */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
+    geoTopo topo;               /* what the probe measured (probe.h) */
+    topoFile topo_file;         /* GEOCCL_TOPO_FILE as loaded */
+    int topo_file_loaded;
+    int topo_file_missing;      /* GEOCCL_TOPO_FILE names no file: rank 0 writes it */
 
     /* Compression between regions (GEOCCL_COMPRESS, geocclCommSetCompression). */
     geoCodecId codec;
@@ -117,6 +124,9 @@ ncclResult_t geoCommAsyncError(struct ncclComm *comm);
 /* Compression settings from the environment (init) or geoccl.h. */
 void geoCommCompressionInit(struct ncclComm *comm);
 ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec);
+
+/* (Re)build the region map and rings from comm->peers[].region. */
+ncclResult_t geoCommBuildRegions(struct ncclComm *comm);
 
 /* Bootstrap-level helpers used by split/shrink. */
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,

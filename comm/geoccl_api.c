@@ -5,6 +5,8 @@
 #include "comm/comm.h"
 #include "comm/param.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 int geocclParamCount(void) { return GEO_PARAM_COUNT; }
@@ -102,5 +104,101 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetErrorFeedback") != ncclSuccess,
                   ncclInvalidArgument, "geocclCommResetErrorFeedback: NULL or dead comm");
     geoEfReset(&comm->ef);
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetTopology") != ncclSuccess || topo == NULL,
+                  ncclInvalidArgument, "geocclCommGetTopology: NULL or dead comm, or NULL topo");
+    const geoTopo *t = &comm->topo;
+    memset(topo, 0, sizeof(*topo));
+    topo->nnodes = t->nnodes;
+    topo->nregions = comm->regions.nregions;
+    topo->rttMeasured = t->rtt_measured;
+    topo->regionsMeasured = t->regions_measured;
+    topo->bwMeasured = t->bw_measured;
+    topo->fromFile = t->from_file;
+    topo->rttCutMs = t->cut * 1e3;
+    topo->streamsNeeded = t->streams_needed;
+    topo->windowBytes = t->window_bytes;
+    topo->secProbe = t->t_total;
+    topo->secRtt = t->t_rtt;
+    topo->secBw = t->t_bw;
+    topo->secWait = t->t_wait;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
+                               int *region)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetNode") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetNode: NULL or dead comm");
+    const geoTopo *t = &comm->topo;
+    GEO_RETURN_IF(node < 0 || node >= t->nnodes, ncclInvalidArgument,
+                  "geocclCommGetNode: node %d outside [0, %d)", node, t->nnodes);
+    if (addr)
+        *addr = t->node_addr[node];
+    if (leaderRank)
+        *leaderRank = t->leader[node];
+    if (region)
+        *region = comm->regions.region_of[t->leader[node]];
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetRtt(ncclComm_t comm, double *rttMs)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetRtt") != ncclSuccess || rttMs == NULL,
+                  ncclInvalidArgument, "geocclCommGetRtt: NULL or dead comm, or NULL rttMs");
+    const geoTopo *t = &comm->topo;
+    GEO_RETURN_IF(!t->rtt_measured, ncclInvalidUsage,
+                  "geocclCommGetRtt: no round trips were measured (one node, labels given "
+                  "with GEOCCL_PROBE=1, or GEOCCL_PROBE=0)");
+    for (int i = 0; i < t->nnodes * t->nnodes; i++)
+        rttMs[i] = t->rtt[i] >= 0 ? t->rtt[i] * 1e3 : -1;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
+                                double *egressMbit, double *onewayMs)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetLinks") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetLinks: NULL or dead comm");
+    const geoTopo *t = &comm->topo;
+    int R = comm->regions.nregions;
+    for (int i = 0; i < R; i++) {
+        for (int j = 0; j < R; j++) {
+            if (bwMbit)
+                bwMbit[i * R + j] = t->bw ? t->bw[i * R + j] * 8e-6 : 0;
+            if (rttMs)
+                rttMs[i * R + j] = t->region_rtt && t->region_rtt[i * R + j] >= 0
+                                       ? t->region_rtt[i * R + j] * 1e3
+                                       : -1;
+        }
+        if (egressMbit)
+            egressMbit[i] = t->egress ? t->egress[i] * 8e-6 : 0;
+        if (onewayMs)
+            onewayMs[i] = t->oneway ? t->oneway[i] * 1e3 : 0;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommWriteTopology") != ncclSuccess || path == NULL,
+                  ncclInvalidArgument, "geocclCommWriteTopology: NULL or dead comm, or NULL "
+                  "path");
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        geoCommSetError(comm, "geocclCommWriteTopology: cannot open %s: %s", path,
+                        strerror(errno));
+        return ncclSystemError;
+    }
+    int bad = geoTopoWrite(comm, f);
+    if (fclose(f) != 0 || bad) {
+        geoCommSetError(comm, "geocclCommWriteTopology: cannot write %s: %s", path,
+                        strerror(errno));
+        return ncclSystemError;
+    }
     return ncclSuccess;
 }

@@ -12,6 +12,7 @@
 #include "topology/topofile.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <strings.h>
 
 #include <stdio.h>
@@ -196,6 +197,9 @@ static void comm_free(struct ncclComm *comm)
     ring_free(&comm->region_ring);
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
+    geoTopoFree(&comm->topo);
+    if (comm->topo_file_loaded)
+        topoFileFree(&comm->topo_file);
     if (comm->net && comm->net_state)
         comm->net->destroy(comm->net_state);
     comm->net_state = NULL;
@@ -221,32 +225,42 @@ static ncclResult_t my_region(struct ncclComm *comm, const geoSockAddr *addr, co
             return ncclInvalidUsage;
         }
         snprintf(out, TOPO_REGION_LABEL_LEN, "%s", label);
-        return ncclSuccess;
     }
     if (path) {
-        topoFile tf;
         char err[512], ip[INET6_ADDRSTRLEN] = "";
-        if (topoFileLoad(path, &tf, err, sizeof(err)) != 0) {
+        if (access(path, F_OK) != 0 && errno == ENOENT) {
+            /* Not there yet: the probe measures, and rank 0 writes it. */
+            comm->topo_file_missing = 1;
+            geoInfo(GEO_LOG_TOPO, "topology file %s does not exist: probing, rank 0 will "
+                    "write it", path);
+            return ncclSuccess;
+        }
+        if (topoFileLoad(path, &comm->topo_file, err, sizeof(err)) != 0) {
             geoCommSetError(comm, "init: %s", err);
             return ncclInvalidUsage;
         }
+        comm->topo_file_loaded = 1;
+        if (label)
+            return ncclSuccess;
         if (addr->sa.sa_family == AF_INET6)
             inet_ntop(AF_INET6, &addr->sin6.sin6_addr, ip, sizeof(ip));
         else
             inet_ntop(AF_INET, &addr->sin.sin_addr, ip, sizeof(ip));
-        const char *r = topoFileRegionFor(&tf, comm->rank, ip, host);
+        const char *r = topoFileRegionFor(&comm->topo_file, comm->rank, ip, host);
         if (r)
             snprintf(out, TOPO_REGION_LABEL_LEN, "%s", r);
         else
             geoInfo(GEO_LOG_TOPO, "topology file %s does not place rank %d (%s, %s): default "
                     "region", path, comm->rank, ip, host);
-        topoFileFree(&tf);
     }
     return ncclSuccess;
 }
 
-static ncclResult_t build_rings(struct ncclComm *comm)
+ncclResult_t geoCommBuildRegions(struct ncclComm *comm)
 {
+    ring_free(&comm->ring);
+    ring_free(&comm->region_ring);
+    topoRegionMapFree(&comm->regions);
     char (*labels)[TOPO_REGION_LABEL_LEN] = calloc((size_t)comm->nranks, sizeof(*labels));
     if (labels == NULL)
         goto oom;
@@ -296,6 +310,30 @@ oom:
     return ncclSystemError;
 }
 
+/* Cache what the probe found where GEOCCL_TOPO_FILE points (rank 0).  A
+ * failure to write is logged, not fatal: the communicator works. */
+static void write_topo_file(struct ncclComm *comm)
+{
+    const char *path = geoParamStrLive(GEO_PARAM_TOPO_FILE);
+    char tmp[4096];
+    if (path == NULL || snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid()) >=
+                            (int)sizeof(tmp))
+        return;
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) {
+        geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", tmp, strerror(errno));
+        return;
+    }
+    int bad = geoTopoWrite(comm, f);
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+        geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return;
+    }
+    geoInfo(GEO_LOG_TOPO, "wrote topology file %s: the next start loads it and skips the probe",
+            path);
+}
+
 /* Everything after the handle exists: bootstrap and connect. */
 static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInternal *id,
                                  int allow_env_root)
@@ -335,6 +373,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.pid = (int32_t)getpid();
     mine.nstreams = comm->nstreams;
     mine.chunk_size = (int64_t)comm->chunk_size;
+    mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
     GEO_CHECK(my_region(comm, &addr, mine.host, mine.region));
     comm->peers = calloc((size_t)comm->nranks, sizeof(geoPeerInfo));
     if (comm->peers == NULL) {
@@ -347,10 +386,13 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     /* Every rank uses rank 0's stream count and chunk size. */
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
-    GEO_CHECK(build_rings(comm));
+    GEO_CHECK(geoCommBuildRegions(comm));
     res = comm->net->connect(comm, comm->net_state);
     if (res != ncclSuccess)
         return res;
+    GEO_CHECK(geoProbeRun(comm));
+    if (comm->topo_file_missing && comm->rank == 0)
+        write_topo_file(comm);
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net->name, comm->nstreams,

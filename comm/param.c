@@ -35,7 +35,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
                           "this process's region label (wins over the topology file)"},
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,
-                             "topology file mapping ranks/hosts to regions, with link rates"},
+                             "topology file mapping ranks/hosts to regions, with link rates; when "
+                             "the file does not exist, rank 0 writes what the probe found "
+                             "there, and the next start loads it instead of probing"},
     [GEO_PARAM_ALGO] = {"GEOCCL_ALGO", GEO_PARAM_STR, "auto",
                         "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)"},
     [GEO_PARAM_HIER_SLICE] = {"GEOCCL_HIER_SLICE", GEO_PARAM_INT, "4M",
@@ -57,6 +59,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_COMPRESS_STOCHASTIC] = {"GEOCCL_COMPRESS_STOCHASTIC", GEO_PARAM_INT, "0",
                                        "int8/int4: 0 rounds to nearest; any other value is the "
                                        "seed of reproducible stochastic rounding"},
+    [GEO_PARAM_PROBE] = {"GEOCCL_PROBE", GEO_PARAM_INT, "1",
+                         "topology probe at init: 1 finds regions by RTT when no labels are "
+                         "given and measures WAN bandwidth unless a topology file gives it; "
+                         "2 always measures; 0 never"},
+    [GEO_PARAM_PROBE_ROUNDS] = {"GEOCCL_PROBE_ROUNDS", GEO_PARAM_INT, "5",
+                                "round trips per node pair in the probe (the minimum is kept)"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

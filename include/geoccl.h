@@ -85,6 +85,54 @@ ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name);
  * INFO). */
 ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
 
+/* What the topology probe found at init (see geoccl-probe).  Nodes are
+ * the distinct listening addresses of the ranks; regions as in
+ * geocclCommGetRegion. */
+typedef struct {
+    int nnodes;
+    int nregions;
+    int rttMeasured;       /* round trips between node leaders were measured */
+    int regionsMeasured;   /* the regions came from those RTTs (no labels) */
+    int bwMeasured;        /* bandwidth between regions was measured */
+    int fromFile;          /* link rates came from GEOCCL_TOPO_FILE */
+    double rttCutMs;       /* RTT that separated regions (0: one region) */
+    int streamsNeeded;     /* TCP streams per WAN pair to fill the links */
+    double windowBytes;    /* largest window one TCP stream may reach here */
+    double secProbe;       /* time the probe took at init once every node had arrived, */
+    double secRtt;         /* and its parts */
+    double secBw;
+    double secWait;        /* time this rank waited before that for slower peers */
+} geocclTopology;
+
+/* [out] topo.  ncclInvalidArgument for a NULL/dead comm or NULL topo. */
+ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo);
+
+/* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
+ * lives), [out] leaderRank (its lowest rank), [out] region.  Any output may
+ * be NULL.  ncclInvalidArgument for a bad comm or index. */
+ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
+                               int *region);
+
+/* [out] rttMs: nnodes x nnodes round-trip times in ms, row-major (minimum
+ * of the samples; -1 where not measured).  ncclInvalidArgument for a bad
+ * comm or NULL rttMs; ncclInvalidUsage when no RTT was measured. */
+ncclResult_t geocclCommGetRtt(ncclComm_t comm, double *rttMs);
+
+/* Links between regions, each output nregions x nregions row-major or
+ * nregions long, any may be NULL: [out] bwMbit: rate measured from region i
+ * to j while every region sent to every other at once (0 unknown);
+ * [out] rttMs: RTT between regions (-1 unknown); [out] egressMbit: all
+ * that region i sent per second (its WAN link); [out] onewayMs: each
+ * region's one-way delay under RTT(i,j) = d_i + d_j. */
+ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
+                                double *egressMbit, double *onewayMs);
+
+/* Writes the regions, node addresses and link figures as a topology file
+ * (the format GEOCCL_TOPO_FILE loads; with it the next init skips the
+ * probe).  ncclInvalidArgument for a bad comm or NULL path; ncclSystemError
+ * when the file cannot be written (last error says why). */
+ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,742 @@
+#include "config.h"
+#include "comm/probe.h"
+#include "comm/checks.h"
+#include "comm/comm.h"
+#include "comm/param.h"
+#include "topology/cluster.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PROBE_MSG 16                 /* ping/pong size */
+#define PROBE_BW_MSG (256 * 1024)    /* bandwidth message: one frame */
+#define PROBE_BW_SLOTS 4             /* messages in flight per direction and peer */
+
+enum { MSG_PING = 1, MSG_PONG = 2, MSG_DATA = 3, MSG_END = 4, MSG_PAD = 5 };
+
+void geoTopoFree(geoTopo *t)
+{
+    free(t->node_of);
+    free(t->leader);
+    free(t->node_addr);
+    free(t->rtt);
+    free(t->bw);
+    free(t->egress);
+    free(t->region_rtt);
+    free(t->oneway);
+    memset(t, 0, sizeof(*t));
+}
+
+static int req_done(const geoNetRequest *r)
+{
+    return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+}
+
+static void pause_us(long us)
+{
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* A poll loop's deadline: the communicator's timeout, as for every wait. */
+static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const char *what)
+{
+    if (comm->abort_flag) {
+        geoCommSetError(comm, "init: probe %s: communicator aborted", what);
+        comm->net->breakAll(comm->net_state);
+        return ncclRemoteError;
+    }
+    if (geoNow() > deadline) {
+        geoCommSetError(comm, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
+                        comm->timeout);
+        comm->net->breakAll(comm->net_state);
+        return ncclRemoteError;
+    }
+    return ncclSuccess;
+}
+
+/* ---- nodes -------------------------------------------------------------- */
+
+static void numeric_addr(const geoSockAddr *a, char out[64])
+{
+    out[0] = '\0';
+    if (a->sa.sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &a->sin6.sin6_addr, out, 64);
+    else
+        inet_ntop(AF_INET, &a->sin.sin_addr, out, 64);
+}
+
+static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
+{
+    int n = comm->nranks;
+    t->node_of = malloc(sizeof(int) * (size_t)n);
+    t->leader = malloc(sizeof(int) * (size_t)n);
+    t->node_addr = malloc(sizeof(*t->node_addr) * (size_t)n);
+    if (!t->node_of || !t->leader || !t->node_addr)
+        return ncclSystemError;
+    t->nnodes = 0;
+    for (int r = 0; r < n; r++) {
+        char a[64];
+        numeric_addr(&comm->peers[r].addr, a);
+        int k;
+        for (k = 0; k < t->nnodes; k++)
+            if (strcmp(t->node_addr[k], a) == 0)
+                break;
+        if (k == t->nnodes) {
+            memcpy(t->node_addr[k], a, 64);
+            t->leader[k] = r;
+            t->nnodes++;
+        }
+        t->node_of[r] = k;
+    }
+    return ncclSuccess;
+}
+
+/* ---- small exchanges ---------------------------------------------------- */
+
+/* Every rank in ranks[] sends its len bytes to every other; all[i*len] gets
+ * ranks[i]'s.  Only members call it. */
+static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int n, int me,
+                                   const void *mine, size_t len, void *all)
+{
+    geoNetRequest *rq = calloc((size_t)2 * (size_t)n, sizeof(geoNetRequest));
+    ncclResult_t res = ncclSuccess;
+    if (rq == NULL)
+        return ncclSystemError;
+    memcpy((char *)all + (size_t)me * len, mine, len);
+    for (int i = 0; i < n && res == ncclSuccess; i++) {
+        if (i == me)
+            continue;
+        res = geoNetIrecv(comm, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
+        if (res == ncclSuccess)
+            res = geoNetIsend(comm, ranks[i], mine, len, &rq[2 * i + 1]);
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        if (i / 2 == me || rq[i].buf == NULL)
+            continue;
+        ncclResult_t r = geoNetWait(comm, &rq[i]);
+        if (res == ncclSuccess)
+            res = r;
+    }
+    free(rq);
+    return res;
+}
+
+/* src sends len bytes to each of dst[] (src itself skipped). */
+static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int n, void *buf,
+                            size_t len)
+{
+    if (comm->rank != src) {
+        geoNetRequest r;
+        GEO_CHECK(geoNetIrecv(comm, src, buf, len, &r));
+        return geoNetWait(comm, &r);
+    }
+    geoNetRequest *rq = calloc((size_t)(n > 0 ? n : 1), sizeof(geoNetRequest));
+    ncclResult_t res = ncclSuccess;
+    if (rq == NULL)
+        return ncclSystemError;
+    for (int i = 0; i < n && res == ncclSuccess; i++)
+        if (dst[i] != src)
+            res = geoNetIsend(comm, dst[i], buf, len, &rq[i]);
+    for (int i = 0; i < n; i++)
+        if (dst[i] != src && rq[i].buf != NULL) {
+            ncclResult_t r = geoNetWait(comm, &rq[i]);
+            if (res == ncclSuccess)
+                res = r;
+        }
+    free(rq);
+    return res;
+}
+
+/* ---- round-trip times --------------------------------------------------- */
+
+/* One leader's side: rounds of pings to every other leader at once, each
+ * answered as soon as it arrives.  Per peer and round, the peer's ping is
+ * always posted before its pong, and both are PROBE_MSG bytes, so two
+ * receives per peer and round match them in order; the type word tells
+ * which is which. */
+static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L, int me,
+                                int rounds, double *row, double *warm_end)
+{
+    size_t n2 = (size_t)L * 2;
+    geoNetRequest *rr = calloc(n2, sizeof(geoNetRequest)), *sr = calloc(n2, sizeof(geoNetRequest));
+    uint64_t(*in)[2] = calloc(n2, sizeof(*in));
+    uint64_t(*out)[2] = calloc(n2, sizeof(*out));
+    double *t0 = calloc((size_t)L, sizeof(double));
+    unsigned char *st = calloc(n2, 1);
+    ncclResult_t res = ncclSuccess;
+    double deadline = geoNow() + comm->timeout;
+
+    if (!rr || !sr || !in || !out || !t0 || !st) {
+        res = ncclSystemError;
+        goto out;
+    }
+    for (int i = 0; i < L; i++)
+        row[i] = i == me ? 0 : -1;
+    for (int round = 0; round <= rounds && res == ncclSuccess; round++) {
+        int pending = 0;
+        memset(st, 0, n2);
+        for (int p = 0; p < L && res == ncclSuccess; p++) {
+            if (p == me)
+                continue;
+            res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+            if (res == ncclSuccess)
+                res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+        }
+        for (int p = 0; p < L && res == ncclSuccess; p++) {
+            if (p == me)
+                continue;
+            out[2 * p][0] = MSG_PING;
+            out[2 * p][1] = (uint64_t)round;
+            t0[p] = geoNow();
+            res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+            pending += 2; /* its ping to answer, its pong to receive */
+        }
+        while (pending > 0 && res == ncclSuccess) {
+            int moved = 0;
+            for (int p = 0; p < L && res == ncclSuccess; p++)
+                for (int k = 0; k < 2 && p != me; k++) {
+                    geoNetRequest *r = &rr[2 * p + k];
+                    if (st[2 * p + k] || !req_done(r))
+                        continue;
+                    st[2 * p + k] = 1;
+                    moved = 1;
+                    if (r->result != ncclSuccess) {
+                        res = r->result;
+                        break;
+                    }
+                    if (in[2 * p + k][0] == MSG_PING) {
+                        out[2 * p + 1][0] = MSG_PONG;
+                        out[2 * p + 1][1] = in[2 * p + k][1];
+                        res = geoNetIsend(comm, leaders[p], out[2 * p + 1], PROBE_MSG,
+                                          &sr[2 * p + 1]);
+                    } else if (in[2 * p + k][0] == MSG_PONG &&
+                               in[2 * p + k][1] == (uint64_t)round) {
+                        double rtt = geoNow() - t0[p];
+                        if (round > 0 && (row[p] < 0 || rtt < row[p]))
+                            row[p] = rtt; /* round 0 is the warm-up */
+                    } else {
+                        geoCommSetError(comm, "init: probe: unexpected message %llu from rank %d",
+                                        (unsigned long long)in[2 * p + k][0], leaders[p]);
+                        res = ncclInternalError;
+                        break;
+                    }
+                    pending--;
+                }
+            if (!moved && res == ncclSuccess) {
+                res = check_deadline(comm, deadline, "round trips");
+                pause_us(10);
+            }
+        }
+        for (size_t i = 0; i < n2; i++)
+            if (sr[i].buf != NULL) {
+                ncclResult_t r = geoNetWait(comm, &sr[i]);
+                if (res == ncclSuccess)
+                    res = r;
+                sr[i].buf = NULL;
+            }
+        if (round == 0)
+            *warm_end = geoNow(); /* every leader has arrived */
+    }
+out:
+    free(rr);
+    free(sr);
+    free(in);
+    free(out);
+    free(t0);
+    free(st);
+    return res;
+}
+
+static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
+{
+    int L = t->nnodes, me = -1;
+    size_t row_bytes = sizeof(double) * (size_t)L;
+    double *row = malloc(row_bytes);
+    ncclResult_t res = ncclSuccess;
+
+    t->rtt = malloc(row_bytes * (size_t)L);
+    if (row == NULL || t->rtt == NULL) {
+        free(row);
+        return ncclSystemError;
+    }
+    for (int k = 0; k < L; k++)
+        if (t->leader[k] == comm->rank)
+            me = k;
+    if (me >= 0) {
+        int rounds = (int)geoParamInt(GEO_PARAM_PROBE_ROUNDS);
+        res = ping_rounds(comm, t->leader, L, me, rounds < 1 ? 1 : rounds, row, &t->t_arrived);
+        if (res == ncclSuccess)
+            res = exchange_among(comm, t->leader, L, me, row, row_bytes, t->rtt);
+    }
+    /* Each leader hands the matrix to the other ranks of its node. */
+    if (res == ncclSuccess) {
+        int node = t->node_of[comm->rank], *members = malloc(sizeof(int) * (size_t)comm->nranks);
+        int m = 0;
+        if (members == NULL) {
+            free(row);
+            return ncclSystemError;
+        }
+        for (int r = 0; r < comm->nranks; r++)
+            if (t->node_of[r] == node)
+                members[m++] = r;
+        if (m > 1)
+            res = fan_out(comm, t->leader[node], members, m, t->rtt, row_bytes * (size_t)L);
+        free(members);
+    }
+    free(row);
+    t->rtt_measured = res == ncclSuccess;
+    return res;
+}
+
+/* ---- bandwidth between regions ----------------------------------------- */
+
+typedef struct {
+    geoNetRequest sreq[PROBE_BW_SLOTS], rreq[PROBE_BW_SLOTS], creq[PROBE_BW_SLOTS];
+    uint64_t ctl[PROBE_BW_SLOTS][2];
+    char *rbuf;                 /* PROBE_BW_SLOTS receive buffers */
+    int spending;               /* data sends in flight */
+    int send_end;               /* END and pads posted */
+    uint64_t ndata;             /* data messages sent */
+    int rslot_live[PROBE_BW_SLOTS];
+    uint64_t posted, processed, total; /* receives; total known at END */
+    int got_end, finished;
+    int nt, cap;
+    double *tt, *tb;            /* completion times and sizes */
+} bwPeer;
+
+/* One region leader's side of the all-pairs transfer.  It sends to every
+ * other region leader for `dur` seconds, then END (carrying how many data
+ * messages it sent) and PROBE_BW_SLOTS - 1 pads.  The receiver keeps
+ * at most PROBE_BW_SLOTS + (data messages seen) receives posted, so when
+ * END arrives it has posted at most data + PROBE_BW_SLOTS receives, which
+ * the pads are there to meet; from END on it posts up to exactly that
+ * total.  Every receive is matched and none is left for later operations.
+ * in[q]: the steady rate from peer q to me. */
+static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R, int me,
+                                double dur, double *in)
+{
+    bwPeer *p = calloc((size_t)R, sizeof(bwPeer));
+    char *sbuf = calloc(1, PROBE_BW_MSG);
+    ncclResult_t res = ncclSuccess;
+    double start, deadline = geoNow() + comm->timeout + dur;
+    int live = 0;
+
+    if (p == NULL || sbuf == NULL) {
+        free(p);
+        free(sbuf);
+        return ncclSystemError;
+    }
+    ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
+    for (int q = 0; q < R && res == ncclSuccess; q++) {
+        in[q] = 0;
+        if (q == me)
+            continue;
+        p[q].rbuf = malloc((size_t)PROBE_BW_SLOTS * PROBE_BW_MSG);
+        p[q].cap = 1024;
+        p[q].tt = malloc(sizeof(double) * (size_t)p[q].cap);
+        p[q].tb = malloc(sizeof(double) * (size_t)p[q].cap);
+        if (!p[q].rbuf || !p[q].tt || !p[q].tb) {
+            res = ncclSystemError;
+            break;
+        }
+        for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+            res = geoNetIrecvV(comm, leaders[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
+                               PROBE_BW_MSG, &p[q].rreq[s]);
+            p[q].rslot_live[s] = 1;
+            p[q].posted++;
+        }
+        live++;
+    }
+    start = geoNow();
+    while (live > 0 && res == ncclSuccess) {
+        int moved = 0;
+        double now = geoNow();
+        for (int q = 0; q < R && res == ncclSuccess; q++) {
+            bwPeer *b = &p[q];
+            if (q == me || b->finished)
+                continue;
+            /* Sending side: keep the slots full until dur, then END + pads. */
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                geoNetRequest *r = &b->sreq[s];
+                if (r->buf != NULL && !req_done(r))
+                    continue;
+                if (r->buf != NULL) {
+                    if ((res = r->result) != ncclSuccess)
+                        break;
+                    r->buf = NULL;
+                    b->spending--;
+                    moved = 1;
+                }
+                if (!b->send_end && now - start < dur) {
+                    res = geoNetIsendV(comm, leaders[q], sbuf, PROBE_BW_MSG, r);
+                    b->spending++;
+                    b->ndata++;
+                }
+            }
+            if (!b->send_end && now - start >= dur && res == ncclSuccess) {
+                for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                    b->ctl[s][0] = s == 0 ? MSG_END : MSG_PAD;
+                    b->ctl[s][1] = b->ndata;
+                    res = geoNetIsendV(comm, leaders[q], b->ctl[s], sizeof(b->ctl[s]),
+                                       &b->creq[s]);
+                }
+                b->send_end = 1;
+                moved = 1;
+            }
+            /* Receiving side. */
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                geoNetRequest *r = &b->rreq[s];
+                if (!b->rslot_live[s] || !req_done(r))
+                    continue;
+                if ((res = r->result) != ncclSuccess)
+                    break;
+                b->rslot_live[s] = 0;
+                b->processed++;
+                moved = 1;
+                uint64_t *w = (uint64_t *)(void *)r->buf;
+                uint64_t type = r->size >= 16 ? w[0] : 0;
+                if (type == MSG_DATA) {
+                    if (b->nt == b->cap) {
+                        int nc = b->cap * 2;
+                        double *x = realloc(b->tt, sizeof(double) * (size_t)nc);
+                        if (x)
+                            b->tt = x;
+                        double *y = realloc(b->tb, sizeof(double) * (size_t)nc);
+                        if (y)
+                            b->tb = y;
+                        if (!x || !y) {
+                            res = ncclSystemError;
+                            break;
+                        }
+                        b->cap = nc;
+                    }
+                    b->tt[b->nt] = geoNow();
+                    b->tb[b->nt++] = (double)r->size;
+                } else if (type == MSG_END && !b->got_end) {
+                    b->got_end = 1;
+                    b->total = w[1] + PROBE_BW_SLOTS;
+                } else if (type != MSG_PAD) {
+                    geoCommSetError(comm, "init: probe: unexpected bandwidth message %llu from "
+                                    "rank %d", (unsigned long long)type, leaders[q]);
+                    res = ncclInternalError;
+                    break;
+                }
+            }
+            /* Refill free slots up to what the sender can still send: before
+             * END, one receive for each data message seen (never more than it
+             * sends, since END and pads follow); after END, the total. */
+            uint64_t limit = b->got_end ? b->total : (uint64_t)b->nt + PROBE_BW_SLOTS;
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess && b->posted < limit; s++)
+                if (!b->rslot_live[s]) {
+                    res = geoNetIrecvV(comm, leaders[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
+                                       PROBE_BW_MSG, &b->rreq[s]);
+                    b->rslot_live[s] = 1;
+                    b->posted++;
+                }
+            if (res == ncclSuccess && b->send_end && b->spending == 0 && b->got_end &&
+                b->processed == b->total) {
+                for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++)
+                    res = geoNetWait(comm, &b->creq[s]);
+                in[q] = topoSteadyRate(b->nt, b->tt, b->tb, 0.3);
+                b->finished = 1;
+                live--;
+            }
+        }
+        if (!moved && res == ncclSuccess) {
+            res = check_deadline(comm, deadline, "bandwidth");
+            pause_us(20);
+        }
+    }
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* requests in flight point at our buffers */
+    for (int q = 0; q < R; q++) {
+        free(p[q].rbuf);
+        free(p[q].tt);
+        free(p[q].tb);
+    }
+    free(p);
+    free(sbuf);
+    return res;
+}
+
+/* The largest window one TCP stream may reach: the receive side's
+ * autotuning limit (tcp_rmem max, of which the kernel advertises about
+ * half by default), or the fixed GEOCCL_SOCKET_BUFSIZE. */
+static double stream_window(void)
+{
+    int64_t fixed = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
+    if (fixed > 0)
+        return (double)fixed / 2;
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_rmem", "r");
+    long a = 0, b = 0, c = 0;
+    if (f != NULL) {
+        if (fscanf(f, "%ld %ld %ld", &a, &b, &c) != 3)
+            c = 0;
+        fclose(f);
+    }
+    return c > 0 ? (double)c / 2 : 3 * 1024 * 1024;
+}
+
+static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
+{
+    topoRegionMap *m = &comm->regions;
+    int R = m->nregions, me = -1;
+    int *leaders = malloc(sizeof(int) * (size_t)R);
+    double *in = malloc(sizeof(double) * (size_t)R), maxrtt = 0;
+    ncclResult_t res = ncclSuccess;
+
+    if (leaders == NULL || in == NULL) {
+        free(leaders);
+        free(in);
+        return ncclSystemError;
+    }
+    for (int g = 0; g < R; g++) {
+        leaders[g] = m->members[g][0];
+        if (leaders[g] == comm->rank)
+            me = g;
+        for (int h = 0; h < R; h++)
+            if (t->region_rtt[g * R + h] > maxrtt)
+                maxrtt = t->region_rtt[g * R + h];
+    }
+    /* Slow start needs about log2(BDP / 14 KiB) round trips (9 for 1 Gbit/s
+     * at 50 ms); the rate is taken over the second half of the transfer,
+     * when HyStart has usually left slow start. */
+    double dur = 12 * maxrtt;
+    dur = dur < 0.25 ? 0.25 : dur > 1.5 ? 1.5 : dur;
+    if (me >= 0) {
+        double *col = malloc(sizeof(double) * (size_t)R * (size_t)R);
+        if (col == NULL)
+            res = ncclSystemError;
+        if (res == ncclSuccess)
+            res = bw_transfer(comm, leaders, R, me, dur, in);
+        /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
+        if (res == ncclSuccess)
+            res = exchange_among(comm, leaders, R, me, in, sizeof(double) * (size_t)R, col);
+        if (res == ncclSuccess)
+            for (int g = 0; g < R; g++)
+                for (int q = 0; q < R; q++)
+                    t->bw[q * R + g] = col[g * R + q];
+        free(col);
+    }
+    if (res == ncclSuccess) {
+        int g = m->region_of[comm->rank];
+        res = fan_out(comm, leaders[g], m->members[g], m->size[g], t->bw,
+                      sizeof(double) * (size_t)R * (size_t)R);
+    }
+    free(leaders);
+    free(in);
+    t->bw_measured = res == ncclSuccess;
+    return res;
+}
+
+/* ---- the whole probe ---------------------------------------------------- */
+
+/* Link figures a topology file gives for the regions in use; from_file when
+ * it gives every region's rate (then there is nothing left to measure). */
+static void apply_file(const struct ncclComm *comm, geoTopo *t)
+{
+    const topoFile *tf = &comm->topo_file;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, rates = 0;
+    for (int g = 0; g < R; g++)
+        for (int k = 0; k < tf->nregions; k++) {
+            if (strncmp(tf->regions[k].name, m->names[g], TOPO_REGION_LABEL_LEN) != 0)
+                continue;
+            if (tf->regions[k].bw_bytes > 0 && !t->bw_measured) {
+                t->egress[g] = tf->regions[k].bw_bytes;
+                rates++;
+            }
+            if (tf->regions[k].delay_ms >= 0 && !t->rtt_measured)
+                t->oneway[g] = tf->regions[k].delay_ms * 1e-3;
+        }
+    if (!t->rtt_measured)
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < R; b++)
+                t->region_rtt[a * R + b] = a == b ? 0 : t->oneway[a] + t->oneway[b];
+    t->from_file = R > 1 && rates == R;
+}
+
+static void log_matrix(const geoTopo *t, int R)
+{
+    if (geoDebugLevel() < GEO_LEVEL_INFO)
+        return;
+    char line[512];
+    for (int i = 0; i < R; i++) {
+        int len = snprintf(line, sizeof(line), "probe: region %d ->", i);
+        for (int j = 0; j < R && len < (int)sizeof(line) - 40; j++)
+            len += snprintf(line + len, sizeof(line) - (size_t)len, " %d:%.1fms/%.0fMbit", j,
+                            t->region_rtt[i * R + j] * 1e3,
+                            t->bw ? t->bw[i * R + j] * 8e-6 : 0.0);
+        geoInfo(GEO_LOG_TOPO, "%s", line);
+    }
+}
+
+ncclResult_t geoProbeRun(struct ncclComm *comm)
+{
+    geoTopo *t = &comm->topo;
+    int mode = comm->peers[0].probe; /* 0 off, 1 auto, 2 always measure */
+    int labelled = 0;
+    double t_start = geoNow();
+    ncclResult_t res;
+
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].region[0] != '\0')
+            labelled = 1;
+    GEO_CHECK(find_nodes(comm, t));
+    snprintf(comm->op_desc, sizeof(comm->op_desc), "init probe");
+
+    /* Round trips: to find regions, or because asked to measure. */
+    if (t->nnodes > 1 && (mode == 2 || (mode == 1 && !labelled))) {
+        double t0 = geoNow();
+        GEO_CHECK(measure_rtt(comm, t));
+        t->t_rtt = geoNow() - t0;
+        if (!labelled) {
+            int *reg = malloc(sizeof(int) * (size_t)t->nnodes);
+            if (reg == NULL)
+                return ncclSystemError;
+            int nreg = topoClusterRtt(t->nnodes, t->rtt, TOPO_MIN_WAN_RTT, TOPO_MAX_LAN_RTT,
+                                      TOPO_MIN_GAP_RATIO, reg, &t->cut);
+            if (nreg < 0) {
+                free(reg);
+                return ncclSystemError;
+            }
+            if (nreg > 1) {
+                for (int r = 0; r < comm->nranks; r++)
+                    snprintf(comm->peers[r].region, sizeof(comm->peers[r].region), "m%d",
+                             reg[t->node_of[r]]);
+                res = geoCommBuildRegions(comm);
+                if (res != ncclSuccess) {
+                    free(reg);
+                    return res;
+                }
+                t->regions_measured = 1;
+            }
+            geoInfo(GEO_LOG_TOPO, "probe: %d nodes form %d region%s (RTT cut %.2f ms)",
+                    t->nnodes, nreg, nreg == 1 ? "" : "s", t->cut * 1e3);
+            free(reg);
+        }
+    }
+
+    /* Region-level figures. */
+    int R = comm->regions.nregions;
+    t->nregions = R;
+    t->region_rtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    t->oneway = calloc((size_t)R, sizeof(double));
+    t->bw = calloc((size_t)R * (size_t)R, sizeof(double));
+    t->egress = calloc((size_t)R, sizeof(double));
+    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress)
+        return ncclSystemError;
+    for (int i = 0; i < R * R; i++)
+        t->region_rtt[i] = -1;
+    if (t->rtt_measured)
+        for (int a = 0; a < t->nnodes; a++)
+            for (int b = 0; b < t->nnodes; b++) {
+                double x = t->rtt[a * t->nnodes + b];
+                int ga = comm->regions.region_of[t->leader[a]];
+                int gb = comm->regions.region_of[t->leader[b]];
+                double *y = &t->region_rtt[ga * R + gb];
+                if (a != b && x >= 0 && (*y < 0 || x < *y))
+                    *y = x;
+            }
+    for (int g = 0; g < R; g++)
+        t->region_rtt[g * R + g] = 0;
+    if (t->rtt_measured)
+        topoSolveOneWay(R, t->region_rtt, t->oneway);
+    if (comm->topo_file_loaded)
+        apply_file(comm, t);
+    t->window_bytes = stream_window();
+    t->streams_needed = comm->nstreams;
+    /* Bandwidth: between regions on different nodes (labels on one host
+     * have no link to measure), unless the topology file gave it. */
+    if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file))) {
+        double t0 = geoNow();
+        GEO_CHECK(measure_bw(comm, t));
+        t->t_bw = geoNow() - t0;
+        double worst = 1;
+        for (int g = 0; g < R; g++) {
+            t->egress[g] = 0;
+            for (int h = 0; h < R; h++)
+                if (h != g) {
+                    t->egress[g] += t->bw[g * R + h];
+                    /* Streams a pair needs when it has the link to itself. */
+                    double s = (double)topoStreamsNeeded(
+                        t->bw[g * R + h] * (R - 1), t->region_rtt[g * R + h], t->window_bytes,
+                        64);
+                    if (s > worst)
+                        worst = s;
+                }
+        }
+        t->streams_needed = (int)worst;
+    }
+    /* The probe's own cost starts when every leader has arrived (the
+     * warm-up round trip); before that, ranks wait for slower peers. */
+    if (t->t_arrived > t_start) {
+        t->t_wait = t->t_arrived - t_start;
+        t->t_rtt -= t->t_wait;
+        t_start = t->t_arrived;
+    }
+    t->t_total = geoNow() - t_start;
+    if (t->rtt_measured || t->bw_measured) {
+        log_matrix(t, R);
+        geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
+                "probe: %d nodes, %d regions, %.3f s (round trips %.3f s, bandwidth %.3f s; "
+                "after %.3f s waiting for peers); %d stream%s per WAN pair needed (window "
+                "%.1f MiB)",
+                t->nnodes, R, t->t_total, t->t_rtt, t->t_bw, t->t_wait, t->streams_needed,
+                t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0);
+    }
+    /* The probe's traffic is not the user's. */
+    memset(&comm->stats, 0, sizeof(comm->stats));
+    return ncclSuccess;
+}
+
+static void rate_str(double bps, char *out, size_t len)
+{
+    if (bps >= 1e9)
+        snprintf(out, len, "%.3fgbit", bps * 8e-9);
+    else
+        snprintf(out, len, "%.1fmbit", bps * 8e-6);
+}
+
+int geoTopoWrite(const struct ncclComm *comm, FILE *f)
+{
+    const geoTopo *t = &comm->topo;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions;
+    time_t now = time(NULL);
+    char when[64];
+
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    fprintf(f, "# GeoCCL topology, written by the probe on %s\n", when);
+    fprintf(f, "# %d ranks, %d nodes, %d regions; loaded with GEOCCL_TOPO_FILE, it skips the "
+            "probe\n", comm->nranks, t->nnodes, R);
+    for (int g = 0; g < R; g++) {
+        char rate[32] = "";
+        if (t->bw_measured && t->egress && t->egress[g] > 0) {
+            char r[24];
+            rate_str(t->egress[g], r, sizeof(r));
+            snprintf(rate, sizeof(rate), " bw=%s", r);
+        }
+        fprintf(f, "region %s%s", m->names[g][0] ? m->names[g] : "default", rate);
+        if (t->oneway && (t->rtt_measured || t->from_file))
+            fprintf(f, " delay=%.3f", t->oneway[g] * 1e3);
+        fprintf(f, "\n");
+    }
+    for (int k = 0; k < t->nnodes; k++) {
+        const char *name = m->names[m->region_of[t->leader[k]]];
+        fprintf(f, "host %s %s\n", t->node_addr[k], name[0] ? name : "default");
+    }
+    if (t->rtt_measured)
+        for (int a = 0; a < R; a++)
+            for (int b = a + 1; b < R; b++)
+                if (t->region_rtt[a * R + b] >= 0)
+                    fprintf(f, "rtt %s %s %.3f\n", m->names[a], m->names[b],
+                            t->region_rtt[a * R + b] * 1e3);
+    if (t->bw_measured)
+        fprintf(f, "streams %d\n", t->streams_needed);
+    return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,57 @@
+/* The topology probe at init (issue 5): after the bootstrap exchange and the
+ * connections, node leaders measure round-trip times to each other, the
+ * nodes are grouped into regions by those times (topology/cluster.h), and
+ * region leaders measure the bandwidth between regions with a short
+ * concurrent transfer.  Region labels (GEOCCL_REGION, a topology file) win
+ * over the measurement; a topology file that also gives the link rates
+ * skips the probe altogether.
+ *
+ * Nodes are told apart by the address of their data listener, not by host
+ * name: emulated regions share one host name, and so do many cloud images.
+ *
+ * Cost: one warm-up and GEOCCL_PROBE_ROUNDS round trips between leaders (all
+ * pairs at once), two exchanges among leaders, and one transfer of
+ * clamp(12 RTT, 0.25 s, 1.5 s) between region leaders (all pairs at once).
+ * Printed at INFO (subsystem TOPO) with every figure. */
+#ifndef GEOCCL_PROBE_H_
+#define GEOCCL_PROBE_H_
+
+#include <stdio.h>
+
+#include "nccl.h"
+
+struct ncclComm;
+
+typedef struct {
+    int nnodes;
+    int *node_of;           /* [nranks] node of each rank */
+    int *leader;            /* [nnodes] lowest rank of each node */
+    char (*node_addr)[64];  /* [nnodes] numeric address */
+    double *rtt;            /* [nnodes*nnodes] seconds, min of samples; -1 unmeasured */
+    int rtt_measured;
+    int regions_measured;   /* the region map came from the RTTs */
+    double cut;             /* RTT threshold that separated regions (s) */
+    int nregions;           /* size of the arrays below */
+    int bw_measured;
+    double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
+    double *egress;         /* [R] sum of a region's outgoing rates */
+    double *region_rtt;     /* [R*R] seconds, min over node pairs; -1 unknown */
+    double *oneway;         /* [R] one-way delay of each region's link (s) */
+    int streams_needed;     /* per WAN pair, from BDP and the socket window */
+    double window_bytes;    /* largest TCP window one stream can have here */
+    double t_rtt, t_bw, t_total; /* seconds the probe itself took (from t_arrived) */
+    double t_arrived;       /* geoNow() when every leader had arrived */
+    double t_wait;          /* seconds waited for slower peers before that */
+    int from_file;          /* link figures came from a topology file */
+} geoTopo;
+
+/* Run the probe as GEOCCL_PROBE says (rank 0's value) and, when it found
+ * the regions, rebuild the communicator's region map and rings.  Collective
+ * over all ranks of comm; bounded by comm->timeout. */
+ncclResult_t geoProbeRun(struct ncclComm *comm);
+void geoTopoFree(geoTopo *t);
+/* Write what is known (regions, hosts, link rates, RTTs, streams) as a
+ * topology file the library loads (topology/topofile.h).  0 or -1 (errno). */
+int geoTopoWrite(const struct ncclComm *comm, FILE *f);
+
+#endif

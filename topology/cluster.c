@@ -1,0 +1,173 @@
+#include "config.h"
+#include "topology/cluster.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int uf_find(int *parent, int i)
+{
+    while (parent[i] != i) {
+        parent[i] = parent[parent[i]];
+        i = parent[i];
+    }
+    return i;
+}
+
+/* The pair's value: the smaller known direction; < 0 when neither is. */
+static double pair_rtt(int n, const double *rtt, int i, int j)
+{
+    double a = rtt[(size_t)i * (size_t)n + (size_t)j];
+    double b = rtt[(size_t)j * (size_t)n + (size_t)i];
+    int ka = a >= 0 && !isnan(a), kb = b >= 0 && !isnan(b);
+    if (ka && kb)
+        return a < b ? a : b;
+    return ka ? a : kb ? b : -1;
+}
+
+int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
+                   double min_ratio, int *region, double *cut)
+{
+    size_t npairs = 0, cap = (size_t)n * (size_t)(n > 1 ? n - 1 : 1) / 2 + 1;
+    double *v = malloc(sizeof(double) * cap);
+    int *parent = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    int *id = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    double thr = 0;
+    int nreg = 0;
+
+    if (v == NULL || parent == NULL || id == NULL) {
+        free(v);
+        free(parent);
+        free(id);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            double x = pair_rtt(n, rtt, i, j);
+            if (x >= 0)
+                v[npairs++] = x;
+        }
+    qsort(v, npairs, sizeof(double), cmp_double);
+    double best = 0;
+    for (size_t k = 0; k + 1 < npairs; k++) {
+        double lo = v[k] > TOPO_RTT_FLOOR ? v[k] : TOPO_RTT_FLOOR;
+        double ratio = v[k + 1] / lo;
+        if (v[k + 1] >= min_wan_rtt && v[k] < max_lan_rtt && ratio >= min_ratio &&
+            ratio > best) {
+            best = ratio;
+            thr = sqrt(lo * v[k + 1]);
+        }
+    }
+    if (thr == 0)
+        thr = min_wan_rtt;
+    for (int i = 0; i < n; i++)
+        parent[i] = i;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            double x = pair_rtt(n, rtt, i, j);
+            if (x >= 0 && x < thr) {
+                int a = uf_find(parent, i), b = uf_find(parent, j);
+                if (a != b)
+                    parent[a > b ? a : b] = a < b ? a : b;
+            }
+        }
+    /* Number regions by lowest node: roots are their set's lowest node. */
+    for (int i = 0; i < n; i++)
+        id[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int r = uf_find(parent, i);
+        if (id[r] < 0)
+            id[r] = nreg++;
+        region[i] = id[r];
+    }
+    if (cut)
+        *cut = nreg > 1 ? thr : 0;
+    free(v);
+    free(parent);
+    free(id);
+    return nreg;
+}
+
+void topoSolveOneWay(int R, const double *rtt, double *oneway)
+{
+    if (R <= 0)
+        return;
+    if (R == 1) {
+        oneway[0] = 0;
+        return;
+    }
+    /* Normal equations of min sum (d_i + d_j - rtt_ij)^2 over known pairs,
+     * solved by Gauss-Seidel: d_i = mean over known j of (rtt_ij - d_j).
+     * With every pair known this converges to the closed form; unknown
+     * pairs simply drop out. */
+    for (int i = 0; i < R; i++)
+        oneway[i] = 0;
+    for (int iter = 0; iter < 200; iter++) {
+        double change = 0;
+        for (int i = 0; i < R; i++) {
+            double s = 0;
+            int k = 0;
+            for (int j = 0; j < R; j++) {
+                if (j == i)
+                    continue;
+                double x = pair_rtt(R, rtt, i, j);
+                if (x < 0)
+                    continue;
+                s += x - oneway[j];
+                k++;
+            }
+            if (k == 0)
+                continue;
+            double d = s / k;
+            if (R == 2) {
+                /* Two regions: one equation, two unknowns; split evenly. */
+                double x = pair_rtt(R, rtt, 0, 1);
+                oneway[0] = oneway[1] = x >= 0 ? x / 2 : 0;
+                return;
+            }
+            change += fabs(d - oneway[i]);
+            oneway[i] = d;
+        }
+        if (change < 1e-9)
+            break;
+    }
+    for (int i = 0; i < R; i++)
+        if (oneway[i] < 0)
+            oneway[i] = 0;
+}
+
+int topoStreamsNeeded(double bw, double rtt, double win, int max_streams)
+{
+    if (max_streams < 1)
+        max_streams = 1;
+    if (!(bw > 0) || !(rtt > 0) || !(win > 0))
+        return 1;
+    double s = ceil(bw * rtt / win);
+    if (s < 1)
+        s = 1;
+    return s > max_streams ? max_streams : (int)s;
+}
+
+double topoSteadyRate(int n, const double *t, const double *bytes, double skip)
+{
+    if (n < 3)
+        return 0;
+    double t0 = t[0], t1 = t[n - 1];
+    double from = t0 + skip * (t1 - t0);
+    int k = 0;
+    while (k < n - 2 && t[k] < from)
+        k++;
+    /* Bytes completed after message k (the first one done at or after
+     * `from`), over the time since it completed. */
+    double b = 0;
+    for (int i = k + 1; i < n; i++)
+        b += bytes[i];
+    double dt = t1 - t[k];
+    return dt > 0 ? b / dt : 0;
+}

@@ -1,0 +1,63 @@
+/* Finding regions from measured round-trip times, and what the measurements
+ * say about each region's WAN link.  Pure functions over matrices: the
+ * measuring itself needs the transport and lives in comm/probe.c.
+ *
+ * The rule (topoClusterRtt):
+ *  1. Each pair's RTT is the minimum of its samples (queueing and scheduling
+ *     only ever add delay, so the minimum is the path's own latency; one
+ *     jittery sample cannot move it down, and every sample must be slow to
+ *     move it up), and the pair's value is the smaller of the two
+ *     directions' measurements.
+ *  2. Sort the pairs' RTTs and find the largest ratio between neighbours
+ *     v[k+1] / max(v[k], TOPO_RTT_FLOOR), counting only gaps that could
+ *     separate a data centre from a WAN: upper value at least min_wan_rtt,
+ *     lower value below max_lan_rtt, ratio at least min_ratio.
+ *  3. The cut is the geometric mean of that gap's two values, or
+ *     min_wan_rtt when there is no such gap; nodes joined by an RTT below
+ *     the cut are in the same region, transitively (single linkage,
+ *     union-find over the measured pairs).  So pairs at least max_lan_rtt
+ *     apart are never joined, and pairs below min_wan_rtt always are
+ *     unless a wide gap says the WAN starts lower.
+ *  4. Regions are numbered in order of their lowest node, so every rank
+ *     that runs the rule on the same matrix gets the same answer.
+ * Why this rule: inside a data centre RTTs are tens to hundreds of
+ * microseconds, between regions milliseconds to hundreds of milliseconds;
+ * the two populations are separated by the widest gap on a log scale, and
+ * the floor keeps tiny loopback values (which vary by factors of two) from
+ * being taken for a gap. */
+#ifndef GEOCCL_TOPO_CLUSTER_H_
+#define GEOCCL_TOPO_CLUSTER_H_
+
+/* RTTs below this (seconds) count as this much when ratios are taken. */
+#define TOPO_RTT_FLOOR 100e-6
+#define TOPO_MIN_WAN_RTT 2e-3
+#define TOPO_MAX_LAN_RTT 10e-3
+#define TOPO_MIN_GAP_RATIO 3.0
+
+/* n nodes; rtt[i*n+j] in seconds (< 0 or NaN: not measured; the diagonal is
+ * ignored); thresholds in seconds (defaults: TOPO_MIN_WAN_RTT,
+ * TOPO_MAX_LAN_RTT, TOPO_MIN_GAP_RATIO).  Writes region[i] for every node and returns the number of
+ * regions; *cut gets the threshold used (0 when one region).  Returns -1
+ * when out of memory. */
+int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
+                   double min_ratio, int *region, double *cut);
+
+/* One-way delay of each of R regions' links from the RTTs between regions
+ * (rtt[i*R+j], seconds; < 0 unknown), under the emulator's and most
+ * clouds' model RTT(i,j) = d_i + d_j, by least squares over the known
+ * pairs.  Two regions split their RTT evenly.  Negative solutions are
+ * clamped to 0. */
+void topoSolveOneWay(int R, const double *rtt, double *oneway);
+
+/* TCP streams needed to keep a link of bw bytes/s and round trip rtt
+ * seconds full when one stream's window can grow to at most win bytes:
+ * ceil(bw * rtt / win), at least 1, at most max_streams. */
+int topoStreamsNeeded(double bw, double rtt, double win, int max_streams);
+
+/* Steady-state rate of a transfer from the completion times t[i] (seconds,
+ * ascending) of messages of bytes[i] bytes: the bytes completed after the
+ * first `skip` fraction of the transfer's duration divided by the time they
+ * took (slow start is left out).  0 when fewer than 3 messages. */
+double topoSteadyRate(int n, const double *t, const double *bytes, double skip);
+
+#endif

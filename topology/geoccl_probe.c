@@ -1,0 +1,370 @@
+/*
+ * geoccl-probe: measure the links between the ranks of a job, show the
+ * regions GeoCCL finds and the plan it would choose.
+ *
+ *   GEOCCL_COMM_ID=host:port RANK=r NRANKS=n geoccl-probe [--json] [-o FILE]
+ *   mpirun -np n -x GEOCCL_COMM_ID=host:port geoccl-probe [--json] [-o FILE]
+ *   mpirun -np n geoccl-probe-mpi [--json] [-o FILE]   (MPI carries the id)
+ *
+ * Every rank runs the probe (GEOCCL_PROBE=2 unless set: measure even when
+ * labels are given, labels still decide the regions); rank 0 prints the
+ * nodes, the RTT matrix between nodes, the regions with their ranks, the
+ * bandwidth matrix between regions, the streams a WAN pair needs and the
+ * time the probe took.  -o FILE writes the topology file that, given as
+ * GEOCCL_TOPO_FILE, makes the library skip the probe.
+ *
+ * Exit status: 0 done; 1 the probe or the communicator failed; 2 bad usage.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef GEOCCL_PROBE_MPI
+#include <mpi.h>
+#define TOOL "geoccl-probe-mpi"
+#else
+#define TOOL "geoccl-probe"
+#endif
+
+#include "geoccl.h"
+
+typedef struct {
+    int json;
+    const char *out_file;
+} probeOptions;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: %s [--json] [-o FILE]\n"
+
+            "Measures RTT and bandwidth between the ranks of a job, finds the regions and\n"
+            "prints the plan. Ranks: RANK/NRANKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE\n"
+            "with GEOCCL_COMM_ID=host:port of rank 0 (env bootstrap).\n"
+            "  --json          machine-readable output\n"
+            "  -o FILE         write a topology file (GEOCCL_TOPO_FILE) with what was found\n",
+            TOOL);
+}
+
+static int parse(int argc, char **argv, probeOptions *o)
+{
+    memset(o, 0, sizeof(*o));
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            o->json = 1;
+        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc)
+            o->out_file = argv[++i];
+        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        } else {
+            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", TOOL, argv[i]);
+            usage(stderr);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#ifndef GEOCCL_PROBE_MPI
+static int env_ranks(int *rank, int *nranks)
+{
+    static const char *const pairs[][2] = {
+        {"RANK", "NRANKS"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        {"PMI_RANK", "PMI_SIZE"}};
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        const char *r = getenv(pairs[i][0]), *n = getenv(pairs[i][1]);
+        char *e1, *e2;
+        if (r == NULL || n == NULL)
+            continue;
+        long rv = strtol(r, &e1, 10), nv = strtol(n, &e2, 10);
+        if (*r == '\0' || *e1 != '\0' || *n == '\0' || *e2 != '\0' || nv < 1 || rv < 0 ||
+            rv >= nv) {
+            fprintf(stderr, "%s: %s=%s %s=%s: need 0 <= rank < count\n", TOOL, pairs[i][0], r,
+                    pairs[i][1], n);
+            return -1;
+        }
+        *rank = (int)rv;
+        *nranks = (int)nv;
+        return 0;
+    }
+    fprintf(stderr, "%s: no rank given: set RANK and NRANKS (or run under mpirun) and "
+            "GEOCCL_COMM_ID=host:port of rank 0\n", TOOL);
+    return -1;
+}
+#endif
+
+/* Everything rank 0 prints.  names[g]: region labels gathered from ranks. */
+static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
+                        const int *region_of, char (*names)[32])
+{
+    int N = t->nnodes, R = t->nregions;
+    double *rtt = malloc(sizeof(double) * (size_t)(N > 0 ? N * N : 1));
+    double *bw = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    double *rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    double *eg = malloc(sizeof(double) * (size_t)R), *ow = malloc(sizeof(double) * (size_t)R);
+    if (!rtt || !bw || !rrtt || !eg || !ow)
+        goto out;
+    printf("# %s: %d ranks on %d nodes in %d region%s", TOOL, nranks, N, R, R == 1 ? "" : "s");
+    if (t->regionsMeasured)
+        printf(", found by RTT (cut %.2f ms)\n", t->rttCutMs);
+    else
+        printf(", %s\n", R > 1 ? "from labels (GEOCCL_REGION or the topology file)"
+                               : "(no gap in the RTTs, or one node)");
+    printf("# probe time %.3f s (round trips %.3f s, bandwidth %.3f s), after waiting %.3f s "
+           "for the other nodes to start\n", t->secProbe, t->secRtt, t->secBw, t->secWait);
+    printf("#\n# nodes\n# %4s  %-40s %6s  %s\n", "node", "address", "leader", "region");
+    for (int k = 0; k < N; k++) {
+        const char *addr;
+        int leader, g;
+        if (geocclCommGetNode(comm, k, &addr, &leader, &g) == ncclSuccess)
+            printf("# %4d  %-40s %6d  %s\n", k, addr, leader, names[g]);
+    }
+    if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
+        printf("#\n# round-trip time between nodes, ms (minimum of the samples)\n#       ");
+        for (int j = 0; j < N; j++)
+            printf(" %8d", j);
+        printf("\n");
+        for (int i = 0; i < N; i++) {
+            printf("# %5d ", i);
+            for (int j = 0; j < N; j++)
+                if (i == j)
+                    printf(" %8s", "-");
+                else
+                    printf(" %8.3f", rtt[i * N + j]);
+            printf("\n");
+        }
+    }
+    printf("#\n# regions\n");
+    for (int g = 0; g < R; g++) {
+        printf("# %-12s ranks", names[g]);
+        for (int r = 0; r < nranks; r++)
+            if (region_of[r] == g)
+                printf(" %d", r);
+        printf("\n");
+    }
+    if (R > 1 && geocclCommGetLinks(comm, bw, rrtt, eg, ow) == ncclSuccess) {
+        printf("#\n# links between regions: Mbit/s from row to column, all pairs sending at "
+               "once%s\n# %-12s", t->bwMeasured ? "" : " (not measured)", "");
+        for (int j = 0; j < R; j++)
+            printf(" %10s", names[j]);
+        printf(" %10s %10s\n", "egress", "one-way ms");
+        for (int i = 0; i < R; i++) {
+            printf("# %-12s", names[i]);
+            for (int j = 0; j < R; j++)
+                if (i == j)
+                    printf(" %10s", "-");
+                else
+                    printf(" %10.1f", bw[i * R + j]);
+            printf(" %10.1f %10.2f\n", eg[i], ow[i]);
+        }
+        printf("# region RTT, ms:");
+        for (int i = 0; i < R; i++)
+            for (int j = i + 1; j < R; j++)
+                printf(" %s-%s %.2f", names[i], names[j], rrtt[i * R + j]);
+        printf("\n# streams per WAN pair needed: %d (largest TCP window here %.1f MiB)\n",
+               t->streamsNeeded, t->windowBytes / 1048576.0);
+    }
+out:
+    free(rtt);
+    free(bw);
+    free(rrtt);
+    free(eg);
+    free(ow);
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++)
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    putchar('"');
+}
+
+static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
+                       const int *region_of, char (*names)[32])
+{
+    int N = t->nnodes, R = t->nregions;
+    double *rtt = malloc(sizeof(double) * (size_t)(N > 0 ? N * N : 1));
+    double *bw = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    double *rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    double *eg = malloc(sizeof(double) * (size_t)R), *ow = malloc(sizeof(double) * (size_t)R);
+    if (!rtt || !bw || !rrtt || !eg || !ow)
+        goto out;
+    printf("{\"tool\": \"%s\", \"ranks\": %d, \"nodes\": [", TOOL, nranks);
+    for (int k = 0; k < N; k++) {
+        const char *addr = "";
+        int leader = -1, g = -1;
+        geocclCommGetNode(comm, k, &addr, &leader, &g);
+        printf("%s{\"address\": ", k ? ", " : "");
+        json_str(addr);
+        printf(", \"leader\": %d, \"region\": %d}", leader, g);
+    }
+    printf("],\n \"rtt_ms\": ");
+    if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
+        printf("[");
+        for (int i = 0; i < N; i++) {
+            printf("%s[", i ? ", " : "");
+            for (int j = 0; j < N; j++)
+                printf("%s%.4f", j ? ", " : "", rtt[i * N + j]);
+            printf("]");
+        }
+        printf("]");
+    } else {
+        printf("null");
+    }
+    printf(",\n \"regions_measured\": %s, \"rtt_cut_ms\": %.4f,\n \"regions\": [",
+           t->regionsMeasured ? "true" : "false", t->rttCutMs);
+    for (int g = 0; g < R; g++) {
+        printf("%s{\"name\": ", g ? ", " : "");
+        json_str(names[g]);
+        printf(", \"ranks\": [");
+        for (int r = 0, k = 0; r < nranks; r++)
+            if (region_of[r] == g)
+                printf("%s%d", k++ ? ", " : "", r);
+        printf("]}");
+    }
+    printf("],\n");
+    geocclCommGetLinks(comm, bw, rrtt, eg, ow);
+    printf(" \"bw_measured\": %s, \"bw_mbit\": [", t->bwMeasured ? "true" : "false");
+    for (int i = 0; i < R; i++) {
+        printf("%s[", i ? ", " : "");
+        for (int j = 0; j < R; j++)
+            printf("%s%.3f", j ? ", " : "", bw[i * R + j]);
+        printf("]");
+    }
+    printf("],\n \"region_rtt_ms\": [");
+    for (int i = 0; i < R; i++) {
+        printf("%s[", i ? ", " : "");
+        for (int j = 0; j < R; j++)
+            printf("%s%.4f", j ? ", " : "", rrtt[i * R + j]);
+        printf("]");
+    }
+    printf("],\n \"egress_mbit\": [");
+    for (int i = 0; i < R; i++)
+        printf("%s%.3f", i ? ", " : "", eg[i]);
+    printf("], \"oneway_ms\": [");
+    for (int i = 0; i < R; i++)
+        printf("%s%.4f", i ? ", " : "", ow[i]);
+    printf("],\n \"streams_needed\": %d, \"window_bytes\": %.0f,\n", t->streamsNeeded,
+           t->windowBytes);
+    printf(" \"probe_s\": %.4f, \"rtt_s\": %.4f, \"bw_s\": %.4f, \"wait_s\": %.4f}\n",
+           t->secProbe, t->secRtt, t->secBw, t->secWait);
+out:
+    free(rtt);
+    free(bw);
+    free(rrtt);
+    free(eg);
+    free(ow);
+}
+
+static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
+{
+    ncclComm_t comm;
+    ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "%s: rank %d: init: %s: %s\n", TOOL, rank, ncclGetErrorString(r),
+                ncclGetLastError(NULL));
+        return 1;
+    }
+    geocclTopology t;
+    int g = -1, status = 0;
+    const char *name = NULL;
+    int *region_of = calloc((size_t)nranks, sizeof(int));
+    char(*labels)[32] = calloc((size_t)nranks, 32);
+    char(*names)[32] = calloc((size_t)nranks, 32);
+    char mine[32] = "";
+    if (region_of == NULL || labels == NULL || names == NULL) {
+        fprintf(stderr, "%s: out of memory\n", TOOL);
+        status = 1;
+        goto out;
+    }
+    geocclCommGetTopology(comm, &t);
+    geocclCommGetRegion(comm, NULL, &g, NULL, NULL, &name);
+    if (name && *name)
+        snprintf(mine, sizeof(mine), "%s", name);
+    else
+        snprintf(mine, sizeof(mine), "default");
+    /* Each rank's region and label, for the table (host buffers). */
+    r = ncclAllGather(&g, region_of, 1, ncclInt32, comm, NULL);
+    if (r == ncclSuccess)
+        r = ncclAllGather(mine, labels, 32, ncclChar, comm, NULL);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "%s: rank %d: all-gather: %s: %s\n", TOOL, rank, ncclGetErrorString(r),
+                ncclGetLastError(comm));
+        status = 1;
+        goto out;
+    }
+    for (int q = nranks - 1; q >= 0; q--)
+        if (region_of[q] >= 0 && region_of[q] < nranks)
+            memcpy(names[region_of[q]], labels[q], 32);
+    if (rank == 0) {
+        if (o->json)
+            print_json(comm, &t, nranks, region_of, names);
+        else
+            print_human(comm, &t, nranks, region_of, names);
+        if (o->out_file) {
+            r = geocclCommWriteTopology(comm, o->out_file);
+            if (r != ncclSuccess) {
+                fprintf(stderr, "%s: %s\n", TOOL, ncclGetLastError(comm));
+                status = 1;
+            } else if (!o->json) {
+                printf("# wrote %s (GEOCCL_TOPO_FILE=%s skips the probe)\n", o->out_file,
+                       o->out_file);
+            }
+        }
+        fflush(stdout);
+    }
+out:
+    free(region_of);
+    free(labels);
+    free(names);
+    ncclCommDestroy(comm);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    probeOptions o;
+    int rank = 0, nranks = 1, status;
+    ncclUniqueId id;
+
+    /* Measure even when labels are given (they still decide the regions). */
+    setenv("GEOCCL_PROBE", "2", 0);
+#ifdef GEOCCL_PROBE_MPI
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+#endif
+    if (parse(argc, argv, &o) != 0)
+        return 2;
+#ifdef GEOCCL_PROBE_MPI
+    if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
+        fprintf(stderr, "%s: ncclGetUniqueId: %s\n", TOOL, ncclGetLastError(NULL));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    status = run(&o, rank, nranks, id);
+    MPI_Finalize();
+#else
+    if (env_ranks(&rank, &nranks) != 0)
+        return 2;
+    if (getenv("GEOCCL_COMM_ID") == NULL) {
+        fprintf(stderr, "%s: GEOCCL_COMM_ID=host:port (rank 0's address) is not set\n", TOOL);
+        return 2;
+    }
+    if (ncclGetUniqueId(&id) != ncclSuccess) {
+        fprintf(stderr, "%s: ncclGetUniqueId: %s\n", TOOL, ncclGetLastError(NULL));
+        return 1;
+    }
+    status = run(&o, rank, nranks, id);
+#endif
+    return status;
+}
