@@ -273,6 +273,79 @@ static void test_error_line_after_blank_lines(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Keys for the cost model (issue 5)                                        */
+/* ------------------------------------------------------------------------ */
+
+static void test_parse_model_keys(void)
+{
+    topoFile tf;
+    char err[512] = "";
+    static const char text[] = "region a bw=1gbit delay=10 ranks=1024\n"
+                               "region b ranks=3\n"
+                               "intra bw=200gbit delay=0.01\n"
+                               "streams 8\n"
+                               "rtt a b 62\n"
+                               "rtt b c 7.5ms  # c is declared by this line\n"
+                               "rtt b a 64\n";
+    CU_ASSERT_EQUAL_FATAL(topoFileParse(text, "m.topo", &tf, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(tf.nregions, 3);
+    const topoFileRegion *a = find_region(&tf, "a"), *b = find_region(&tf, "b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    CU_ASSERT_PTR_NOT_NULL(find_region(&tf, "c"));
+    CU_ASSERT_EQUAL(a->ranks, 1024);
+    CU_ASSERT_EQUAL(b->ranks, 3);
+    CU_ASSERT_DOUBLE_EQUAL(a->delay_ms, 10, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(tf.intra_bw_bytes, 25e9, 1e-3);
+    CU_ASSERT_DOUBLE_EQUAL(tf.intra_delay_ms, 0.01, 1e-12);
+    CU_ASSERT_EQUAL(tf.streams, 8);
+    CU_ASSERT_EQUAL_FATAL(tf.nrtts, 3);
+    CU_ASSERT_STRING_EQUAL(tf.rtts[0].a, "a");
+    CU_ASSERT_STRING_EQUAL(tf.rtts[0].b, "b");
+    CU_ASSERT_DOUBLE_EQUAL(tf.rtts[0].ms, 62, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(tf.rtts[1].ms, 7.5, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(tf.rtts[2].ms, 64, 1e-12);
+    topoFileFree(&tf);
+    CU_ASSERT_PTR_NULL(tf.rtts);
+    CU_ASSERT_EQUAL(tf.nrtts, 0);
+
+    /* absent keys read as unknown */
+    CU_ASSERT_EQUAL_FATAL(topoFileParse("region a\n", "m.topo", &tf, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(tf.regions[0].ranks, 0);
+    CU_ASSERT_EQUAL(tf.intra_bw_bytes, 0);
+    CU_ASSERT(tf.intra_delay_ms < 0);
+    CU_ASSERT_EQUAL(tf.streams, 0);
+    CU_ASSERT_EQUAL(tf.nrtts, 0);
+    topoFileFree(&tf);
+}
+
+static void test_parse_model_errors(void)
+{
+    expect_error("region a ranks=0\n", 1, "bad ranks");
+    expect_error("region a ranks=-2\n", 1, "bad ranks");
+    expect_error("region a ranks=4x\n", 1, "bad ranks");
+    expect_error("region a ranks=\n", 1, "bad ranks");
+    expect_error("# x\nintra bw=fast\n", 2, "bad intra rate");
+    expect_error("intra delay=-1\n", 1, "bad intra delay");
+    expect_error("intra delay=1s\n", 1, "bad intra delay");
+    expect_error("intra colour=red\n", 1, "unknown intra attribute");
+    expect_error("streams\n", 1, "streams N");
+    expect_error("streams 0\n", 1, "streams N");
+    expect_error("streams 2000\n", 1, "streams N");
+    expect_error("streams 4 8\n", 1, "streams N");
+    expect_error("streams two\n", 1, "streams N");
+    expect_error("rtt a b\n", 1, "rtt REGION1 REGION2 MS");
+    expect_error("rtt a b 5 6\n", 1, "rtt REGION1 REGION2 MS");
+    expect_error("region a\nrtt a a 5\n", 2, "itself");
+    expect_error("rtt a b 0\n", 1, "bad rtt");
+    expect_error("rtt a b -4\n", 1, "bad rtt");
+    expect_error("rtt a b nan\n", 1, "bad rtt");
+    expect_error("rtt a b 5s\n", 1, "bad rtt");
+    /* the message for an unknown statement lists the new forms too */
+    expect_error("\nlink a b\n", 2, "'streams N'");
+}
+
+/* ------------------------------------------------------------------------ */
 /* Files                                                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -625,6 +698,8 @@ int main(void)
     CU_add_test(s, "region names up to 31 characters", test_long_names);
     CU_add_test(s, "errors name file:line", test_parse_errors);
     CU_add_test(s, "error line numbers count blank lines", test_error_line_after_blank_lines);
+    CU_add_test(s, "region ranks=, intra, streams, rtt", test_parse_model_keys);
+    CU_add_test(s, "bad ranks=, intra, streams, rtt name file:line", test_parse_model_errors);
     CU_add_test(s, "topoFileLoad", test_load_file);
     CU_add_test(s, "topoRegionMapBuild 'x y x z y'", test_region_map);
     CU_add_test(s, "topoRegionMapBuild default and mixed labels", test_region_map_default);

@@ -30,6 +30,17 @@ double topoParseRate(const char *s)
     return -1;
 }
 
+/* "25", "25ms", "0.01": milliseconds, finite and >= 0 (> 0 when positive
+ * is set); -1 if bad. */
+static double parse_ms(const char *s, int positive)
+{
+    char *e;
+    double v = strtod(s, &e);
+    if (e == s || (*e && strcmp(e, "ms") != 0) || !isfinite(v) || v < 0 || (positive && v == 0))
+        return -1;
+    return v;
+}
+
 static int add_region(topoFile *tf, const char *name)
 {
     for (int i = 0; i < tf->nregions; i++)
@@ -50,6 +61,7 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
     char *copy = strdup(text ? text : ""), *save = NULL, *line;
     int lineno = 0;
     memset(tf, 0, sizeof(*tf));
+    tf->intra_delay_ms = -1;
     if (copy == NULL) {
         snprintf(err, errlen, "%s: out of memory", name);
         return -1;
@@ -86,14 +98,21 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                         goto fail;
                     }
                 } else if (strncmp(tok[i], "delay=", 6) == 0) {
-                    char *e;
-                    tf->regions[g].delay_ms = strtod(tok[i] + 6, &e);
-                    if (e == tok[i] + 6 || (*e && strcmp(e, "ms") != 0) ||
-                        !isfinite(tf->regions[g].delay_ms) || tf->regions[g].delay_ms < 0) {
+                    tf->regions[g].delay_ms = parse_ms(tok[i] + 6, 0);
+                    if (tf->regions[g].delay_ms < 0) {
                         snprintf(err, errlen, "%s:%d: bad delay '%s' (milliseconds)", name,
                                  lineno, tok[i] + 6);
                         goto fail;
                     }
+                } else if (strncmp(tok[i], "ranks=", 6) == 0) {
+                    char *e;
+                    long v = strtol(tok[i] + 6, &e, 10);
+                    if (e == tok[i] + 6 || *e || v < 1 || v > (1L << 24)) {
+                        snprintf(err, errlen, "%s:%d: bad ranks '%s' (a count from 1 to %ld)",
+                                 name, lineno, tok[i] + 6, 1L << 24);
+                        goto fail;
+                    }
+                    tf->regions[g].ranks = (int)v;
                 } else {
                     snprintf(err, errlen, "%s:%d: unknown region attribute '%s'", name, lineno,
                              tok[i]);
@@ -126,9 +145,72 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
             nr[tf->nrules++] = r;
             if (add_region(tf, r.region) < 0)
                 goto oom;
+        } else if (strcmp(tok[0], "intra") == 0) {
+            for (int i = 1; i < n; i++) {
+                if (strncmp(tok[i], "bw=", 3) == 0) {
+                    double v = topoParseRate(tok[i] + 3);
+                    if (!(v > 0)) {
+                        snprintf(err, errlen, "%s:%d: bad intra rate '%s' (use 10gbit, 5G...)",
+                                 name, lineno, tok[i] + 3);
+                        goto fail;
+                    }
+                    tf->intra_bw_bytes = v;
+                } else if (strncmp(tok[i], "delay=", 6) == 0) {
+                    double v = parse_ms(tok[i] + 6, 0);
+                    if (v < 0) {
+                        snprintf(err, errlen, "%s:%d: bad intra delay '%s' (milliseconds)",
+                                 name, lineno, tok[i] + 6);
+                        goto fail;
+                    }
+                    tf->intra_delay_ms = v;
+                } else {
+                    snprintf(err, errlen, "%s:%d: unknown intra attribute '%s' (bw=, delay=)",
+                             name, lineno, tok[i]);
+                    goto fail;
+                }
+            }
+        } else if (strcmp(tok[0], "streams") == 0) {
+            char *e = NULL;
+            long v = n == 2 ? strtol(tok[1], &e, 10) : 0;
+            if (n != 2 || e == tok[1] || *e || v < 1 || v > 1024) {
+                snprintf(err, errlen, "%s:%d: expected 'streams N' with N from 1 to 1024", name,
+                         lineno);
+                goto fail;
+            }
+            tf->streams = (int)v;
+        } else if (strcmp(tok[0], "rtt") == 0) {
+            topoFileRtt rt;
+            if (n != 4) {
+                snprintf(err, errlen, "%s:%d: expected 'rtt REGION1 REGION2 MS'", name, lineno);
+                goto fail;
+            }
+            if (strlen(tok[1]) >= TOPO_REGION_LABEL_LEN || strlen(tok[2]) >= TOPO_REGION_LABEL_LEN)
+                goto bad_name;
+            if (strcmp(tok[1], tok[2]) == 0) {
+                snprintf(err, errlen, "%s:%d: rtt between '%s' and itself (two different "
+                         "regions expected)", name, lineno, tok[1]);
+                goto fail;
+            }
+            rt.ms = parse_ms(tok[3], 1);
+            if (rt.ms < 0) {
+                snprintf(err, errlen, "%s:%d: bad rtt '%s' (milliseconds, > 0)", name, lineno,
+                         tok[3]);
+                goto fail;
+            }
+            snprintf(rt.a, sizeof(rt.a), "%s", tok[1]);
+            snprintf(rt.b, sizeof(rt.b), "%s", tok[2]);
+            topoFileRtt *nr = realloc(tf->rtts, sizeof(*nr) * (size_t)(tf->nrtts + 1));
+            if (nr == NULL)
+                goto oom;
+            tf->rtts = nr;
+            nr[tf->nrtts++] = rt;
+            if (add_region(tf, rt.a) < 0 || add_region(tf, rt.b) < 0)
+                goto oom;
         } else {
             snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] "
-                     "[delay=MS]', 'rank N REGION' or 'host ADDR REGION'", name, lineno, tok[0]);
+                     "[delay=MS] [ranks=N]', 'rank N REGION', 'host ADDR REGION', 'intra "
+                     "[bw=RATE] [delay=MS]', 'streams N' or 'rtt REGION1 REGION2 MS'", name,
+                     lineno, tok[0]);
             goto fail;
         }
         continue;
@@ -177,7 +259,9 @@ void topoFileFree(topoFile *tf)
 {
     free(tf->regions);
     free(tf->rules);
+    free(tf->rtts);
     memset(tf, 0, sizeof(*tf));
+    tf->intra_delay_ms = -1;
 }
 
 const char *topoFileRegionFor(const topoFile *tf, int rank, const char *addr, const char *host)

@@ -2,15 +2,34 @@
  * each rank or host is in and, when known, how fast each region's WAN link
  * is.  Format, one statement per line, '#' starts a comment:
  *
- *   region NAME [bw=RATE] [delay=MS]   declare a region; RATE like 100mbit,
- *                                      1gbit, 10gbit or bytes/s (125M); delay
- *                                      is the one-way WAN delay in ms
+ *   region NAME [bw=RATE] [delay=MS] [ranks=N]
+ *                                      declare a region; RATE like 100mbit,
+ *                                      1gbit, 10gbit or bytes/s (125M): the
+ *                                      rate of the region's WAN egress, which
+ *                                      all its traffic to other regions
+ *                                      shares; delay is the one-way WAN delay
+ *                                      in ms (RTT between two regions = the
+ *                                      sum of their delays); ranks is how
+ *                                      many ranks the region has (for
+ *                                      geoccl-probe --simulate; otherwise the
+ *                                      communicator knows).  A region may be
+ *                                      declared again: later attributes win.
  *   rank N NAME                        global rank N is in region NAME
  *   host ADDR-OR-NAME NAME             ranks whose address (or hostname) is
  *                                      ADDR-OR-NAME are in region NAME
+ *   intra [bw=RATE] [delay=MS]         the link between two ranks of one
+ *                                      region: bandwidth per rank and
+ *                                      latency per message (ms, fractions
+ *                                      allowed: 0.01 = 10 us)
+ *   streams N                          TCP streams per WAN peer pair that
+ *                                      the probe found necessary (1..1024)
+ *   rtt NAME1 NAME2 MS                 measured round-trip time between two
+ *                                      (different) regions; the model uses
+ *                                      it instead of the sum of delays
  *
  * A rank line wins over a host line; addresses win over host names.  A
- * region named in a rank/host line need not be declared.  Errors name the
+ * region named in a rank/host/rtt line need not be declared.  For intra,
+ * streams and rtt of the same pair, the last line wins.  Errors name the
  * file and line. */
 #ifndef GEOCCL_TOPO_FILE_H_
 #define GEOCCL_TOPO_FILE_H_
@@ -23,6 +42,7 @@ typedef struct {
     char name[TOPO_REGION_LABEL_LEN];
     double bw_bytes;  /* bytes/s; 0 unknown */
     double delay_ms;  /* one-way; < 0 unknown */
+    int ranks;        /* ranks=; 0 unknown */
 } topoFileRegion;
 
 typedef struct {
@@ -33,10 +53,20 @@ typedef struct {
 } topoFileRule;
 
 typedef struct {
+    char a[TOPO_REGION_LABEL_LEN], b[TOPO_REGION_LABEL_LEN];
+    double ms;        /* round-trip time, > 0 */
+} topoFileRtt;
+
+typedef struct {
     topoFileRegion *regions;
     int nregions;
     topoFileRule *rules;
     int nrules;
+    topoFileRtt *rtts;
+    int nrtts;
+    double intra_bw_bytes;  /* intra bw=, bytes/s; 0 unknown */
+    double intra_delay_ms;  /* intra delay=; < 0 unknown */
+    int streams;            /* streams N; 0 unknown */
 } topoFile;
 
 /* Parse path.  Returns 0; or -1 with a message in err (file:line: what). */

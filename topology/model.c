@@ -1,0 +1,732 @@
+/* Alpha-beta cost model of GeoCCL's collectives, and the plan built on it.
+ *
+ * Notation.  R regions, P_q ranks in region q, N = sum P_q.  S = bytes of
+ * the call (model.h says which buffer).  E_q = the rate region q's ranks
+ * get through its WAN egress = egress_Bps[q] * wan_goodput, lowered to
+ * (streams leaving q) * stream_Bps when a stream cap is known.  ow(i,j) =
+ * one-way delay between regions i and j = rtt_s[i][j] / 2 if measured, else
+ * (lat_s[i] + lat_s[j]) / 2; ow = the largest over pairs.  Intra-region:
+ * a message of b bytes costs a + b / B (a = intra_alpha_s, B = intra_Bps).
+ *
+ * FLAT ring (coll_ring.c; all-reduce 2(N-1) steps, all-gather and
+ * reduce-scatter N-1 steps, segments of S/N cut into chunks of at most
+ * `chunk`).  The ring has N edges: P_q - 1 intra edges in each region and
+ * one WAN edge from region q's last rank to region q+1's first, which
+ * carries the whole ring's traffic through q's egress on one peer pair
+ * (E_q capped by nstreams * stream_Bps).  An edge serves a chunk c in
+ * svc_e = c / rate_e (+ a on intra edges) and delivers it lat_e later
+ * (ow(q, q+1) on WAN edges, 0 inside a region).  Chunk j of step s at rank
+ * r needs chunk j of step s-1 from rank r-1, so the ring is a max-plus
+ * system with two kinds of circuits: each edge serialising its own chunks
+ * (per step nchunk * svc_e) and the whole ring (a chunk goes once around
+ * the N edges in N steps: sum_e (lat_e + svc_e) / N per step).  The step
+ * time is the larger of the two, and the last step's data still has to
+ * cross one WAN hop:
+ *     T = steps * max(max_e step_e, sum_e (lat_e + svc_e) / N) + max_e lat_e
+ * where step_e = S/N / rate_e (+ nchunk a on intra edges) and svc_e is for
+ * a full chunk (chunks are `chunk` bytes but the last, as in coll_ring.c).
+ * On a WAN the first term is the WAN edge's bytes, 2(N-1)/N * S / E_q for
+ * all-reduce; the second matters when few ranks sit between WAN hops (3x2:
+ * a WAN hop every second step, so each step waits half a delay) and for
+ * small messages.
+ *
+ * FLAT direct all-reduce (S <= direct_max and 2 <= N <= 32, which the
+ * library uses whatever the algorithm): every rank sends S to every other
+ * rank at once; region q's egress carries P_q (N - P_q) S:
+ *     T = max_q P_q (N - P_q) S / E_q + ow + a + max_q (P_q - 1) S / B
+ *
+ * FLAT broadcast: a chain from rank 0 through the ring order (N-1 edges),
+ * chunked: the first chunk c crosses every edge, the rest follow at the
+ * slowest edge's pace:
+ *     T = sum_chain (lat_e + svc_e(c)) + max_chain (S - c) / rate_e
+ * HIER broadcast is the same chain (the library has no hierarchical
+ * broadcast, and a chain in region order already crosses each region
+ * boundary once).
+ *
+ * HIER all-reduce (coll_hier.c).  The buffer is cut into slices of
+ * L = min(S, `chunk` (GEOCCL_HIER_SLICE)) bytes, n = S / L of them (the
+ * last one partial).  Per slice, for region q:
+ *     RS_q = AG_q = (P_q - 1) (a + L / P_q / B)         intra ring phases
+ *     W_q  = 2 (R-1)/R * L / ratio / E_q                 X1 out and X2 back
+ *     C_q  = L / P_q * (1 / enc + 2 (R-1)/R / dec)       codec on my shard:
+ *            encode my shard's parts for X1 and my finished part for X2,
+ *            decode R-1 partials and R-1 finished parts of my shard
+ * with E_q capped by P_q (R-1) nstreams stream_Bps (every rank talks to its
+ * counterparts in the R-1 other regions).  RS, AG, encode and decode run in
+ * the caller's thread one after the other; the WAN transfers run beside
+ * them on the progress thread.  So per slice the caller needs
+ * K = max_q (RS_q + AG_q + C_q), the WAN needs W = max_q W_q, and a slice's
+ * round trip must fit in the pipeline depth D = 2 (X1 of slice s is reduced
+ * D iterations later): period = max(K, W, (ow + W/2) / D).  The first slice
+ * goes through all stages; each further one adds a period:
+ *     T = K + W + 2 ow + (n - 1) * period
+ * (one slice: RS + X1 + X2 + AG back to back; many: the slower of the
+ * caller and the WAN, the faster one hidden, which is how compression's
+ * CPU cost disappears behind a slow link and shows on a fast one).
+ *
+ * HIER all-gather (S = output, block S/N): each rank sends its block to its
+ * handler in every other region, then handlers forward inside the region:
+ *     T = max_q (R-1) P_q S/N / E_q + ow + a
+ *       + max_q [(P_q - 1) a + (S - S/N - (N - P_q) S/N / P_q) / B]
+ * HIER reduce-scatter (S = input): the mirror image: intra to the block's
+ * handler first, then one WAN transfer of the region's share:
+ *     T = max_q [(P_q - 1) a + (P_q - 1)/P_q S / B] + max_q (N - P_q) S/N / E_q + ow
+ * Neither is pipelined in the library, so neither is here.
+ *
+ * Not modelled: ingress limits (the emulator and the clouds shape egress),
+ * TCP slow start (connections stay warm between calls), reduction
+ * arithmetic (memory-bound, far above WAN rates), and CPU contention between
+ * ranks that share cores.
+ *
+ * Calibration (BENCHMARKS.md, "Hierarchical all-reduce on emulated regions"
+ * and "Compression on emulated regions"; 2-core VM, tbf egress shaping,
+ * 25 ms one way).  Model: examples/topo/3x2-100mbit.topo's settings (and
+ * the same with 2x4 and 1gbit): goodput 1448/1500, intra 0.2 ms and
+ * 140 MB/s per rank (the 64 MiB sign run spent 0.248 s in reduce-scatter
+ * and 0.216 s in all-gather moving 32 MiB per rank each: 135-155 MB/s),
+ * 2 streams, 512 KiB chunks, 4 MiB slices, codecs topoDefaultCodecCosts.
+ * predicted / measured (tests/test_model.c recomputes and checks these):
+ *
+ *   3x2 100 Mbit/s     1 MiB  4 MiB  16 MiB  64 MiB  256 MiB
+ *     hier             0.88   0.95   0.92    0.97    0.96
+ *     flat             0.84   0.86   0.82    0.95    -
+ *   2x4 100 Mbit/s
+ *     hier             1.04   1.04   1.01    0.97    0.97
+ *     flat             1.00   0.98   0.90    0.97    -
+ *   3x2 1 Gbit/s (CPU-bound emulator, BENCHMARKS says so)
+ *     hier             0.52   0.95   0.82    0.48    0.41
+ *     flat             0.81   0.92   0.70    0.63    0.60
+ *   2x4 1 Gbit/s (CPU-bound)
+ *     hier             0.59   1.10   0.74    0.92    0.71
+ *     flat             1.01   1.11   0.64    0.66    0.56
+ *   3x2 100 Mbit/s, 64 MiB, hier with a codec (geoccl-perf input)
+ *     none 0.95, fp16 0.76, bf16 0.95, int8 0.92, int4 0.80,
+ *     sign 0.63, topk:0.01 0.68; lossless on Gaussian data (ratio 1.19) 0.96
+ *
+ * So at 100 Mbit/s, where the links are the limit, every all-reduce row at
+ * 1 MiB and above is within 25% (0.82-1.04), and so are the codecs whose
+ * time the link sets (none, lossless, fp16, bf16, int8: 0.76-0.96).  The
+ * 1 Gbit/s rows are not: there the 2 shared cores (delay lines at about one core per Gbit/s, six
+ * or eight ranks) set the time, which a link model does not describe; and
+ * sign and topk, whose codec phase took 0.45 s per call in the all-reduce
+ * against 30 ms at the single-core rates, are under-predicted for the same
+ * reason.  The model is meant for machines where each rank has its cores.
+ */
+#include "config.h"
+#include "topology/model.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The buckets go up to 4 GiB. */
+_Static_assert(SIZE_MAX >= UINT64_MAX, "the plan's size buckets need a 64-bit size_t");
+
+#define HIER_DEPTH 2  /* coll_hier.c's HIER_DEPTH */
+#define TCP_GOODPUT (1448.0 / 1500.0)
+#define PREFER_MARGIN 0.01
+
+/* Default intra link when a topology file does not say: a modest
+ * NVLink/PCIe/IB-class figure; WAN-bound plans hardly depend on it. */
+#define DEFAULT_INTRA_ALPHA 20e-6
+#define DEFAULT_INTRA_BPS 5e9
+
+/* Per-core throughputs: BENCHMARKS.md, "CPU codec throughput per core"
+ * (tests/test_codec, one thread, 64 MiB of Gaussian float32, GB/s of
+ * float32 input).  Ratios: lossless ~1.1 on gradients (1.19 measured on
+ * Gaussian data, less on real gradients); casts 2; int8, int4 and sign with
+ * one float32 scale per 256-element block: 4 / (1 + 4/256) = 3.94,
+ * 4 / (0.5 + 4/256) = 7.76, 4 / (1/8 + 4/256) = 28.4; topk keeps 1% as
+ * (index, value) pairs: 4 / (8 * 0.01) = 50.  `none` is a plain send: the
+ * uncompressed path copies nothing, so it is free (6.66 GB/s measured for a
+ * copy it does not make). */
+const topoCodecCost topoDefaultCodecCosts[] = {
+    {0, "none", 1.0, 0, 0, 0},
+    {1, "lossless", 1.1, 0.42e9, 0.91e9, 0},
+    {2, "fp16", 2.0, 1.90e9, 4.61e9, 1},
+    {3, "bf16", 2.0, 2.95e9, 4.87e9, 1},
+    {4, "int8", 3.94, 3.66e9, 6.67e9, 1},
+    {5, "int4", 7.76, 3.53e9, 7.01e9, 1},
+    {6, "sign", 28.4, 2.08e9, 3.34e9, 1},
+    {7, "topk:0.01", 50.0, 1.33e9, 6.95e9, 1},
+};
+const int topoDefaultNCodecs = (int)(sizeof(topoDefaultCodecCosts) /
+                                     sizeof(topoDefaultCodecCosts[0]));
+
+void topoModelInit(topoModel *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->intra_alpha_s = DEFAULT_INTRA_ALPHA;
+    m->intra_Bps = DEFAULT_INTRA_BPS;
+    m->wan_streams = 2;
+    m->stream_Bps = 0;
+    m->wan_goodput = 1;
+    m->chunk = 512 << 10;
+    m->hier_slice = 4 << 20;
+    m->direct_max = 16 << 10;
+}
+
+/* ---- model checks and link helpers ------------------------------------- */
+
+static int model_ok(const topoModel *m)
+{
+    if (m == NULL || m->nregions < 1 || m->nregions > TOPO_MODEL_MAX_REGIONS)
+        return 0;
+    if (!(m->intra_Bps > 0) || !(m->intra_alpha_s >= 0) || m->wan_streams < 1 ||
+        !(m->stream_Bps >= 0) || !(m->wan_goodput > 0 && m->wan_goodput <= 1) ||
+        m->chunk == 0 || m->hier_slice == 0)
+        return 0;
+    for (int q = 0; q < m->nregions; q++)
+        if (m->ranks[q] < 1 || !(m->egress_Bps[q] > 0) || !(m->lat_s[q] >= 0) ||
+            !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]))
+            return 0;
+    return 1;
+}
+
+static int model_nranks(const topoModel *m)
+{
+    int n = 0;
+    for (int q = 0; q < m->nregions; q++)
+        n += m->ranks[q];
+    return n;
+}
+
+static double oneway(const topoModel *m, int i, int j)
+{
+    if (m->rtt_s[i][j] > 0)
+        return m->rtt_s[i][j] / 2;
+    if (m->rtt_s[j][i] > 0)
+        return m->rtt_s[j][i] / 2;
+    return (m->lat_s[i] + m->lat_s[j]) / 2;
+}
+
+static double max_oneway(const topoModel *m)
+{
+    double ow = 0;
+    for (int i = 0; i < m->nregions; i++)
+        for (int j = i + 1; j < m->nregions; j++)
+            ow = fmax(ow, oneway(m, i, j));
+    return ow;
+}
+
+/* What `streams` TCP streams leaving region q can carry: its egress at
+ * goodput, or the streams' caps if lower. */
+static double wan_rate(const topoModel *m, int q, double streams)
+{
+    double r = m->egress_Bps[q] * m->wan_goodput;
+    if (m->stream_Bps > 0)
+        r = fmin(r, streams * m->stream_Bps);
+    return r;
+}
+
+/* ---- flat ---------------------------------------------------------------- */
+
+/* Ring of `steps` steps with segments of seg bytes (the header comment's
+ * max-plus formula).  Edges are handled per region, so this is O(R)
+ * whatever N is. */
+static double ring_time(const topoModel *m, int N, int steps, double seg, size_t chunk, int ns)
+{
+    if (N < 2 || steps < 1)
+        return 0;
+    /* Chunks are `chunk` bytes but the last: the ring circuit carries a
+     * full chunk, the edges all of seg plus a per-chunk alpha.  (Cutting seg
+     * into equal parts instead would make a slightly larger message
+     * cheaper.) */
+    double nchunk = seg > 0 ? ceil(seg / (double)chunk) : 1;
+    double c = fmin(seg, (double)chunk);
+    const double a = m->intra_alpha_s;
+    double edge = nchunk * a + seg / m->intra_Bps; /* an intra edge's step */
+    double cycle = 0, max_lat = 0;
+    int R = m->nregions;
+    if (R == 1) {
+        cycle = N * (a + c / m->intra_Bps);
+    } else {
+        if (N == R) /* no intra edge */
+            edge = 0;
+        for (int q = 0; q < R; q++) {
+            double rate = wan_rate(m, q, ns), lat = oneway(m, q, (q + 1) % R);
+            edge = fmax(edge, seg / rate);
+            max_lat = fmax(max_lat, lat);
+            cycle += (m->ranks[q] - 1) * (a + c / m->intra_Bps) + c / rate + lat;
+        }
+    }
+    return steps * fmax(edge, cycle / N) + max_lat;
+}
+
+static double direct_time(const topoModel *m, int N, double S, int ns)
+{
+    double wan = 0, intra = 0;
+    for (int q = 0; q < m->nregions; q++) {
+        double pairs = (double)m->ranks[q] * (N - m->ranks[q]);
+        if (pairs > 0)
+            wan = fmax(wan, pairs * S / wan_rate(m, q, pairs * ns));
+        intra = fmax(intra, (m->ranks[q] - 1) * S / m->intra_Bps);
+    }
+    return wan + (m->nregions > 1 ? max_oneway(m) : 0) + m->intra_alpha_s + intra;
+}
+
+/* Chain from rank 0 along the ring order (broadcast): the first (full)
+ * chunk crosses every edge, the rest follow at the slowest edge's pace. */
+static double chain_time(const topoModel *m, int N, double S, size_t chunk, int ns)
+{
+    if (N < 2)
+        return 0;
+    double nchunk = S > 0 ? ceil(S / (double)chunk) : 1;
+    double c = fmin(S, (double)chunk), rest = S - c;
+    const double a = m->intra_alpha_s;
+    double first = 0, slowest = 0;
+    for (int q = 0; q < m->nregions; q++) {
+        if (m->ranks[q] > 1) {
+            first += (m->ranks[q] - 1) * (a + c / m->intra_Bps);
+            slowest = fmax(slowest, (nchunk - 1) * a + rest / m->intra_Bps);
+        }
+        if (q + 1 < m->nregions) {
+            double rate = wan_rate(m, q, ns);
+            first += oneway(m, q, q + 1) + c / rate;
+            slowest = fmax(slowest, rest / rate);
+        }
+    }
+    return first + slowest;
+}
+
+static double predict_flat(const topoModel *m, int coll, double S, size_t chunk, int ns)
+{
+    int N = model_nranks(m);
+    switch (coll) {
+    case TOPO_COLL_ALLREDUCE:
+        if (N < 2)
+            return 0;
+        if (N <= 32 && S <= (double)m->direct_max)
+            return direct_time(m, N, S, ns);
+        return ring_time(m, N, 2 * (N - 1), S / N, chunk, ns);
+    case TOPO_COLL_ALLGATHER:
+    case TOPO_COLL_REDUCESCATTER:
+        return ring_time(m, N, N - 1, S / N, chunk, ns);
+    case TOPO_COLL_BROADCAST:
+        return chain_time(m, N, S, chunk, ns);
+    default:
+        return -1;
+    }
+}
+
+/* ---- hierarchical --------------------------------------------------------- */
+
+static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, double S,
+                             size_t slice, int ns)
+{
+    const int R = m->nregions;
+    const double a = m->intra_alpha_s, B = m->intra_Bps, share = (double)(R - 1) / R;
+    double ratio = 1, enc = 0, dec = 0;
+    if (codec != NULL && codec->id != TOPO_CODEC_NONE) {
+        ratio = codec->ratio > 0 ? codec->ratio : 1;
+        enc = codec->enc_Bps;
+        dec = codec->dec_Bps;
+    }
+    /* Slices are `slice` bytes but the last; the bytes after the first
+     * slice add periods in proportion (so that a larger message never
+     * comes out cheaper). */
+    double L = fmin(S, (double)slice);
+    double more = L > 0 ? (S - L) / L : 0;
+    double K = 0, W = 0;
+    for (int q = 0; q < R; q++) {
+        double P = m->ranks[q], seg = L / P;
+        double rs = (P - 1) * (a + seg / B);
+        double c = (enc > 0 ? seg / enc : 0) + (dec > 0 ? 2 * share * seg / dec : 0);
+        K = fmax(K, 2 * rs + c);
+        W = fmax(W, 2 * share * L / ratio / wan_rate(m, q, P * (R - 1) * ns));
+    }
+    double ow = max_oneway(m);
+    double period = fmax(fmax(K, W), (ow + W / 2) / HIER_DEPTH);
+    return K + W + 2 * ow + more * period;
+}
+
+static double predict_hier(const topoModel *m, int coll, const topoCodecCost *codec, double S,
+                           size_t chunk, int ns)
+{
+    const int N = model_nranks(m), R = m->nregions;
+    const double a = m->intra_alpha_s, B = m->intra_Bps, blk = N > 0 ? S / N : 0;
+    double t1 = 0, t2 = 0;
+    if (R == 1 || coll == TOPO_COLL_BROADCAST)
+        return predict_flat(m, coll, S, chunk ? chunk : m->chunk, ns);
+    switch (coll) {
+    case TOPO_COLL_ALLREDUCE:
+        if (N <= 32 && S <= (double)m->direct_max)
+            return direct_time(m, N, S, ns);
+        return hier_allreduce(m, codec, S, chunk ? chunk : m->hier_slice, ns);
+    case TOPO_COLL_ALLGATHER:
+        for (int q = 0; q < R; q++) {
+            double P = m->ranks[q];
+            t1 = fmax(t1, (R - 1) * P * blk / wan_rate(m, q, P * (R - 1) * ns));
+            t2 = fmax(t2, (P - 1) * a + (S - blk - (N - P) * blk / P) / B);
+        }
+        return t1 + max_oneway(m) + a + t2;
+    case TOPO_COLL_REDUCESCATTER:
+        for (int q = 0; q < R; q++) {
+            double P = m->ranks[q];
+            t1 = fmax(t1, (P - 1) * a + (P - 1) / P * S / B);
+            t2 = fmax(t2, (N - P) * blk / wan_rate(m, q, P * (R - 1) * ns));
+        }
+        return t1 + t2 + max_oneway(m);
+    default:
+        return -1;
+    }
+}
+
+double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *codec,
+                   size_t bytes, size_t chunk, int nstreams)
+{
+    if (!model_ok(m) || coll < 0 || coll >= TOPO_COLL_COUNT || algo < 0 ||
+        algo >= TOPO_ALGO_COUNT)
+        return -1;
+    int ns = nstreams > 0 ? nstreams : m->wan_streams;
+    if (algo == TOPO_ALGO_HIER)
+        return predict_hier(m, coll, codec, (double)bytes, chunk, ns);
+    return predict_flat(m, coll, (double)bytes, chunk ? chunk : m->chunk, ns);
+}
+
+/* ---- from a topology file -------------------------------------------------- */
+
+int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errlen)
+{
+    topoModel m;
+    topoModelInit(&m);
+    if (tf->nregions < 1) {
+        snprintf(err, errlen, "the topology file declares no region");
+        return -1;
+    }
+    if (tf->nregions > TOPO_MODEL_MAX_REGIONS) {
+        snprintf(err, errlen, "the topology file has %d regions; the model takes at most %d",
+                 tf->nregions, TOPO_MODEL_MAX_REGIONS);
+        return -1;
+    }
+    m.nregions = tf->nregions;
+    m.wan_goodput = TCP_GOODPUT; /* file rates are link (shaper) rates */
+    for (int i = 0; i < tf->nrtts; i++) {
+        int a = -1, b = -1;
+        for (int q = 0; q < tf->nregions; q++) {
+            if (strcmp(tf->regions[q].name, tf->rtts[i].a) == 0)
+                a = q;
+            if (strcmp(tf->regions[q].name, tf->rtts[i].b) == 0)
+                b = q;
+        }
+        if (a < 0 || b < 0) { /* the parser declares every region it names */
+            snprintf(err, errlen, "rtt line names an unknown region");
+            return -1;
+        }
+        m.rtt_s[a][b] = m.rtt_s[b][a] = tf->rtts[i].ms / 1000.0;
+    }
+    for (int q = 0; q < tf->nregions; q++) {
+        const topoFileRegion *g = &tf->regions[q];
+        snprintf(m.names[q], sizeof(m.names[q]), "%s", g->name);
+        m.ranks[q] = g->ranks;
+        if (m.ranks[q] == 0)
+            for (int i = 0; i < tf->nrules; i++)
+                if (tf->rules[i].kind == 0 && strcmp(tf->rules[i].region, g->name) == 0)
+                    m.ranks[q]++;
+        if (m.ranks[q] == 0) {
+            snprintf(err, errlen, "region '%s' has no size: give it ranks=N or rank lines",
+                     g->name);
+            return -1;
+        }
+        if (tf->nregions == 1) { /* no WAN: rate and delay unused */
+            m.egress_Bps[q] = g->bw_bytes > 0 ? g->bw_bytes : 1;
+            m.lat_s[q] = g->delay_ms > 0 ? g->delay_ms / 1000.0 : 0;
+            continue;
+        }
+        if (!(g->bw_bytes > 0)) {
+            snprintf(err, errlen, "region '%s' has no bw= (the rate of its WAN egress, e.g. "
+                     "bw=10gbit)", g->name);
+            return -1;
+        }
+        m.egress_Bps[q] = g->bw_bytes;
+        if (g->delay_ms >= 0) {
+            m.lat_s[q] = g->delay_ms / 1000.0;
+            continue;
+        }
+        for (int j = 0; j < tf->nregions; j++)
+            if (j != q && !(m.rtt_s[q][j] > 0)) {
+                snprintf(err, errlen, "region '%s' has no delay= and no rtt line to region "
+                         "'%s'", g->name, tf->regions[j].name);
+                return -1;
+            }
+        m.lat_s[q] = 0; /* every pair with q has a measured RTT */
+    }
+    if (tf->intra_delay_ms >= 0)
+        m.intra_alpha_s = tf->intra_delay_ms / 1000.0;
+    if (tf->intra_bw_bytes > 0)
+        m.intra_Bps = tf->intra_bw_bytes;
+    if (tf->streams > 0) {
+        /* The probe needed this many streams to fill a link: one stream
+         * carries about the fastest egress over that many. */
+        double fastest = 0;
+        for (int q = 0; q < m.nregions; q++)
+            fastest = fmax(fastest, m.egress_Bps[q] * m.wan_goodput);
+        m.wan_streams = tf->streams;
+        m.stream_Bps = m.nregions > 1 ? fastest / tf->streams : 0;
+    }
+    *out = m;
+    return 0;
+}
+
+/* ---- plan ----------------------------------------------------------------- */
+
+const char *topoCollName(int coll)
+{
+    static const char *const names[TOPO_COLL_COUNT] = {"allreduce", "allgather",
+                                                       "reducescatter", "broadcast"};
+    return coll >= 0 && coll < TOPO_COLL_COUNT ? names[coll] : "?";
+}
+
+const char *topoAlgoName(int algo)
+{
+    return algo == TOPO_ALGO_FLAT ? "flat" : algo == TOPO_ALGO_HIER ? "hier" : "?";
+}
+
+typedef struct {
+    int algo, nstreams;
+    const topoCodecCost *codec; /* NULL = none */
+    size_t chunk;
+    double sec;
+} planChoice;
+
+static int same_choice(const topoPlanEntry *e, const planChoice *c)
+{
+    int id = c->codec ? c->codec->id : TOPO_CODEC_NONE;
+    return e->algo == c->algo && e->codec == id && e->chunk == c->chunk &&
+           e->nstreams == c->nstreams;
+}
+
+/* Candidate chunks: the default first (preferred on a near tie), then
+ * sizes around it that the library has been run with. */
+static int chunk_candidates(const topoModel *m, int coll, int algo, const topoPlanForce *f,
+                            size_t *out)
+{
+    static const size_t flat_c[] = {128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20};
+    /* large slices amortise the intra rings' (P-1) alphas on big regions */
+    static const size_t hier_c[] = {1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20,
+                                    256 << 20};
+    if (f->chunk > 0) {
+        out[0] = (size_t)f->chunk;
+        return 1;
+    }
+    int hier = algo == TOPO_ALGO_HIER && coll != TOPO_COLL_BROADCAST && m->nregions > 1;
+    int n = 0;
+    out[n++] = hier ? m->hier_slice : m->chunk;
+    /* only the hierarchical all-reduce is sliced */
+    if (hier && coll != TOPO_COLL_ALLREDUCE)
+        return n;
+    int ncand = hier ? (int)(sizeof(hier_c) / sizeof(hier_c[0]))
+                     : (int)(sizeof(flat_c) / sizeof(flat_c[0]));
+    for (int i = 0; i < ncand; i++) {
+        size_t c = hier ? hier_c[i] : flat_c[i];
+        if (c != out[0])
+            out[n++] = c;
+    }
+    return n;
+}
+
+static void choose(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
+                   unsigned allowed, const topoPlanForce *f, const topoCodecCost *forced,
+                   int coll, size_t bytes, planChoice *best)
+{
+    int algos[2], nalgo = 0;
+    if (f->algo >= 0)
+        algos[nalgo++] = m->nregions > 1 ? f->algo : TOPO_ALGO_FLAT;
+    else {
+        algos[nalgo++] = TOPO_ALGO_FLAT;
+        if (m->nregions > 1)
+            algos[nalgo++] = TOPO_ALGO_HIER;
+    }
+    int streams[16], nst = 0;
+    if (f->nstreams > 0)
+        streams[nst++] = f->nstreams;
+    else {
+        for (int s = 1; s < m->wan_streams && nst < 15; s *= 2)
+            streams[nst++] = s;
+        streams[nst++] = m->wan_streams;
+    }
+    /* Two passes: the least time, then the first candidate in preference
+     * order (flat, none, codecs in table order, the default chunk, fewer
+     * streams) within PREFER_MARGIN of it, so that near ties go to the
+     * simpler choice and the plan does not flicker between equals. */
+    best->sec = -1;
+    double least = -1;
+    for (int pass = 0; pass < 2 && best->sec < 0; pass++)
+        for (int ia = 0; ia < nalgo && best->sec < 0; ia++) {
+            int algo = algos[ia];
+            const topoCodecCost *cands[65];
+            int ncand = 0;
+            int compresses = coll == TOPO_COLL_ALLREDUCE && algo == TOPO_ALGO_HIER &&
+                             m->nregions > 1;
+            if (compresses && f->codec >= 0)
+                cands[ncand++] = forced; /* NULL when none was forced */
+            else {
+                cands[ncand++] = NULL;
+                for (int j = 0; compresses && j < ncodecs && ncand < 65; j++)
+                    if (codecs[j].id != TOPO_CODEC_NONE && codecs[j].id >= 0 &&
+                        codecs[j].id < 32 && (allowed >> codecs[j].id) & 1u)
+                        cands[ncand++] = &codecs[j];
+            }
+            size_t chunks[16];
+            int nch = chunk_candidates(m, coll, algo, f, chunks);
+            for (int ic = 0; ic < ncand && best->sec < 0; ic++)
+                for (int k = 0; k < nch && best->sec < 0; k++)
+                    for (int is = 0; is < nst; is++) {
+                        double t = topoPredict(m, coll, algo, cands[ic], bytes, chunks[k],
+                                               streams[is]);
+                        if (t < 0)
+                            continue;
+                        if (pass == 0) {
+                            if (least < 0 || t < least)
+                                least = t;
+                        } else if (t <= least * (1 + PREFER_MARGIN)) {
+                            best->algo = algo;
+                            best->codec = cands[ic] && cands[ic]->id != TOPO_CODEC_NONE
+                                              ? cands[ic] : NULL;
+                            best->chunk = chunks[k];
+                            best->nstreams = streams[is];
+                            best->sec = t;
+                            break;
+                        }
+                    }
+        }
+}
+
+int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
+                  unsigned allowed_mask, const topoPlanForce *force, topoPlan *out)
+{
+    static const topoPlanForce none = TOPO_PLAN_FORCE_NONE;
+    const topoPlanForce *f = force ? force : &none;
+    const topoCodecCost *forced = NULL;
+    if (!model_ok(m) || (ncodecs > 0 && codecs == NULL) || ncodecs < 0)
+        return -1;
+    if (f->algo >= TOPO_ALGO_COUNT || (f->nstreams == 0) || f->chunk == 0)
+        return -1;
+    if (f->codec > TOPO_CODEC_NONE) {
+        for (int j = 0; j < ncodecs; j++)
+            if (codecs[j].id == f->codec)
+                forced = &codecs[j];
+        if (forced == NULL) /* no costs for it: nothing to predict with */
+            return -1;
+    }
+    topoPlan p;
+    memset(&p, 0, sizeof(p));
+    p.nregions = m->nregions;
+    p.nranks = model_nranks(m);
+    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++) {
+        for (int k = TOPO_PLAN_MIN_LOG2; k <= TOPO_PLAN_MAX_LOG2; k++) {
+            size_t bytes = (size_t)1 << k;
+            planChoice c = {0, 0, NULL, 0, -1};
+            choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, bytes, &c);
+            if (c.sec < 0)
+                return -1;
+            topoPlanEntry *last = p.nentries[coll] ? &p.entries[coll][p.nentries[coll] - 1] : NULL;
+            if (last != NULL && same_choice(last, &c)) {
+                last->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
+                last->sec_top = c.sec;
+                continue;
+            }
+            topoPlanEntry *e = &p.entries[coll][p.nentries[coll]++];
+            e->lo = k == TOPO_PLAN_MIN_LOG2 ? 0 : bytes;
+            e->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
+            e->algo = c.algo;
+            e->codec = c.codec ? c.codec->id : TOPO_CODEC_NONE;
+            snprintf(e->codec_name, sizeof(e->codec_name), "%s",
+                     c.codec && c.codec->name ? c.codec->name : "none");
+            e->chunk = c.chunk;
+            e->nstreams = c.nstreams;
+            e->sec_lo = e->sec_top = c.sec;
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+const topoPlanEntry *topoPlanLookup(const topoPlan *plan, int coll, size_t bytes)
+{
+    if (plan == NULL || coll < 0 || coll >= TOPO_COLL_COUNT || plan->nentries[coll] < 1)
+        return NULL;
+    int lo = 0, hi = plan->nentries[coll] - 1;
+    while (lo < hi) { /* the last entry whose lo <= bytes; entries[0].lo == 0 */
+        int mid = (lo + hi + 1) / 2;
+        if (plan->entries[coll][mid].lo <= bytes)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &plan->entries[coll][lo];
+}
+
+/* "512K", "4M", "1G", or bytes; a power of two's exact suffix form. */
+static const char *fmt_size(size_t v, char *buf, size_t len)
+{
+    static const char sfx[] = "KMGTP";
+    int i = -1;
+    while (v >= 1024 && v % 1024 == 0 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    if (i < 0)
+        snprintf(buf, len, "%zu", v);
+    else
+        snprintf(buf, len, "%zu%c", v, sfx[i]);
+    return buf;
+}
+
+static const char *fmt_sec(double s, char *buf, size_t len)
+{
+    if (s < 1e-3)
+        snprintf(buf, len, "%.1f us", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, len, "%.2f ms", s * 1e3);
+    else
+        snprintf(buf, len, "%.3f s", s);
+    return buf;
+}
+
+void topoPlanPrint(const topoPlan *plan, FILE *f)
+{
+    char a[32], b[32], c[32], t1[32], t2[32];
+    fprintf(f, "plan for %d regions, %d ranks\n", plan->nregions, plan->nranks);
+    fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7s %s\n", "collective", "sizes", "algo",
+            "codec", "chunk", "streams", "predicted (first - last size)");
+    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++)
+        for (int i = 0; i < plan->nentries[coll]; i++) {
+            const topoPlanEntry *e = &plan->entries[coll][i];
+            char range[40];
+            if (e->hi == SIZE_MAX)
+                snprintf(range, sizeof(range), "%s and up", fmt_size(e->lo, a, sizeof(a)));
+            else
+                snprintf(range, sizeof(range), "%s-%s", fmt_size(e->lo, a, sizeof(a)),
+                         fmt_size(e->hi + 1, b, sizeof(b)));
+            fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7d %s - %s\n", topoCollName(coll),
+                    range, topoAlgoName(e->algo), e->codec_name,
+                    fmt_size(e->chunk, c, sizeof(c)), e->nstreams,
+                    fmt_sec(e->sec_lo, t1, sizeof(t1)), fmt_sec(e->sec_top, t2, sizeof(t2)));
+        }
+    fprintf(f, "  (sizes: from lo up to, not including, hi)\n");
+}
+
+void topoPlanJson(const topoPlan *plan, FILE *f)
+{
+    fprintf(f, "{\"nregions\": %d, \"nranks\": %d, \"entries\": [", plan->nregions,
+            plan->nranks);
+    int first = 1;
+    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++)
+        for (int i = 0; i < plan->nentries[coll]; i++) {
+            const topoPlanEntry *e = &plan->entries[coll][i];
+            char hi[32];
+            if (e->hi == SIZE_MAX)
+                snprintf(hi, sizeof(hi), "null");
+            else
+                snprintf(hi, sizeof(hi), "%zu", e->hi);
+            fprintf(f, "%s\n  {\"coll\": \"%s\", \"lo\": %zu, \"hi\": %s, \"algo\": \"%s\", "
+                    "\"codec\": \"%s\", \"codec_id\": %d, \"chunk\": %zu, \"streams\": %d, "
+                    "\"sec_lo\": %.6g, \"sec_top\": %.6g}", first ? "" : ",", topoCollName(coll),
+                    e->lo, hi, topoAlgoName(e->algo), e->codec_name, e->codec, e->chunk,
+                    e->nstreams, e->sec_lo, e->sec_top);
+            first = 0;
+        }
+    fprintf(f, "\n]}");
+}

@@ -1,0 +1,182 @@
+/* The cost model and the plan (issue 5).
+ *
+ * A topoModel describes regions joined by a WAN: how many ranks each region
+ * has, the rate of its WAN egress (everything the region sends to other
+ * regions shares it: that is how clouds and the emulator shape), its one-way
+ * WAN delay, the intra-region link, and how many TCP streams a WAN peer pair
+ * may use.  topoPredict turns that into seconds for one collective with one
+ * algorithm, codec, chunk size and stream count (the formulas and the
+ * measurements they were checked against are in model.c's top comment);
+ * topoPlanBuild picks, per collective and message-size range, the cheapest
+ * choice, which the library and geoccl-probe print and obey.
+ *
+ * Everything here is a pure function of its arguments: no I/O except the
+ * print functions, no global state, no allocation.  Any thread may call any
+ * of them.  Layering: codecs are described by plain topoCodecCost values so
+ * that this module does not include compress/ (comm/ fills them in from
+ * compress/codec.h; topoDefaultCodecCosts has the measured defaults).
+ */
+#ifndef GEOCCL_TOPO_MODEL_H_
+#define GEOCCL_TOPO_MODEL_H_
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "topology/regions.h"
+#include "topology/topofile.h"
+
+#define TOPO_MODEL_MAX_REGIONS 64
+
+/* Collectives the model predicts.  `bytes` always means the whole buffer:
+ * all-reduce and broadcast: the buffer; all-gather: the output (every
+ * rank's block); reduce-scatter: the input (every rank's block). */
+enum {
+    TOPO_COLL_ALLREDUCE = 0,
+    TOPO_COLL_ALLGATHER = 1,
+    TOPO_COLL_REDUCESCATTER = 2,
+    TOPO_COLL_BROADCAST = 3,
+    TOPO_COLL_COUNT = 4
+};
+
+/* Algorithms: FLAT is one ring (chain for broadcast) over all ranks in
+ * region order, with the direct exchange for small all-reduces; HIER is
+ * comm/coll_hier.c. */
+enum { TOPO_ALGO_FLAT = 0, TOPO_ALGO_HIER = 1, TOPO_ALGO_COUNT = 2 };
+
+/* Codec id of "no compression" (compress/codec.h's GEO_CODEC_NONE). */
+#define TOPO_CODEC_NONE 0
+
+typedef struct {
+    int nregions;                              /* 1..TOPO_MODEL_MAX_REGIONS */
+    char names[TOPO_MODEL_MAX_REGIONS][TOPO_REGION_LABEL_LEN]; /* for printing */
+    int ranks[TOPO_MODEL_MAX_REGIONS];         /* ranks per region, >= 1 */
+    double egress_Bps[TOPO_MODEL_MAX_REGIONS]; /* WAN egress rate, bytes/s, > 0 */
+    double lat_s[TOPO_MODEL_MAX_REGIONS];      /* one-way WAN delay, s, >= 0 */
+    /* Measured RTT between regions i and j in seconds; 0 = unknown, use
+     * lat_s[i] + lat_s[j].  Symmetric (both halves are read). */
+    double rtt_s[TOPO_MODEL_MAX_REGIONS][TOPO_MODEL_MAX_REGIONS];
+    double intra_alpha_s;  /* intra-region latency per message, s */
+    double intra_Bps;      /* intra-region bandwidth per rank, bytes/s, > 0 */
+    int wan_streams;       /* TCP streams available per WAN peer pair, >= 1 */
+    double stream_Bps;     /* throughput cap of one stream (window / RTT), 0 = none */
+    /* Payload fraction of egress_Bps: 1448/1500 when egress_Bps is a link
+     * or shaper rate (TCP/IP headers count against it), 1 when it is a
+     * measured goodput (what the probe reports). */
+    double wan_goodput;
+    size_t chunk;          /* default ring chunk (GEOCCL_CHUNK_SIZE, 512 KiB) */
+    size_t hier_slice;     /* default hierarchical slice (GEOCCL_HIER_SLICE, 4 MiB) */
+    size_t direct_max;     /* direct exchange up to this (GEOCCL_DIRECT_MAX, 16 KiB) */
+} topoModel;
+
+/* One codec's costs.  Throughputs are of raw (uncompressed) bytes on one
+ * core; 0 means free.  ratio = raw bytes / encoded bytes (1 = none). */
+typedef struct {
+    int id;            /* compress/codec.h's geoCodecId (0 = none) */
+    const char *name;  /* as GEOCCL_COMPRESS spells it */
+    double ratio;
+    double enc_Bps, dec_Bps;
+    int lossy;         /* 1: needs the user's consent (allowed_mask) */
+} topoCodecCost;
+
+/* The per-core throughputs measured in BENCHMARKS.md ("CPU codec throughput
+ * per core", 64 MiB of Gaussian float32) and the ratios of block 256 /
+ * topk 0.01; indexed by id (none, lossless, fp16, bf16, int8, int4, sign,
+ * topk). */
+extern const topoCodecCost topoDefaultCodecCosts[];
+extern const int topoDefaultNCodecs;
+
+/* Fills every field with a default: no regions, intra 20 us / 5 GB/s,
+ * 2 streams, no stream cap, goodput 1, chunk 512 KiB, slice 4 MiB, direct
+ * 16 KiB (the library's defaults, comm/param.c). */
+void topoModelInit(topoModel *m);
+
+/* Builds a model from a topology file: regions in file order with their
+ * ranks= (or the number of `rank` lines naming them), bw= and delay=;
+ * `rtt` lines, `intra` and `streams` (defaults of topoModelInit where
+ * absent).  File rates are link rates, so wan_goodput = 1448/1500.  Returns
+ * 0; or -1 with a message in err naming the region and what it lacks
+ * (ranks, bw, or a delay/rtt to every other region). */
+int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errlen);
+
+/* Predicted seconds for one call.
+ *   coll     TOPO_COLL_*; algo TOPO_ALGO_* (HIER on one region = FLAT)
+ *   codec    NULL = none; applies to all-reduce HIER only (the library
+ *            compresses nothing else), ignored otherwise
+ *   bytes    whole buffer (see TOPO_COLL_*)
+ *   chunk    FLAT: ring chunk; HIER: slice; 0 = the model's default
+ *   nstreams streams per WAN peer pair; <= 0 = m->wan_streams
+ * Returns the time (>= 0), or -1 for an invalid model or argument. */
+double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *codec,
+                   size_t bytes, size_t chunk, int nstreams);
+
+/* ---- plan ---------------------------------------------------------------- */
+
+/* Size buckets: [2^k, 2^(k+1)) for 1 KiB <= 2^k <= 4 GiB (the first also
+ * takes everything below 1 KiB, the last everything above). */
+#define TOPO_PLAN_MIN_LOG2 10
+#define TOPO_PLAN_MAX_LOG2 32
+#define TOPO_PLAN_BUCKETS (TOPO_PLAN_MAX_LOG2 - TOPO_PLAN_MIN_LOG2 + 1)
+
+/* Pins choices the user forced by env; -1 = free.  A forced codec counts
+ * as the user's consent (it may be outside allowed_mask) but still applies
+ * only where the chosen algorithm compresses (all-reduce HIER). */
+typedef struct {
+    int algo;
+    int codec;       /* codec id */
+    int nstreams;
+    long long chunk; /* bytes */
+} topoPlanForce;
+
+#define TOPO_PLAN_FORCE_NONE {-1, -1, -1, -1}
+
+typedef struct {
+    size_t lo, hi;    /* message sizes [lo, hi]; hi = SIZE_MAX for the last */
+    int algo;         /* TOPO_ALGO_* */
+    int codec;        /* codec id, TOPO_CODEC_NONE when uncompressed */
+    char codec_name[24];
+    size_t chunk;     /* FLAT: ring chunk; HIER: slice */
+    int nstreams;
+    double sec_lo;    /* predicted at max(lo, 1 KiB) */
+    double sec_top;   /* predicted at the largest power of two in the range */
+} topoPlanEntry;
+
+typedef struct {
+    int nregions, nranks;
+    int nentries[TOPO_COLL_COUNT];
+    topoPlanEntry entries[TOPO_COLL_COUNT][TOPO_PLAN_BUCKETS];
+} topoPlan;
+
+/* Chooses, per collective and size bucket, algorithm, codec (among codecs
+ * whose id bit is set in allowed_mask, and none, which is always allowed),
+ * chunk and streams with the least predicted time; among choices within 1%
+ * of the least, the simplest (flat, no codec, codecs in table order, the
+ * default chunk, fewer streams).  Then merges neighbouring buckets with the
+ * same choice.  One region: always flat, no codec.  codecs may be NULL
+ * (ncodecs 0); force may be NULL.  Returns 0, or -1 for an invalid model
+ * (out untouched). */
+int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
+                  unsigned allowed_mask, const topoPlanForce *force, topoPlan *out);
+
+/* The entry whose range holds bytes (binary search); NULL for a bad coll. */
+const topoPlanEntry *topoPlanLookup(const topoPlan *plan, int coll, size_t bytes);
+
+/* Human table, one line per range. */
+void topoPlanPrint(const topoPlan *plan, FILE *f);
+/* The same as one JSON object (no trailing newline). */
+void topoPlanJson(const topoPlan *plan, FILE *f);
+
+const char *topoCollName(int coll);
+const char *topoAlgoName(int algo);
+
+/* ---- simulate (simulate.c) ----------------------------------------------- */
+
+/* geoccl-probe --simulate: loads the topology file at path, builds its
+ * model and plan, and writes to out the regions and links, the plan, and
+ * predicted all-reduce times (1 KiB .. 1 GiB, x4) for flat, hier and hier
+ * with each codec; json = 1 writes one JSON object instead.  codecs NULL
+ * means topoDefaultCodecCosts; every given codec is allowed in the plan.
+ * Returns 0, or -1 with the reason in err (file:line for a bad file). */
+int topoSimulate(const char *path, int json, const topoCodecCost *codecs, int ncodecs,
+                 FILE *out, char *err, size_t errlen);
+
+#endif

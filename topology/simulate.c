@@ -1,0 +1,206 @@
+/* geoccl-probe --simulate: what the cost model says about a described
+ * topology, without running anything.  The tool's main parses the command
+ * line and calls topoSimulate (model.h).
+ *
+ * The predicted all-reduce table uses the model's defaults (ring chunk,
+ * slice, all the streams the file allows), i.e. what the library does when
+ * nothing is tuned; the plan above it shows what tuning would choose. */
+#include "config.h"
+#include "topology/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SIM_MIN_LOG2 10 /* 1 KiB */
+#define SIM_MAX_LOG2 30 /* 1 GiB, in x4 steps */
+
+static void rate_text(double Bps, char *buf, size_t len)
+{
+    double bits = Bps * 8;
+    if (bits >= 1e9)
+        snprintf(buf, len, "%.4g Gbit/s", bits / 1e9);
+    else if (bits >= 1e6)
+        snprintf(buf, len, "%.4g Mbit/s", bits / 1e6);
+    else
+        snprintf(buf, len, "%.4g kbit/s", bits / 1e3);
+}
+
+/* A region name as a JSON string: names are any run of non-blank
+ * characters, so quotes, backslashes and control bytes are escaped. */
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(out, "\\u%04x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+static double rtt_of(const topoModel *m, int i, int j)
+{
+    if (m->rtt_s[i][j] > 0)
+        return m->rtt_s[i][j];
+    if (m->rtt_s[j][i] > 0)
+        return m->rtt_s[j][i];
+    return m->lat_s[i] + m->lat_s[j];
+}
+
+static void print_text(const char *path, const topoModel *m, const topoPlan *plan,
+                       const topoCodecCost *codecs, int ncodecs, FILE *out)
+{
+    char r[32];
+    fprintf(out, "# geoccl-probe --simulate %s\n", path);
+    fprintf(out, "%d regions, %d ranks\n", plan->nregions, plan->nranks);
+    fprintf(out, "  %-20s %8s %14s %10s\n", "region", "ranks", "WAN egress", "delay (ms)");
+    for (int q = 0; q < m->nregions; q++) {
+        rate_text(m->egress_Bps[q], r, sizeof(r));
+        char d[32];
+        /* 0 with RTT lines: the file gave measured RTTs instead */
+        snprintf(d, sizeof(d), m->lat_s[q] > 0 ? "%.3g" : "-", m->lat_s[q] * 1e3);
+        fprintf(out, "  %-20s %8d %14s %10s\n", m->names[q], m->ranks[q],
+                m->nregions > 1 ? r : "-", d);
+    }
+    rate_text(m->intra_Bps, r, sizeof(r));
+    fprintf(out, "intra-region: %.3g us per message, %s per rank\n", m->intra_alpha_s * 1e6, r);
+    if (m->stream_Bps > 0) {
+        rate_text(m->stream_Bps, r, sizeof(r));
+        fprintf(out, "WAN: %d streams per peer pair, %s per stream; payload %.1f%% of the "
+                "link rate\n", m->wan_streams, r, m->wan_goodput * 100);
+    } else {
+        fprintf(out, "WAN: %d streams per peer pair, no per-stream cap; payload %.1f%% of the "
+                "link rate\n", m->wan_streams, m->wan_goodput * 100);
+    }
+    if (m->nregions > 1) {
+        fprintf(out, "links: RTT (ms) between regions\n  %-20s", "");
+        for (int j = 0; j < m->nregions; j++)
+            fprintf(out, " %10.10s", m->names[j]);
+        fprintf(out, "\n");
+        for (int i = 0; i < m->nregions; i++) {
+            fprintf(out, "  %-20s", m->names[i]);
+            for (int j = 0; j < m->nregions; j++) {
+                if (i == j)
+                    fprintf(out, " %10s", "-");
+                else
+                    fprintf(out, " %10.4g", rtt_of(m, i, j) * 1e3);
+            }
+            fprintf(out, "\n");
+        }
+    }
+    fprintf(out, "\n");
+    topoPlanPrint(plan, out);
+    fprintf(out, "\npredicted all-reduce time (s), default chunk %zu, slice %zu, %d streams\n",
+            m->chunk, m->hier_slice, m->wan_streams);
+    fprintf(out, "  %10s %10s %10s", "bytes", "flat", "hier");
+    for (int c = 0; c < ncodecs; c++)
+        if (codecs[c].id != TOPO_CODEC_NONE)
+            fprintf(out, " %10.10s", codecs[c].name ? codecs[c].name : "?");
+    fprintf(out, "\n");
+    for (int k = SIM_MIN_LOG2; k <= SIM_MAX_LOG2; k += 2) {
+        size_t b = (size_t)1 << k;
+        fprintf(out, "  %10zu %10.4g %10.4g", b,
+                topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_FLAT, NULL, b, 0, 0),
+                topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, b, 0, 0));
+        for (int c = 0; c < ncodecs; c++)
+            if (codecs[c].id != TOPO_CODEC_NONE)
+                fprintf(out, " %10.4g",
+                        topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, &codecs[c], b, 0, 0));
+        fprintf(out, "\n");
+    }
+    if (m->nregions > 1)
+        fprintf(out, "  (codec columns: hier with that codec)\n");
+}
+
+static void print_json(const char *path, const topoModel *m, const topoPlan *plan,
+                       const topoCodecCost *codecs, int ncodecs, FILE *out)
+{
+    (void)path;
+    fprintf(out, "{\"regions\": [");
+    for (int q = 0; q < m->nregions; q++) {
+        fprintf(out, "%s{\"name\": ", q ? ", " : "");
+        json_str(out, m->names[q]);
+        fprintf(out, ", \"ranks\": %d, \"egress_Bps\": %.6g, \"delay_s\": %.6g}",
+                m->ranks[q], m->egress_Bps[q], m->lat_s[q]);
+    }
+    fprintf(out, "],\n \"intra\": {\"alpha_s\": %.6g, \"Bps\": %.6g},\n \"wan\": {\"streams\": %d, "
+            "\"stream_Bps\": %.6g, \"goodput\": %.6g},\n \"rtt_s\": [", m->intra_alpha_s,
+            m->intra_Bps, m->wan_streams, m->stream_Bps, m->wan_goodput);
+    for (int i = 0; i < m->nregions; i++) {
+        fprintf(out, "%s[", i ? ", " : "");
+        for (int j = 0; j < m->nregions; j++)
+            fprintf(out, "%s%.6g", j ? ", " : "", i == j ? 0.0 : rtt_of(m, i, j));
+        fprintf(out, "]");
+    }
+    fprintf(out, "],\n \"plan\": ");
+    topoPlanJson(plan, out);
+    fprintf(out, ",\n \"allreduce\": [");
+    for (int k = SIM_MIN_LOG2; k <= SIM_MAX_LOG2; k += 2) {
+        size_t b = (size_t)1 << k;
+        fprintf(out, "%s\n  {\"bytes\": %zu, \"flat\": %.6g, \"hier\": %.6g, \"codecs\": {",
+                k > SIM_MIN_LOG2 ? "," : "", b,
+                topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_FLAT, NULL, b, 0, 0),
+                topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, b, 0, 0));
+        int first = 1;
+        for (int c = 0; c < ncodecs; c++)
+            if (codecs[c].id != TOPO_CODEC_NONE) {
+                fprintf(out, "%s\"%s\": %.6g", first ? "" : ", ",
+                        codecs[c].name ? codecs[c].name : "?",
+                        topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, &codecs[c], b, 0, 0));
+                first = 0;
+            }
+        fprintf(out, "}}");
+    }
+    fprintf(out, "\n]}\n");
+}
+
+int topoSimulate(const char *path, int json, const topoCodecCost *codecs, int ncodecs,
+                 FILE *out, char *err, size_t errlen)
+{
+    topoFile tf;
+    topoModel m;
+    topoPlan *plan;
+    unsigned allowed = 0;
+    if (codecs == NULL) {
+        codecs = topoDefaultCodecCosts;
+        ncodecs = topoDefaultNCodecs;
+    }
+    for (int c = 0; c < ncodecs; c++)
+        if (codecs[c].id >= 0 && codecs[c].id < 32)
+            allowed |= 1u << codecs[c].id;
+    if (topoFileLoad(path, &tf, err, errlen) != 0)
+        return -1;
+    int rc = topoModelFromFile(&tf, &m, err, errlen);
+    topoFileFree(&tf);
+    if (rc != 0) {
+        /* name the file: the message only names the region */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", err);
+        snprintf(err, errlen, "%s: %s", path, why);
+        return -1;
+    }
+    plan = malloc(sizeof(*plan)); /* about 10 KB: not on the caller's stack */
+    if (plan == NULL) {
+        snprintf(err, errlen, "out of memory for the plan");
+        return -1;
+    }
+    if (topoPlanBuild(&m, codecs, ncodecs, allowed, NULL, plan) != 0) {
+        snprintf(err, errlen, "%s: the model rejected this topology", path);
+        free(plan);
+        return -1;
+    }
+    if (json)
+        print_json(path, &m, plan, codecs, ncodecs, out);
+    else
+        print_text(path, &m, plan, codecs, ncodecs, out);
+    free(plan);
+    if (ferror(out)) {
+        snprintf(err, errlen, "cannot write the simulation: %m");
+        return -1;
+    }
+    return 0;
+}
