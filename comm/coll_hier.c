@@ -399,9 +399,10 @@ static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice 
 static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
 {
     memset(hc, 0, sizeof(*hc));
-    if (comm->codec == GEO_CODEC_NONE || comm->codec >= GEO_CODEC_COUNT)
+    geoCodecId id = (geoCodecId)comm->call_codec; /* the plan's or the user's */
+    if (id == GEO_CODEC_NONE || id >= GEO_CODEC_COUNT)
         return;
-    const geoCodec *c = geoCodecGet(comm->codec);
+    const geoCodec *c = geoCodecGet(id);
     if (c == NULL)
         return;
     int ok = c->supports(op->dt) &&
@@ -416,7 +417,7 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
         return;
     }
     hc->codec = c;
-    hc->params = &comm->codec_params;
+    hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
     hc->counter = comm->op_seq << 40;
     if (c->lossy && comm->ef_enabled) {
         size_t evicted = 0;

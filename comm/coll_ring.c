@@ -9,6 +9,7 @@
  * cut into chunks; as soon as chunk c of step s is processed, chunk c of
  * step s+1 is sent, so all steps are in flight at once. */
 #include "config.h"
+#include "comm/tuning.h"
 #include "comm/checks.h"
 #include "comm/coll.h"
 #include "comm/comm.h"
@@ -489,7 +490,21 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
-    int hier = comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT &&
+    /* The plan (comm/tuning.h): algorithm, codec and chunk of this call.
+     * Every rank decides from the same plan and the same size. */
+    int use_hier, codec;
+    size_t plan_chunk, saved_chunk = comm->chunk_size, saved_slice = comm->hier_slice;
+    geoTuningChoose(comm, o.type,
+                    o.type == GEO_OP_ALLGATHER ? o.count * (size_t)N * es : total * es,
+                    &use_hier, &codec, &plan_chunk);
+    comm->call_codec = codec;
+    if (plan_chunk > 0) {
+        if (use_hier)
+            comm->hier_slice = plan_chunk;
+        else
+            comm->chunk_size = plan_chunk;
+    }
+    int hier = use_hier &&
                ((o.type == GEO_OP_ALLREDUCE && !(total * es <= comm->direct_max && N <= 32)) ||
                 o.type == GEO_OP_ALLGATHER || o.type == GEO_OP_REDUCESCATTER);
     if (!hier)
@@ -500,7 +515,7 @@ ncclResult_t geoCollRun(geoOp *in)
             res = allreduce_direct(comm, &o);
             break;
         }
-        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+        if (hier) {
             comm->stats.calls_hier++;
             res = geoHierAllReduce(comm, &o);
             break;
@@ -517,7 +532,7 @@ ncclResult_t geoCollRun(geoOp *in)
         break;
     }
     case GEO_OP_REDUCESCATTER: {
-        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+        if (hier) {
             comm->stats.calls_hier++;
             res = geoHierReduceScatter(comm, &o);
             break;
@@ -535,7 +550,7 @@ ncclResult_t geoCollRun(geoOp *in)
         break;
     }
     case GEO_OP_ALLGATHER: {
-        if (comm->regions.nregions > 1 && comm->algo != GEO_ALGO_FLAT) {
+        if (hier) {
             comm->stats.calls_hier++;
             res = geoHierAllGather(comm, &o);
             break;
@@ -574,6 +589,8 @@ ncclResult_t geoCollRun(geoOp *in)
         res = exchange(comm, &o);
         break;
     }
+    comm->chunk_size = saved_chunk;
+    comm->hier_slice = saved_slice;
     free(scaled);
     return res;
 }

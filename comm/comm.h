@@ -15,6 +15,7 @@
 #include "compress/codec.h"
 #include "compress/ef.h"
 #include "comm/probe.h"
+#include "topology/model.h"
 #include "topology/regions.h"
 #include "topology/topofile.h"
 
@@ -103,6 +104,13 @@ struct ncclComm {
     int ef_enabled;             /* GEOCCL_EF != 0 */
     int ef_mode;                /* GEOCCL_EF: 1 both trips, 2 return only, 3 first only */
     geoEfStore ef;
+    int codec_auto;             /* GEOCCL_COMPRESS=auto[:list]: the plan chooses */
+    unsigned auto_mask;         /* codec ids (bits) auto may choose besides none */
+    geoCodecParams auto_params; /* topk's fraction for auto */
+    int call_codec;             /* the codec of the hierarchical call in progress */
+    topoPlan *plan;             /* comm/tuning.h; NULL: no link figures */
+    char plan_why[256];
+    int plan_chunks;            /* the plan sets chunk/slice per call */
     int compress_fallback_noted;
     int ef_full_noted;
 

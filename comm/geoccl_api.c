@@ -4,6 +4,8 @@
 #include "comm/checks.h"
 #include "comm/comm.h"
 #include "comm/param.h"
+#include "comm/tuning.h"
+#include "topology/model.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -95,7 +97,8 @@ ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetCompression") != ncclSuccess || name == NULL,
                   ncclInvalidArgument, "geocclCommGetCompression: NULL or dead comm, or NULL name");
-    *name = geoCodecGet(comm->codec) ? geoCodecGet(comm->codec)->name : "none";
+    *name = comm->codec_auto ? "auto"
+            : geoCodecGet(comm->codec) ? geoCodecGet(comm->codec)->name : "none";
     return ncclSuccess;
 }
 
@@ -199,6 +202,26 @@ ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
         geoCommSetError(comm, "geocclCommWriteTopology: cannot write %s: %s", path,
                         strerror(errno));
         return ncclSystemError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommPrintPlan(ncclComm_t comm, FILE *out, int json)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommPrintPlan") != ncclSuccess || out == NULL,
+                  ncclInvalidArgument, "geocclCommPrintPlan: NULL or dead comm, or NULL out");
+    geoTuningPrint(comm, out, json);
+    return ncclSuccess;
+}
+
+ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out)
+{
+    char err[512] = "";
+    GEO_RETURN_IF(topoFile == NULL || out == NULL, ncclInvalidArgument,
+                  "geocclSimulate: NULL topology file or output");
+    if (topoSimulate(topoFile, json, NULL, 0, out, err, sizeof(err)) != 0) {
+        geoSetThreadError("geocclSimulate: %s", err);
+        return ncclInvalidUsage;
     }
     return ncclSuccess;
 }

@@ -8,6 +8,7 @@
 #include "comm/group.h"
 #include "comm/param.h"
 #include "comm/reduce.h"
+#include "comm/tuning.h"
 #include "topology/ifaces.h"
 #include "topology/topofile.h"
 
@@ -94,23 +95,58 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 
 /* ---- compression policy --------------------------------------------- */
 
+/* "auto" (the plan chooses among the exact codecs: none, lossless) or
+ * "auto:c1,c2,..." (among none and the codecs listed, lossy ones
+ * included: listing them is the user's consent). */
+static ncclResult_t set_auto(struct ncclComm *comm, const char *spec)
+{
+    unsigned mask = 1u << GEO_CODEC_LOSSLESS;
+    geoCodecParams ap = comm->codec_params;
+    if (spec[4] == ':') {
+        char list[256], *save = NULL;
+        snprintf(list, sizeof(list), "%s", spec + 5);
+        mask = 0;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            geoCodecId id;
+            if (geoCodecParse(tok, &id, &ap) != ncclSuccess || id == GEO_CODEC_AUTO) {
+                geoCommSetError(comm, "compression '%s': '%s' is not none, lossless, fp16, "
+                                "bf16, int8, int4, sign or topk:<k>", spec, tok);
+                return ncclInvalidArgument;
+            }
+            if (id != GEO_CODEC_NONE)
+                mask |= 1u << id;
+        }
+    }
+    comm->codec_auto = 1;
+    comm->auto_mask = mask;
+    comm->auto_params = ap;
+    comm->codec = GEO_CODEC_NONE;
+    comm->compress_fallback_noted = 0;
+    geoInfo(GEO_LOG_COMPRESS, "compression between regions: chosen per call by the plan "
+            "(%s)", spec);
+    /* Already connected (geocclCommSetCompression): plan again. */
+    if (comm->regions.nregions > 0)
+        return geoTuningInit(comm);
+    return ncclSuccess;
+}
+
 ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec)
 {
     geoCodecId id;
     geoCodecParams p = comm->codec_params;
+    if (spec && strncmp(spec, "auto", 4) == 0 && (spec[4] == '\0' || spec[4] == ':'))
+        return set_auto(comm, spec);
     if (geoCodecParse(spec, &id, &p) != ncclSuccess) {
         geoCommSetError(comm, "compression '%s' is not none, lossless, fp16, bf16, int8, int4, "
                         "sign or topk:<k> (0 < k <= 1)", spec ? spec : "(null)");
         return ncclInvalidArgument;
     }
-    if (id == GEO_CODEC_AUTO) {
-        geoInfo(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS=auto needs the topology probe's cost model, "
-                "which this release does not have: exact transfer");
-        id = GEO_CODEC_NONE;
-    }
+    comm->codec_auto = 0;
     comm->codec = id;
     comm->codec_params = p;
     comm->compress_fallback_noted = 0;
+    if (comm->regions.nregions > 0 && comm->plan != NULL)
+        GEO_CHECK(geoTuningInit(comm)); /* a forced codec pins the plan */
     if (id != GEO_CODEC_NONE)
         geoInfo(GEO_LOG_COMPRESS, "compression between regions: %s%s", geoCodecGet(id)->name,
                 geoCodecGet(id)->lossy ? (comm->ef_enabled ? " with error feedback"
@@ -198,6 +234,7 @@ static void comm_free(struct ncclComm *comm)
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
+    geoTuningFree(comm);
     if (comm->topo_file_loaded)
         topoFileFree(&comm->topo_file);
     if (comm->net && comm->net_state)
@@ -375,6 +412,10 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.chunk_size = (int64_t)comm->chunk_size;
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
     GEO_CHECK(my_region(comm, &addr, mine.host, mine.region));
+    /* The streams a cached probe found necessary, unless set by hand. */
+    if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&
+        !geoParamIsSet(GEO_PARAM_NSTREAMS))
+        mine.nstreams = comm->topo_file.streams > 64 ? 64 : comm->topo_file.streams;
     comm->peers = calloc((size_t)comm->nranks, sizeof(geoPeerInfo));
     if (comm->peers == NULL) {
         geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
@@ -393,6 +434,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     GEO_CHECK(geoProbeRun(comm));
     if (comm->topo_file_missing && comm->rank == 0)
         write_topo_file(comm);
+    GEO_CHECK(geoTuningInit(comm));
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net->name, comm->nstreams,

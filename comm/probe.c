@@ -533,6 +533,106 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
     return res;
 }
 
+/* ---- inside a region ----------------------------------------------------- */
+
+#define PROBE_INTRA_BYTES (4 << 20)
+
+/* Local ranks 0 and 1 of every region with two or more ranks: a few round
+ * trips (alpha = half the smallest) and one 4 MiB message acknowledged
+ * (bandwidth = bytes / (time - one round trip)).  All regions at once; the
+ * model gets the slowest region's figures, which every rank learns through
+ * the region leaders. */
+static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
+{
+    topoRegionMap *m = &comm->regions;
+    int R = m->nregions, g = m->region_of[comm->rank], lr = m->local_rank[comm->rank];
+    double mine[2] = {0, 0}, *all = calloc((size_t)R * 2, sizeof(double));
+    uint64_t msg[2] = {0, 0};
+    ncclResult_t res = ncclSuccess;
+    char *buf = NULL;
+
+    if (all == NULL)
+        return ncclSystemError;
+    if (m->size[g] >= 2 && lr <= 1) {
+        int peer = m->members[g][1 - lr];
+        double best = -1;
+        geoNetRequest a, b;
+        buf = malloc(PROBE_INTRA_BYTES);
+        if (buf == NULL)
+            res = ncclSystemError;
+        for (int k = 0; k < 5 && res == ncclSuccess; k++) {
+            double t0 = geoNow();
+            if (lr == 0) {
+                res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                if (res == ncclSuccess)
+                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+            } else {
+                res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                if (res == ncclSuccess)
+                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+            }
+            if (res == ncclSuccess)
+                res = geoNetWait(comm, &a);
+            if (res == ncclSuccess)
+                res = geoNetWait(comm, &b);
+            double rtt = geoNow() - t0;
+            if (best < 0 || rtt < best)
+                best = rtt;
+        }
+        if (res == ncclSuccess) {
+            double t0 = geoNow();
+            if (lr == 0) {
+                memset(buf, 0, PROBE_INTRA_BYTES);
+                res = geoNetIsend(comm, peer, buf, PROBE_INTRA_BYTES, &a);
+                if (res == ncclSuccess)
+                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &a);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                double dt = geoNow() - t0 - best;
+                mine[0] = best / 2;
+                mine[1] = dt > 0 ? PROBE_INTRA_BYTES / dt : 0;
+            } else {
+                res = geoNetIrecv(comm, peer, buf, PROBE_INTRA_BYTES, &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                if (res == ncclSuccess)
+                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &a);
+            }
+        }
+    }
+    free(buf);
+    /* Region leaders share their figures, then tell their regions. */
+    if (res == ncclSuccess) {
+        int *leaders = malloc(sizeof(int) * (size_t)R);
+        if (leaders == NULL)
+            res = ncclSystemError;
+        for (int q = 0; leaders && q < R; q++)
+            leaders[q] = m->members[q][0];
+        if (res == ncclSuccess && lr == 0)
+            res = exchange_among(comm, leaders, R, g, mine, sizeof(mine), all);
+        if (res == ncclSuccess)
+            res = fan_out(comm, leaders[g], m->members[g], m->size[g], all,
+                          sizeof(double) * 2 * (size_t)R);
+        free(leaders);
+    }
+    if (res == ncclSuccess)
+        for (int q = 0; q < R; q++)
+            if (all[2 * q + 1] > 0) {
+                if (t->intra_Bps == 0 || all[2 * q + 1] < t->intra_Bps)
+                    t->intra_Bps = all[2 * q + 1];
+                if (all[2 * q] > t->intra_alpha)
+                    t->intra_alpha = all[2 * q];
+            }
+    free(all);
+    return res;
+}
+
 /* ---- the whole probe ---------------------------------------------------- */
 
 /* Link figures a topology file gives for the regions in use; from_file when
@@ -553,10 +653,23 @@ static void apply_file(const struct ncclComm *comm, geoTopo *t)
             if (tf->regions[k].delay_ms >= 0 && !t->rtt_measured)
                 t->oneway[g] = tf->regions[k].delay_ms * 1e-3;
         }
-    if (!t->rtt_measured)
+    if (!t->rtt_measured) {
         for (int a = 0; a < R; a++)
             for (int b = 0; b < R; b++)
                 t->region_rtt[a * R + b] = a == b ? 0 : t->oneway[a] + t->oneway[b];
+        /* Measured RTTs the file kept win over the sums of delays. */
+        for (int k = 0; k < tf->nrtts; k++) {
+            int a = -1, b = -1;
+            for (int g = 0; g < R; g++) {
+                if (strncmp(tf->rtts[k].a, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                    a = g;
+                if (strncmp(tf->rtts[k].b, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                    b = g;
+            }
+            if (a >= 0 && b >= 0 && a != b)
+                t->region_rtt[a * R + b] = t->region_rtt[b * R + a] = tf->rtts[k].ms * 1e-3;
+        }
+    }
     t->from_file = R > 1 && rates == R;
 }
 
@@ -655,6 +768,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file))) {
         double t0 = geoNow();
         GEO_CHECK(measure_bw(comm, t));
+        GEO_CHECK(measure_intra(comm, t));
         t->t_bw = geoNow() - t0;
         double worst = 1;
         for (int g = 0; g < R; g++) {
@@ -685,9 +799,10 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
                 "probe: %d nodes, %d regions, %.3f s (round trips %.3f s, bandwidth %.3f s; "
                 "after %.3f s waiting for peers); %d stream%s per WAN pair needed (window "
-                "%.1f MiB)",
+                "%.1f MiB); inside regions %.0f us, %.0f MB/s per rank",
                 t->nnodes, R, t->t_total, t->t_rtt, t->t_bw, t->t_wait, t->streams_needed,
-                t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0);
+                t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0,
+                t->intra_alpha * 1e6, t->intra_Bps * 1e-6);
     }
     /* The probe's traffic is not the user's. */
     memset(&comm->stats, 0, sizeof(comm->stats));
@@ -738,5 +853,7 @@ int geoTopoWrite(const struct ncclComm *comm, FILE *f)
                             t->region_rtt[a * R + b] * 1e3);
     if (t->bw_measured)
         fprintf(f, "streams %d\n", t->streams_needed);
+    if (t->intra_Bps > 0)
+        fprintf(f, "intra bw=%.0f delay=%.4f\n", t->intra_Bps, t->intra_alpha * 1e3);
     return ferror(f) ? -1 : 0;
 }

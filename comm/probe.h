@@ -38,6 +38,8 @@ typedef struct {
     double *region_rtt;     /* [R*R] seconds, min over node pairs; -1 unknown */
     double *oneway;         /* [R] one-way delay of each region's link (s) */
     int streams_needed;     /* per WAN pair, from BDP and the socket window */
+    double intra_Bps;       /* intra-region bandwidth per rank; 0 unmeasured */
+    double intra_alpha;     /* intra-region latency per message (s) */
     double window_bytes;    /* largest TCP window one stream can have here */
     double t_rtt, t_bw, t_total; /* seconds the probe itself took (from t_arrived) */
     double t_arrived;       /* geoNow() when every leader had arrived */

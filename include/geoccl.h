@@ -8,6 +8,8 @@
 #ifndef GEOCCL_H_
 #define GEOCCL_H_
 
+#include <stdio.h>
+
 #include "nccl.h"
 
 #ifdef __cplusplus
@@ -76,7 +78,8 @@ ncclResult_t geocclCommResetStats(ncclComm_t comm);
  * ncclInvalidArgument for a NULL/dead comm or an unknown spec. */
 ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec);
 
-/* [out] name: the codec in force ("none", "int8", ...), static string. */
+/* [out] name: the codec in force ("none", "int8", ..., or "auto" when the
+ * plan chooses per call), static string. */
 ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name);
 
 /* Forgets all error-feedback residuals of comm (e.g. when the model's
@@ -132,6 +135,22 @@ ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
  * probe).  ncclInvalidArgument for a bad comm or NULL path; ncclSystemError
  * when the file cannot be written (last error says why). */
 ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path);
+
+/* Writes the plan in force to out: per collective and message-size range
+ * the algorithm (flat or hier), codec, chunk or slice, streams and the
+ * predicted time, as a table or (json != 0) one JSON object; without link
+ * figures, one line saying why there is no plan.  ncclInvalidArgument for
+ * a bad comm or NULL out. */
+ncclResult_t geocclCommPrintPlan(ncclComm_t comm, FILE *out, int json);
+
+/* The planning tool behind geoccl-probe --simulate: reads a described
+ * topology (the GEOCCL_TOPO_FILE format with ranks= per region; any scale)
+ * and writes to out the regions, links, the plan and the predicted
+ * all-reduce times per message size for flat, hierarchical and each codec,
+ * as text or (json != 0) JSON.  Runs nothing.  ncclInvalidArgument for a
+ * NULL path or out; ncclInvalidUsage when the file cannot be read or lacks
+ * what the model needs (ncclGetLastError(NULL) names file and line). */
+ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out);
 
 #ifdef __cplusplus
 }

@@ -5,12 +5,16 @@
  *   GEOCCL_COMM_ID=host:port RANK=r NRANKS=n geoccl-probe [--json] [-o FILE]
  *   mpirun -np n -x GEOCCL_COMM_ID=host:port geoccl-probe [--json] [-o FILE]
  *   mpirun -np n geoccl-probe-mpi [--json] [-o FILE]   (MPI carries the id)
+ *   geoccl-probe --simulate FILE [--json]              (no ranks, no network)
  *
  * Every rank runs the probe (GEOCCL_PROBE=2 unless set: measure even when
  * labels are given, labels still decide the regions); rank 0 prints the
  * nodes, the RTT matrix between nodes, the regions with their ranks, the
  * bandwidth matrix between regions, the streams a WAN pair needs and the
- * time the probe took.  -o FILE writes the topology file that, given as
+ * time the probe took, and the plan the cost model chose from those
+ * figures.  --simulate prints the plan and predicted times of a described
+ * topology (regions, ranks, rates, RTTs) without running anything.
+ * -o FILE writes the topology file that, given as
  * GEOCCL_TOPO_FILE, makes the library skip the probe.
  *
  * Exit status: 0 done; 1 the probe or the communicator failed; 2 bad usage.
@@ -33,19 +37,23 @@
 typedef struct {
     int json;
     const char *out_file;
+    const char *simulate;
 } probeOptions;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: %s [--json] [-o FILE]\n"
+            "       %s --simulate TOPOFILE [--json]\n"
 
             "Measures RTT and bandwidth between the ranks of a job, finds the regions and\n"
             "prints the plan. Ranks: RANK/NRANKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE\n"
             "with GEOCCL_COMM_ID=host:port of rank 0 (env bootstrap).\n"
             "  --json          machine-readable output\n"
-            "  -o FILE         write a topology file (GEOCCL_TOPO_FILE) with what was found\n",
-            TOOL);
+            "  -o FILE         write a topology file (GEOCCL_TOPO_FILE) with what was found\n"
+            "  --simulate F    read a described topology and print the plan and predicted\n"
+            "                  times without running anything\n",
+            TOOL, TOOL);
 }
 
 static int parse(int argc, char **argv, probeOptions *o)
@@ -56,6 +64,8 @@ static int parse(int argc, char **argv, probeOptions *o)
             o->json = 1;
         else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc)
             o->out_file = argv[++i];
+        else if (strcmp(argv[i], "--simulate") == 0 && i + 1 < argc)
+            o->simulate = argv[++i];
         else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             usage(stdout);
             exit(0);
@@ -167,6 +177,9 @@ static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
         printf("\n# streams per WAN pair needed: %d (largest TCP window here %.1f MiB)\n",
                t->streamsNeeded, t->windowBytes / 1048576.0);
     }
+    printf("#\n# plan (GEOCCL_ALGO, GEOCCL_COMPRESS, GEOCCL_CHUNK_SIZE force any choice)\n");
+    fflush(stdout);
+    geocclCommPrintPlan(comm, stdout, 0);
 out:
     free(rtt);
     free(bw);
@@ -255,8 +268,12 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
         printf("%s%.4f", i ? ", " : "", ow[i]);
     printf("],\n \"streams_needed\": %d, \"window_bytes\": %.0f,\n", t->streamsNeeded,
            t->windowBytes);
-    printf(" \"probe_s\": %.4f, \"rtt_s\": %.4f, \"bw_s\": %.4f, \"wait_s\": %.4f}\n",
+    printf(" \"probe_s\": %.4f, \"rtt_s\": %.4f, \"bw_s\": %.4f, \"wait_s\": %.4f,\n",
            t->secProbe, t->secRtt, t->secBw, t->secWait);
+    printf(" \"plan\": ");
+    fflush(stdout);
+    geocclCommPrintPlan(comm, stdout, 1);
+    printf("}\n");
 out:
     free(rtt);
     free(bw);
@@ -345,6 +362,19 @@ int main(int argc, char **argv)
 #endif
     if (parse(argc, argv, &o) != 0)
         return 2;
+    if (o.simulate) {
+        status = 0;
+        if (rank == 0) {
+            ncclResult_t r = geocclSimulate(o.simulate, o.json, stdout);
+            if (r != ncclSuccess)
+                fprintf(stderr, "%s: %s\n", TOOL, ncclGetLastError(NULL));
+            status = r == ncclSuccess ? 0 : 1;
+        }
+#ifdef GEOCCL_PROBE_MPI
+        MPI_Finalize();
+#endif
+        return status;
+    }
 #ifdef GEOCCL_PROBE_MPI
     if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
         fprintf(stderr, "%s: ncclGetUniqueId: %s\n", TOOL, ncclGetLastError(NULL));
