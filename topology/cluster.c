@@ -163,11 +163,24 @@ double topoSteadyRate(int n, const double *t, const double *bytes, double skip)
     int k = 0;
     while (k < n - 2 && t[k] < from)
         k++;
-    /* Bytes completed after message k (the first one done at or after
-     * `from`), over the time since it completed. */
-    double b = 0;
-    for (int i = k + 1; i < n; i++)
-        b += bytes[i];
-    double dt = t1 - t[k];
-    return dt > 0 ? b / dt : 0;
+    /* Least-squares slope of cumulative bytes against completion time from
+     * message k on: a completion noticed late (the receiver was not
+     * scheduled) moves one point, not the whole estimate as it would if it
+     * were an end point. */
+    double cum = 0, st = 0, sb = 0, stt = 0, stb = 0;
+    int m = 0;
+    for (int i = k; i < n; i++) {
+        if (i > k)
+            cum += bytes[i];
+        st += t[i];
+        sb += cum;
+        stt += t[i] * t[i];
+        stb += t[i] * cum;
+        m++;
+    }
+    double den = m * stt - st * st;
+    if (m < 2 || !(den > 0))
+        return 0;
+    double slope = (m * stb - st * sb) / den;
+    return slope > 0 ? slope : 0;
 }

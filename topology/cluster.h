@@ -55,9 +55,10 @@ void topoSolveOneWay(int R, const double *rtt, double *oneway);
 int topoStreamsNeeded(double bw, double rtt, double win, int max_streams);
 
 /* Steady-state rate of a transfer from the completion times t[i] (seconds,
- * ascending) of messages of bytes[i] bytes: the bytes completed after the
- * first `skip` fraction of the transfer's duration divided by the time they
- * took (slow start is left out).  0 when fewer than 3 messages. */
+ * ascending) of messages of bytes[i] bytes: the least-squares slope of
+ * bytes completed against time, over the messages completed after the first
+ * `skip` fraction of the transfer's duration (slow start is left out).  0
+ * when fewer than 3 messages. */
 double topoSteadyRate(int n, const double *t, const double *bytes, double skip);
 
 #endif

@@ -233,8 +233,10 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
     } else {
         printf("null");
     }
-    printf(",\n \"regions_measured\": %s, \"rtt_cut_ms\": %.4f,\n \"regions\": [",
-           t->regionsMeasured ? "true" : "false", t->rttCutMs);
+    printf(",\n \"rtt_measured\": %s, \"regions_measured\": %s, \"from_file\": %s, "
+           "\"rtt_cut_ms\": %.4f,\n \"regions\": [",
+           t->rttMeasured ? "true" : "false", t->regionsMeasured ? "true" : "false",
+           t->fromFile ? "true" : "false", t->rttCutMs);
     for (int g = 0; g < R; g++) {
         printf("%s{\"name\": ", g ? ", " : "");
         json_str(names[g]);

@@ -5,12 +5,16 @@
  * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
- *   delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]
+ *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]
  *
  * -i  TUN device to attach (created if absent; an existing persistent one
  *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
  *     IFF_NO_PI: every read is one IP packet, every write injects one.
  * -d  delay in milliseconds, fractional allowed (0 .. 600000).
+ * -j  jitter: each packet is held DELAY_MS plus a uniform random part in
+ *     [0, JITTER_MS), but never released before the packet ahead of it, so
+ *     the order of packets is kept (as on a real path, where jitter is
+ *     queueing, not reordering).
  * -q  most bytes held at once (suffix K, M or G; default 256M). A packet
  *     that does not fit is dropped and counted, as a full router queue does.
  * -r  run both threads SCHED_FIFO at this priority (1..99). On a machine
@@ -96,6 +100,9 @@ struct line {
   int fd;
   char ifname[IFNAMSIZ];
   int64_t delay_ns;
+  int64_t jitter_ns;                       /* -j: uniform extra hold */
+  int64_t last_due_ns;                     /* reader only: keeps FIFO order */
+  uint64_t rng;                            /* reader only: xorshift64 state */
   unsigned char *mem;
   uint64_t cap;                            /* multiple of REC_ALIGN */
   _Atomic uint64_t head;                   /* absolute; advanced by writer */
@@ -111,9 +118,10 @@ static unsigned char scratch[MAX_PKT];
 static void usage(FILE *f)
 {
   fprintf(f,
-          "usage: delayline -i IFNAME -d DELAY_MS [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]\n"
+          "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-v]\n"
           "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
           "  milliseconds, then gives it back to the kernel.\n"
+          "  -j  add a uniform random hold in [0, JITTER_MS), order kept\n"
           "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
           "  -r  SCHED_FIFO priority 1..99 for its threads (default: none)\n"
           "  -v  statistics to stderr on SIGUSR1 and at exit\n");
@@ -233,6 +241,15 @@ static int read_batch(struct line *l)
     r->len = (uint32_t)n;
     r->wrap = 0;
     r->due_ns = now + l->delay_ns;
+    if (l->jitter_ns > 0) {
+      l->rng ^= l->rng << 13;
+      l->rng ^= l->rng >> 7;
+      l->rng ^= l->rng << 17;
+      r->due_ns += (int64_t)(l->rng % (uint64_t)l->jitter_ns);
+      if (r->due_ns < l->last_due_ns)
+        r->due_ns = l->last_due_ns;
+      l->last_due_ns = r->due_ns;
+    }
     tail = t + rec_size((uint32_t)n);
     publish(l, tail);
   }
@@ -381,12 +398,12 @@ int main(int argc, char **argv)
 {
   static struct line l;
   const char *ifname = NULL;
-  double delay_ms = -1;
+  double delay_ms = -1, jitter_ms = 0;
   uint64_t qbytes = DEFAULT_QUEUE;
   int verbose = 0, rt_prio = 0, opt;
   char *end;
 
-  while ((opt = getopt(argc, argv, "i:d:q:r:vh")) != -1) {
+  while ((opt = getopt(argc, argv, "i:d:j:q:r:vh")) != -1) {
     switch (opt) {
     case 'i':
       ifname = optarg;
@@ -396,6 +413,14 @@ int main(int argc, char **argv)
       delay_ms = strtod(optarg, &end);
       if (errno || end == optarg || *end || !(delay_ms >= 0 && delay_ms <= 600000)) {
         fprintf(stderr, "delayline: -d %s: want milliseconds in 0..600000\n", optarg);
+        return 2;
+      }
+      break;
+    case 'j':
+      errno = 0;
+      jitter_ms = strtod(optarg, &end);
+      if (errno || end == optarg || *end || !(jitter_ms >= 0 && jitter_ms <= 60000)) {
+        fprintf(stderr, "delayline: -j %s: want milliseconds in 0..60000\n", optarg);
         return 2;
       }
       break;
@@ -436,6 +461,8 @@ int main(int argc, char **argv)
 
   snprintf(l.ifname, sizeof l.ifname, "%s", ifname);
   l.delay_ns = (int64_t)(delay_ms * 1e6 + 0.5);
+  l.jitter_ns = (int64_t)(jitter_ms * 1e6 + 0.5);
+  l.rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)getpid();
   l.cap = qbytes & ~(uint64_t)(REC_ALIGN - 1);
 
   /* Signals go to the signalfd only; blocked before the writer exists so

@@ -65,6 +65,10 @@ since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
 # The settings under test come from here, not from the caller's shell.
 unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE GEOCCL_TIMEOUT
+# This tests the hierarchical algorithm: the plan, fed by the probe's
+# measurements, would choose flat for some sizes (tests/wan/test_probe_wan.sh
+# tests that).
+export GEOCCL_ALGO=hier
 
 WORK=$(mktemp -d /tmp/geoccl-hier-wan.XXXXXX) || exit 1
 RANK_PIDS=()

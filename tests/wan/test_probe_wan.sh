@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+#
+# The topology probe (comm/probe.c, topology/cluster.c) and geoccl-probe on
+# emulated regions (examples/wan/geoccl-wan), with no region labels given:
+#
+#   a. 3 regions of 2 + 3 + 1 ranks, asymmetric links: 100 Mbit/s, 1 Gbit/s,
+#      1 Gbit/s egress, one-way 25, 10 and 5 ms (RTTs 35, 30, 15 ms). The
+#      regions must be found exactly as built; the 100 Mbit/s region's egress
+#      measured within 60..110 Mbit/s and below both 1 Gbit/s regions'; each
+#      region's one-way delay within 3 ms of its setting; a plan printed.
+#      -o writes a topology file.
+#   b. the library with that file (GEOCCL_TOPO_FILE, GEOCCL_PROBE=1): no RTT
+#      or bandwidth measured, the same regions, the file's rates.
+#   c. 2 regions x 2 nodes x 2 ranks (8 ranks, 4 addresses), 15 ms of jitter
+#      on every WAN packet: the 4 nodes form exactly the 2 regions.
+#   d. labels win: the same 8 ranks labelled 6 + 2 across the built regions:
+#      the regions are the labels, not the measurement.
+#   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
+#
+#   sudo bash tests/wan/test_probe_wan.sh [BUILDDIR]
+#
+# BUILDDIR (or $GEOCCL_TEST_BUILDDIR, else the current directory) holds the
+# built geoccl-probe. Needs root, network namespaces and TUN (exit 77,
+# "skipped", otherwise); waits while another emulated WAN is up (up to
+# $GEOCCL_WAN_WAIT s, default 600). Its WAN is called "gprobe" and is always
+# taken down on the way out. The last line is always "N passed, N failed".
+#
+set -uo pipefail
+export LC_ALL=C
+
+SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
+BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
+BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
+WAN=$SRC/examples/wan/geoccl-wan
+NAME=gprobe
+SKIP=77
+WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
+LIMIT=90               # seconds a step's ranks may take before they are killed
+passed=0
+failed=0
+
+pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+skip() { echo "SKIP: $*"; echo "0 passed, 0 failed"; exit $SKIP; }
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+    exit $?
+}
+
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
+PROBE=$BUILD/geoccl-probe
+[ -x "$PROBE" ] || { echo "no $PROBE (build first)"; exit 1; }
+command -v python3 >/dev/null || skip "needs python3 to read geoccl-probe --json"
+
+unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_PROBE GEOCCL_NSTREAMS
+WORK=$(mktemp -d /tmp/geoccl-probe-wan.XXXXXX) || exit 1
+PIDS=()
+# shellcheck disable=SC2317
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait
+    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 130' INT TERM
+
+wan_busy() {
+    local st
+    st=$("$WAN" status 2>/dev/null)
+    ! grep -q '^no emulated WAN is up' <<< "$st" ||
+        ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'
+}
+
+wan_up() {
+    local waited=0 rc
+    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+    while wan_busy; do
+        [ "$waited" -ge "$WAIT_MAX" ] && skip "another emulated WAN stayed up for $WAIT_MAX s"
+        echo "   another emulated WAN is up; checking again in 30 s"
+        sleep 30
+        waited=$((waited + 30))
+    done
+    "$WAN" up -n "$NAME" -q "$@" > "$WORK/up.log" 2>&1
+    rc=$?
+    [ "$rc" = "$SKIP" ] && skip "$(cat "$WORK/up.log")"
+    [ "$rc" = 0 ] || { cat "$WORK/up.log"; echo "geoccl-wan up $* failed"; exit 1; }
+}
+
+# ranks DIR PORT "R:N R:N ..." [env VAR=VAL ...] -- ARGS: one geoccl-probe per
+# rank, rank r in region R on node N (no label unless the env gives one);
+# waits (LIMIT s) and returns the number of ranks that failed.
+ranks() {
+    local d=$1 port=$2 layout=$3 r=0 spec g k n bad=0
+    shift 3
+    local -a extra=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do extra+=("$1"); shift; done
+    shift
+    read -r -a spec <<< "$layout"
+    n=${#spec[@]}
+    mkdir -p "$d"
+    local -a pids=()
+    for s in "${spec[@]}"; do
+        g=${s%%:*} k=${s##*:}
+        timeout -k 5 "$LIMIT" "$WAN" exec -n "$NAME" -i "$g" --node "$k" --no-label -- \
+            env RANK=$r NRANKS="$n" GEOCCL_COMM_ID=10.231.0.10:"$port" "${extra[@]}" \
+            "$PROBE" "$@" > "$d/rank$r.out" 2> "$d/rank$r.err" &
+        pids+=($!)
+        PIDS+=($!)
+        r=$((r + 1))
+    done
+    for ((r = 0; r < n; r++)); do
+        wait "${pids[$r]}" || { bad=$((bad + 1)); echo "   rank $r failed:"; sed 's/^/      /' "$d/rank$r.err" | tail -5; }
+    done
+    return "$bad"
+}
+
+# check JSON PYTHON-EXPR...: evaluates each expression with j = the JSON;
+# prints the ones that are false. Returns 0 when all hold.
+check() {
+    local json=$1
+    shift
+    python3 - "$json" "$@" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+regions = [sorted(r["ranks"]) for r in j["regions"]]
+bad = 0
+for e in sys.argv[2:]:
+    try:
+        ok = eval(e, {"j": j, "regions": regions})
+    except Exception as x:
+        ok = False
+        e += " (%s)" % x
+    if not ok:
+        print("   not true: " + e)
+        bad += 1
+print("   regions %s; egress Mbit/s %s; one-way ms %s; probe %.3f s" % (
+    regions, j.get("egress_mbit"), j.get("oneway_ms"), j.get("probe_s", -1)))
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# ---- a, b: unequal regions, asymmetric links; the topology file ----------------
+
+wan_up -r 3 --rates 100mbit,1gbit,1gbit --delays 25,10,5
+echo "== a. 3 regions of 2 + 3 + 1 ranks, 100 Mbit/s + 1 Gbit/s x 2, 25/10/5 ms, no labels"
+if ranks "$WORK/a" 29700 "0:0 0:0 1:0 1:0 1:0 2:0" -- --json -o "$WORK/a.topo"; then
+    if check "$WORK/a/rank0.out" \
+        'regions == [[0, 1], [2, 3, 4], [5]]' 'j["regions_measured"]' 'j["bw_measured"]' \
+        '60 <= j["egress_mbit"][0] <= 110' \
+        'j["egress_mbit"][0] < j["egress_mbit"][1] and j["egress_mbit"][0] < j["egress_mbit"][2]' \
+        'all(abs(a - b) < 3 for a, b in zip(j["oneway_ms"], [25, 10, 5]))' \
+        'j["plan"]["nregions"] == 3'; then
+        pass "a. regions found exactly, links measured, plan made"
+    else
+        fail "a. probe results"
+    fi
+else
+    fail "a. geoccl-probe ranks failed"
+fi
+
+echo "== b. the library with the topology file a. wrote"
+if [ -s "$WORK/a.topo" ] && sed 's/^/   | /' "$WORK/a.topo" &&
+    ranks "$WORK/b" 29701 "0:0 0:0 1:0 1:0 1:0 2:0" GEOCCL_TOPO_FILE="$WORK/a.topo" \
+        GEOCCL_PROBE=1 -- --json; then
+    if check "$WORK/b/rank0.out" \
+        'regions == [[0, 1], [2, 3, 4], [5]]' 'not j["rtt_measured"]' 'not j["bw_measured"]' \
+        'j["from_file"]' '60 <= j["egress_mbit"][0] <= 110' 'j["probe_s"] < 0.2'; then
+        pass "b. the file replaces the probe"
+    else
+        fail "b. results with the topology file"
+    fi
+else
+    fail "b. no topology file, or ranks failed"
+fi
+
+# ---- c, d: two nodes per region, jitter; labels ---------------------------------
+
+wan_up -r 2 --rate 1gbit --delay 20ms --jitter 15 --nodes 2
+echo "== c. 2 regions x 2 nodes x 2 ranks, 20 ms + up to 15 ms of jitter, no labels"
+LAYOUT="0:0 0:0 0:1 0:1 1:0 1:0 1:1 1:1"
+if ranks "$WORK/c" 29702 "$LAYOUT" -- --json; then
+    if check "$WORK/c/rank0.out" 'regions == [[0, 1, 2, 3], [4, 5, 6, 7]]' \
+        'len(j["nodes"]) == 4' 'j["regions_measured"]'; then
+        pass "c. jitter does not split a region"
+    else
+        fail "c. regions under jitter"
+    fi
+else
+    fail "c. geoccl-probe ranks failed"
+fi
+
+echo "== d. labels 6 + 2 over the same 8 ranks"
+mkdir -p "$WORK/d"
+r=0
+DPIDS=()
+for s in $LAYOUT; do
+    g=${s%%:*} k=${s##*:}
+    label=east
+    [ "$r" -ge 6 ] && label=west
+    timeout -k 5 "$LIMIT" "$WAN" exec -n "$NAME" -i "$g" --node "$k" --no-label -- \
+        env RANK=$r NRANKS=8 GEOCCL_COMM_ID=10.231.0.10:29703 GEOCCL_REGION=$label \
+        "$PROBE" --json > "$WORK/d/rank$r.out" 2> "$WORK/d/rank$r.err" &
+    DPIDS+=($!)
+    PIDS+=($!)
+    r=$((r + 1))
+done
+dbad=0
+for p in "${DPIDS[@]}"; do wait "$p" || dbad=$((dbad + 1)); done
+if [ "$dbad" = 0 ] && check "$WORK/d/rank0.out" 'regions == [[0, 1, 2, 3, 4, 5], [6, 7]]' \
+    'not j["regions_measured"]' 'j["rtt_measured"]' \
+    '[r["name"] for r in j["regions"]] == ["east", "west"]'; then
+    pass "d. labels override the measurement"
+else
+    fail "d. labels ($dbad ranks failed)"
+fi
+
+# ---- e: under mpirun --------------------------------------------------------------
+
+if [ -x "$BUILD/geoccl-probe-mpi" ] && command -v "${MPIRUN:-mpirun}" >/dev/null; then
+    wan_up -r 3 --rates 100mbit,1gbit,1gbit --delays 25,10,5
+    echo "== e. geoccl-probe-mpi under mpirun, 2 + 3 + 1 ranks"
+    mapfile -t envs < <("$WAN" mpirun-args -n "$NAME" --env | sed -n 's/^export //p')
+    read -r -a opts <<< "$("$WAN" mpirun-args -n "$NAME")"
+    line=(env "${envs[@]}" "${MPIRUN:-mpirun}" "${opts[@]}" --allow-run-as-root --oversubscribe
+          --bind-to none)
+    sizes=(2 3 1)
+    for i in 0 1 2; do
+        [ "$i" -gt 0 ] && line+=(:)
+        line+=(-np "${sizes[$i]}" "$WAN" exec -n "$NAME" -i "$i" --no-label -- \
+               "$BUILD/geoccl-probe-mpi" --json)
+    done
+    if timeout -k 5 "$LIMIT" "${line[@]}" > "$WORK/e.out" 2> "$WORK/e.err" &&
+        check "$WORK/e.out" 'regions == [[0, 1], [2, 3, 4], [5]]' 'j["bw_measured"]'; then
+        pass "e. geoccl-probe-mpi under mpirun finds the regions"
+    else
+        tail -5 "$WORK/e.err"
+        fail "e. geoccl-probe-mpi under mpirun"
+    fi
+else
+    echo "   (e. skipped: no geoccl-probe-mpi or mpirun)"
+fi
+
+finish
