@@ -57,6 +57,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_COMPRESS_STOCHASTIC] = {"GEOCCL_COMPRESS_STOCHASTIC", GEO_PARAM_INT, "0",
                                        "int8/int4: 0 rounds to nearest; any other value is the "
                                        "seed of reproducible stochastic rounding"},
+    [GEO_PARAM_NCCL_LIB] = {"GEOCCL_NCCL_LIB", GEO_PARAM_STR, NULL,
+                            "NVIDIA's libnccl.so used inside a region for device buffers; "
+                            "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
