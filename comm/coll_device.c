@@ -597,9 +597,14 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
         void *fn = NULL;
         enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
         st->wait_value_checked = 1;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
-                                             cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
+#if CUDART_VERSION >= 12050
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
+                                                         cudaEnableDefault, &q);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", &fn, cudaEnableDefault,
+                                                &q);
+#endif
+        if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != NULL)
             st->wait_value = (waitValueFn)fn;
         else
             cudaGetLastError();

@@ -411,12 +411,17 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm->cuda_dev = geoDevCurrent();
     ncclConfig_t dflt_cfg = NCCL_CONFIG_INITIALIZER;
     comm->real_cfg = dflt_cfg;
-    if (config) {
+    /* Only the members the caller's (possibly older, smaller) config has. */
+#define GEO_CFG_HAS(m) (config && config->size >= offsetof(ncclConfig_t, m) + sizeof(config->m))
+    if (GEO_CFG_HAS(cgaClusterSize))
         comm->real_cfg.cgaClusterSize = config->cgaClusterSize;
+    if (GEO_CFG_HAS(minCTAs))
         comm->real_cfg.minCTAs = config->minCTAs;
+    if (GEO_CFG_HAS(maxCTAs))
         comm->real_cfg.maxCTAs = config->maxCTAs;
+    if (GEO_CFG_HAS(splitShare))
         comm->real_cfg.splitShare = config->splitShare;
-    }
+#undef GEO_CFG_HAS
     memcpy(comm->secret, id.secret, sizeof(comm->secret));
     comm->comm_hash = id.nonce ^ ((uint64_t)geoAddrPort(&id.root) << 48) ^
                       (uint64_t)id.root.sin.sin_addr.s_addr;
