@@ -36,6 +36,8 @@ typedef struct geoOp {
     ncclDataType_t dt;
     ncclRedOp_t op;        /* as given: may be a PreMulSum handle */
     int root;              /* root, or peer for send/recv */
+    cudaStream_t stream;   /* the user's stream (device buffers only) */
+    int device;            /* buffers are GPU memory: the real NCCL path */
     struct geoOp *next;    /* group list */
 } geoOp;
 
@@ -73,6 +75,18 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
 /* Hierarchical all-reduce over the communicator's regions (coll_hier.c);
  * op->op is a built-in op (PreMulSum already applied to the input). */
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
+/* The inter-region step of the hierarchical all-reduce alone, for a caller
+ * that ran the intra-region reduce-scatter itself (the device path, with the
+ * real NCCL).  Local rank i of region q owns elements geoSegPadded(op->count,
+ * size[q], i) (NCCL's reduce-scatter cut); buf holds my region's partial
+ * sum of my elements, [base, base + len).  On return it holds the sum over
+ * all regions (divided by nranks for ncclAvg), bit-identical in every
+ * region, compressed between regions as the communicator says.  One slice,
+ * not pipelined.  op->recvbuff only keys error-feedback residuals. */
+ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, size_t base);
+/* Segment i of count elements cut in n equal shards of ceil(count / n)
+ * (the last ones shorter or empty), as ncclReduceScatter on a padded buffer. */
+void geoSegPadded(size_t count, int n, int i, size_t *off, size_t *len);
 /* Hierarchical all-gather and reduce-scatter: each block crosses into every
  * other region once, handled by a rank that spreads the load. */
 ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op);

@@ -80,6 +80,31 @@ typedef struct {
     char *tmp;
 } hierSlice;
 
+/* Where the call's data lives on this host and how a region's slice is cut
+ * among its ranks.  The host path: the user's buffer (base 0), cut by
+ * geoSegRange.  The device path (geoHierExchange): a staging buffer that
+ * holds only elements [base, base + n) of the call, cut as NCCL's
+ * reduce-scatter cuts (geoSegPadded). */
+typedef void (*hierSegFn)(size_t count, int n, int i, size_t *off, size_t *len);
+typedef struct {
+    char *buf;
+    size_t base;
+    hierSegFn seg;
+} hierView;
+
+static char *at(const hierView *v, size_t off, size_t es)
+{
+    return v->buf + (off - v->base) * es;
+}
+
+void geoSegPadded(size_t count, int n, int i, size_t *off, size_t *len)
+{
+    size_t shard = (count + (size_t)n - 1) / (size_t)n;
+    size_t o = shard * (size_t)i;
+    *off = o < count ? o : count;
+    *len = o < count ? (count - o < shard ? count - o : shard) : 0;
+}
+
 static void msgs_free(hierMsg *m, int n)
 {
     for (int i = 0; m && i < n; i++)
@@ -124,14 +149,14 @@ static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataTy
 
 /* Lay out the messages of one slice for this rank. */
 static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
-                               const hierCodec *hc, ncclDataType_t dt)
+                               const hierCodec *hc, ncclDataType_t dt, hierSegFn seg)
 {
     const topoRegionMap *m = &comm->regions;
     const int k = m->nregions, g = m->region_of[comm->rank], me = m->local_rank[comm->rank];
     size_t nb = 0, *bounds;
     size_t my_off, my_len;
 
-    geoSegRange(sl->len, m->size[g], me, &my_off, &my_len);
+    seg(sl->len, m->size[g], me, &my_off, &my_len);
     int total_ranks = 0;
     for (int q = 0; q < k; q++)
         total_ranks += m->size[q];
@@ -141,7 +166,7 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     for (int q = 0; q < k; q++)
         for (int i = 0; i < m->size[q]; i++) {
             size_t o, l;
-            geoSegRange(sl->len, m->size[q], i, &o, &l);
+            seg(sl->len, m->size[q], i, &o, &l);
             if (o >= my_off && o < my_off + my_len)
                 bounds[nb++] = o;
         }
@@ -179,8 +204,8 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
             int owner = -1;
             for (int i = 0; i < m->size[q]; i++) {
                 size_t o, l;
-                geoSegRange(sl->len, m->size[q], i, &o, &l);
-                if (a >= o && a < o + l) {
+                seg(sl->len, m->size[q], i, &o, &l);
+                if (l > 0 && a >= o && a < o + l) {
                     owner = m->members[q][i];
                     break;
                 }
@@ -226,8 +251,8 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     return ncclSuccess;
 }
 
-static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send, char *buf,
-                             size_t es)
+static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send,
+                             const hierView *v, size_t es)
 {
     for (int i = 0; i < n; i++) {
         hierMsg *x = &msgs[i];
@@ -241,9 +266,9 @@ static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int se
             continue;
         }
         if (send)
-            GEO_CHECK(geoNetIsend(comm, x->peer, buf + x->off * es, x->n * es, &x->req));
+            GEO_CHECK(geoNetIsend(comm, x->peer, at(v, x->off, es), x->n * es, &x->req));
         else
-            GEO_CHECK(geoNetIrecv(comm, x->peer, x->tmp ? x->tmp : buf + x->off * es, x->n * es,
+            GEO_CHECK(geoNetIrecv(comm, x->peer, x->tmp ? x->tmp : at(v, x->off, es), x->n * es,
                                   &x->req));
         x->posted = 1;
     }
@@ -286,13 +311,12 @@ static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlic
 
 /* Sum the k partials of each of my parts in region order. */
 static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, size_t es,
-                         char *scratch)
+                         char *scratch, const hierView *v)
 {
     const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
-    char *buf = op->recvbuff;
     for (int p = 0; p < sl->nparts; p++) {
         hierPart *part = &sl->parts[p];
-        char *mine = buf + part->off * es;
+        char *mine = at(v, part->off, es);
         if (part->n == 0)
             continue;
         /* partial of region q: mine when q == g, else the X1 receive from it */
@@ -322,12 +346,12 @@ static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int pee
 
 /* X1 sends of one slice: encode my region's partial of each part. */
 static ncclResult_t encode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc)
+                              const hierCodec *hc, const hierView *v)
 {
     const size_t es = geoTypeSize(op->dt);
     for (int i = 0; i < sl->ntx1; i++) {
         hierMsg *x = &sl->tx1[i];
-        ncclResult_t r = hc->codec->encode((char *)op->recvbuff + x->off * es, x->n, op->dt,
+        ncclResult_t r = hc->codec->encode(at(v, x->off, es), x->n, op->dt,
                                            hc->params, hc->counter + 2 * x->off,
                                            hc->ef1 ? hc->ef1 + x->off : NULL, x->enc,
                                            x->enc_cap, &x->enc_len);
@@ -354,13 +378,13 @@ static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice 
 /* X2: encode each finished part once, and keep decode(encode(part)) as my
  * own copy: the bytes every other region decodes. */
 static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc)
+                              const hierCodec *hc, const hierView *v)
 {
     const size_t es = geoTypeSize(op->dt);
     int k1 = comm->regions.nregions - 1;
     for (int i = 0; i < sl->ntx2; i += k1) {
         hierMsg *x = &sl->tx2[i];
-        char *part = (char *)op->recvbuff + x->off * es;
+        char *part = at(v, x->off, es);
         const char *why = NULL;
         ncclResult_t r = hc->codec->encode(part, x->n, op->dt, hc->params,
                                            hc->counter + 2 * x->off + 1,
@@ -379,14 +403,14 @@ static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice 
 
 /* X2 receives: decode the finished parts owned by other regions. */
 static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc)
+                              const hierCodec *hc, const hierView *v)
 {
     const size_t es = geoTypeSize(op->dt);
     for (int i = 0; i < sl->nrx2; i++) {
         hierMsg *x = &sl->rx2[i];
         const char *why = NULL;
-        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt,
-                                           (char *)op->recvbuff + x->off * es, x->n, &why);
+        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt, at(v, x->off, es), x->n,
+                                           &why);
         if (r != ncclSuccess)
             return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
     }
@@ -461,12 +485,14 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         return ncclSystemError;
     }
     hierCodec hc;
+    const hierView view = {.buf = op->recvbuff, .base = 0, .seg = geoSegRange};
+    const hierView *v = &view;
     choose_codec(comm, op, &hc);
     size_t maxpart = 0;
     for (size_t s = 0; s < M; s++) {
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
-        if (slice_plan(comm, &sl[s], es, &hc, op->dt) != ncclSuccess) {
+        if (slice_plan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
             geoCommSetError(comm, "%s: out of memory planning slice %zu", comm->op_desc, s);
             res = ncclSystemError;
             goto out;
@@ -487,13 +513,11 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_intra_rs += geoNow() - t0;
             if (hc.codec) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(encode_x1(comm, op, &sl[it], &hc), res, out);
+                GEO_CHECK_GOTO(encode_x1(comm, op, &sl[it], &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
-            GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, op->recvbuff, es), res,
-                           out);
-            GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, op->recvbuff, es), res,
-                           out);
+            GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, v, es), res, out);
+            GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, v, es), res, out);
         }
         if (it >= HIER_DEPTH && it - HIER_DEPTH < M) {
             hierSlice *x = &sl[it - HIER_DEPTH];
@@ -505,14 +529,14 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 GEO_CHECK_GOTO(decode_x1(comm, op, x, &hc), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
-            reduce_parts(comm, op, x, es, scratch);
+            reduce_parts(comm, op, x, es, scratch, v);
             if (hc.codec) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc), res, out);
+                GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
-            GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, op->recvbuff, es), res, out);
-            GEO_CHECK_GOTO(post_all(comm, x->rx2, x->nrx2, 0, op->recvbuff, es), res, out);
+            GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, v, es), res, out);
+            GEO_CHECK_GOTO(post_all(comm, x->rx2, x->nrx2, 0, v, es), res, out);
         }
         if (it >= 2 * HIER_DEPTH && it - 2 * HIER_DEPTH < M) {
             hierSlice *x = &sl[it - 2 * HIER_DEPTH];
@@ -523,7 +547,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_inter += geoNow() - t0;
             if (hc.codec) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_x2(comm, op, x, &hc), res, out);
+                GEO_CHECK_GOTO(decode_x2(comm, op, x, &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
             t0 = geoNow();
@@ -537,6 +561,62 @@ out:
     for (size_t s = 0; s < M; s++)
         slice_free(&sl[s]);
     free(sl);
+    free(scratch);
+    return res;
+}
+
+ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, size_t base)
+{
+    const size_t es = geoTypeSize(op->dt);
+    const hierView view = {.buf = buf, .base = base, .seg = geoSegPadded};
+    const hierView *v = &view;
+    hierSlice sl = {.s0 = 0, .len = op->count};
+    hierCodec hc;
+    char *scratch = NULL;
+    ncclResult_t res = ncclSuccess;
+    double t0;
+
+    GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
+                  "%s: more than 64 regions", comm->op_desc);
+    choose_codec(comm, op, &hc);
+    if (slice_plan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
+        geoCommSetError(comm, "%s: out of memory planning the exchange", comm->op_desc);
+        res = ncclSystemError;
+        goto out;
+    }
+    size_t maxpart = 0;
+    for (int p = 0; p < sl.nparts; p++)
+        if (sl.parts[p].n > maxpart)
+            maxpart = sl.parts[p].n;
+    scratch = malloc(maxpart * es + 1);
+    if (scratch == NULL) {
+        geoCommSetError(comm, "%s: out of memory for the exchange", comm->op_desc);
+        res = ncclSystemError;
+        goto out;
+    }
+    t0 = geoNow();
+    if (hc.codec)
+        GEO_CHECK_GOTO(encode_x1(comm, op, &sl, &hc, v), res, out);
+    GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
+    GEO_CHECK_GOTO(post_all(comm, sl.rx1, sl.nrx1, 0, v, es), res, out);
+    GEO_CHECK_GOTO(wait_msgs(comm, sl.rx1, sl.nrx1), res, out);
+    if (hc.codec)
+        GEO_CHECK_GOTO(decode_x1(comm, op, &sl, &hc), res, out);
+    reduce_parts(comm, op, &sl, es, scratch, v);
+    if (hc.codec)
+        GEO_CHECK_GOTO(encode_x2(comm, op, &sl, &hc, v), res, out);
+    GEO_CHECK_GOTO(post_all(comm, sl.tx2, sl.ntx2, 1, v, es), res, out);
+    GEO_CHECK_GOTO(post_all(comm, sl.rx2, sl.nrx2, 0, v, es), res, out);
+    GEO_CHECK_GOTO(wait_msgs(comm, sl.rx2, sl.nrx2), res, out);
+    GEO_CHECK_GOTO(wait_msgs(comm, sl.tx1, sl.ntx1), res, out);
+    GEO_CHECK_GOTO(wait_msgs(comm, sl.tx2, sl.ntx2), res, out);
+    if (hc.codec)
+        GEO_CHECK_GOTO(decode_x2(comm, op, &sl, &hc, v), res, out);
+    comm->stats.t_inter += geoNow() - t0;
+out:
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
+    slice_free(&sl);
     free(scratch);
     return res;
 }

@@ -55,13 +55,19 @@ typedef struct {
     ncclScalarResidence_t residence;
     unsigned char scalar[8];    /* host-immediate copy */
     const void *ptr;            /* ncclScalarDevice: read at each call */
+    int real_valid;             /* real_op is its twin in the real NCCL */
+    ncclRedOp_t real_op;
 } geoRedOp;
+
+struct geoDevState;             /* coll_device.c */
 
 struct ncclComm {
     uint64_t magic;
     int rank;
     int nranks;
-    int cuda_dev;               /* -1: host-only */
+    int cuda_dev;               /* CUDA device current at init; -1: no GPU */
+    ncclConfig_t real_cfg;      /* GPU tuning the user gave, for the real NCCL */
+    struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
     uint8_t secret[GEO_SHA256_BYTES];
     uint64_t comm_hash;         /* identifies the communicator in logs */
     geoPeerInfo *peers;

@@ -3,54 +3,15 @@
 #include "config.h"
 #include "comm/checks.h"
 #include "comm/coll.h"
+#include "comm/coll_device.h"
 #include "comm/comm.h"
 #include "comm/group.h"
+#include "comm/nccl_real.h"
 #include "comm/reduce.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
-
-#ifdef HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-/* GPUs visible to this process, counted once.  Without a GPU (or driver)
- * cudaGetDeviceCount fails and leaves the count unwritten: zero. */
-static int gpu_count;
-static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
-
-static void count_gpus(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        n = 0;
-        cudaGetLastError();
-    }
-    gpu_count = n;
-}
-
-/* 1 when p is device memory, which the host path must not touch. */
-static int is_device_ptr(const void *p)
-{
-    struct cudaPointerAttributes a;
-    if (p == NULL)
-        return 0;
-    pthread_once(&gpu_once, count_gpus);
-    if (gpu_count == 0)
-        return 0;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return a.type == cudaMemoryTypeDevice;
-}
-#else
-static int is_device_ptr(const void *p)
-{
-    (void)p;
-    return 0;
-}
-#endif
 
 static ncclResult_t arg_error(struct ncclComm *comm, const char *fn, const char *what)
 {
@@ -131,12 +92,8 @@ static ncclResult_t validate(geoOp *op, const char *fn)
         if (need_recv && op->recvbuff == NULL)
             return arg_error(comm, fn, "recvbuff is NULL with count > 0");
     }
-    if (op->count > 0 && (is_device_ptr(op->sendbuff) || is_device_ptr(op->recvbuff))) {
-        geoCommSetError(comm, "%s: device (GPU) buffers are not supported by this GeoCCL "
-                        "release; it runs collectives on host memory only", fn);
-        geoWarn(GEO_LOG_COLL, "%s", comm->last_error);
-        return ncclInvalidUsage;
-    }
+    op->device = op->count > 0 &&
+                 (geoDevIsDevicePtr(op->sendbuff) || geoDevIsDevicePtr(op->recvbuff));
     if (__atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE) == ncclInProgress) {
         geoCommSetError(comm, "%s: the communicator is still initialising (non-blocking init); "
                         "poll ncclCommGetAsyncError until it returns ncclSuccess", fn);
@@ -151,6 +108,13 @@ static ncclResult_t validate(geoOp *op, const char *fn)
         geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, comm->last_error);
         return broken;
     }
+    if (op->device) {
+        ncclResult_t r = geoDevCheck(comm, op, fn);
+        if (r != ncclSuccess) {
+            geoWarn(GEO_LOG_COLL, "%s", comm->last_error);
+            return r;
+        }
+    }
     return ncclSuccess;
 }
 
@@ -162,6 +126,8 @@ static ncclResult_t enqueue(geoOp *op, const char *fn)
         return res;
     if (op->count == 0)
         return ncclSuccess; /* every rank skips it alike: nothing to match */
+    if (op->device)
+        return geoDevEnqueue(op, fn);
     if (geoGroupActive())
         return geoGroupAddOp(op);
     geoDebugSetRank(comm->rank);
@@ -173,13 +139,12 @@ static ncclResult_t enqueue(geoOp *op, const char *fn)
 
 #define MAKE_OP(T, C, S, R, N, D, O, ROOT) \
     geoOp op = {.type = (T), .comm = (C), .sendbuff = (S), .recvbuff = (R), .count = (N), \
-                .dt = (D), .op = (O), .root = (ROOT), .next = NULL}
+                .dt = (D), .op = (O), .root = (ROOT), .stream = stream, .next = NULL}
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op_, ncclComm_t comm,
                            cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_ALLREDUCE, comm, sendbuff, recvbuff, count, datatype, op_, 0);
     return enqueue(&op, "ncclAllReduce");
 }
@@ -187,7 +152,11 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
+    const geoNcclRealLib *real;
+    /* NVIDIA's ncclBcast calls ncclBroadcast through its PLT. */
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL)
+        return real->Broadcast(sendbuff, recvbuff, count, datatype, root,
+                               (geoRealComm)(void *)comm, stream);
     MAKE_OP(GEO_OP_BROADCAST, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
     return enqueue(&op, "ncclBroadcast");
 }
@@ -195,7 +164,6 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                        ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_BROADCAST, comm, buff, buff, count, datatype, ncclSum, root);
     return enqueue(&op, "ncclBcast");
 }
@@ -204,7 +172,6 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op_, int root, ncclComm_t comm,
                         cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_REDUCE, comm, sendbuff, recvbuff, count, datatype, op_, root);
     return enqueue(&op, "ncclReduce");
 }
@@ -212,7 +179,6 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_ALLGATHER, comm, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0);
     return enqueue(&op, "ncclAllGather");
 }
@@ -221,7 +187,6 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                                ncclDataType_t datatype, ncclRedOp_t op_, ncclComm_t comm,
                                cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_REDUCESCATTER, comm, sendbuff, recvbuff, recvcount, datatype, op_, 0);
     return enqueue(&op, "ncclReduceScatter");
 }
@@ -229,7 +194,6 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_ALLTOALL, comm, sendbuff, recvbuff, count, datatype, ncclSum, 0);
     return enqueue(&op, "ncclAlltoAll");
 }
@@ -237,7 +201,6 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_GATHER, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
     return enqueue(&op, "ncclGather");
 }
@@ -245,7 +208,6 @@ ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_SCATTER, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
     return enqueue(&op, "ncclScatter");
 }
@@ -253,7 +215,6 @@ ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_SEND, comm, sendbuff, NULL, count, datatype, ncclSum, peer);
     return enqueue(&op, "ncclSend");
 }
@@ -261,7 +222,6 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
     MAKE_OP(GEO_OP_RECV, comm, NULL, recvbuff, count, datatype, ncclSum, peer);
     return enqueue(&op, "ncclRecv");
 }

@@ -8,6 +8,8 @@
 #include "comm/checks.h"
 #include "comm/comm.h"
 #include "comm/group.h"
+#include "comm/coll_device.h"
+#include "comm/nccl_real.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +73,13 @@ ncclResult_t geoRunCommOps(struct ncclComm *comm, geoOp *p2p, geoOp *colls)
 {
     ncclResult_t res = ncclSuccess;
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    /* Host operations share the transport with the exchange thread of
+     * cross-region device all-reduces: let it finish first. */
+    res = geoDevDrain(comm);
+    if (res != ncclSuccess) {
+        __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+        return res;
+    }
     if (p2p) {
         snprintf(comm->op_desc, sizeof(comm->op_desc), "grouped send/recv #%llu",
                  (unsigned long long)++comm->op_seq);
@@ -155,6 +164,10 @@ ncclResult_t ncclGroupEnd(void)
     }
     if (--group_depth > 0)
         return ncclSuccess;
+    /* Device operations of single-region communicators went to the real
+     * NCCL inside its own group: end it first, so that they are issued
+     * whatever happens to the host ones. */
+    ncclResult_t real_res = geoNcclRealGroupClose();
 
     geoInitJob *inits = group_inits;
     geoOp *ops = group_ops;
@@ -248,11 +261,14 @@ ncclResult_t ncclGroupEnd(void)
     }
     free(work);
     free_list(ops);
+    if (res == ncclSuccess && real_res != ncclSuccess)
+        res = real_res;
     return res;
 }
 
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 {
+    int had_host_ops = group_ops != NULL || group_inits != NULL;
     /* Dropping the group keeps the thread's state clean either way. */
     free_list(group_ops);
     group_ops = group_ops_tail = NULL;
@@ -264,7 +280,14 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
     group_depth = 0;
     GEO_RETURN_IF(simInfo == NULL || simInfo->magic != NCCL_SIM_INFO_MAGIC, ncclInvalidArgument,
                   "ncclGroupSimulateEnd: simInfo must start from NCCL_SIM_INFO_INITIALIZER");
+    /* A group of device operations of single-region communicators only:
+     * NVIDIA's NCCL has the time model for what it would run. */
+    if (geoNcclRealGroupIsOpen() && !had_host_ops)
+        return geoNcclRealGroupSimulate(simInfo);
+    if (geoNcclRealGroupIsOpen())
+        geoNcclRealGroupSimulate(simInfo); /* ends the real group; no estimate for the rest */
     GEO_RETURN_IF(1, ncclInvalidUsage,
-                  "ncclGroupSimulateEnd: GeoCCL has no time model yet (it comes with the "
-                  "topology probe); the group's operations were dropped");
+                  "ncclGroupSimulateEnd: GeoCCL has no time model for host-buffer or "
+                  "cross-region operations yet (it comes with the topology probe); the "
+                  "group's operations were dropped");
 }

@@ -4,8 +4,10 @@
 #include "comm/bootstrap.h"
 #include "comm/checks.h"
 #include "comm/coll.h"
+#include "comm/coll_device.h"
 #include "comm/comm.h"
 #include "comm/group.h"
+#include "comm/nccl_real.h"
 #include "comm/param.h"
 #include "comm/reduce.h"
 #include "comm/tuning.h"
@@ -58,6 +60,9 @@ ncclResult_t geoCommAsyncError(struct ncclComm *comm)
 
 const char *ncclGetErrorString(ncclResult_t result)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL)
+        return real->GetErrorString(result);
     switch (result) {
     case ncclSuccess: return "no error";
     case ncclUnhandledCudaError: return "unhandled cuda error (run with GEOCCL_DEBUG=INFO for details)";
@@ -82,6 +87,9 @@ void ncclResetDebugInit(void) { geoParamReload(); }
 
 ncclResult_t ncclGetVersion(int *version)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL)
+        return real->GetVersion(version); /* NVIDIA's library asking itself */
     GEO_RETURN_IF(version == NULL, ncclInvalidArgument, "ncclGetVersion: version is NULL");
     *version = NCCL_VERSION_CODE;
     return ncclSuccess;
@@ -89,6 +97,9 @@ ncclResult_t ncclGetVersion(int *version)
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL)
+        return real->GetUniqueId(uniqueId);
     GEO_RETURN_IF(uniqueId == NULL, ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
     return geoBootstrapGetUniqueId(uniqueId);
 }
@@ -212,7 +223,7 @@ static void ring_free(geoRing *r)
     memset(r, 0, sizeof(*r));
 }
 
-static void comm_free(struct ncclComm *comm)
+static void comm_free_ex(struct ncclComm *comm, int abort)
 {
     if (comm->stats.calls_flat + comm->stats.calls_hier > 0)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET,
@@ -229,6 +240,7 @@ static void comm_free(struct ncclComm *comm)
                                       : 1.0,
                 comm->stats.t_intra_rs, comm->stats.t_inter, comm->stats.t_intra_ag,
                 comm->stats.t_codec);
+    geoDevFree(comm, abort); /* before the transport: its thread uses it */
     ring_free(&comm->ring);
     ring_free(&comm->region_ring);
     geoEfFree(&comm->ef);
@@ -245,6 +257,8 @@ static void comm_free(struct ncclComm *comm)
     pthread_mutex_destroy(&comm->lock);
     free(comm);
 }
+
+static void comm_free(struct ncclComm *comm) { comm_free_ex(comm, 0); }
 
 /* This process's region label: GEOCCL_REGION, else the topology file's
  * answer for my rank, address or host name, else "" (one region). */
@@ -477,7 +491,21 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm->magic = GEO_COMM_MAGIC;
     comm->rank = rank;
     comm->nranks = nranks;
-    comm->cuda_dev = -1;
+    /* NCCL's rule: the communicator belongs to the device current at init. */
+    comm->cuda_dev = geoDevCurrent();
+    ncclConfig_t dflt_cfg = NCCL_CONFIG_INITIALIZER;
+    comm->real_cfg = dflt_cfg;
+    /* Only the members the caller's (possibly older, smaller) config has. */
+#define GEO_CFG_HAS(m) (config && config->size >= offsetof(ncclConfig_t, m) + sizeof(config->m))
+    if (GEO_CFG_HAS(cgaClusterSize))
+        comm->real_cfg.cgaClusterSize = config->cgaClusterSize;
+    if (GEO_CFG_HAS(minCTAs))
+        comm->real_cfg.minCTAs = config->minCTAs;
+    if (GEO_CFG_HAS(maxCTAs))
+        comm->real_cfg.maxCTAs = config->maxCTAs;
+    if (GEO_CFG_HAS(splitShare))
+        comm->real_cfg.splitShare = config->splitShare;
+#undef GEO_CFG_HAS
     memcpy(comm->secret, id.secret, sizeof(comm->secret));
     comm->comm_hash = id.nonce ^ ((uint64_t)geoAddrPort(&id.root) << 48) ^
                       (uint64_t)id.root.sin.sin_addr.s_addr;
@@ -697,8 +725,10 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
                   "ncclCommShrink: comm is NULL or not a live communicator");
     if (newcomm)
         *newcomm = NULL;
-    geoCommSetError(comm, "ncclCommShrink is not supported by GeoCCL yet: create a new "
-                    "communicator with ncclGetUniqueId/ncclCommInitRank instead");
+    geoCommSetError(comm, "ncclCommShrink is not supported by GeoCCL yet, on host or device "
+                    "memory, in one region or several (a shrunk GeoCCL communicator would "
+                    "have to wrap NVIDIA's shrunk one): create a new communicator with "
+                    "ncclGetUniqueId/ncclCommInitRank instead");
     return ncclInvalidUsage;
 }
 
@@ -717,9 +747,11 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommFinalize") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommFinalize: comm is NULL or not a live communicator");
     join_init(comm);
-    /* Host operations complete before their call returns: nothing to flush. */
+    /* Host operations complete before their call returns; device ones are
+     * flushed by the real NCCL and the exchange thread. */
+    ncclResult_t res = geoDevFinalize(comm);
     comm->finalized = 1;
-    return ncclSuccess;
+    return res;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
@@ -753,7 +785,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
                 "communicator's memory is left allocated");
         return ncclSuccess;
     }
-    comm_free(comm);
+    comm_free_ex(comm, 1);
     return ncclSuccess;
 }
 
@@ -773,11 +805,16 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL)
+        return real->CommGetAsyncError((geoRealComm)(void *)comm, asyncError);
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommGetAsyncError") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommGetAsyncError: comm is NULL or not a live communicator");
     GEO_RETURN_IF(asyncError == NULL, ncclInvalidArgument,
                   "ncclCommGetAsyncError: asyncError is NULL");
     *asyncError = geoCommAsyncError(comm);
+    if (*asyncError == ncclSuccess)
+        *asyncError = geoDevAsyncError(comm);
     return ncclSuccess;
 }
 
@@ -809,6 +846,16 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 
 ncclResult_t ncclMemAlloc(void **ptr, size_t size)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL && real->MemAlloc)
+        return real->MemAlloc(ptr, size);
+    /* On a GPU, NCCL's allocator gives device memory (PyTorch's NCCL memory
+     * pool relies on it); without one, page-aligned host memory. */
+    if (geoDevCurrent() >= 0 && (real = geoNcclReal()) != NULL && real->MemAlloc) {
+        ncclResult_t r;
+        GEO_REAL_CALL(r, real, MemAlloc, ptr, size);
+        return r;
+    }
     GEO_RETURN_IF(ptr == NULL, ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
     GEO_RETURN_IF(posix_memalign(ptr, 4096, size ? size : 1) != 0, ncclSystemError,
                   "ncclMemAlloc: cannot allocate %zu bytes", size);
@@ -817,49 +864,130 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size)
 
 ncclResult_t ncclMemFree(void *ptr)
 {
+    const geoNcclRealLib *real;
+    if (ptr != NULL && (geoNcclRealInCall() || geoDevIsDevicePtr(ptr)) &&
+        (real = geoNcclReal()) != NULL && real->MemFree) {
+        ncclResult_t r;
+        GEO_REAL_CALL(r, real, MemFree, ptr);
+        return r;
+    }
     free(ptr);
     return ncclSuccess;
 }
 
+/* Registration handles: a GeoCCL handle wraps the real NCCL's one (device
+ * buffers of a single-region communicator whose real communicator exists)
+ * or stands for a host buffer, which needs no registration. */
+#define GEO_REG_MAGIC 0x47656f5265674831ULL
+typedef struct {
+    uint64_t magic;
+    void *real;                 /* the real NCCL's handle, or NULL */
+} geoRegHandle;
+
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL && real->CommRegister)
+        return real->CommRegister((geoRealComm)(void *)comm, buff, size, handle);
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommRegister") != ncclSuccess || handle == NULL,
                   ncclInvalidArgument, "ncclCommRegister: NULL or dead comm, or NULL handle");
-    (void)size;
-    /* Host buffers need no registration; the token is the address. */
-    *handle = buff ? buff : (void *)comm;
+    geoRegHandle *h = calloc(1, sizeof(*h));
+    GEO_RETURN_IF(h == NULL, ncclSystemError, "ncclCommRegister: out of memory");
+    h->magic = GEO_REG_MAGIC;
+    /* Registration is local in NCCL, so it must not create the real
+     * communicator (a collective): it forwards once a device call made it. */
+    if (buff && comm->regions.nregions == 1 && comm->dev && geoDevIsDevicePtr(buff)) {
+        void *rc = NULL;
+        if (geoDevRealComm(comm, "ncclCommRegister", &rc) == ncclSuccess && rc &&
+            (real = geoNcclReal())->CommRegister) {
+            ncclResult_t r;
+            GEO_REAL_CALL(r, real, CommRegister, (geoRealComm)rc, buff, size, &h->real);
+            if (r != ncclSuccess) {
+                free(h);
+                geoCommSetError(comm, "ncclCommRegister: NVIDIA's NCCL refused the buffer: %s",
+                                real->GetErrorString(r));
+                return r;
+            }
+        }
+    }
+    if (h->real == NULL && buff && geoDevIsDevicePtr(buff))
+        geoInfo(GEO_LOG_CUDA, "ncclCommRegister: device buffer %p not registered with the "
+                "real NCCL (%s); collectives on it work unregistered", buff,
+                comm->regions.nregions != 1 ? "several regions"
+                                            : "no device collective has run on this "
+                                              "communicator yet");
+    *handle = h;
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
 {
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL && real->CommDeregister)
+        return real->CommDeregister((geoRealComm)(void *)comm, handle);
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommDeregister") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommDeregister: NULL or dead comm");
-    (void)handle;
-    return ncclSuccess;
+    geoRegHandle *h = handle;
+    GEO_RETURN_IF(h == NULL || h->magic != GEO_REG_MAGIC, ncclInvalidArgument,
+                  "ncclCommDeregister: handle was not returned by ncclCommRegister");
+    ncclResult_t r = ncclSuccess;
+    if (h->real) {
+        void *rc = NULL;
+        if (geoDevRealComm(comm, "ncclCommDeregister", &rc) == ncclSuccess && rc)
+            GEO_REAL_CALL(r, geoNcclReal(), CommDeregister, (geoRealComm)rc, h->real);
+    }
+    h->magic = 0;
+    free(h);
+    return r;
 }
 
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
                                     int winFlags)
 {
-    (void)buff;
-    (void)size;
-    (void)winFlags;
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommWindowRegister") != ncclSuccess,
                   ncclInvalidArgument, "ncclCommWindowRegister: NULL or dead comm");
-    if (win)
-        *win = NULL;
-    geoCommSetError(comm, "ncclCommWindowRegister: symmetric memory windows need GPU memory and "
-                    "are not supported by GeoCCL");
+    GEO_RETURN_IF(win == NULL, ncclInvalidArgument, "ncclCommWindowRegister: win is NULL");
+    *win = NULL;
+    /* Collective in NCCL, so it may create the real communicator. */
+    if (comm->regions.nregions == 1 && geoDevIsDevicePtr(buff)) {
+        const geoNcclRealLib *real = geoNcclReal();
+        void *rc = NULL;
+        if (real && real->CommWindowRegister == NULL) {
+            geoCommSetError(comm, "ncclCommWindowRegister: the real NCCL at %s (version %d) "
+                            "has no ncclCommWindowRegister", real->path, real->version);
+            return ncclInvalidUsage;
+        }
+        GEO_CHECK(geoDevRealComm(comm, "ncclCommWindowRegister", &rc));
+        ncclResult_t r;
+        GEO_REAL_CALL(r, real, CommWindowRegister, (geoRealComm)rc, buff, size, win, winFlags);
+        return r;
+    }
+    geoCommSetError(comm, "ncclCommWindowRegister: symmetric memory windows are supported by "
+                    "GeoCCL only on device memory of a single-region communicator on a GPU "
+                    "with NVIDIA's NCCL loaded (%s)",
+                    comm->regions.nregions != 1 ? "this one spans several regions"
+                    : comm->cuda_dev < 0        ? "this one has no GPU"
+                                                : "the buffer is not device memory");
     return ncclInvalidUsage;
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
 {
-    (void)win;
+    const geoNcclRealLib *real;
+    if (geoNcclRealInCall() && (real = geoNcclReal()) != NULL && real->CommWindowDeregister)
+        return real->CommWindowDeregister((geoRealComm)(void *)comm, win);
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommWindowDeregister") != ncclSuccess,
                   ncclInvalidArgument, "ncclCommWindowDeregister: NULL or dead comm");
-    geoCommSetError(comm, "ncclCommWindowDeregister: no window was registered");
+    void *rc = NULL;
+    if (win != NULL && comm->dev && comm->regions.nregions == 1 &&
+        geoDevRealComm(comm, "ncclCommWindowDeregister", &rc) == ncclSuccess && rc &&
+        (real = geoNcclReal())->CommWindowDeregister) {
+        ncclResult_t r;
+        GEO_REAL_CALL(r, real, CommWindowDeregister, (geoRealComm)rc, win);
+        return r;
+    }
+    geoCommSetError(comm, "ncclCommWindowDeregister: no window was registered (GeoCCL "
+                    "registers windows only on device memory of a single-region communicator)");
     return ncclInvalidUsage;
 }
 
@@ -888,6 +1016,7 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataTyp
         memset(r->scalar, 0, sizeof(r->scalar));
         memcpy(r->scalar, scalar, geoTypeSize(datatype));
         r->ptr = scalar;
+        r->real_valid = 0; /* the real twin is made at its first device use */
         *op = (ncclRedOp_t)(ncclNumOps + i);
         pthread_mutex_unlock(&comm->lock);
         return ncclSuccess;
@@ -905,6 +1034,7 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
     GEO_RETURN_IF(op < ncclNumOps || op - ncclNumOps >= GEO_MAX_REDOPS ||
                       !comm->redops[op - ncclNumOps].used,
                   ncclInvalidArgument, "ncclRedOpDestroy: op %d is not a live handle", (int)op);
+    geoDevRedOpDestroy(comm, op - ncclNumOps);
     pthread_mutex_lock(&comm->lock);
     comm->redops[op - ncclNumOps].used = 0;
     pthread_mutex_unlock(&comm->lock);

@@ -1,8 +1,13 @@
 /* Hierarchical all-gather and reduce-scatter (comm/coll_hier.c) on region
  * layouts of even and uneven sizes: exact results for every data type and
  * op, in and out of place, and the WAN bytes each region sends are the
- * minimum (each block crosses into every other region once). */
+ * minimum (each block crosses into every other region once).  And the
+ * inter-region step alone (geoHierExchange), as the device path runs it
+ * after NVIDIA's reduce-scatter: shards cut as geoSegPadded. */
 #include "config.h"
+#include "comm/coll.h"
+#include "comm/comm.h"
+#include "comm/reduce.h"
 #include "geoccl.h"
 #include "harness.h"
 #include "nccl.h"
@@ -128,6 +133,72 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     return bad;
 }
 
+/* geoHierExchange after a reduce-scatter done "by hand": every rank builds
+ * its region's partial of its padded shard from the inputs of its region's
+ * ranks, exchanges, and must hold the full reduction of its shard. */
+static int exchange_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    const layout *l = arg;
+    ncclComm_t comm;
+    int bad = 0;
+    setenv("GEOCCL_REGION", l->labels[rank], 1);
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    const topoRegionMap *m = &comm->regions;
+    const int g = m->region_of[rank], n = m->size[g], me = m->local_rank[rank];
+    const size_t counts[] = {1, 3, 7, 1000, 65537};
+    const struct { ncclDataType_t t; ncclRedOp_t op; } cases[] = {
+        {ncclFloat32, ncclSum}, {ncclInt32, ncclMax}, {ncclFloat16, ncclSum},
+        {ncclFloat64, ncclAvg}, {ncclInt64, ncclProd}, {ncclUint8, ncclMin},
+    };
+    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]) && !bad; ci++)
+        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]) && !bad; k++) {
+            ncclDataType_t t = cases[k].t;
+            ncclRedOp_t op = cases[k].op;
+            size_t es = harness_type_size(t), cnt = counts[ci], off, len;
+            uint32_t seed = (uint32_t)(ci * 17 + k);
+            geoSegPadded(cnt, n, me, &off, &len);
+            char *part = malloc(len * es + 1), *tmp = malloc(len * es + 1);
+            char *want = malloc(len * es + 1);
+            char key[1];
+            for (int i = 0; i < n; i++) {
+                char *dst = i == 0 ? part : tmp;
+                harness_fill_input(dst, t, op, nranks, m->members[g][i], off, len, seed);
+                if (i > 0)
+                    geoReduce(part, part, tmp, len, t, op);
+            }
+            harness_fill_expected(want, t, op, nranks, off, len, seed);
+            geoOp o = {.type = GEO_OP_ALLREDUCE, .comm = comm, .sendbuff = key, .recvbuff = key,
+                       .count = cnt, .dt = t, .op = op};
+            char msg[256] = "";
+            ncclResult_t r = geoHierExchange(comm, &o, part, off);
+            if (r != ncclSuccess ||
+                (len > 0 && harness_check(part, want, t, op, nranks, len, msg, sizeof(msg)))) {
+                fprintf(stderr, "rank %d: exchange %s %s count %zu shard [%zu, +%zu): %s %s\n",
+                        rank, harness_type_name(t), harness_op_name(op), cnt, off, len,
+                        ncclGetErrorString(r), msg);
+                bad = 1;
+            }
+            free(part);
+            free(tmp);
+            free(want);
+        }
+    ncclCommDestroy(comm);
+    return bad;
+}
+
+static void run_exchange(const char *l0, const char *l1, const char *l2, const char *l3,
+                         const char *l4, int n)
+{
+    layout l = {{l0, l1, l2, l3, l4}};
+    CU_ASSERT_EQUAL(harness_run_noinit(n, exchange_body, &l, 120), 0);
+}
+
+static void test_exchange_2x2(void) { run_exchange("a", "a", "b", "b", NULL, 4); }
+static void test_exchange_3_1(void) { run_exchange("a", "a", "a", "b", NULL, 4); }
+static void test_exchange_1x3(void) { run_exchange("a", "b", "c", NULL, NULL, 3); }
+static void test_exchange_interleaved(void) { run_exchange("a", "b", "a", "c", "b", 5); }
+
 static void run(const char *l0, const char *l1, const char *l2, const char *l3, const char *l4,
                 int n)
 {
@@ -147,6 +218,10 @@ int main(void)
     CU_add_test(s, "2 regions x 2", test_2x2);
     CU_add_test(s, "3 + 1", test_3_1);
     CU_add_test(s, "interleaved 2 + 2 + 1", test_interleaved);
+    CU_add_test(s, "device-path exchange, 2 regions x 2", test_exchange_2x2);
+    CU_add_test(s, "device-path exchange, 3 + 1", test_exchange_3_1);
+    CU_add_test(s, "device-path exchange, 3 regions of 1", test_exchange_1x3);
+    CU_add_test(s, "device-path exchange, interleaved 2 + 2 + 1", test_exchange_interleaved);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

@@ -26,7 +26,13 @@
 #   5. full build: configure (--with-cuda-arch=<this GPU>, --without-X for
 #      packages that are missing) and make, if configure is there or
 #      autoreconf can make it.
-#   6. host tests: make check of everything but the emulated-WAN tests
+#   6. device collectives (issue 6): dev_allreduce with 2 and 4 ranks on the
+#      one GPU, each rank its own region, device buffers (checks sum/avg,
+#      prints time and bandwidth at 64 MiB); passthrough_bench alone and
+#      under LD_PRELOAD=libgeoccl.so (one rank, one region: GeoCCL forwards
+#      to NVIDIA's NCCL; prints the overhead in %); if PyTorch imports, a
+#      two-process data-parallel step with LD_PRELOAD=libgeoccl.so.
+#   7. host tests: make check of everything but the emulated-WAN tests
 #      (tests needing a missing package skip with 77); the codec check runs
 #      there again in its quick form.  Stopped by the time budget, the stage
 #      is "incomplete" (not failed) unless a test failed.
@@ -238,6 +244,94 @@ else
         2) stage_result "full build" skip "no autotools output" ;;
         *) stage_result "full build" fail ;;
     esac
+fi
+
+# ---------------------------------------------------------------------------
+section "device collectives through GeoCCL"
+# Programs built by make check (compiled there on every CI machine too).
+DEV_OK=0
+if [ $FULL_OK = 1 ] && [ "$(left)" -gt 60 ]; then
+    obj=$BUILD/full
+    if timeout 120 make -C "$obj" tests/device/dev_allreduce tests/device/passthrough_bench \
+            >"$obj/make-device.out" 2>&1; then
+        DEV_OK=1
+    else
+        echo "  building the device programs failed:"
+        tail -n 15 "$obj/make-device.out" | sed 's/^/    /'
+        stage_result "device programs" fail "build"
+    fi
+else
+    echo "  skipped (full build: $FULL_OK, $(left)s left)"
+    stage_result "device programs" skip "no full build or no time"
+fi
+GEOLIB=$BUILD/full/lib/.libs/libgeoccl.so
+export GEOCCL_SOCKET_IFNAME=${GEOCCL_SOCKET_IFNAME:-lo}
+# libtool wrapper scripts run the real binary with the build's library path.
+if [ $DEV_OK = 1 ]; then
+    for n in 2 4; do
+        if [ "$(left)" -lt 40 ]; then
+            stage_result "device all-reduce x$n" skip "no time left"
+            continue
+        fi
+        echo "  dev_allreduce $n ranks (GEOCCL_REGION=r<i>), 64 MiB figures"
+        timeout 90 "$BUILD/full/tests/device/dev_allreduce" "$n" 64
+        rc=$?
+        fig=$(grep -a "^dev_allreduce: $n ranks" "$LOG" | tail -n1 | sed 's/^dev_allreduce: //')
+        case $rc in
+            0) stage_result "device all-reduce x$n" pass "$fig" ;;
+            77) stage_result "device all-reduce x$n" skip "no GPU visible" ;;
+            124) stage_result "device all-reduce x$n" fail "timed out" ;;
+            *) stage_result "device all-reduce x$n" fail "exit $rc" ;;
+        esac
+    done
+
+    if [ "$(left)" -gt 40 ] && [ -x "$BUILD/full/tests/device/passthrough_bench" ]; then
+        pb=$BUILD/full/tests/device/passthrough_bench
+        echo "  passthrough_bench alone (NVIDIA's NCCL)"
+        alone=$(timeout 60 "$pb" 64 2>&1); rc1=$?
+        echo "$alone" | sed 's/^/    /'
+        echo "  passthrough_bench with LD_PRELOAD=$GEOLIB"
+        geo=$(LD_PRELOAD=$GEOLIB GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=CUDA timeout 60 "$pb" 64 2>&1); rc2=$?
+        echo "$geo" | sed 's/^/    /'
+        if [ $rc1 = 0 ] && [ $rc2 = 0 ]; then
+            read -r a_big a_small <<<"$(echo "$alone" | awk '/^RESULT/ {print $2, $3}')"
+            read -r g_big g_small <<<"$(echo "$geo" | awk '/^RESULT/ {print $2, $3}')"
+            ov=$(awk -v a="$a_big" -v g="$g_big" -v as="$a_small" -v gs="$g_small" \
+                 'BEGIN { printf "64 MiB: %.1f us vs %.1f us alone (%+.1f%%); 4 B: %.2f us vs %.2f us (%+.1f%%)", g, a, 100 * (g - a) / a, gs, as, 100 * (gs - as) / as }')
+            echo "  pass-through overhead: $ov"
+            if echo "$geo" | grep -q "real NCCL"; then
+                stage_result "pass-through vs NCCL" pass "$ov"
+            else
+                stage_result "pass-through vs NCCL" fail "GeoCCL did not log loading the real NCCL; $ov"
+            fi
+        elif [ $rc1 = 77 ]; then
+            stage_result "pass-through vs NCCL" skip "no GPU visible"
+        else
+            stage_result "pass-through vs NCCL" fail "exit $rc1 alone, $rc2 through GeoCCL"
+        fi
+    else
+        stage_result "pass-through vs NCCL" skip "not built or no time"
+    fi
+
+    if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        if [ "$(left)" -gt 60 ]; then
+            t=$(($(left) - 30)); [ "$t" -gt 160 ] && t=160
+            echo "  torch two-process step, LD_PRELOAD=$GEOLIB"
+            LD_PRELOAD=$GEOLIB timeout "$t" python3 "$ROOT/tests/device/torch_step.py"
+            rc=$?
+            fig=$(grep -a "step .* ms" "$LOG" | tail -n1 | sed 's/^ *//')
+            case $rc in
+                0) stage_result "torch step" pass "$fig" ;;
+                124) stage_result "torch step" fail "timed out after ${t}s" ;;
+                *) stage_result "torch step" fail "exit $rc" ;;
+            esac
+        else
+            stage_result "torch step" skip "no time left"
+        fi
+    else
+        echo "  PyTorch with CUDA is not importable: torch step skipped"
+        stage_result "torch step" skip "no torch"
+    fi
 fi
 
 # ---------------------------------------------------------------------------
