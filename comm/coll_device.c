@@ -37,6 +37,7 @@
  * guarantee.
  */
 #include "config.h"
+#include "comm/tuning.h"
 #include "comm/coll_device.h"
 #include "comm/checks.h"
 #include "comm/comm.h"
@@ -540,6 +541,12 @@ static void *exchange_main(void *arg)
                      "device)", (unsigned long long)j->op_seq, j->op.count);
             res = wait_ready(comm, st, j);
             if (res == ncclSuccess) {
+                /* The codec the plan (or the user) gives this size. */
+                int hier, codec;
+                size_t chunk;
+                geoTuningChoose(comm, GEO_OP_ALLREDUCE, j->op.count * geoTypeSize(j->op.dt),
+                                &hier, &codec, &chunk);
+                comm->call_codec = codec;
                 res = geoHierExchange(comm, &j->op, j->slot->host, j->off);
                 comm->stats.calls_hier++;
             }
