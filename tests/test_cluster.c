@@ -218,9 +218,14 @@ static void test_steady_rate(void)
         t[i] = now;
         b[i] = 1e6;
     }
-    double r = topoSteadyRate(20, t, b, 0.5);
+    double r = topoSteadyRate(20, t, b, 0.5, 1.0);
     CU_ASSERT_DOUBLE_EQUAL(r, 1e8, 1e8 * 0.01);
-    CU_ASSERT_EQUAL(topoSteadyRate(2, t, b, 0.5), 0);
+    CU_ASSERT_EQUAL(topoSteadyRate(2, t, b, 0.5, 1.0), 0);
+    /* A drain at twice the rate after 80% of the duration is left out. */
+    for (int i = 15; i < 20; i++)
+        t[i] = t[14] + (i - 14) * 0.005;
+    r = topoSteadyRate(20, t, b, 0.5, 0.8);
+    CU_ASSERT_DOUBLE_EQUAL(r, 1e8, 1e8 * 0.05);
 }
 
 int main(void)

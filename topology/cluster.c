@@ -154,22 +154,24 @@ int topoStreamsNeeded(double bw, double rtt, double win, int max_streams)
     return s > max_streams ? max_streams : (int)s;
 }
 
-double topoSteadyRate(int n, const double *t, const double *bytes, double skip)
+double topoSteadyRate(int n, const double *t, const double *bytes, double skip, double upto)
 {
     if (n < 3)
         return 0;
     double t0 = t[0], t1 = t[n - 1];
-    double from = t0 + skip * (t1 - t0);
-    int k = 0;
+    double from = t0 + skip * (t1 - t0), to = t0 + upto * (t1 - t0);
+    int k = 0, e = n - 1;
     while (k < n - 2 && t[k] < from)
         k++;
-    /* Least-squares slope of cumulative bytes against completion time from
-     * message k on: a completion noticed late (the receiver was not
+    while (e > k + 1 && t[e] > to)
+        e--;
+    /* Least-squares slope of cumulative bytes against completion time over
+     * messages k..e: a completion noticed late (the receiver was not
      * scheduled) moves one point, not the whole estimate as it would if it
      * were an end point. */
     double cum = 0, st = 0, sb = 0, stt = 0, stb = 0;
     int m = 0;
-    for (int i = k; i < n; i++) {
+    for (int i = k; i <= e; i++) {
         if (i > k)
             cum += bytes[i];
         st += t[i];

@@ -56,9 +56,12 @@ int topoStreamsNeeded(double bw, double rtt, double win, int max_streams);
 
 /* Steady-state rate of a transfer from the completion times t[i] (seconds,
  * ascending) of messages of bytes[i] bytes: the least-squares slope of
- * bytes completed against time, over the messages completed after the first
- * `skip` fraction of the transfer's duration (slow start is left out).  0
- * when fewer than 3 messages. */
-double topoSteadyRate(int n, const double *t, const double *bytes, double skip);
+ * bytes completed against time, over the messages completed between the
+ * fractions `skip` and `upto` of the transfer's duration.  Slow start is
+ * left out at the front; at the back, the drain of what was queued when the
+ * sender stopped, which runs alone on the link once the sender's other
+ * flows have drained and would overstate this flow's share.  0 when fewer
+ * than 3 messages. */
+double topoSteadyRate(int n, const double *t, const double *bytes, double skip, double upto);
 
 #endif

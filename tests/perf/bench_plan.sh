@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# bench_plan.sh: the cost model and the automatic plan (issue 5) against
+# measurement, on emulated regions (examples/wan/geoccl-wan). Needs root.
+#
+#   sudo tests/perf/bench_plan.sh [-t TOPOS] [-r RATES] [-d DELAY_MS] [-n ITERS] BUILDDIR
+#
+# For every topology RxP and rate (defaults 3x2,2x4 and 100mbit,1gbit, 25 ms
+# one-way) the script brings the WAN up, and with no region labels:
+#   1. geoccl-probe -o FILE: the probe finds the regions and measures the
+#      links; FILE is the topology it wrote.
+#   2. geoccl-probe --simulate FILE --json: the model's predicted all-reduce
+#      time per size for flat and hierarchical (default chunk and slice).
+#   3. geoccl-perf, float sum all-reduce 64 KiB .. 256 MiB (x4), with
+#      GEOCCL_TOPO_FILE=FILE (every run plans from the same figures):
+#        flat   GEOCCL_ALGO=flat  (chunk and slice at their defaults, set)
+#        hier   GEOCCL_ALGO=hier  (likewise)
+#        auto   nothing forced: the plan picks algorithm and chunk per size
+# and prints, per size, predicted and measured time for flat and hier with
+# their ratio, and auto beside the better forced plan. All in one run on the
+# same links; the machine is shared, so read ratios, not absolute times.
+# Everything (outputs, the topology file, the commands) is kept in the
+# directory printed at the end.
+set -uo pipefail
+export LC_ALL=C
+
+TOPOS=3x2,2x4
+RATES=100mbit,1gbit
+DELAY=25
+ITERS=3
+while [ $# -gt 1 ]; do
+    case $1 in
+        -t) TOPOS=$2; shift 2;;
+        -r) RATES=$2; shift 2;;
+        -d) DELAY=$2; shift 2;;
+        -n) ITERS=$2; shift 2;;
+        *) echo "unknown option $1"; exit 2;;
+    esac
+done
+BUILD=$(cd "${1:?usage: bench_plan.sh [options] BUILDDIR}" && pwd) || exit 1
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+WAN=$SRC/examples/wan/geoccl-wan
+NAME=gplan
+OUT=$(mktemp -d /tmp/geoccl-bench-plan.XXXXXX)
+[ "$(id -u)" = 0 ] || { echo "needs root"; exit 77; }
+unset GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_COMPRESS GEOCCL_CHUNK_SIZE GEOCCL_HIER_SLICE GEOCCL_NSTREAMS
+trap '"$WAN" down -n "$NAME" -q >/dev/null 2>&1' EXIT
+trap 'exit 130' INT TERM
+PORT=29800
+
+# run_ranks R P OUTFILE ENV... -- CMD...: rank r in region r / P.
+run_ranks() {
+    local R=$1 P=$2 out=$3 r n
+    shift 3
+    local -a env=()
+    while [ "$1" != -- ]; do env+=("$1"); shift; done
+    shift
+    n=$((R * P))
+    PORT=$((PORT + 1))
+    local -a pids=()
+    for ((r = 0; r < n; r++)); do
+        "$WAN" exec -n "$NAME" -i $((r / P)) --no-label -- env RANK=$r NRANKS=$n \
+            GEOCCL_COMM_ID=10.231.0.10:$PORT "${env[@]}" "$@" \
+            > "$out.$r" 2> "$out.$r.err" &
+        pids+=($!)
+    done
+    local bad=0
+    for p in "${pids[@]}"; do wait "$p" || bad=1; done
+    cp "$out.0" "$out"
+    echo "   $* (${env[*]}): $( [ $bad = 0 ] && echo ok || echo FAILED)" >> "$OUT/commands.txt"
+    return $bad
+}
+
+echo "# bench_plan.sh $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; one-way delay $DELAY ms"
+for topo in ${TOPOS//,/ }; do
+    R=${topo%x*} P=${topo#*x}
+    for rate in ${RATES//,/ }; do
+        cfg=$topo-$rate
+        "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+        "$WAN" up -n "$NAME" -q -r "$R" --rate "$rate" --delay "${DELAY}ms" || exit 1
+        echo "== $cfg" >> "$OUT/commands.txt"
+        run_ranks "$R" "$P" "$OUT/$cfg.probe" -- "$BUILD/geoccl-probe" --json -o "$OUT/$cfg.topo"
+        "$BUILD/geoccl-probe" --simulate "$OUT/$cfg.topo" --json > "$OUT/$cfg.sim" 2>&1
+        perf=("$BUILD/geoccl-perf" -b 64K -e 256M -f 4 -n "$ITERS" -w 1 -c 1)
+        run_ranks "$R" "$P" "$OUT/$cfg.flat" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=flat \
+            GEOCCL_CHUNK_SIZE=512K GEOCCL_HIER_SLICE=4M -- "${perf[@]}"
+        run_ranks "$R" "$P" "$OUT/$cfg.hier" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=hier \
+            GEOCCL_CHUNK_SIZE=512K GEOCCL_HIER_SLICE=4M -- "${perf[@]}"
+        run_ranks "$R" "$P" "$OUT/$cfg.auto" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" -- "${perf[@]}"
+        "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+        python3 - "$OUT" "$cfg" <<'EOF'
+import json, sys
+out, cfg = sys.argv[1], sys.argv[2]
+def perf(kind):
+    t = {}
+    for line in open("%s/%s.%s" % (out, cfg, kind)):
+        f = line.split()
+        if len(f) >= 13 and f[0].isdigit():
+            t[int(f[0])] = float(f[5]) / 1e6      # out-of-place time, s
+    return t
+flat, hier, auto = perf("flat"), perf("hier"), perf("auto")
+probe = json.load(open("%s/%s.probe" % (out, cfg)))
+sim = json.load(open("%s/%s.sim" % (out, cfg)))
+pred = {}
+for row in sim["allreduce"]:
+    pred[int(row["bytes"])] = row
+print("\n## %s: regions %s, egress Mbit/s %s, probe %.2f s" % (
+    cfg, [r["ranks"] for r in probe["regions"]], probe["egress_mbit"], probe["probe_s"]))
+print("| size | flat pred | flat meas | pred/meas | hier pred | hier meas | pred/meas | auto meas | best forced | auto/best |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for b in sorted(flat):
+    p = pred.get(b, {})
+    pf, ph = p.get("flat"), p.get("hier")
+    f, h, a = flat.get(b), hier.get(b), auto.get(b)
+    best = min(x for x in (f, h) if x)
+    fmt = lambda x: "%.4f" % x if x else "-"
+    rat = lambda x, y: "%.2f" % (x / y) if x and y else "-"
+    print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        "%dK" % (b >> 10) if b < 1 << 20 else "%dM" % (b >> 20),
+        fmt(pf), fmt(f), rat(pf, f), fmt(ph), fmt(h), rat(ph, h), fmt(a), fmt(best), rat(a, best)))
+EOF
+    done
+done
+echo
+echo "# outputs and commands: $OUT"
