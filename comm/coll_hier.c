@@ -457,10 +457,14 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
             }
         }
         /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
-         * first trip (see the parameter's help). */
-        if (comm->ef_mode == 2)
+         * first trip (see the parameter's help).  Unset: 3 for sign, whose
+         * residuals on both trips made the digits example diverge while the
+         * first trip alone matched uncompressed accuracy (BENCHMARKS.md,
+         * "Which trip keeps the residual"); 1 for the others. */
+        int mode = comm->ef_mode ? comm->ef_mode : id == GEO_CODEC_SIGN ? 3 : 1;
+        if (mode == 2)
             hc->ef1 = NULL;
-        else if (comm->ef_mode == 3)
+        else if (mode == 3)
             hc->ef2 = NULL;
         if (geoEfTakeEvictionNotice(&comm->ef))
             geoInfo(GEO_LOG_COMPRESS, "error feedback: GEOCCL_EF_MAX_BYTES=%zu reached; least "

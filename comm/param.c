@@ -50,7 +50,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                             "sign, topk:<k>; lossy ones only on float sum/avg"},
     [GEO_PARAM_EF] = {"GEOCCL_EF", GEO_PARAM_INT, "1",
                       "error feedback for lossy codecs: 1 both trips, 0 off, 2 only the "
-                      "return trip, 3 only the first trip (use 2 or 3 with sign)"},
+                      "return trip, 3 only the first trip; unset: 3 for sign, 1 for the "
+                      "others"},
     [GEO_PARAM_EF_MAX_BYTES] = {"GEOCCL_EF_MAX_BYTES", GEO_PARAM_INT, "1G",
                                 "bound on error-feedback residuals per communicator; least "
                                 "recently used ones are dropped beyond it"},

@@ -40,21 +40,35 @@ GEOCCL_SOCKET_IFNAME=lo ./examples/minimal
 echo
 echo "== 2. $regions regions x $per ranks"
 cat <<EOF
-   GeoCCL finds each rank's region (here GEOCCL_REGION=r0..r$((regions - 1))) and plans:
+   No region labels are given: GeoCCL's probe measures the round trips between
+   the ranks' addresses, finds the regions, measures the links and plans:
      hierarchical all-reduce = ring reduce-scatter inside each region
        -> owners of each piece exchange it between regions (each region
           sends 2(R-1)/R of the data once: the minimum), reduced in region order
        -> ring all-gather inside each region;
-     flat ring (GEOCCL_ALGO=flat) = one ring over all ranks in region order.
+     flat ring (GEOCCL_ALGO=flat) = one ring over all ranks in region order;
+   a cost model fed with the measured links picks one per message size.
 EOF
 
 shaped=0
 if [ -z "${DEMO_NO_WAN:-}" ] && [ "$(id -u)" = 0 ] && "$wan" up -r "$regions" --rate "$rate" --delay "$delay" -q > wan.log 2>&1; then
     shaped=1
-    trap '"$wan" down > /dev/null 2>&1 || true' EXIT
+    trap '"$wan" down > /dev/null 2>&1 || true; rm -f "${topo:-}" wan.probe.*' EXIT
     echo
     "$wan" status | sed -n '1,4p'
     echo "   every region's link to the others: $rate, $delay one way; inside a region: unshaped"
+    echo
+    echo "-- geoccl-probe on the $nranks ranks (no labels): what GeoCCL measured and chose"
+    topo=$(mktemp -u /tmp/geoccl-demo-XXXXXX.topo)
+    pids=()
+    for ((r = 0; r < nranks; r++)); do
+        "$wan" exec -i $((r / per)) --no-label -- env RANK=$r NRANKS=$nranks \
+            GEOCCL_COMM_ID=10.231.0.10:29610 "$top/geoccl-probe" -o "$topo" > "wan.probe.$r" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    grep -v '^vm:' wan.probe.0 | sed -n '/^plan for/,/sizes: from/{/allgather\|reducescatter\|broadcast/d};p'
+    echo "   (the next runs load $topo with GEOCCL_TOPO_FILE instead of probing again)"
 else
     echo
     echo "   NOTE: cannot build network namespaces here (needs root and ip netns; see wan.log):"
@@ -67,11 +81,13 @@ run_geoccl() { # $1 = algo (hier|flat), $2 = port
     if [ "$shaped" = 1 ]; then
         for ((r = 0; r < nranks; r++)); do
             if [ "$r" = 0 ]; then
-                "$wan" exec -i $((r / per)) -- env RANK=$r NRANKS=$nranks GEOCCL_ALGO="$algo" \
-                    GEOCCL_COMM_ID=10.231.0.10:"$port" "$top/geoccl-perf" "${perf_args[@]}" > "$out" &
+                "$wan" exec -i $((r / per)) --no-label -- env RANK=$r NRANKS=$nranks GEOCCL_ALGO="$algo" \
+                    GEOCCL_TOPO_FILE="$topo" GEOCCL_COMM_ID=10.231.0.10:"$port" \
+                    "$top/geoccl-perf" "${perf_args[@]}" > "$out" &
             else
-                "$wan" exec -i $((r / per)) -- env RANK=$r NRANKS=$nranks GEOCCL_ALGO="$algo" \
-                    GEOCCL_COMM_ID=10.231.0.10:"$port" "$top/geoccl-perf" "${perf_args[@]}" > /dev/null &
+                "$wan" exec -i $((r / per)) --no-label -- env RANK=$r NRANKS=$nranks GEOCCL_ALGO="$algo" \
+                    GEOCCL_TOPO_FILE="$topo" GEOCCL_COMM_ID=10.231.0.10:"$port" \
+                    "$top/geoccl-perf" "${perf_args[@]}" > /dev/null &
             fi
             pids+=($!)
         done
@@ -90,8 +106,13 @@ run_geoccl() { # $1 = algo (hier|flat), $2 = port
 }
 
 echo
-echo "-- hierarchical (the default with several regions)"
-run_geoccl hier 29611
+if [ "$shaped" = 1 ]; then
+    echo "-- GeoCCL as planned (GEOCCL_ALGO=auto: hierarchical at these sizes)"
+    run_geoccl auto 29611
+else
+    echo "-- hierarchical (the default with several regions and no link figures)"
+    run_geoccl hier 29611
+fi
 echo
 echo "-- flat ring over the same links (GEOCCL_ALGO=flat)"
 run_geoccl flat 29612

@@ -14,12 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *labels[8];
     int nranks;
     const char *codec;
-    int ef;
+    int ef;              /* GEOCCL_EF; -1: unset (each codec's default) */
+    const char *hash_out; /* rank 0 writes the hash of all results here */
 } cfg;
 
 static float val(int r, size_t i, int step)
@@ -55,7 +57,11 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     setenv("GEOCCL_COMPRESS", c->codec, 1);
     char efs[8];
     snprintf(efs, sizeof(efs), "%d", c->ef);
-    setenv("GEOCCL_EF", efs, 1);
+    if (c->ef < 0)
+        unsetenv("GEOCCL_EF");
+    else
+        setenv("GEOCCL_EF", efs, 1);
+    uint64_t run_hash = 0;
     setenv("GEOCCL_DIRECT_MAX", "0", 1);
     setenv("GEOCCL_HIER_SLICE", "64K", 1);
     ncclResetDebugInit();
@@ -73,6 +79,7 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
             break;
         }
         uint64_t h = fnv(out, count * 4);
+        run_hash = run_hash * 31 + h;
         ncclAllGather(&h, all, 8, ncclUint8, comm, NULL);
         for (int q = 0; q < nranks; q++)
             if (all[q] != h) {
@@ -98,6 +105,13 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
                    : strcmp(c->codec, "int8") == 0                                       ? 0.02
                    : strncmp(c->codec, "topk", 4) == 0 ? 0.95 /* 5% per step: much still queued */
                                                        : 0.6;
+    if (rank == 0 && c->hash_out) {
+        FILE *f = fopen(c->hash_out, "w");
+        if (f == NULL || fprintf(f, "%016llx\n", (unsigned long long)run_hash) < 0)
+            bad = 1;
+        if (f)
+            fclose(f);
+    }
     if (!c->ef)
         limit = 10; /* without feedback only identity is checked */
     else if (c->ef >= 2 && limit < 0.65)
@@ -158,6 +172,44 @@ static void run_codecs(const char **labels, int nranks)
     }
 }
 
+static uint64_t run_hash_of(const char **labels, int nranks, const char *codec, int ef)
+{
+    char path[] = "/tmp/geoccl-efhash-XXXXXX";
+    int fd = mkstemp(path);
+    unsigned long long h = 0;
+    if (fd < 0)
+        return 0;
+    close(fd);
+    cfg c = {.nranks = nranks, .codec = codec, .ef = ef, .hash_out = path};
+    memcpy(c.labels, labels, sizeof(c.labels));
+    CU_ASSERT_EQUAL(harness_run_noinit(nranks, body, &c, 120), 0);
+    FILE *f = fopen(path, "r");
+    if (f == NULL || fscanf(f, "%llx", &h) != 1)
+        h = 0;
+    if (f)
+        fclose(f);
+    unlink(path);
+    return h;
+}
+
+/* GEOCCL_EF unset: sign keeps its residual on the first trip only (the
+ * same bits as GEOCCL_EF=3), the other codecs on both (as GEOCCL_EF=1). */
+static void test_ef_defaults(void)
+{
+    const char *l[8] = {"a", "a", "b", "b"};
+    uint64_t sign_default = run_hash_of(l, 4, "sign", -1);
+    uint64_t sign_first = run_hash_of(l, 4, "sign", 3);
+    uint64_t sign_both = run_hash_of(l, 4, "sign", 1);
+    uint64_t int8_default = run_hash_of(l, 4, "int8", -1);
+    uint64_t int8_both = run_hash_of(l, 4, "int8", 1);
+    uint64_t int8_first = run_hash_of(l, 4, "int8", 3);
+    CU_ASSERT(sign_default != 0 && int8_default != 0);
+    CU_ASSERT_EQUAL(sign_default, sign_first);
+    CU_ASSERT_NOT_EQUAL(sign_default, sign_both);
+    CU_ASSERT_EQUAL(int8_default, int8_both);
+    CU_ASSERT_NOT_EQUAL(int8_default, int8_first);
+}
+
 static void test_2x2(void)
 {
     const char *l[8] = {"a", "a", "b", "b"};
@@ -182,6 +234,15 @@ static void test_bad_spec(void)
     CU_ASSERT_EQUAL(geocclCommGetCompression(comm, &name), ncclSuccess);
     CU_ASSERT_STRING_EQUAL(name, "int8");
     CU_ASSERT_EQUAL(geocclCommResetErrorFeedback(comm), ncclSuccess);
+    /* auto: the plan chooses among the codecs listed (or the exact ones). */
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "auto:int8,zip"), ncclInvalidArgument);
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "auto:int8,topk:0.01"), ncclSuccess);
+    CU_ASSERT_EQUAL(geocclCommGetCompression(comm, &name), ncclSuccess);
+    CU_ASSERT_STRING_EQUAL(name, "auto");
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "auto"), ncclSuccess);
+    CU_ASSERT_EQUAL(geocclCommSetCompression(comm, "none"), ncclSuccess);
+    CU_ASSERT_EQUAL(geocclCommGetCompression(comm, &name), ncclSuccess);
+    CU_ASSERT_STRING_EQUAL(name, "none");
     ncclCommDestroy(comm);
 }
 
@@ -193,6 +254,7 @@ int main(void)
     CU_add_test(s, "every codec, 2 regions x 2", test_2x2);
     CU_add_test(s, "every codec, regions of 2, 1, 3", test_3_uneven);
     CU_add_test(s, "geocclCommSetCompression", test_bad_spec);
+    CU_add_test(s, "error feedback defaults per codec", test_ef_defaults);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
