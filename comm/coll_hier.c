@@ -62,6 +62,11 @@ typedef struct {
 typedef struct {
     const geoCodec *codec;
     const geoCodecParams *params;
+    /* The return trip's parameters: the same, except that topk keeps R
+     * times the fraction, so that the union of the R regions' kept elements
+     * (at most R k of the part is non-zero after the first trip) goes back
+     * whole: sparsified once, like top-k SGD, not twice. */
+    geoCodecParams p2;
     float *ef1, *ef2;   /* residuals over the whole buffer, or NULL */
     uint64_t counter;   /* stochastic rounding stream of this call */
 } hierCodec;
@@ -133,10 +138,11 @@ static int cmp_size(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataType_t dt)
+static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataType_t dt,
+                              const geoCodecParams *params)
 {
     for (int i = 0; i < n; i++) {
-        m[i].enc_cap = hc->codec->maxEncodedSize(m[i].n, dt, hc->params);
+        m[i].enc_cap = hc->codec->maxEncodedSize(m[i].n, dt, params);
         if (m[i].enc_cap == 0)
             return ncclInvalidArgument;
         m[i].enc = malloc(m[i].enc_cap);
@@ -234,13 +240,13 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
         /* X2 sends one chunk per part to k-1 owners: one buffer per part,
          * shared by its messages (allocated for the first, k-1 in a row). */
         ncclResult_t r;
-        if ((r = alloc_enc(sl->tx1, sl->ntx1, hc, dt)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx1, sl->nrx1, hc, dt)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx2, sl->nrx2, hc, dt)) != ncclSuccess)
+        if ((r = alloc_enc(sl->tx1, sl->ntx1, hc, dt, hc->params)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx1, sl->nrx1, hc, dt, hc->params)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx2, sl->nrx2, hc, dt, &hc->p2)) != ncclSuccess)
             return r;
         int k1 = comm->regions.nregions - 1;
         for (int i = 0; i < sl->ntx2; i += k1) {
-            if ((r = alloc_enc(&sl->tx2[i], 1, hc, dt)) != ncclSuccess)
+            if ((r = alloc_enc(&sl->tx2[i], 1, hc, dt, &hc->p2)) != ncclSuccess)
                 return r;
             for (int j = 1; j < k1; j++) {
                 sl->tx2[i + j].enc = sl->tx2[i].enc;
@@ -386,7 +392,7 @@ static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice 
         hierMsg *x = &sl->tx2[i];
         char *part = at(v, x->off, es);
         const char *why = NULL;
-        ncclResult_t r = hc->codec->encode(part, x->n, op->dt, hc->params,
+        ncclResult_t r = hc->codec->encode(part, x->n, op->dt, &hc->p2,
                                            hc->counter + 2 * x->off + 1,
                                            hc->ef2 ? hc->ef2 + x->off : NULL, x->enc, x->enc_cap,
                                            &x->enc_len);
@@ -442,6 +448,11 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
     }
     hc->codec = c;
     hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
+    hc->p2 = *hc->params;
+    if (id == GEO_CODEC_TOPK) {
+        double k2 = hc->p2.topkFraction * comm->regions.nregions;
+        hc->p2.topkFraction = k2 < 1 ? k2 : 1;
+    }
     hc->counter = comm->op_seq << 40;
     if (c->lossy && comm->ef_enabled) {
         size_t evicted = 0;

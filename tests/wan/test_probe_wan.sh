@@ -11,8 +11,9 @@
 #      -o writes a topology file.
 #   b. the library with that file (GEOCCL_TOPO_FILE, GEOCCL_PROBE=1): no RTT
 #      or bandwidth measured, the same regions, the file's rates.
-#   c. 2 regions x 2 nodes x 2 ranks (8 ranks, 4 addresses), 15 ms of jitter
-#      on every WAN packet: the 4 nodes form exactly the 2 regions.
+#   c. 2 regions x 2 nodes x 2 ranks (8 ranks, 4 addresses), 100 Mbit/s and
+#      1 Gbit/s, 20 and 10 ms one-way, and up to 15 ms of jitter on every WAN
+#      packet: the 4 nodes form exactly the 2 regions.
 #   d. labels win: the same 8 ranks labelled 6 + 2 across the built regions:
 #      the regions are the labels, not the measurement.
 #   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
@@ -178,8 +179,8 @@ fi
 
 # ---- c, d: two nodes per region, jitter; labels ---------------------------------
 
-wan_up -r 2 --rate 1gbit --delay 20ms --jitter 15 --nodes 2
-echo "== c. 2 regions x 2 nodes x 2 ranks, 20 ms + up to 15 ms of jitter, no labels"
+wan_up -r 2 --rates 100mbit,1gbit --delays 20,10 --jitter 15 --nodes 2
+echo "== c. 2 regions x 2 nodes x 2 ranks, 100 Mbit/s + 1 Gbit/s, 20/10 ms + up to 15 ms of jitter, no labels"
 LAYOUT="0:0 0:0 0:1 0:1 1:0 1:0 1:1 1:1"
 if ranks "$WORK/c" 29702 "$LAYOUT" -- --json; then
     if check "$WORK/c/rank0.out" 'regions == [[0, 1, 2, 3], [4, 5, 6, 7]]' \
