@@ -838,7 +838,8 @@ int geoTopoWrite(const struct ncclComm *comm, FILE *f)
             rate_str(t->egress[g] * 1500.0 / 1448.0, r, sizeof(r));
             snprintf(rate, sizeof(rate), " bw=%s", r);
         }
-        fprintf(f, "region %s%s", m->names[g][0] ? m->names[g] : "default", rate);
+        fprintf(f, "region %s ranks=%d%s", m->names[g][0] ? m->names[g] : "default", m->size[g],
+                rate);
         if (t->oneway && (t->rtt_measured || t->from_file))
             fprintf(f, " delay=%.3f", t->oneway[g] * 1e3);
         fprintf(f, "\n");
