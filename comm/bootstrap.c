@@ -4,6 +4,9 @@
 #include "comm/param.h"
 #include "topology/ifaces.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,13 +245,194 @@ ncclResult_t geoBootstrapDecode(const ncclUniqueId *in, geoUniqueIdInternal *out
     return ncclSuccess;
 }
 
+void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *out)
+{
+    *out = id->root;
+    if (k == 0)
+        return;
+    uint8_t msg[24] = "geoccl-shrink-port", h[GEO_SHA256_BYTES];
+    int32_t kk = k;
+    uint32_t v;
+    memcpy(msg + 19, &kk, 4);
+    geoHmacSha256(id->secret, sizeof(id->secret), msg, sizeof(msg), h);
+    memcpy(&v, h, sizeof(v));
+    /* Below Linux's ephemeral range (32768-60999), so that no outgoing
+     * connection of the leader's host holds it. */
+    uint16_t port = htons((uint16_t)(20000 + v % 12768));
+    if (out->sa.sa_family == AF_INET6)
+        out->sin6.sin6_port = port;
+    else
+        out->sin.sin_port = port;
+}
+
+void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
+                          uint32_t counter, int leader, ncclUniqueId *out)
+{
+    geoUniqueIdInternal id;
+    size_t n = (size_t)parent->nranks, len = 16 + 8 + 4 + 4 + n;
+    uint8_t *msg = calloc(1, len), h[GEO_SHA256_BYTES];
+    int32_t nr = parent->nranks;
+
+    memset(&id, 0, sizeof(id));
+    id.magic = GEO_ID_MAGIC;
+    id.flags = GEO_ID_SHRINK;
+    id.root = parent->peers[leader].addr;
+    if (msg != NULL) {
+        memcpy(msg, "geoccl-shrink-v1", 16);
+        memcpy(msg + 16, &parent->comm_hash, 8);
+        memcpy(msg + 24, &counter, 4);
+        memcpy(msg + 28, &nr, 4);
+        for (size_t r = 0; r < n; r++)
+            msg[32 + r] = excluded[r] ? 1 : 0;
+        geoHmacSha256(parent->secret, sizeof(parent->secret), msg, len, id.secret);
+        free(msg);
+    } else {
+        /* Without memory for the set, the counter alone separates shrinks;
+         * every survivor takes this path only if all are out of memory,
+         * and a mismatch fails as a refused join, not silently. */
+        uint8_t small[32];
+        memcpy(small, "geoccl-shrink-v1", 16);
+        memcpy(small + 16, &parent->comm_hash, 8);
+        memcpy(small + 24, &counter, 4);
+        memcpy(small + 28, &nr, 4);
+        geoHmacSha256(parent->secret, sizeof(parent->secret), small, sizeof(small), id.secret);
+    }
+    geoHmacSha256(id.secret, sizeof(id.secret), "geoccl-shrink-nonce", 19, h);
+    memcpy(&id.nonce, h, sizeof(id.nonce));
+    memset(out, 0, sizeof(*out));
+    memcpy(out->internal, &id, sizeof(id));
+}
+
 ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout)
 {
     int fd;
-    geoSockAddr bound;
+    geoSockAddr bound, cand;
+    char a[GEO_ADDR_STRLEN];
     (void)nranks;
-    GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
-    return start_root_thread(id, fd, timeout);
+    if (!(id->flags & GEO_ID_SHRINK)) {
+        GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
+        return start_root_thread(id, fd, timeout);
+    }
+    for (int k = 0; k < GEO_SHRINK_PORTS; k++) {
+        geoBootstrapCandidate(id, k, &cand);
+        if (geoSocketListen(&cand, &fd, &bound) == ncclSuccess) {
+            geoInfo(GEO_LOG_INIT, "shrink: bootstrap root listening on %s (candidate %d)",
+                    geoAddrToString(&bound, a), k);
+            return start_root_thread(id, fd, timeout);
+        }
+    }
+    char last[256];
+    snprintf(last, sizeof(last), "%s", geoThreadError());
+    GEO_RETURN_IF(1, ncclSystemError, "cannot listen on any of the %d candidate ports of "
+                  "the shrunk communicator's root at %s (the last error: %s)",
+                  GEO_SHRINK_PORTS, geoAddrToString(&id->root, a), last);
+}
+
+/* One try at the root behind fd: challenge (by hs_deadline), proof and my
+ * info, then the table.  *magic: the root's last word; *proved: the proof
+ * went out. */
+static ncclResult_t join_on(struct ncclComm *comm, const geoUniqueIdInternal *id, int fd,
+                            const geoPeerInfo *mine, geoPeerInfo *all, double hs_deadline,
+                            double deadline, uint32_t *magic, int *proved, const char **why)
+{
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+
+    *magic = 0;
+    *proved = 0;
+    memset(&m, 0, sizeof(m));
+    m.magic = GEO_JOIN_MAGIC;
+    m.rank = comm->rank;
+    m.nranks = comm->nranks;
+    m.info = *mine;
+    if (geoSocketRecvAll(fd, challenge, sizeof(challenge), hs_deadline, why) != ncclSuccess)
+        return ncclRemoteError;
+    join_proof(id, challenge, comm->rank, comm->nranks, m.proof);
+    if (geoSocketSendAll(fd, &m, sizeof(m), deadline, why) != ncclSuccess)
+        return ncclRemoteError;
+    *proved = 1;
+    if (geoSocketRecvAll(fd, magic, sizeof(*magic), deadline, why) != ncclSuccess ||
+        *magic != GEO_TABLE_MAGIC)
+        return ncclRemoteError;
+    return geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)comm->nranks, deadline, why);
+}
+
+/* One connection attempt, quiet (a refused candidate is expected), bounded
+ * by limit seconds.  -1 when nothing answers. */
+static int connect_once(const geoSockAddr *addr, double limit)
+{
+    int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), err = 0;
+    socklen_t len = sizeof(err);
+    struct pollfd p = {.fd = s, .events = POLLOUT};
+    if (s < 0)
+        return -1;
+    if (connect(s, &addr->sa, geoAddrLen(addr)) != 0 &&
+        (errno != EINPROGRESS || poll(&p, 1, (int)(limit * 1000)) != 1 ||
+         getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* A GEO_ID_SHRINK id: the survivors agreed on the candidates but not on
+ * which one the leader could bind, so try each in turn until one answers
+ * as our root: it sends a challenge within a few seconds and does not
+ * refuse our proof (another root, e.g. of an earlier shrink, refuses it). */
+static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInternal *id,
+                                    const geoPeerInfo *mine, geoPeerInfo *all, double deadline)
+{
+    char ra[GEO_ADDR_STRLEN];
+    const char *why = "no candidate answered";
+    int refused[GEO_SHRINK_PORTS] = {0}, tried = 0;
+    useconds_t backoff = 10000;
+
+    while (geoNow() < deadline) {
+        for (int k = 0; k < GEO_SHRINK_PORTS && geoNow() < deadline; k++) {
+            geoSockAddr cand;
+            uint32_t magic = 0;
+            int proved = 0, fd;
+            if (refused[k])
+                continue;
+            geoBootstrapCandidate(id, k, &cand);
+            if ((fd = connect_once(&cand, 1.0)) < 0)
+                continue;
+            tried++;
+            double hs = geoNow() + 5.0 < deadline ? geoNow() + 5.0 : deadline;
+            ncclResult_t r = join_on(comm, id, fd, mine, all, hs, deadline, &magic, &proved,
+                                     &why);
+            close(fd);
+            if (r == ncclSuccess) {
+                geoInfo(GEO_LOG_INIT, "shrink: joined the root at %s (candidate %d)",
+                        geoAddrToString(&cand, ra), k);
+                return ncclSuccess;
+            }
+            if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
+                                               strcmp(why, "connection closed by peer") != 0)) {
+                geoCommSetError(comm, "shrink: the bootstrap root at %s gave up or stopped "
+                                "answering (%s): not all %d survivors joined within %.0f s",
+                                geoAddrToString(&cand, ra), magic == GEO_EXPIRED_MAGIC
+                                                                ? "expired" : why,
+                                comm->nranks, comm->timeout);
+                return ncclRemoteError;
+            }
+            /* Not our root: it refused the proof or hung up on it.  A
+             * silent one (no challenge) may be ours, busy with a rank
+             * that died in its handshake: tried again next round. */
+            if (proved)
+                refused[k] = 1;
+        }
+        usleep(backoff);
+        if (backoff < 200000)
+            backoff *= 2;
+    }
+    geoCommSetError(comm, "shrink: no bootstrap root of the shrunk communicator answered at "
+                    "%s or its %d other candidate ports within %.0f s (%d answered but were "
+                    "not ours; last cause: %s): the lowest surviving rank did not call "
+                    "ncclCommShrink with the same exclude list, or could not listen",
+                    geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, comm->timeout, tried,
+                    why);
+    return ncclRemoteError;
 }
 
 ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
@@ -257,36 +441,22 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
     double deadline = geoNow() + comm->timeout;
     char ra[GEO_ADDR_STRLEN];
     const char *why = "unknown";
-    uint8_t challenge[GEO_CHALLENGE_BYTES];
     uint32_t magic = 0;
     int proved = 0;
-    geoJoinMsg m;
     int fd;
 
+    if (id->flags & GEO_ID_SHRINK)
+        return join_candidates(comm, id, mine, all, deadline);
     geoAddrToString(&id->root, ra);
     if (geoSocketConnect(&id->root, deadline, &fd) != ncclSuccess) {
         geoCommSetError(comm, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
                         comm->timeout);
         return ncclRemoteError;
     }
-    memset(&m, 0, sizeof(m));
-    m.magic = GEO_JOIN_MAGIC;
-    m.rank = comm->rank;
-    m.nranks = comm->nranks;
-    m.info = *mine;
-    if (geoSocketRecvAll(fd, challenge, sizeof(challenge), deadline, &why) == ncclSuccess) {
-        join_proof(id, challenge, comm->rank, comm->nranks, m.proof);
-        proved = geoSocketSendAll(fd, &m, sizeof(m), deadline, &why) == ncclSuccess;
-        if (proved &&
-            geoSocketRecvAll(fd, &magic, sizeof(magic), deadline, &why) == ncclSuccess &&
-            magic == GEO_TABLE_MAGIC &&
-            geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)comm->nranks, deadline, &why) ==
-                ncclSuccess) {
-            close(fd);
-            return ncclSuccess;
-        }
-    }
+    ncclResult_t r = join_on(comm, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
     close(fd);
+    if (r == ncclSuccess)
+        return ncclSuccess;
     if (magic == GEO_REFUSED_MAGIC)
         geoCommSetError(comm,
                         "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "

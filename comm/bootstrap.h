@@ -23,6 +23,12 @@ typedef struct {
 } geoUniqueIdInternal;
 
 #define GEO_ID_ENV 1u
+/* Made by ncclCommShrink(NCCL_SHRINK_ABORT) on every survivor alike, with
+ * no message: the root listens on the first of GEO_SHRINK_PORTS candidate
+ * addresses that its process could bind (geoBootstrapCandidate), and a
+ * joining rank tries them in turn until one answers as the root. */
+#define GEO_ID_SHRINK 2u
+#define GEO_SHRINK_PORTS 32
 
 _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
@@ -33,10 +39,26 @@ ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
 ncclResult_t geoBootstrapNewRoot(ncclUniqueId *id);
 /* Decode and validate an id; ncclInvalidArgument when it is not one. */
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
-/* Start serving the root of id in this process (rank 0 under env). */
+/* Start serving the root of id in this process (rank 0 under env; the
+ * lowest survivor for a GEO_ID_SHRINK id, at the first candidate it can
+ * bind).  ncclSystemError when no address can be bound. */
 ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout);
+/* Candidate k (0 <= k < GEO_SHRINK_PORTS) of a GEO_ID_SHRINK id's root:
+ * id->root for k = 0, then the same host at ports derived from the id's
+ * secret (so every holder of the id computes the same sequence). */
+void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *out);
+/* The id of the communicator that ncclCommShrink(NCCL_SHRINK_ABORT) makes
+ * of parent without the ranks marked in excluded[] (nranks bytes, 1 =
+ * excluded), computed alike by every survivor from what they share: root
+ * at the data address of the lowest survivor `leader`; secret
+ * HMAC(parent secret, comm hash | counter | exclusion set), so only the
+ * parent's members can join; counter distinguishes successive shrinks. */
+void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
+                          uint32_t counter, int leader, ncclUniqueId *out);
 /* Join: prove the secret, send my info, receive everyone's (nranks
- * entries, caller-allocated).  Blocks until all joined or timeout. */
+ * entries, caller-allocated).  Blocks until all joined or timeout.  For a
+ * GEO_ID_SHRINK id, tries the candidate roots in turn until one sends a
+ * challenge and does not refuse our proof. */
 ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
                               const geoPeerInfo *mine, geoPeerInfo *all);
 

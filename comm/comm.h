@@ -124,6 +124,8 @@ struct ncclComm {
     int init_thread_live;
     int finalized;
     int active_calls;           /* API calls in flight (abort waits) */
+    uint32_t shrink_count;      /* ncclCommShrink calls past validation: every
+                                 * survivor of a shrink has made the same ones */
 };
 
 /* Validate a handle: ncclInvalidArgument for NULL or a freed/foreign one. */

@@ -715,22 +715,204 @@ out:
     return res;
 }
 
+/* ---- shrink ---------------------------------------------------------- */
+
+/* Every validation failure says why in the parent's error text. */
+#define SHRINK_BAD(comm, ...)                                             \
+    do {                                                                  \
+        geoCommSetError((comm), "ncclCommShrink: " __VA_ARGS__);          \
+        geoWarn(GEO_LOG_INIT, "%s", (comm)->last_error);                  \
+        return ncclInvalidArgument;                                       \
+    } while (0)
+
+typedef struct {
+    int32_t ok;                 /* the leader made a root */
+    int32_t pad;
+    ncclUniqueId id;
+} shrinkIdMsg;
+
+/* NCCL_SHRINK_DEFAULT: the leader makes a fresh root (as split does) and
+ * sends its id to each other survivor over the parent's transport. */
+static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *excluded, int leader,
+                                   ncclUniqueId *id)
+{
+    shrinkIdMsg msg;
+    ncclResult_t res = ncclSuccess, made = ncclSuccess;
+
+    memset(&msg, 0, sizeof(msg));
+    snprintf(comm->op_desc, sizeof(comm->op_desc), "ncclCommShrink");
+    __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    /* Queued device exchanges share the transport: they finish first. */
+    GEO_CHECK_GOTO(geoDevDrain(comm), res, out);
+    if (comm->rank == leader) {
+        geoNetRequest *req = calloc((size_t)comm->nranks, sizeof(*req));
+        if (req == NULL) {
+            geoCommSetError(comm, "ncclCommShrink: out of memory");
+            res = ncclSystemError;
+            goto out;
+        }
+        made = geoBootstrapNewRoot(&msg.id);
+        msg.ok = made == ncclSuccess;
+        /* Sent even when it failed, so that nobody waits for nothing. */
+        for (int r = 0; r < comm->nranks && res == ncclSuccess; r++)
+            if (r != comm->rank && !excluded[r])
+                res = geoNetIsend(comm, r, &msg, sizeof(msg), &req[r]);
+        for (int r = 0; r < comm->nranks; r++)
+            if (req[r].size) {
+                ncclResult_t w = geoNetWait(comm, &req[r]);
+                if (res == ncclSuccess)
+                    res = w;
+            }
+        free(req);
+        if (made != ncclSuccess) {
+            geoCommSetError(comm, "ncclCommShrink: cannot start the new communicator's "
+                            "bootstrap root: %s", geoThreadError());
+            res = made;
+        }
+    } else {
+        geoNetRequest req;
+        memset(&req, 0, sizeof(req));
+        GEO_CHECK_GOTO(geoNetIrecv(comm, leader, &msg, sizeof(msg), &req), res, out);
+        GEO_CHECK_GOTO(geoNetWait(comm, &req), res, out);
+        if (!msg.ok) {
+            geoCommSetError(comm, "ncclCommShrink: rank %d, the lowest survivor, could not "
+                            "start the new communicator's bootstrap root", leader);
+            res = ncclRemoteError;
+        }
+    }
+    if (res == ncclSuccess)
+        *id = msg.id;
+out:
+    __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    return res;
+}
+
+/* Design.  The survivors (the ranks not excluded, which alone call this)
+ * form the new communicator through the ordinary bootstrap
+ * (geoCommInitInternal) with nranks - count ranks, renumbered in the
+ * parent's order; the two modes differ only in how they agree on its id.
+ *  - NCCL_SHRINK_DEFAULT: the parent is healthy.  Its queued device
+ *    exchanges complete, then the lowest survivor (the leader) makes a fresh
+ *    root and sends the id point to point to every other survivor over the
+ *    parent's transport; excluded ranks get nothing and are not waited for.
+ *    The parent stays usable.
+ *  - NCCL_SHRINK_ABORT: the parent may be broken (a peer died), so it
+ *    carries nothing.  Its transport is broken first: operations in flight
+ *    on it fail, as after ncclCommRevoke, and it can then only be destroyed
+ *    or aborted.  Every survivor then computes the same id alone
+ *    (geoBootstrapShrinkId) from what all ranks already share: the leader's
+ *    data address from the bootstrap table, and a secret that is an HMAC of
+ *    the parent's comm hash, this shrink's counter and the exclusion set
+ *    under the parent's secret, so a stranger cannot derive it.  The leader
+ *    listens at the first of 32 candidate ports it can bind (its old data
+ *    port, then ports derived from the new secret); the others try the same
+ *    sequence until a root accepts their proof, within GEOCCL_TIMEOUT.
+ * The new communicator shares nothing with the parent: transport, regions,
+ * rings, plan, error feedback and device state (its own NVIDIA NCCL
+ * communicator, made at its first device call) are its own. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                             ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
-    (void)excludeRanksList;
-    (void)excludeRanksCount;
-    (void)config;
-    (void)shrinkFlags;
+    uint8_t *excluded = NULL;
+    ncclUniqueId id;
+    ncclResult_t res;
+
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommShrink") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommShrink: comm is NULL or not a live communicator");
-    if (newcomm)
-        *newcomm = NULL;
-    geoCommSetError(comm, "ncclCommShrink is not supported by GeoCCL yet, on host or device "
-                    "memory, in one region or several (a shrunk GeoCCL communicator would "
-                    "have to wrap NVIDIA's shrunk one): create a new communicator with "
-                    "ncclGetUniqueId/ncclCommInitRank instead");
-    return ncclInvalidUsage;
+    if (newcomm == NULL)
+        SHRINK_BAD(comm, "newcomm is NULL");
+    *newcomm = NULL;
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+        SHRINK_BAD(comm, "shrinkFlags %#x is neither NCCL_SHRINK_DEFAULT (0) nor "
+                   "NCCL_SHRINK_ABORT (1)", (unsigned)shrinkFlags);
+    if (excludeRanksCount < 0)
+        SHRINK_BAD(comm, "excludeRanksCount %d is negative", excludeRanksCount);
+    if (excludeRanksCount >= comm->nranks)
+        SHRINK_BAD(comm, "excludeRanksCount %d leaves no rank of %d", excludeRanksCount,
+                   comm->nranks);
+    if (excludeRanksCount > 0 && excludeRanksList == NULL)
+        SHRINK_BAD(comm, "excludeRanksList is NULL with excludeRanksCount %d",
+                   excludeRanksCount);
+    if (check_config(config) != ncclSuccess) { /* which has logged why */
+        geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+        return ncclInvalidArgument;
+    }
+    excluded = calloc((size_t)comm->nranks, 1);
+    if (excluded == NULL) {
+        geoCommSetError(comm, "ncclCommShrink: out of memory");
+        return ncclSystemError;
+    }
+    for (int i = 0; i < excludeRanksCount; i++) {
+        int r = excludeRanksList[i];
+        if (r < 0 || r >= comm->nranks || excluded[r] || r == comm->rank) {
+            free(excluded);
+            if (r < 0 || r >= comm->nranks)
+                SHRINK_BAD(comm, "excludeRanksList[%d] = %d is outside [0, %d)", i, r,
+                           comm->nranks);
+            if (r == comm->rank)
+                SHRINK_BAD(comm, "excludeRanksList[%d] = %d is the calling rank: excluded "
+                           "ranks must not call ncclCommShrink", i, r);
+            SHRINK_BAD(comm, "excludeRanksList[%d] = %d is listed twice", i, r);
+        }
+        excluded[r] = 1;
+    }
+    ncclResult_t state = geoCommAsyncError(comm);
+    if (state == ncclInProgress) {
+        free(excluded);
+        geoCommSetError(comm, "ncclCommShrink: the communicator's non-blocking init has not "
+                        "finished (poll ncclCommGetAsyncError first)");
+        return ncclInvalidUsage;
+    }
+    if (state != ncclSuccess && shrinkFlags == NCCL_SHRINK_DEFAULT) {
+        free(excluded);
+        geoCommSetError(comm, "ncclCommShrink: the communicator is broken (%s: %s); "
+                        "NCCL_SHRINK_ABORT builds the new one without it",
+                        ncclGetErrorString(state), comm->last_error);
+        return state;
+    }
+
+    int leader = -1, newrank = 0, newsize = comm->nranks - excludeRanksCount;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (excluded[r])
+            continue;
+        if (leader < 0)
+            leader = r;
+        if (r < comm->rank)
+            newrank++;
+    }
+    uint32_t counter = comm->shrink_count++;
+    geoInfo(GEO_LOG_INIT, "ncclCommShrink(%s): rank %d of %d becomes rank %d of %d; lowest "
+            "survivor %d", shrinkFlags == NCCL_SHRINK_ABORT ? "abort" : "default", comm->rank,
+            comm->nranks, newrank, newsize, leader);
+    if (shrinkFlags == NCCL_SHRINK_DEFAULT) {
+        GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, &id), res, out);
+    } else {
+        if (state == ncclSuccess)
+            geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
+        comm->abort_flag = 1; /* device exchanges and waits end */
+        if (comm->net && comm->net_state)
+            comm->net->breakAll(comm->net_state);
+        geoBootstrapShrinkId(comm, excluded, counter, leader, &id);
+        if (comm->rank == leader) {
+            geoUniqueIdInternal in;
+            GEO_CHECK_GOTO(geoBootstrapDecode(&id, &in), res, out);
+            res = geoBootstrapStartRoot(&in, newsize, comm->timeout);
+            if (res != ncclSuccess) {
+                geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+                goto out;
+            }
+        }
+    }
+    ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
+    inherit.blocking = comm->blocking;
+    res = geoCommInitInternal(newcomm, newsize, &id, newrank, config ? config : &inherit, 0);
+    if (res == ncclInProgress)
+        res = ncclSuccess; /* non-blocking: the caller polls the new comm */
+    else if (res != ncclSuccess)
+        geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+out:
+    free(excluded);
+    return res;
 }
 
 /* ---- teardown --------------------------------------------------------- */

@@ -259,7 +259,19 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
                            ncclConfig_t *config);
 ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                             ncclConfig_t *config);
-/* Collective over the ranks not excluded: a new communicator without them. */
+/* Collective over the ranks not in excludeRanksList, which alone call it
+ * (the excluded ones may be dead): [out] newcomm gets a communicator of
+ * nranks - excludeRanksCount ranks, numbered in comm's order; config NULL
+ * inherits comm's blocking mode.  shrinkFlags NCCL_SHRINK_DEFAULT: comm is
+ * healthy, its queued work completes first and it stays usable.
+ * NCCL_SHRINK_ABORT: comm may be broken; its operations in flight are
+ * failed, the new communicator is formed without any message over comm,
+ * and comm can then only be destroyed or aborted.  Blocks until the
+ * survivors have joined (GEOCCL_TIMEOUT).  Returns ncclInvalidArgument,
+ * before anything is sent, for a NULL newcomm, a count < 0 or >= nranks,
+ * a rank out of range, listed twice or the caller's own, unknown flags or
+ * a bad config; with NCCL_SHRINK_DEFAULT on a broken comm, its error;
+ * ncclRemoteError when the survivors cannot meet in time. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                             ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags);
 ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
