@@ -152,6 +152,7 @@ typedef struct {
     ncclResult_t res;
     double init_done; /* geoNow() when ncclCommInitRank returned */
     float result;
+    char err[1024];   /* the thread's last error when init failed */
 } irank;
 
 static void *init_rank(void *p)
@@ -160,8 +161,10 @@ static void *init_rank(void *p)
     ncclComm_t c;
     a->res = ncclCommInitRank(&c, a->nranks, a->id, a->rank);
     a->init_done = geoNow();
-    if (a->res != ncclSuccess)
+    if (a->res != ncclSuccess) {
+        snprintf(a->err, sizeof(a->err), "%s", ncclGetLastError(NULL));
         return NULL;
+    }
     float v = (float)(a->rank + 1);
     a->res = ncclAllReduce(&v, &a->result, 1, ncclFloat, ncclSum, c, NULL);
     ncclCommDestroy(c);
@@ -348,6 +351,79 @@ static void test_8_ranks_many_streams(void)
     geoParamReload();
 }
 
+/* A rank that joins the bootstrap but whose data listener never answers
+ * (fake), against a real one: the real rank's init fails within its
+ * timeout and the error names the fake's rank, address and stream. */
+typedef struct {
+    ncclUniqueId id;
+    int rank;
+    int lfd;
+    char addr[GEO_ADDR_STRLEN];
+} fakeArgs;
+
+static void *fake_rank(void *p)
+{
+    fakeArgs *f = p;
+    geoUniqueIdInternal in;
+    struct ncclComm *c = calloc(1, sizeof(*c));
+    geoPeerInfo mine, all[2];
+    geoSockAddr lo, bound;
+    geoBootstrapDecode(&f->id, &in);
+    geoAddrFromString("127.0.0.1:0", &lo);
+    if (geoSocketListen(&lo, &f->lfd, &bound) != ncclSuccess)
+        return NULL;
+    geoAddrToString(&bound, f->addr);
+    memset(&mine, 0, sizeof(mine));
+    mine.addr = bound;
+    snprintf(mine.host, sizeof(mine.host), "fake");
+    mine.nstreams = 2;
+    mine.chunk_size = 512 * 1024;
+    c->rank = f->rank;
+    c->nranks = 2;
+    c->timeout = 10;
+    CU_ASSERT_EQUAL(geoBootstrapJoin(c, &in, &mine, all), ncclSuccess);
+    free(c);
+    return NULL; /* the listener stays open and silent */
+}
+
+static void silent_peer(int fake)
+{
+    fakeArgs f;
+    irank a;
+    pthread_t t[2];
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&f.id), ncclSuccess);
+    f.rank = fake;
+    f.lfd = -1;
+    a = (irank){.id = f.id, .rank = 1 - fake, .nranks = 2};
+    double t0 = geoNow();
+    pthread_create(&t[0], NULL, fake_rank, &f);
+    pthread_create(&t[1], NULL, init_rank, &a);
+    pthread_join(t[0], NULL);
+    pthread_join(t[1], NULL);
+    CU_ASSERT_EQUAL(a.res, ncclRemoteError);
+    CU_ASSERT_TRUE(a.init_done - t0 < 2 + 1.5);
+    const char *err = a.err;
+    char want[128];
+    snprintf(want, sizeof(want), "rank %d at %s (host fake)", fake, f.addr);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "stream 0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, fake == 0 ? "challenge never came" : "to connect"));
+    if (f.lfd >= 0)
+        close(f.lfd);
+}
+
+static void test_silent_peer_named(void)
+{
+    setenv("GEOCCL_TIMEOUT", "2", 1);
+    setenv("GEOCCL_PROBE", "0", 1);
+    geoParamReload();
+    silent_peer(0); /* we connect to it; its challenge never comes */
+    silent_peer(1); /* it never connects to us */
+    unsetenv("GEOCCL_TIMEOUT");
+    unsetenv("GEOCCL_PROBE");
+    geoParamReload();
+}
+
 int main(void)
 {
     setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
@@ -358,6 +434,7 @@ int main(void)
     CU_add_test(s, "strangers at data listeners do not delay init",
                 test_stranger_at_data_listener);
     CU_add_test(s, "8 ranks with 2, 4 and 8 streams", test_8_ranks_many_streams);
+    CU_add_test(s, "a silent peer times out, named", test_silent_peer_named);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
