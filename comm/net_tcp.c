@@ -928,7 +928,7 @@ done:
         else if (pend[i].state != HS_ACK) /* an HS_ACK fd is in conns: destroy closes it */
             close(pend[i].fd);
     }
-    for (int i = 0; i < nout; i++)
+    for (int i = 0; out != NULL && i < nout; i++)
         if (out[i].fd >= 0)
             close(out[i].fd);
     if (res == ncclSuccess)
