@@ -47,100 +47,285 @@ static void join_proof(const geoUniqueIdInternal *id, const uint8_t *challenge, 
     geoHmacSha256(id->secret, sizeof(id->secret), msg, sizeof(msg), out);
 }
 
-/* The root: collects one join per rank, then sends everyone the table. */
+/* The root: collects one join per rank, then sends everyone the table.
+ * All joiners are handled at once in one poll() loop: each accepted
+ * connection runs its own handshake (challenge out, join message in) with
+ * its own deadline, so a WAN costs one round trip in all rather than one
+ * per rank, and a stranger that never answers holds only its own slot. */
+#define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
+#define GEO_ROOT_SPARE_PENDING 64 /* unproven connections beyond the ranks still
+                                   * expected; more wait in the backlog */
+
+typedef struct {
+    int fd;
+    int stage;        /* 0: sending the challenge; 1: receiving the join */
+    size_t off;
+    double deadline;
+    char from[GEO_ADDR_STRLEN];
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+} rootJoiner;
+
+typedef struct {
+    int nranks;       /* 0 until the first valid join */
+    int joined;
+    int *fds;         /* per rank, -1 until it joined */
+    geoPeerInfo *table;
+} rootState;
+
+static void root_refuse(rootJoiner *j)
+{
+    uint32_t no = GEO_REFUSED_MAGIC;
+    const char *why;
+    geoSocketSendAll(j->fd, &no, sizeof(no), geoNow() + 1.0, &why);
+    close(j->fd);
+    j->fd = -1;
+}
+
+/* Advance one joiner without blocking.  1: it joined (its fd is in
+ * rs->fds); 0: waiting; -1: dropped (logged, closed); -2: out of memory. */
+static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
+{
+    uint8_t expect[GEO_SHA256_BYTES];
+    const char *why = NULL;
+    int rc;
+
+    if (j->stage == 0) {
+        rc = geoSocketStep(j->fd, j->challenge, sizeof(j->challenge), &j->off, 1, &why);
+        if (rc <= 0)
+            goto wait_or_drop;
+        j->stage = 1;
+        j->off = 0;
+    }
+    rc = geoSocketStep(j->fd, &j->m, sizeof(j->m), &j->off, 0, &why);
+    if (rc <= 0)
+        goto wait_or_drop;
+    join_proof(&a->id, j->challenge, j->m.rank, j->m.nranks, expect);
+    if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
+                "hold the communicator's secret", j->from);
+        root_refuse(j);
+        return -1;
+    }
+    if (rs->nranks == 0) {
+        if (j->m.nranks < 1 || j->m.nranks > (1 << 20)) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it claims "
+                    "%d ranks", j->from, j->m.nranks);
+            close(j->fd);
+            j->fd = -1;
+            return -1;
+        }
+        rs->fds = malloc(sizeof(int) * (size_t)j->m.nranks);
+        rs->table = calloc((size_t)j->m.nranks, sizeof(*rs->table));
+        if (rs->fds == NULL || rs->table == NULL)
+            return -2;
+        rs->nranks = j->m.nranks;
+        for (int i = 0; i < rs->nranks; i++)
+            rs->fds[i] = -1;
+    }
+    if (j->m.nranks != rs->nranks || j->m.rank < 0 || j->m.rank >= rs->nranks ||
+        rs->fds[j->m.rank] >= 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d of %d from %s conflicts with the "
+                "communicator being formed (%d ranks); dropped", j->m.rank, j->m.nranks,
+                j->from, rs->nranks);
+        root_refuse(j);
+        return -1;
+    }
+    rs->fds[j->m.rank] = j->fd;
+    rs->table[j->m.rank] = j->m.info;
+    rs->joined++;
+    j->fd = -1;
+    return 1;
+wait_or_drop:
+    if (rc == 0)
+        return 0;
+    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (%s)", j->from, why);
+    close(j->fd);
+    j->fd = -1;
+    return -1;
+}
+
+/* Send [magic][table] to every rank at once; a rank that does not take it
+ * within 10 s is logged and left to its own timeout. */
+static void root_send_tables(rootState *rs)
+{
+    size_t len = sizeof(uint32_t) + sizeof(*rs->table) * (size_t)rs->nranks;
+    char *msg = malloc(len);
+    size_t *off = calloc((size_t)rs->nranks, sizeof(size_t));
+    struct pollfd *pfd = calloc((size_t)rs->nranks, sizeof(*pfd));
+    int *rank_of = calloc((size_t)rs->nranks, sizeof(int));
+    double deadline = geoNow() + 10.0;
+    int left = rs->nranks;
+    uint32_t magic = GEO_TABLE_MAGIC;
+
+    if (msg == NULL || off == NULL || pfd == NULL || rank_of == NULL) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory for the table");
+        goto out;
+    }
+    memcpy(msg, &magic, sizeof(magic));
+    memcpy(msg + sizeof(magic), rs->table, len - sizeof(magic));
+    while (left > 0) {
+        int n = 0;
+        for (int r = 0; r < rs->nranks; r++) {
+            const char *why = NULL;
+            if (rs->fds[r] < 0 || off[r] == len)
+                continue;
+            int rc = geoSocketStep(rs->fds[r], msg, len, &off[r], 1, &why);
+            if (rc == 0) {
+                pfd[n] = (struct pollfd){.fd = rs->fds[r], .events = POLLOUT};
+                rank_of[n++] = r;
+                continue;
+            }
+            if (rc < 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
+                        "%s", r, why);
+            off[r] = len;
+            left--;
+        }
+        if (n == 0)
+            break;
+        double ms = (deadline - geoNow()) * 1000.0;
+        if (ms <= 0) {
+            for (int i = 0; i < n; i++)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
+                        "timed out", rank_of[i]);
+            break;
+        }
+        if (poll(pfd, (nfds_t)n, ms > 100 ? 100 : (int)ms + 1) < 0 && errno != EINTR) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
+            break;
+        }
+    }
+out:
+    free(msg);
+    free(off);
+    free(pfd);
+    free(rank_of);
+}
+
 static void *root_main(void *arg)
 {
     rootArgs *a = arg;
     double deadline = geoNow() + a->timeout;
-    int nranks = 0, joined = 0;
-    int *fds = NULL;
-    geoPeerInfo *table = NULL;
+    rootState rs = {0};
+    rootJoiner *pend = NULL;
+    struct pollfd *pfd = NULL;
+    int npend = 0, cap = 0;
 
-    while (nranks == 0 || joined < nranks) {
-        geoSockAddr from;
-        char fa[GEO_ADDR_STRLEN];
-        const char *why = NULL;
-        uint8_t challenge[GEO_CHALLENGE_BYTES], expect[GEO_SHA256_BYTES];
-        geoJoinMsg m;
-        int fd;
+    if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: cannot make the listener non-blocking: %s",
+                strerror(errno));
+        goto out;
+    }
+    while (rs.nranks == 0 || rs.joined < rs.nranks) {
+        double now = geoNow(), wake = deadline;
+        int expected = rs.nranks ? rs.nranks - rs.joined : 1;
+        int listening = npend < expected + GEO_ROOT_SPARE_PENDING;
 
-        if (geoSocketAccept(a->listen_fd, deadline, NULL, &fd, &from) != ncclSuccess) {
+        if (now >= deadline) {
             geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
-                    "giving up", joined, nranks, a->timeout);
+                    "giving up", rs.joined, rs.nranks, a->timeout);
             /* Tell the ranks that did join why they get no table. */
-            for (int r = 0; fds && r < nranks; r++)
-                if (fds[r] >= 0) {
+            for (int r = 0; r < rs.nranks; r++)
+                if (rs.fds[r] >= 0) {
                     uint32_t x = GEO_EXPIRED_MAGIC;
                     const char *w;
-                    geoSocketSendAll(fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
+                    geoSocketSendAll(rs.fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
                 }
             goto out;
         }
-        geoAddrToString(&from, fa);
-        double hs = geoNow() + 5.0;
-        if (geoRandomBytes(challenge, sizeof(challenge)) != 0 ||
-            geoSocketSendAll(fd, challenge, sizeof(challenge), hs, &why) != ncclSuccess ||
-            geoSocketRecvAll(fd, &m, sizeof(m), hs, &why) != ncclSuccess) {
-            geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (%s)", fa,
-                    why ? why : "no randomness");
-            close(fd);
-            continue;
-        }
-        join_proof(&a->id, challenge, m.rank, m.nranks, expect);
-        if (m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, m.proof, sizeof(expect))) {
-            uint32_t no = GEO_REFUSED_MAGIC;
-            geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
-                    "hold the communicator's secret", fa);
-            geoSocketSendAll(fd, &no, sizeof(no), geoNow() + 1.0, &why);
-            close(fd);
-            continue;
-        }
-        if (nranks == 0) {
-            if (m.nranks < 1 || m.nranks > (1 << 20)) {
-                close(fd);
-                continue;
-            }
-            nranks = m.nranks;
-            fds = malloc(sizeof(int) * (size_t)nranks);
-            table = calloc((size_t)nranks, sizeof(*table));
-            if (fds == NULL || table == NULL) {
+        if (cap < npend + 1) {
+            int ncap = 2 * (npend + 1) + 16;
+            rootJoiner *np = realloc(pend, sizeof(*pend) * (size_t)ncap);
+            struct pollfd *nf = np ? realloc(pfd, sizeof(*pfd) * (size_t)(ncap + 1)) : NULL;
+            if (np)
+                pend = np;
+            if (nf == NULL) {
                 geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
-                close(fd);
                 goto out;
             }
-            for (int i = 0; i < nranks; i++)
-                fds[i] = -1;
+            pfd = nf;
+            cap = ncap;
         }
-        if (m.nranks != nranks || m.rank < 0 || m.rank >= nranks || fds[m.rank] >= 0) {
-            uint32_t no = GEO_REFUSED_MAGIC;
-            geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d of %d from %s conflicts with the "
-                    "communicator being formed (%d ranks); dropped", m.rank, m.nranks, fa,
-                    nranks);
-            geoSocketSendAll(fd, &no, sizeof(no), geoNow() + 1.0, &why);
-            close(fd);
-            continue;
+        for (int i = 0; i < npend; i++) {
+            pfd[i] = (struct pollfd){.fd = pend[i].fd,
+                                     .events = pend[i].stage == 0 ? POLLOUT : POLLIN};
+            if (pend[i].deadline < wake)
+                wake = pend[i].deadline;
         }
-        fds[m.rank] = fd;
-        table[m.rank] = m.info;
-        joined++;
+        pfd[npend] = (struct pollfd){.fd = listening ? a->listen_fd : -1, .events = POLLIN};
+        double ms = (wake - now) * 1000.0;
+        int rc = poll(pfd, (nfds_t)npend + 1, ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
+        if (rc < 0 && errno != EINTR) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
+            goto out;
+        }
+        now = geoNow();
+        for (int i = 0; i < npend; i++) {
+            int r = 0;
+            if (pfd[i].revents)
+                r = root_step(a, &rs, &pend[i]);
+            if (r == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            if (r == 0 && now >= pend[i].deadline) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (timed out)",
+                        pend[i].from);
+                close(pend[i].fd);
+                pend[i].fd = -1;
+            }
+        }
+        /* Take what arrived; each new joiner gets its challenge at once. */
+        while (pfd[npend].revents & POLLIN && npend < cap) {
+            rootJoiner *j = &pend[npend];
+            geoSockAddr from;
+            int got = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
+            if (got < 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: accept failed: %s", strerror(errno));
+            if (got <= 0)
+                break;
+            geoAddrToString(&from, j->from);
+            j->stage = 0;
+            j->off = 0;
+            j->deadline = now + GEO_ROOT_HANDSHAKE_S;
+            if (geoRandomBytes(j->challenge, sizeof(j->challenge)) != 0) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (no "
+                        "randomness)", j->from);
+                close(j->fd);
+                continue;
+            }
+            npend++;
+            if (root_step(a, &rs, j) == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+        }
+        int keep = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].fd >= 0)
+                pend[keep++] = pend[i];
+        npend = keep;
     }
-    for (int r = 0; r < nranks; r++) {
-        const char *why = NULL;
-        uint32_t magic = GEO_TABLE_MAGIC;
-        double dl = geoNow() + 10.0;
-        if (geoSocketSendAll(fds[r], &magic, sizeof(magic), dl, &why) != ncclSuccess ||
-            geoSocketSendAll(fds[r], table, sizeof(*table) * (size_t)nranks, dl, &why) !=
-                ncclSuccess)
-            geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: %s", r,
-                    why);
+    for (int i = 0; i < npend; i++) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (handshake "
+                "unfinished when every rank had joined)", pend[i].from);
+        close(pend[i].fd);
     }
+    npend = 0;
+    root_send_tables(&rs);
 out:
-    if (fds)
-        for (int r = 0; r < nranks; r++)
-            if (fds[r] >= 0)
-                close(fds[r]);
-    free(fds);
-    free(table);
+    for (int i = 0; i < npend; i++)
+        if (pend[i].fd >= 0)
+            close(pend[i].fd);
+    if (rs.fds)
+        for (int r = 0; r < rs.nranks; r++)
+            if (rs.fds[r] >= 0)
+                close(rs.fds[r]);
+    free(rs.fds);
+    free(rs.table);
+    free(pend);
+    free(pfd);
     close(a->listen_fd);
     free(a);
     return NULL;

@@ -17,7 +17,8 @@
  * each rank j < i and accepts from each j > i.  An acceptor first sends a
  * random challenge; the connector answers with HMAC-SHA256(secret,
  * challenge | rank | stream | comm_hash).  A connection that cannot prove the
- * secret is logged and closed, and accepting goes on. */
+ * secret is logged and closed, and accepting goes on.  All handshakes of a
+ * rank run at once in one poll() loop (see setup_connections). */
 #include "config.h"
 #include "comm/checks.h"
 #include "comm/comm.h"
@@ -502,116 +503,452 @@ fail:
     return res;
 }
 
+/* Set-up runs in the calling thread as one poll() loop that drives every
+ * handshake at once, in both directions: the connections this rank opens
+ * (all started together) and those it accepts (each accepted at once and
+ * given its own deadline).  Over a WAN init then costs a few round trips,
+ * not a few per connection, and a stranger that never answers holds only
+ * its own slot until its deadline, never a legitimate peer. */
+
+#define GEO_TCP_HANDSHAKE_S 5.0  /* an accepted connection proves itself by then */
+#define GEO_TCP_SPARE_PENDING 64 /* unproven accepted connections allowed beyond the
+                                  * number still expected; more wait in the backlog */
+
+enum {
+    HS_RETRY,     /* out: waiting to connect (again): refused or unreachable */
+    HS_CONNECT,   /* out: TCP connect in flight */
+    HS_CHALLENGE, /* out: receiving the challenge; in: sending it */
+    HS_HELLO,     /* out: sending our hello; in: receiving the peer's */
+    HS_ACK,       /* out: receiving the ack; in: sending it (slot claimed) */
+    HS_DONE,      /* the connection is in peers[peer].conns[stream] */
+    HS_DROPPED    /* in: logged and closed */
+};
+
 typedef struct {
-    tcpState *st;
-    int expected;
-    ncclResult_t res;
-    double deadline;
-} acceptArgs;
+    int fd;
+    int out;        /* 1: we connect to (peer, stream); 0: we accepted */
+    int state;
+    int peer;       /* in: -1 until a valid hello names it */
+    int stream;
+    double when;    /* out in HS_RETRY: next attempt; in: handshake deadline */
+    double backoff; /* out: wait before the next attempt */
+    int err;        /* out: errno of the last failed attempt */
+    size_t off;     /* bytes of the current message moved */
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    tcpHello hello;
+    uint32_t ack;
+    char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
+} tcpHs;
 
-/* Accept connections from higher ranks until all are there. */
-static void *accept_main(void *arg)
+static short hs_events(const tcpHs *h)
 {
-    acceptArgs *a = arg;
-    tcpState *st = a->st;
-    struct ncclComm *comm = st->comm;
-    int got = 0;
-
-    geoDebugSetRank(comm->rank);
-    while (got < a->expected) {
-        geoSockAddr from;
-        int fd;
-        char fa[GEO_ADDR_STRLEN];
-        const char *why = NULL;
-        uint8_t challenge[GEO_CHALLENGE_BYTES], expect[GEO_SHA256_BYTES];
-        tcpHello h;
-        ncclResult_t res = geoSocketAccept(st->listen_fd, a->deadline, &comm->abort_flag, &fd,
-                                           &from);
-        if (res != ncclSuccess) {
-            geoCommSetError(comm, "init: %d of %d connections from higher ranks arrived "
-                            "before the %.0f s timeout", got, a->expected, comm->timeout);
-            a->res = ncclRemoteError;
-            return NULL;
-        }
-        geoAddrToString(&from, fa);
-        /* A stranger gets 16 random bytes and nothing else. */
-        double hs_deadline = geoNow() + 5.0;
-        if (geoRandomBytes(challenge, sizeof(challenge)) != 0 ||
-            geoSocketSendAll(fd, challenge, sizeof(challenge), hs_deadline, &why) ||
-            geoSocketRecvAll(fd, &h, sizeof(h), hs_deadline, &why)) {
-            geoWarn(GEO_LOG_NET, "dropped connection from %s: handshake failed (%s)", fa,
-                    why ? why : "no randomness");
-            close(fd);
-            continue;
-        }
-        if (h.magic != GEO_HELLO_MAGIC || h.rank <= comm->rank || h.rank >= comm->nranks ||
-            h.stream < 0 || h.stream >= st->nstreams ||
-            st->peers[h.rank].conns[h.stream].fd >= 0) {
-            geoWarn(GEO_LOG_NET, "dropped connection from %s: not a valid hello for this "
-                    "communicator", fa);
-            close(fd);
-            continue;
-        }
-        hello_proof(comm, challenge, h.rank, h.stream, expect);
-        if (!geoDigestEqual(expect, h.proof, sizeof(expect))) {
-            geoWarn(GEO_LOG_NET, "dropped connection from %s claiming rank %d: it does not "
-                    "hold the communicator's secret", fa, h.rank);
-            close(fd);
-            continue;
-        }
-        uint32_t ok = GEO_HELLO_MAGIC;
-        if (geoSocketSendAll(fd, &ok, sizeof(ok), hs_deadline, &why)) {
-            geoWarn(GEO_LOG_NET, "dropped connection from %s: %s", fa, why);
-            close(fd);
-            continue;
-        }
-        st->peers[h.rank].conns[h.stream].fd = fd;
-        got++;
+    switch (h->state) {
+    case HS_CONNECT:
+        return POLLOUT;
+    case HS_CHALLENGE:
+    case HS_ACK:
+        return h->out ? POLLIN : POLLOUT;
+    case HS_HELLO:
+        return h->out ? POLLOUT : POLLIN;
+    default:
+        return 0;
     }
-    a->res = ncclSuccess;
-    return NULL;
 }
 
-static ncclResult_t connect_one(tcpState *st, int peer, int stream, double deadline)
+/* Advance an outgoing handshake as far as it goes without blocking.
+ * 1: done; 0: waiting (on its socket, or until h->when); -1: failed, the
+ * communicator's error says how. */
+static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
 {
     struct ncclComm *comm = st->comm;
     char pa[GEO_ADDR_STRLEN];
     const char *why = NULL;
-    uint8_t challenge[GEO_CHALLENGE_BYTES];
-    uint32_t ok = 0;
-    tcpHello h;
-    int fd;
+    int rc;
 
-    if (geoSocketConnect(&comm->peers[peer].addr, deadline, &fd) != ncclSuccess) {
-        geoCommSetError(comm, "init: cannot connect to rank %d at %s (host %s)", peer,
-                        peer_str(st, peer, pa), comm->peers[peer].host);
-        return ncclRemoteError;
-    }
-    memset(&h, 0, sizeof(h));
-    h.magic = GEO_HELLO_MAGIC;
-    h.rank = comm->rank;
-    h.stream = stream;
-    if (geoSocketRecvAll(fd, challenge, sizeof(challenge), deadline, &why) == ncclSuccess) {
-        hello_proof(comm, challenge, comm->rank, stream, h.proof);
-        if (geoSocketSendAll(fd, &h, sizeof(h), deadline, &why) == ncclSuccess &&
-            geoSocketRecvAll(fd, &ok, sizeof(ok), deadline, &why) == ncclSuccess &&
-            ok == GEO_HELLO_MAGIC) {
-            st->peers[peer].conns[stream].fd = fd;
-            return ncclSuccess;
+    for (;;) {
+        switch (h->state) {
+        case HS_RETRY:
+            if (now < h->when)
+                return 0;
+            if (geoSocketConnectStart(&comm->peers[h->peer].addr, &h->fd) != 0) {
+                h->err = errno;
+                goto connect_failed;
+            }
+            h->state = HS_CONNECT;
+            return 0; /* completion shows as POLLOUT */
+        case HS_CONNECT:
+            h->err = geoSocketConnectResult(h->fd);
+            if (h->err != 0) {
+                close(h->fd);
+                h->fd = -1;
+                goto connect_failed;
+            }
+            h->state = HS_CHALLENGE;
+            h->off = 0;
+            continue;
+        case HS_CHALLENGE:
+            rc = geoSocketStep(h->fd, h->challenge, sizeof(h->challenge), &h->off, 0, &why);
+            if (rc <= 0)
+                goto wait_or_refused;
+            memset(&h->hello, 0, sizeof(h->hello));
+            h->hello.magic = GEO_HELLO_MAGIC;
+            h->hello.rank = comm->rank;
+            h->hello.stream = h->stream;
+            hello_proof(comm, h->challenge, comm->rank, h->stream, h->hello.proof);
+            h->state = HS_HELLO;
+            h->off = 0;
+            continue;
+        case HS_HELLO:
+            rc = geoSocketStep(h->fd, &h->hello, sizeof(h->hello), &h->off, 1, &why);
+            if (rc <= 0)
+                goto wait_or_refused;
+            h->state = HS_ACK;
+            h->off = 0;
+            continue;
+        case HS_ACK:
+            rc = geoSocketStep(h->fd, &h->ack, sizeof(h->ack), &h->off, 0, &why);
+            if (rc <= 0)
+                goto wait_or_refused;
+            if (h->ack != GEO_HELLO_MAGIC) {
+                why = "bad acknowledgement";
+                goto refused;
+            }
+            st->peers[h->peer].conns[h->stream].fd = h->fd;
+            h->fd = -1;
+            h->state = HS_DONE;
+            return 1;
+        default:
+            return h->state == HS_DONE;
         }
     }
-    geoCommSetError(comm, "init: rank %d at %s refused our connection (%s)", peer,
-                    peer_str(st, peer, pa), why ? why : "bad acknowledgement");
-    close(fd);
-    return ncclRemoteError;
+connect_failed:
+    if (geoSocketRetryable(h->err) && now < deadline) {
+        h->state = HS_RETRY;
+        h->when = now + h->backoff;
+        if (h->backoff < 0.1)
+            h->backoff *= 2;
+        return 0;
+    }
+    geoCommSetError(comm, "init: cannot connect to rank %d at %s (host %s), stream %d: %s",
+                    h->peer, peer_str(st, h->peer, pa), comm->peers[h->peer].host, h->stream,
+                    strerror(h->err));
+    return -1;
+wait_or_refused:
+    if (rc == 0)
+        return 0;
+refused:
+    geoCommSetError(comm, "init: rank %d at %s (host %s) refused our connection on stream %d "
+                    "(%s)", h->peer, peer_str(st, h->peer, pa), comm->peers[h->peer].host,
+                    h->stream, why);
+    return -1;
+}
+
+static void hs_drop(tcpState *st, tcpHs *h, const char *why)
+{
+    geoWarn(GEO_LOG_NET, "dropped connection from %s: %s", h->from, why);
+    if (h->state == HS_ACK) /* release the slot it claimed */
+        st->peers[h->peer].conns[h->stream].fd = -1;
+    close(h->fd);
+    h->fd = -1;
+    h->state = HS_DROPPED;
+}
+
+/* Advance an accepted handshake without blocking.  A stranger gets 16
+ * random bytes and nothing else.  1: done; 0: waiting; -1: dropped
+ * (logged and closed). */
+static int hs_in_step(tcpState *st, tcpHs *h)
+{
+    struct ncclComm *comm = st->comm;
+    uint8_t expect[GEO_SHA256_BYTES];
+    const char *why = NULL;
+    int rc;
+
+    for (;;) {
+        switch (h->state) {
+        case HS_CHALLENGE:
+            rc = geoSocketStep(h->fd, h->challenge, sizeof(h->challenge), &h->off, 1, &why);
+            if (rc <= 0)
+                goto wait_or_drop;
+            h->state = HS_HELLO;
+            h->off = 0;
+            continue;
+        case HS_HELLO: {
+            const tcpHello *m = &h->hello;
+            rc = geoSocketStep(h->fd, &h->hello, sizeof(h->hello), &h->off, 0, &why);
+            if (rc <= 0)
+                goto wait_or_drop;
+            if (m->magic != GEO_HELLO_MAGIC || m->rank <= comm->rank ||
+                m->rank >= comm->nranks || m->stream < 0 || m->stream >= st->nstreams ||
+                st->peers[m->rank].conns[m->stream].fd >= 0) {
+                hs_drop(st, h, "not a valid hello for this communicator");
+                return -1;
+            }
+            hello_proof(comm, h->challenge, m->rank, m->stream, expect);
+            if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
+                char claim[96];
+                snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
+                         "communicator's secret", m->rank);
+                hs_drop(st, h, claim);
+                return -1;
+            }
+            /* Claim the slot now, so that a second connection claiming the
+             * same rank and stream is refused while our ack is in flight. */
+            h->peer = m->rank;
+            h->stream = m->stream;
+            st->peers[h->peer].conns[h->stream].fd = h->fd;
+            h->ack = GEO_HELLO_MAGIC;
+            h->state = HS_ACK;
+            h->off = 0;
+            continue;
+        }
+        case HS_ACK:
+            rc = geoSocketStep(h->fd, &h->ack, sizeof(h->ack), &h->off, 1, &why);
+            if (rc <= 0)
+                goto wait_or_drop;
+            h->fd = -1; /* now owned by peers[peer].conns[stream] */
+            h->state = HS_DONE;
+            return 1;
+        default:
+            return h->state == HS_DONE ? 1 : -1;
+        }
+    }
+wait_or_drop:
+    if (rc == 0)
+        return 0;
+    char text[128];
+    snprintf(text, sizeof(text), "handshake failed (%s)", why);
+    hs_drop(st, h, text);
+    return -1;
+}
+
+static const char *hs_out_stage(const tcpHs *h, char buf[96])
+{
+    switch (h->state) {
+    case HS_RETRY:
+        snprintf(buf, 96, "connecting: %s", h->err ? strerror(h->err) : "not tried yet");
+        return buf;
+    case HS_CONNECT:
+        return "no answer to the TCP connect";
+    case HS_CHALLENGE:
+        return "connected, but its challenge never came";
+    case HS_HELLO:
+        return "could not send our proof";
+    default:
+        return "our proof was never acknowledged";
+    }
+}
+
+/* Name the first connection still missing after the deadline. */
+static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
+                                int in_done, int nin)
+{
+    struct ncclComm *comm = st->comm;
+    char pa[GEO_ADDR_STRLEN], stage[96];
+
+    for (int i = 0; i < nout; i++) {
+        const tcpHs *h = &out[i];
+        if (h->state == HS_DONE)
+            continue;
+        geoCommSetError(comm, "init: timed out after %.0f s connecting to rank %d at %s (host "
+                        "%s), stream %d (%s); %d of %d outgoing and %d of %d incoming "
+                        "connections were up", comm->timeout, h->peer,
+                        peer_str(st, h->peer, pa), comm->peers[h->peer].host, h->stream,
+                        hs_out_stage(h, stage), out_done, nout, in_done, nin);
+        return;
+    }
+    for (int p = comm->rank + 1; p < comm->nranks; p++)
+        for (int s = 0; s < st->nstreams; s++) {
+            if (st->peers[p].conns[s].fd >= 0)
+                continue;
+            geoCommSetError(comm, "init: timed out after %.0f s waiting for rank %d at %s (host "
+                            "%s) to connect stream %d; %d of %d incoming connections were up",
+                            comm->timeout, p, peer_str(st, p, pa), comm->peers[p].host, s,
+                            in_done, nin);
+            return;
+        }
+    geoCommSetError(comm, "init: timed out after %.0f s acknowledging incoming connections; "
+                    "%d of %d were up", comm->timeout, in_done, nin);
+}
+
+/* Open every connection of this rank; bounded by comm->timeout and the
+ * abort flag. */
+static ncclResult_t setup_connections(tcpState *st)
+{
+    struct ncclComm *comm = st->comm;
+    int nout = comm->rank * st->nstreams;
+    int nin = (comm->nranks - 1 - comm->rank) * st->nstreams;
+    int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0;
+    double start = geoNow(), deadline = start + comm->timeout;
+    tcpHs *out = calloc((size_t)(nout > 0 ? nout : 1), sizeof(*out));
+    tcpHs *pend = NULL;           /* accepted, not yet done */
+    struct pollfd *pfd = NULL;
+    int *map = NULL;              /* pfd index -> out index, or -1 - pend index */
+    ncclResult_t res = ncclSuccess;
+
+    if (out == NULL)
+        goto oom;
+    if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) {
+        geoCommSetError(comm, "init: cannot make the listener non-blocking: %s",
+                        strerror(errno));
+        res = ncclSystemError;
+        goto done;
+    }
+    for (int i = 0; i < nout; i++) {
+        out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = i / st->nstreams,
+                         .stream = i % st->nstreams, .when = start, .backoff = 1e-3};
+    }
+    while (out_done < nout || in_done < nin) {
+        double now = geoNow(), wake = deadline;
+        int n = 0, listening = -1;
+
+        if (comm->abort_flag) {
+            geoCommSetError(comm, "init: aborted while connecting to peers (%d of %d outgoing "
+                            "and %d of %d incoming connections were up)", out_done, nout,
+                            in_done, nin);
+            res = ncclRemoteError;
+            break;
+        }
+        if (now >= deadline) {
+            setup_timeout_error(st, out, nout, out_done, in_done, nin);
+            res = ncclRemoteError;
+            break;
+        }
+        if (cap_pfd < nout + npend + 1) {
+            cap_pfd = 2 * (nout + npend + 1);
+            struct pollfd *np = realloc(pfd, sizeof(*pfd) * (size_t)cap_pfd);
+            int *nm = np ? realloc(map, sizeof(*map) * (size_t)cap_pfd) : NULL;
+            if (np)
+                pfd = np;
+            if (nm == NULL)
+                goto oom;
+            map = nm;
+        }
+        for (int i = 0; i < nout; i++) {
+            tcpHs *h = &out[i];
+            if (h->state == HS_RETRY) {
+                int rc = hs_out_step(st, h, now, deadline);
+                if (rc < 0) {
+                    res = ncclRemoteError;
+                    goto done;
+                }
+                if (h->state == HS_RETRY && h->when < wake)
+                    wake = h->when;
+            }
+            if (h->fd >= 0 && h->state != HS_DONE) {
+                pfd[n] = (struct pollfd){.fd = h->fd, .events = hs_events(h)};
+                map[n++] = i;
+            }
+        }
+        for (int i = 0; i < npend; i++) {
+            pfd[n] = (struct pollfd){.fd = pend[i].fd, .events = hs_events(&pend[i])};
+            map[n++] = -1 - i;
+            if (pend[i].when < wake)
+                wake = pend[i].when;
+        }
+        if (in_done < nin && npend < nin - in_done + GEO_TCP_SPARE_PENDING) {
+            pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
+            listening = n++;
+        }
+        double left_ms = (wake - now) * 1000.0;
+        int ms = left_ms <= 0 ? 0 : left_ms >= 100 ? 100 : (int)left_ms + 1;
+        int rc = poll(pfd, (nfds_t)n, ms);
+        if (rc < 0 && errno != EINTR) {
+            geoCommSetError(comm, "init: poll failed while connecting to peers: %s",
+                            strerror(errno));
+            res = ncclSystemError;
+            break;
+        }
+        now = geoNow();
+        for (int k = 0; k < n && rc > 0; k++) {
+            if (pfd[k].revents == 0 || k == listening)
+                continue;
+            if (map[k] >= 0) {
+                int r = hs_out_step(st, &out[map[k]], now, deadline);
+                if (r < 0) {
+                    res = ncclRemoteError;
+                    goto done;
+                }
+                out_done += r;
+            } else {
+                in_done += hs_in_step(st, &pend[-1 - map[k]]) > 0;
+            }
+        }
+        for (int i = 0; i < npend; i++)
+            if (pend[i].state < HS_DONE && now >= pend[i].when)
+                hs_drop(st, &pend[i], "handshake failed (timed out)");
+        while (listening >= 0 && (pfd[listening].revents & POLLIN)) {
+            tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1};
+            geoSockAddr from;
+            int got = geoSocketAcceptNB(st->listen_fd, &h.fd, &from);
+            if (got < 0) {
+                geoCommSetError(comm, "init: accept on %s failed: %s",
+                                peer_str(st, comm->rank, h.from), strerror(errno));
+                res = ncclSystemError;
+                goto done;
+            }
+            if (got == 0)
+                break;
+            geoAddrToString(&from, h.from);
+            if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
+                geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
+                        "challenge", h.from);
+                close(h.fd);
+                continue;
+            }
+            h.when = now + GEO_TCP_HANDSHAKE_S < deadline ? now + GEO_TCP_HANDSHAKE_S
+                                                          : deadline;
+            if (npend == cap_pend) {
+                tcpHs *np = realloc(pend, sizeof(*pend) * (size_t)(cap_pend * 2 + 16));
+                if (np == NULL) {
+                    close(h.fd);
+                    goto oom;
+                }
+                pend = np;
+                cap_pend = cap_pend * 2 + 16;
+            }
+            pend[npend] = h;
+            in_done += hs_in_step(st, &pend[npend]) > 0;
+            npend++;
+            if (npend >= nin - in_done + GEO_TCP_SPARE_PENDING)
+                break;
+        }
+        /* Forget the finished and the dropped. */
+        int keep = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].state < HS_DONE)
+                pend[keep++] = pend[i];
+        npend = keep;
+    }
+done:
+    /* Connections still in a handshake once every peer is connected are
+     * strangers (every legitimate slot is taken). */
+    for (int i = 0; i < npend; i++) {
+        if (res == ncclSuccess)
+            hs_drop(st, &pend[i], "handshake unfinished when every peer was connected");
+        else if (pend[i].state != HS_ACK) /* an HS_ACK fd is in conns: destroy closes it */
+            close(pend[i].fd);
+    }
+    for (int i = 0; out != NULL && i < nout; i++)
+        if (out[i].fd >= 0)
+            close(out[i].fd);
+    if (res == ncclSuccess)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
+                nout, nin, geoNow() - start);
+    free(out);
+    free(pend);
+    free(pfd);
+    free(map);
+    return res;
+oom:
+    geoCommSetError(comm, "init: out of memory while connecting to peers");
+    res = ncclSystemError;
+    goto done;
 }
 
 static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
 {
     tcpState *st = state;
-    ncclResult_t res = ncclSuccess;
-    pthread_t acc;
-    acceptArgs a;
+    ncclResult_t res;
 
     st->nstreams = comm->nstreams;
     st->peers = calloc((size_t)comm->nranks, sizeof(tcpPeer));
@@ -625,22 +962,7 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
             st->peers[p].conns[s].r_frame = GEO_FRAME_UNSET;
         }
     }
-    a.st = st;
-    a.expected = (comm->nranks - 1 - comm->rank) * st->nstreams;
-    a.res = ncclSuccess;
-    a.deadline = geoNow() + comm->timeout;
-    if (pthread_create(&acc, NULL, accept_main, &a) != 0) {
-        geoCommSetError(comm, "init: cannot start the accept thread: %s", strerror(errno));
-        return ncclSystemError;
-    }
-    for (int p = 0; p < comm->rank && res == ncclSuccess; p++)
-        for (int s = 0; s < st->nstreams && res == ncclSuccess; s++)
-            res = connect_one(st, p, s, a.deadline);
-    if (res != ncclSuccess)
-        comm->abort_flag = 1; /* stop the acceptor early */
-    pthread_join(acc, NULL);
-    if (res == ncclSuccess)
-        res = a.res;
+    res = setup_connections(st);
     close(st->listen_fd);
     st->listen_fd = -1;
     if (res != ncclSuccess)

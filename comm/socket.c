@@ -172,8 +172,7 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
         }
         err = errno;
         close(s);
-        if (err != ECONNREFUSED && err != ETIMEDOUT && err != EINTR && err != ENETUNREACH &&
-            err != EHOSTUNREACH && err != EAGAIN)
+        if (!geoSocketRetryable(err))
             break;
         if (geoNow() >= deadline)
             break;
@@ -184,6 +183,74 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
     geoSetThreadError("cannot connect to %s: %s", geoAddrToString(addr, buf), strerror(err));
     geoWarn(GEO_LOG_NET, "cannot connect to %s: %s", buf, strerror(err));
     return ncclRemoteError;
+}
+
+int geoSocketRetryable(int err)
+{
+    return err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == ENETUNREACH ||
+           err == EHOSTUNREACH || err == EAGAIN;
+}
+
+int geoSocketConnectStart(const geoSockAddr *addr, int *fd)
+{
+    int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0)
+        return -1;
+    pre_tune(s);
+    if (connect(s, &addr->sa, geoAddrLen(addr)) == 0 || errno == EINPROGRESS) {
+        *fd = s;
+        return 0;
+    }
+    int err = errno;
+    close(s);
+    errno = err;
+    return -1;
+}
+
+int geoSocketConnectResult(int fd)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return errno;
+    return err;
+}
+
+int geoSocketAcceptNB(int lfd, int *fd, geoSockAddr *peer)
+{
+    for (;;) {
+        socklen_t len = sizeof(*peer);
+        int s = accept4(lfd, &peer->sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (s >= 0) {
+            *fd = s;
+            return 1;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        /* Connections reset before we took them, or a signal: try the next. */
+        if (errno != EINTR && errno != ECONNABORTED && errno != EPROTO)
+            return -1;
+    }
+}
+
+int geoSocketStep(int fd, void *buf, size_t len, size_t *done, int send_, const char **why)
+{
+    while (*done < len) {
+        char *p = (char *)buf + *done;
+        ssize_t n = send_ ? send(fd, p, len - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                          : recv(fd, p, len - *done, MSG_DONTWAIT);
+        if (n > 0) {
+            *done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n < 0 && errno == EINTR)
+            continue;
+        *why = n == 0 ? "connection closed by peer" : strerror(errno);
+        return -1;
+    }
+    return 1;
 }
 
 static int wait_fd(int fd, short events, double deadline)

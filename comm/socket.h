@@ -42,6 +42,27 @@ ncclResult_t geoSocketSendAll(int fd, const void *buf, size_t len, double deadli
                               const char **why);
 ncclResult_t geoSocketRecvAll(int fd, void *buf, size_t len, double deadline,
                               const char **why);
+/* Non-blocking building blocks for set-up loops that drive many sockets
+ * with one poll() (net_tcp.c, the bootstrap root).
+ *
+ * geoSocketConnectStart: start connecting a non-blocking socket to addr.
+ * 0: [out] fd is connected or connecting (poll it for POLLOUT, then ask
+ * geoSocketConnectResult); -1: failed at once, cause in errno, no fd.
+ * geoSocketConnectResult: 0 once the connect succeeded, else its errno.
+ * geoSocketRetryable: 1 if a connect that failed with err may succeed on
+ * a later attempt (nobody listening yet, network briefly unreachable).
+ * geoSocketAcceptNB: on a non-blocking listener lfd, 1: [out] fd
+ * (non-blocking) and peer; 0: nothing to accept now; -1: accept failed
+ * (errno). */
+int geoSocketConnectStart(const geoSockAddr *addr, int *fd);
+int geoSocketConnectResult(int fd);
+int geoSocketRetryable(int err);
+int geoSocketAcceptNB(int lfd, int *fd, geoSockAddr *peer);
+/* Move bytes [*done, len) of buf on non-blocking fd (send if send != 0,
+ * else receive), advancing *done.  1: all len bytes done; 0: the socket
+ * would block; -1: the peer closed or reset (cause in *why). */
+int geoSocketStep(int fd, void *buf, size_t len, size_t *done, int send, const char **why);
+
 /* TCP_NODELAY and keepalive on a connected socket (buffer sizes, from
  * GEOCCL_SOCKET_BUFSIZE, are set before connect/listen). */
 void geoSocketTune(int fd);

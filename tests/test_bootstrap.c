@@ -102,6 +102,55 @@ static void test_stranger_is_dropped(void)
     }
 }
 
+/* Init of 3 ranks, in seconds from start to the last rank's end (init and
+ * one all-reduce). */
+static double init3(int strangers)
+{
+    rankArgs a[3];
+    ncclUniqueId id;
+    geoUniqueIdInternal in;
+    int fd[2] = {-1, -1};
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    geoBootstrapDecode(&id, &in);
+    if (strangers) {
+        /* Both reach the root before any rank: one says nothing, one sends
+         * less than a join message and then nothing. */
+        char junk[10];
+        memset(junk, 0x42, sizeof(junk));
+        CU_ASSERT_EQUAL(geoSocketConnect(&in.root, geoNow() + 5, &fd[0]), ncclSuccess);
+        CU_ASSERT_EQUAL(geoSocketConnect(&in.root, geoNow() + 5, &fd[1]), ncclSuccess);
+        if (fd[1] >= 0)
+            CU_ASSERT_EQUAL(send(fd[1], junk, sizeof(junk), MSG_NOSIGNAL), sizeof(junk));
+        usleep(20000); /* let the root take them first */
+    }
+    for (int i = 0; i < 3; i++)
+        a[i] = (rankArgs){.id = id, .rank = i, .nranks = 3};
+    double t0 = geoNow();
+    run_ranks(a, 3);
+    double took = geoNow() - t0;
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(a[i].res, ncclSuccess);
+        CU_ASSERT_EQUAL(a[i].result, 6.0f);
+    }
+    for (int i = 0; i < 2; i++)
+        if (fd[i] >= 0)
+            close(fd[i]);
+    return took;
+}
+
+static void test_silent_stranger_does_not_delay(void)
+{
+    setenv("GEOCCL_PROBE", "0", 1);
+    geoParamReload();
+    double plain = init3(0), with = init3(1);
+    printf("\n    init of 3 ranks: %.3f s alone, %.3f s with 2 silent strangers at the root\n",
+           plain, with);
+    /* The root used to give each stranger its 5 s handshake limit in turn. */
+    CU_ASSERT_TRUE(with - plain < 1.0);
+    unsetenv("GEOCCL_PROBE");
+    geoParamReload();
+}
+
 static void test_wrong_secret_times_out(void)
 {
     rankArgs a[2];
@@ -203,6 +252,8 @@ int main(void)
     CU_pSuite s = CU_add_suite("bootstrap", NULL, NULL);
     CU_add_test(s, "unique id encode/decode", test_id_decode);
     CU_add_test(s, "stranger at the root is dropped", test_stranger_is_dropped);
+    CU_add_test(s, "silent strangers at the root do not delay init",
+                test_silent_stranger_does_not_delay);
     CU_add_test(s, "wrong secret fails within timeout", test_wrong_secret_times_out);
     CU_add_test(s, "root that gives up says so", test_root_gives_up_says_so);
     CU_add_test(s, "ncclCommInitAll and a group over 3 comms", test_init_all_and_group);
