@@ -601,10 +601,13 @@ static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInte
                                 comm->nranks, comm->timeout);
                 return ncclRemoteError;
             }
-            /* Not our root: it refused the proof or hung up on it.  A
-             * silent one (no challenge) may be ours, busy with a rank
-             * that died in its handshake: tried again next round. */
-            if (proved)
+            /* Not our root: it refused the proof.  One that hung up on
+             * it may be the parent's data listener of a survivor still in
+             * the parent's connection set-up, on the very port its shrink
+             * root will take once that set-up is over (candidate 0); a
+             * silent one may be ours, busy with a rank that died in its
+             * handshake: both are tried again next round. */
+            if (proved && magic == GEO_REFUSED_MAGIC)
                 refused[k] = 1;
         }
         usleep(backoff);
