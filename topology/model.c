@@ -617,8 +617,13 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
     for (int coll = 0; coll < TOPO_COLL_COUNT; coll++) {
         for (int k = TOPO_PLAN_MIN_LOG2; k <= TOPO_PLAN_MAX_LOG2; k++) {
             size_t bytes = (size_t)1 << k;
+            /* Chosen at 1.5 x the bucket's start, not at the start: a
+             * threshold of the library (GEOCCL_DIRECT_MAX, a power of two)
+             * would otherwise make the start's regime speak for a bucket
+             * whose other sizes all run another algorithm. */
+            size_t rep = k > TOPO_PLAN_MIN_LOG2 ? bytes + bytes / 2 : bytes;
             planChoice c = {0, 0, NULL, 0, -1};
-            choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, bytes, &c);
+            choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, rep, &c);
             if (c.sec < 0)
                 return -1;
             topoPlanEntry *last = p.nentries[coll] ? &p.entries[coll][p.nentries[coll] - 1] : NULL;

@@ -112,7 +112,8 @@ double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *
 /* ---- plan ---------------------------------------------------------------- */
 
 /* Size buckets: [2^k, 2^(k+1)) for 1 KiB <= 2^k <= 4 GiB (the first also
- * takes everything below 1 KiB, the last everything above). */
+ * takes everything below 1 KiB, the last everything above); each bucket's
+ * choice is made at 1.5 x 2^k (the first's at 1 KiB). */
 #define TOPO_PLAN_MIN_LOG2 10
 #define TOPO_PLAN_MAX_LOG2 32
 #define TOPO_PLAN_BUCKETS (TOPO_PLAN_MAX_LOG2 - TOPO_PLAN_MIN_LOG2 + 1)
@@ -136,8 +137,8 @@ typedef struct {
     char codec_name[24];
     size_t chunk;     /* FLAT: ring chunk; HIER: slice */
     int nstreams;
-    double sec_lo;    /* predicted at max(lo, 1 KiB) */
-    double sec_top;   /* predicted at the largest power of two in the range */
+    double sec_lo;    /* predicted at the first bucket's size (1.5 x its start) */
+    double sec_top;   /* predicted at the last bucket's size */
 } topoPlanEntry;
 
 typedef struct {
