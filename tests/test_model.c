@@ -304,6 +304,13 @@ static void test_plan_choices(void)
     CU_ASSERT(e->codec != TOPO_CODEC_NONE);
     e = topoPlanLookup(&p, TOPO_COLL_ALLREDUCE, 1024);
     CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_FLAT);
+    /* Just above GEOCCL_DIRECT_MAX (16 KiB) the flat path is the ring, one
+     * WAN latency per step: a 19 KB gradient must go hierarchical (the
+     * bucket [16K, 32K) once took the direct exchange's regime from 16K). */
+    e = topoPlanLookup(&p, TOPO_COLL_ALLREDUCE, 19240);
+    CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_HIER);
+    CU_ASSERT(topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_FLAT, NULL, 19240, 0, 0) >
+              topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 19240, 0, 0));
     /* no lossy codec allowed: lossless or none, still hierarchical */
     CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&m, topoDefaultCodecCosts, topoDefaultNCodecs, 1u << 1,
                                         NULL, &p), 0);
