@@ -100,6 +100,7 @@ struct ncclComm {
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
     geoTopo topo;               /* what the probe measured (probe.h) */
+    geoTopoInherit inherit;     /* a split/shrink child: the parent's topology */
     topoFile topo_file;         /* GEOCCL_TOPO_FILE as loaded */
     int topo_file_loaded;
     int topo_file_missing;      /* GEOCCL_TOPO_FILE names no file: rank 0 writes it */
@@ -143,6 +144,10 @@ ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec);
 
 /* (Re)build the region map and rings from comm->peers[].region. */
 ncclResult_t geoCommBuildRegions(struct ncclComm *comm);
+
+/* Set by split/shrink around their geoCommInitInternal call (same thread):
+ * the parent whose topology the child takes over. */
+extern __thread const struct ncclComm *geoInitParent;
 
 /* Bootstrap-level helpers used by split/shrink. */
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,

@@ -122,6 +122,7 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
     topo->regionsMeasured = t->regions_measured;
     topo->bwMeasured = t->bw_measured;
     topo->fromFile = t->from_file;
+    topo->inherited = comm->inherit.valid;
     topo->rttCutMs = t->cut * 1e3;
     topo->streamsNeeded = t->streams_needed;
     topo->windowBytes = t->window_bytes;

@@ -247,6 +247,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
+    geoTopoInheritFree(&comm->inherit);
     geoTuningFree(comm);
     if (comm->topo_file_loaded)
         topoFileFree(&comm->topo_file);
@@ -270,6 +271,12 @@ static ncclResult_t my_region(struct ncclComm *comm, const geoSockAddr *addr, co
     const char *label = geoParamStrLive(GEO_PARAM_REGION);
     const char *path = geoParamStrLive(GEO_PARAM_TOPO_FILE);
     memset(out, 0, TOPO_REGION_LABEL_LEN);
+    /* A split or shrunk communicator keeps its parent's regions: the parent
+     * resolved labels, file and probe already. */
+    if (comm->inherit.valid) {
+        snprintf(out, TOPO_REGION_LABEL_LEN, "%s", comm->inherit.label);
+        return ncclSuccess;
+    }
     if (label) {
         if (strlen(label) >= TOPO_REGION_LABEL_LEN) {
             geoCommSetError(comm, "init: GEOCCL_REGION '%s' is longer than %d characters",
@@ -472,6 +479,8 @@ static void *nonblocking_init_main(void *arg)
     return NULL;
 }
 
+__thread const struct ncclComm *geoInitParent;
+
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *uid,
                                  int rank, const ncclConfig_t *config, int allow_env_root)
 {
@@ -492,6 +501,11 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm->magic = GEO_COMM_MAGIC;
     comm->rank = rank;
     comm->nranks = nranks;
+    if (geoInitParent != NULL && geoTopoInheritFrom(geoInitParent, &comm->inherit) != 0) {
+        pthread_mutex_destroy(&comm->lock);
+        free(comm);
+        GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");
+    }
     /* NCCL's rule: the communicator belongs to the device current at init. */
     comm->cuda_dev = geoDevCurrent();
     ncclConfig_t dflt_cfg = NCCL_CONFIG_INITIALIZER;
@@ -705,8 +719,10 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     }
     ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
     inherit.blocking = comm->blocking;
+    geoInitParent = comm;
     res = geoCommInitInternal(newcomm, newsize, &ids[leader], newrank, config ? config : &inherit,
                               0);
+    geoInitParent = NULL;
     if (res == ncclInProgress)
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
 out:
@@ -905,7 +921,9 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     }
     ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
     inherit.blocking = comm->blocking;
+    geoInitParent = comm;
     res = geoCommInitInternal(newcomm, newsize, &id, newrank, config ? config : &inherit, 0);
+    geoInitParent = NULL;
     if (res == ncclInProgress)
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
     else if (res != ncclSuccess)

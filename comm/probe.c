@@ -633,6 +633,79 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
     return res;
 }
 
+/* ---- a parent's topology ------------------------------------------------ */
+
+void geoTopoInheritFree(geoTopoInherit *inh)
+{
+    free(inh->names);
+    free(inh->egress);
+    free(inh->oneway);
+    free(inh->rtt);
+    memset(inh, 0, sizeof(*inh));
+}
+
+int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
+{
+    const topoRegionMap *m = &parent->regions;
+    const geoTopo *t = &parent->topo;
+    int R = m->nregions;
+    memset(inh, 0, sizeof(*inh));
+    if (R < 1)
+        return 0;
+    inh->names = calloc((size_t)R, sizeof(*inh->names));
+    inh->egress = calloc((size_t)R, sizeof(double));
+    inh->oneway = calloc((size_t)R, sizeof(double));
+    inh->rtt = calloc((size_t)R * (size_t)R, sizeof(double));
+    if (!inh->names || !inh->egress || !inh->oneway || !inh->rtt) {
+        geoTopoInheritFree(inh);
+        return -1;
+    }
+    inh->nregions = R;
+    snprintf(inh->label, sizeof(inh->label), "%s", m->names[m->region_of[parent->rank]]);
+    for (int g = 0; g < R; g++) {
+        snprintf(inh->names[g], sizeof(inh->names[g]), "%s", m->names[g]);
+        inh->egress[g] = t->egress ? t->egress[g] : 0;
+        inh->oneway[g] = t->oneway ? t->oneway[g] : 0;
+        for (int h = 0; h < R; h++)
+            inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * R + h] : -1;
+    }
+    inh->bw_known = t->bw_measured || t->from_file || t->inherited;
+    inh->bw_measured = t->bw_measured || (t->inherited && parent->inherit.bw_measured);
+    inh->intra_Bps = t->intra_Bps;
+    inh->intra_alpha = t->intra_alpha;
+    inh->valid = 1;
+    return 0;
+}
+
+/* The parent's figures for the regions this child has (matched by name). */
+static void apply_inherit(const struct ncclComm *comm, geoTopo *t)
+{
+    const geoTopoInherit *inh = &comm->inherit;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, found = 0, idx[256];
+    if (R > 256)
+        return;
+    for (int g = 0; g < R; g++) {
+        idx[g] = -1;
+        for (int k = 0; k < inh->nregions; k++)
+            if (strncmp(inh->names[k], m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                idx[g] = k;
+        if (idx[g] >= 0 && inh->egress[idx[g]] > 0) {
+            t->egress[g] = inh->egress[idx[g]];
+            found++;
+        }
+        if (idx[g] >= 0)
+            t->oneway[g] = inh->oneway[idx[g]];
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < R; b++)
+            if (a != b && idx[a] >= 0 && idx[b] >= 0)
+                t->region_rtt[a * R + b] = inh->rtt[idx[a] * inh->nregions + idx[b]];
+    t->intra_Bps = inh->intra_Bps;
+    t->intra_alpha = inh->intra_alpha;
+    t->inherited = inh->bw_known && found == R;
+}
+
 /* ---- the whole probe ---------------------------------------------------- */
 
 /* Link figures a topology file gives for the regions in use; from_file when
@@ -699,6 +772,8 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     for (int r = 0; r < comm->nranks; r++)
         if (comm->peers[r].region[0] != '\0')
             labelled = 1;
+    if (comm->inherit.valid)
+        labelled = 1; /* the parent's regions, whatever they came from */
     GEO_CHECK(find_nodes(comm, t));
     snprintf(comm->op_desc, sizeof(comm->op_desc), "init probe");
 
@@ -761,11 +836,13 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         topoSolveOneWay(R, t->region_rtt, t->oneway);
     if (comm->topo_file_loaded)
         apply_file(comm, t);
+    if (comm->inherit.valid)
+        apply_inherit(comm, t);
     t->window_bytes = stream_window();
     t->streams_needed = comm->nstreams;
     /* Bandwidth: between regions on different nodes (labels on one host
      * have no link to measure), unless the topology file gave it. */
-    if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file))) {
+    if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file && !t->inherited))) {
         double t0 = geoNow();
         GEO_CHECK(measure_bw(comm, t));
         GEO_CHECK(measure_intra(comm, t));

@@ -45,7 +45,27 @@ typedef struct {
     double t_arrived;       /* geoNow() when every leader had arrived */
     double t_wait;          /* seconds waited for slower peers before that */
     int from_file;          /* link figures came from a topology file */
+    int inherited;          /* ... or from the parent communicator (split, shrink) */
 } geoTopo;
+
+/* What a communicator made by ncclCommSplit or ncclCommShrink takes from
+ * its parent instead of probing again: this rank's region label and the
+ * parent's figures per region (by name).  Copied at the child's creation,
+ * so the parent may go away while the child initialises. */
+typedef struct {
+    int valid;
+    char label[32];
+    int nregions;
+    char (*names)[32];
+    double *egress, *oneway, *rtt; /* [R], [R], [R*R] */
+    int bw_known;           /* egress holds rates (measured or from a file) */
+    int bw_measured;        /* they were measured (goodput), not link rates */
+    double intra_Bps, intra_alpha;
+} geoTopoInherit;
+
+/* Fill *inh from parent for its rank; 0, or -1 when out of memory. */
+int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh);
+void geoTopoInheritFree(geoTopoInherit *inh);
 
 /* Run the probe as GEOCCL_PROBE says (rank 0's value) and, when it found
  * the regions, rebuild the communicator's region map and rings.  Collective

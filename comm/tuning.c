@@ -61,7 +61,9 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
                 m->rtt_s[g][h] = t->region_rtt[g * R + h];
     }
     /* Measured rates are goodput; a file's are link rates. */
-    m->wan_goodput = t->bw_measured ? 1.0 : TCP_GOODPUT;
+    m->wan_goodput = t->bw_measured || (t->inherited && comm->inherit.bw_measured)
+                         ? 1.0
+                         : TCP_GOODPUT;
     if (t->intra_Bps > 0) {
         m->intra_Bps = t->intra_Bps;
         m->intra_alpha_s = t->intra_alpha;

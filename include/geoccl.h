@@ -98,6 +98,8 @@ typedef struct {
     int regionsMeasured;   /* the regions came from those RTTs (no labels) */
     int bwMeasured;        /* bandwidth between regions was measured */
     int fromFile;          /* link rates came from GEOCCL_TOPO_FILE */
+    int inherited;         /* regions and link figures came from the parent
+                              communicator (ncclCommSplit, ncclCommShrink) */
     double rttCutMs;       /* RTT that separated regions (0: one region) */
     int streamsNeeded;     /* TCP streams per WAN pair to fill the links */
     double windowBytes;    /* largest window one TCP stream may reach here */

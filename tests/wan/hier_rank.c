@@ -30,6 +30,13 @@
  *   (X counted from the start of the failing call), calls ncclCommAbort
  *   and exits 2. A wrong result or a failed init exits 1.
  *
+ * split: ncclCommSplit of the whole communicator (one color); the child
+ *   must have the parent's regions without probing again (geocclTopology:
+ *   inherited, probe time under 50 ms; the parent's link figures when the
+ *   parent had them) and all-reduce 1 MiB right. Prints
+ *     rank R: split: parent R1 regions (probe P s), child R2 regions ...
+ *   exits 0 when all held.
+ *
  * Ranks print "rank R: ..." lines; the script collects them.
  */
 #define _GNU_SOURCE
@@ -428,8 +435,60 @@ static int usage(void)
 {
   fprintf(stderr, "usage: RANK=r NRANKS=n GEOCCL_COMM_ID=host:port "
                   "[EXPECT_REGIONS=k] hier_rank matrix\n"
-                  "       ... hier_rank loop SECONDS BYTES\n");
+                  "       ... hier_rank loop SECONDS BYTES\n"
+                  "       ... hier_rank split\n");
   return 1;
+}
+
+static int mode_split(void)
+{
+  ncclComm_t comm = init_comm(), child = NULL;
+  geocclTopology pt, ct;
+  int bad = 0, pk = 0, ck = 0;
+  if (comm == NULL) return 1;
+  ncclResult_t r = ncclCommSplit(comm, 0, g_rank, &child, NULL);
+  if (r != ncclSuccess || child == NULL) {
+    fprintf(stderr, "rank %d: ncclCommSplit: %s: %s\n", g_rank, ncclGetErrorString(r),
+            ncclGetLastError(comm));
+    ncclCommAbort(comm);
+    return 1;
+  }
+  geocclCommGetTopology(comm, &pt);
+  geocclCommGetTopology(child, &ct);
+  geocclCommGetRegion(comm, &pk, NULL, NULL, NULL, NULL);
+  geocclCommGetRegion(child, &ck, NULL, NULL, NULL, NULL);
+  double pe[64] = {0}, ce[64] = {0};
+  if (pk <= 64 && ck <= 64) {
+    geocclCommGetLinks(comm, NULL, NULL, pe, NULL);
+    geocclCommGetLinks(child, NULL, NULL, ce, NULL);
+  }
+  printf("rank %d: split: parent %d regions (probe %.3f s, bandwidth measured %d), child %d "
+         "regions (probe %.3f s, inherited %d), egress of region 0: parent %.1f, child %.1f "
+         "Mbit/s\n", g_rank, pk, pt.secProbe, pt.bwMeasured, ck, ct.secProbe, ct.inherited,
+         pe[0], ce[0]);
+  if (ck != pk || !ct.inherited || ct.rttMeasured || ct.bwMeasured || ct.secProbe > 0.05 ||
+      (pt.bwMeasured && ce[0] != pe[0])) {
+    fprintf(stderr, "rank %d: FAIL the split child did not take over its parent's topology\n",
+            g_rank);
+    bad = 1;
+  }
+  size_t count = 262144;
+  float *buf = malloc(count * sizeof(float)), *exp = malloc(count * sizeof(float));
+  char m[256];
+  harness_fill_input(buf, ncclFloat32, ncclSum, g_nranks, g_rank, 0, count, 7);
+  harness_fill_expected(exp, ncclFloat32, ncclSum, g_nranks, 0, count, 7);
+  r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, child, NULL);
+  if (r != ncclSuccess || harness_check(buf, exp, ncclFloat32, ncclSum, g_nranks, count, m,
+                                        sizeof(m))) {
+    fprintf(stderr, "rank %d: FAIL all-reduce on the split child: %s\n", g_rank,
+            r != ncclSuccess ? ncclGetLastError(child) : m);
+    bad = 1;
+  }
+  free(buf);
+  free(exp);
+  ncclCommDestroy(child);
+  ncclCommDestroy(comm);
+  return bad;
 }
 
 int main(int argc, char **argv)
@@ -443,6 +502,7 @@ int main(int argc, char **argv)
     return 1;
   }
   if (strcmp(argv[1], "matrix") == 0 && argc == 2) return mode_matrix();
+  if (strcmp(argv[1], "split") == 0 && argc == 2) return mode_split();
   if (strcmp(argv[1], "loop") == 0 && argc == 4) {
     char *e1, *e2;
     double secs = strtod(argv[2], &e1);

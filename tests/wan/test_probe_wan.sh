@@ -17,6 +17,9 @@
 #   d. labels win: the same 8 ranks labelled 6 + 2 across the built regions:
 #      the regions are the labels, not the measurement.
 #   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
+#   f. ncclCommSplit of a probed communicator (tests/wan/hier_rank split, the
+#      layout of a.): the child has the parent's regions and link figures
+#      without probing again, and all-reduces right.
 #
 #   sudo bash tests/wan/test_probe_wan.sh [BUILDDIR]
 #
@@ -175,6 +178,33 @@ if [ -s "$WORK/a.topo" ] && sed 's/^/   | /' "$WORK/a.topo" &&
     fi
 else
     fail "b. no topology file, or ranks failed"
+fi
+
+echo "== f. ncclCommSplit of a probed communicator, 2 + 3 + 1 ranks"
+HIER_BIN=${HIER_RANK:-$BUILD/tests/wan/hier_rank}
+if [ -x "$HIER_BIN" ]; then
+    mkdir -p "$WORK/f"
+    r=0
+    FPIDS=()
+    for g in 0 0 1 1 1 2; do
+        timeout -k 5 "$LIMIT" "$WAN" exec -n "$NAME" -i "$g" --no-label -- \
+            env RANK=$r NRANKS=6 GEOCCL_COMM_ID=10.231.0.10:29704 "$HIER_BIN" split \
+            > "$WORK/f/rank$r.out" 2> "$WORK/f/rank$r.err" &
+        FPIDS+=($!)
+        PIDS+=($!)
+        r=$((r + 1))
+    done
+    fbad=0
+    for p in "${FPIDS[@]}"; do wait "$p" || fbad=$((fbad + 1)); done
+    sed 's/^/   /' "$WORK/f/rank0.out"
+    if [ "$fbad" = 0 ] && grep -q "child 3 regions" "$WORK/f/rank0.out"; then
+        pass "f. a split communicator keeps its parent's topology"
+    else
+        cat "$WORK"/f/rank*.err | tail -5
+        fail "f. split ($fbad ranks failed)"
+    fi
+else
+    echo "   (f. skipped: no hier_rank at $HIER_BIN)"
 fi
 
 # ---- c, d: two nodes per region, jitter; labels ---------------------------------
