@@ -66,6 +66,7 @@ struct ncclComm {
     int rank;
     int nranks;
     int cuda_dev;               /* CUDA device current at init; -1: no GPU */
+    char if_name[32];           /* the network interface of the data listener */
     ncclConfig_t real_cfg;      /* GPU tuning the user gave, for the real NCCL */
     struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
     uint8_t secret[GEO_SHA256_BYTES];

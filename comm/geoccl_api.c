@@ -134,7 +134,7 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
 }
 
 ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
-                               int *region)
+                               int *region, double *nicGbit)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetNode") != ncclSuccess, ncclInvalidArgument,
                   "geocclCommGetNode: NULL or dead comm");
@@ -147,6 +147,8 @@ ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int
         *leaderRank = t->leader[node];
     if (region)
         *region = comm->regions.region_of[t->leader[node]];
+    if (nicGbit)
+        *nicGbit = t->nic_gbit ? t->nic_gbit[node] : -1;
     return ncclSuccess;
 }
 

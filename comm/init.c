@@ -425,6 +425,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     memcpy(&addr, &ifs[0].addr,
            ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6) : sizeof(addr.sin));
     GEO_CHECK(comm->net->listen(comm, &comm->net_state, &addr));
+    snprintf(comm->if_name, sizeof(comm->if_name), "%s", ifs[0].name);
 
     memset(&mine, 0, sizeof(mine));
     mine.addr = addr;

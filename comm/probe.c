@@ -4,6 +4,7 @@
 #include "comm/comm.h"
 #include "comm/param.h"
 #include "topology/cluster.h"
+#include "topology/nics.h"
 
 #include <arpa/inet.h>
 #include <math.h>
@@ -23,6 +24,7 @@ void geoTopoFree(geoTopo *t)
     free(t->leader);
     free(t->node_addr);
     free(t->rtt);
+    free(t->nic_gbit);
     free(t->bw);
     free(t->egress);
     free(t->region_rtt);
@@ -75,8 +77,11 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
     t->node_of = malloc(sizeof(int) * (size_t)n);
     t->leader = malloc(sizeof(int) * (size_t)n);
     t->node_addr = malloc(sizeof(*t->node_addr) * (size_t)n);
-    if (!t->node_of || !t->leader || !t->node_addr)
+    t->nic_gbit = malloc(sizeof(double) * (size_t)n);
+    if (!t->node_of || !t->leader || !t->node_addr || !t->nic_gbit)
         return ncclSystemError;
+    for (int k = 0; k < n; k++)
+        t->nic_gbit[k] = -1;
     t->nnodes = 0;
     for (int r = 0; r < n; r++) {
         char a[64];
@@ -92,6 +97,7 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
         }
         t->node_of[r] = k;
     }
+    t->nic_gbit[t->node_of[comm->rank]] = topoNicSpeed(comm->if_name);
     return ncclSuccess;
 }
 
@@ -254,13 +260,15 @@ out:
 static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
 {
     int L = t->nnodes, me = -1;
-    size_t row_bytes = sizeof(double) * (size_t)L;
-    double *row = malloc(row_bytes);
+    /* A leader's row: its RTTs to every leader, then its data NIC's rate. */
+    size_t row_bytes = sizeof(double) * (size_t)(L + 1);
+    double *row = malloc(row_bytes), *all = malloc(row_bytes * (size_t)L);
     ncclResult_t res = ncclSuccess;
 
-    t->rtt = malloc(row_bytes * (size_t)L);
-    if (row == NULL || t->rtt == NULL) {
+    t->rtt = malloc(sizeof(double) * (size_t)L * (size_t)L);
+    if (row == NULL || all == NULL || t->rtt == NULL) {
         free(row);
+        free(all);
         return ncclSystemError;
     }
     for (int k = 0; k < L; k++)
@@ -269,8 +277,9 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
     if (me >= 0) {
         int rounds = (int)geoParamInt(GEO_PARAM_PROBE_ROUNDS);
         res = ping_rounds(comm, t->leader, L, me, rounds < 1 ? 1 : rounds, row, &t->t_arrived);
+        row[L] = t->nic_gbit[me];
         if (res == ncclSuccess)
-            res = exchange_among(comm, t->leader, L, me, row, row_bytes, t->rtt);
+            res = exchange_among(comm, t->leader, L, me, row, row_bytes, all);
     }
     /* Each leader hands the matrix to the other ranks of its node. */
     if (res == ncclSuccess) {
@@ -284,10 +293,17 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
             if (t->node_of[r] == node)
                 members[m++] = r;
         if (m > 1)
-            res = fan_out(comm, t->leader[node], members, m, t->rtt, row_bytes * (size_t)L);
+            res = fan_out(comm, t->leader[node], members, m, all, row_bytes * (size_t)L);
         free(members);
     }
+    if (res == ncclSuccess)
+        for (int i = 0; i < L; i++) {
+            memcpy(&t->rtt[(size_t)i * (size_t)L], &all[(size_t)i * (size_t)(L + 1)],
+                   sizeof(double) * (size_t)L);
+            t->nic_gbit[i] = all[(size_t)i * (size_t)(L + 1) + (size_t)L];
+        }
     free(row);
+    free(all);
     t->rtt_measured = res == ncclSuccess;
     return res;
 }
@@ -776,6 +792,20 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         labelled = 1; /* the parent's regions, whatever they came from */
     GEO_CHECK(find_nodes(comm, t));
     snprintf(comm->op_desc, sizeof(comm->op_desc), "init probe");
+    if (t->leader[t->node_of[comm->rank]] == comm->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
+        topoNic nics[16];
+        char line[512] = "none";
+        int n = topoNicList(nics, 16), len = 0;
+        for (int i = 0; i < n && len < (int)sizeof(line) - 64; i++) {
+            char rate[24] = "rate unknown";
+            if (nics[i].gbit > 0)
+                snprintf(rate, sizeof(rate), "%g Gbit/s", nics[i].gbit);
+            len += snprintf(line + len, sizeof(line) - (size_t)len, "%s%s%s %s%s", i ? ", " : "",
+                            nics[i].name, nics[i].rdma ? " (rdma)" : "", rate,
+                            nics[i].up ? "" : " (down)");
+        }
+        geoInfo(GEO_LOG_TOPO, "probe: local NICs: %s; data on %s", line, comm->if_name);
+    }
 
     /* Round trips: to find regions, or because asked to measure. */
     if (t->nnodes > 1 && (mode == 2 || (mode == 1 && !labelled))) {

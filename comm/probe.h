@@ -28,6 +28,7 @@ typedef struct {
     int *leader;            /* [nnodes] lowest rank of each node */
     char (*node_addr)[64];  /* [nnodes] numeric address */
     double *rtt;            /* [nnodes*nnodes] seconds, min of samples; -1 unmeasured */
+    double *nic_gbit;       /* [nnodes] nominal rate of each node's data NIC; <= 0 unknown */
     int rtt_measured;
     int regions_measured;   /* the region map came from the RTTs */
     double cut;             /* RTT threshold that separated regions (s) */

@@ -113,10 +113,13 @@ typedef struct {
 ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo);
 
 /* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
- * lives), [out] leaderRank (its lowest rank), [out] region.  Any output may
- * be NULL.  ncclInvalidArgument for a bad comm or index. */
+ * lives), [out] leaderRank (its lowest rank), [out] region, [out] nicGbit
+ * (nominal rate of the node's data interface as its kernel reports it; -1
+ * unknown: virtual links, or a node whose figures were not exchanged
+ * because no RTT was measured).  Any output may be NULL.
+ * ncclInvalidArgument for a bad comm or index. */
 ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
-                               int *region);
+                               int *region, double *nicGbit);
 
 /* [out] rttMs: nnodes x nnodes round-trip times in ms, row-major (minimum
  * of the samples; -1 where not measured).  ncclInvalidArgument for a bad

@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "topology/cluster.h"
+#include "topology/nics.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -228,6 +229,25 @@ static void test_steady_rate(void)
     CU_ASSERT_DOUBLE_EQUAL(r, 1e8, 1e8 * 0.05);
 }
 
+/* The local NICs: whatever this machine has, the list is sane; loopback
+ * and names that are not interfaces have no rate. */
+static void test_nics(void)
+{
+    topoNic nics[32];
+    int n = topoNicList(nics, 32);
+    CU_ASSERT(n >= 0 && n <= 32);
+    for (int i = 0; i < n; i++) {
+        CU_ASSERT(nics[i].name[0] != '\0');
+        CU_ASSERT_STRING_NOT_EQUAL(nics[i].name, "lo"); /* loopback left out */
+        CU_ASSERT(nics[i].gbit == -1 || nics[i].gbit > 0);
+    }
+    CU_ASSERT_EQUAL(topoNicSpeed("lo"), -1);
+    CU_ASSERT_EQUAL(topoNicSpeed("no-such-interface"), -1);
+    CU_ASSERT_EQUAL(topoNicSpeed("../../../etc"), -1);
+    CU_ASSERT_EQUAL(topoNicSpeed(NULL), -1);
+    CU_ASSERT_EQUAL(topoNicList(nics, 0), 0);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS)
@@ -246,6 +266,7 @@ int main(void)
     CU_add_test(s, "one-way delays from RTTs", test_oneway);
     CU_add_test(s, "streams for the bandwidth-delay product", test_streams);
     CU_add_test(s, "steady-state rate", test_steady_rate);
+    CU_add_test(s, "local NICs", test_nics);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failures = CU_get_number_of_failures();

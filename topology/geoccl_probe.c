@@ -125,12 +125,19 @@ static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
                                : "(no gap in the RTTs, or one node)");
     printf("# probe time %.3f s (round trips %.3f s, bandwidth %.3f s), after waiting %.3f s "
            "for the other nodes to start\n", t->secProbe, t->secRtt, t->secBw, t->secWait);
-    printf("#\n# nodes\n# %4s  %-40s %6s  %s\n", "node", "address", "leader", "region");
+    printf("#\n# nodes (NIC: nominal rate of the data interface; - where the kernel does "
+           "not say)\n# %4s  %-40s %6s  %-12s %s\n", "node", "address", "leader", "region",
+           "NIC Gbit/s");
     for (int k = 0; k < N; k++) {
         const char *addr;
         int leader, g;
-        if (geocclCommGetNode(comm, k, &addr, &leader, &g) == ncclSuccess)
-            printf("# %4d  %-40s %6d  %s\n", k, addr, leader, names[g]);
+        double nic;
+        if (geocclCommGetNode(comm, k, &addr, &leader, &g, &nic) == ncclSuccess) {
+            char ns[16] = "-";
+            if (nic > 0)
+                snprintf(ns, sizeof(ns), "%g", nic);
+            printf("# %4d  %-40s %6d  %-12s %s\n", k, addr, leader, names[g], ns);
+        }
     }
     if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
         printf("#\n# round-trip time between nodes, ms (minimum of the samples)\n#       ");
@@ -215,10 +222,11 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
     for (int k = 0; k < N; k++) {
         const char *addr = "";
         int leader = -1, g = -1;
-        geocclCommGetNode(comm, k, &addr, &leader, &g);
+        double nic = -1;
+        geocclCommGetNode(comm, k, &addr, &leader, &g, &nic);
         printf("%s{\"address\": ", k ? ", " : "");
         json_str(addr);
-        printf(", \"leader\": %d, \"region\": %d}", leader, g);
+        printf(", \"leader\": %d, \"region\": %d, \"nic_gbit\": %g}", leader, g, nic);
     }
     printf("],\n \"rtt_ms\": ");
     if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
