@@ -175,6 +175,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
     unsigned char *st = calloc(n2, 1);
     ncclResult_t res = ncclSuccess;
     double deadline = geoNow() + comm->timeout;
+    int posted = 0;
 
     if (!rr || !sr || !in || !out || !t0 || !st) {
         res = ncclSystemError;
@@ -188,6 +189,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
         for (int p = 0; p < L && res == ncclSuccess; p++) {
             if (p == me)
                 continue;
+            posted = 1;
             res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
             if (res == ncclSuccess)
                 res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
@@ -248,6 +250,9 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
             *warm_end = geoNow(); /* every leader has arrived */
     }
 out:
+    /* Receives may still be posted into these buffers: fail them first. */
+    if (res != ncclSuccess && posted)
+        comm->net->breakAll(comm->net_state);
     free(rr);
     free(sr);
     free(in);
