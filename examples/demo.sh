@@ -40,8 +40,9 @@ GEOCCL_SOCKET_IFNAME=lo ./examples/minimal
 echo
 echo "== 2. $regions regions x $per ranks"
 cat <<EOF
-   No region labels are given: GeoCCL's probe measures the round trips between
-   the ranks' addresses, finds the regions, measures the links and plans:
+   With emulated regions no labels are given: GeoCCL's probe measures the
+   round trips between the ranks' addresses, finds the regions, measures the
+   links and plans:
      hierarchical all-reduce = ring reduce-scatter inside each region
        -> owners of each piece exchange it between regions (each region
           sends 2(R-1)/R of the data once: the minimum), reduced in region order
@@ -72,7 +73,8 @@ if [ -z "${DEMO_NO_WAN:-}" ] && [ "$(id -u)" = 0 ] && "$wan" up -r "$regions" --
 else
     echo
     echo "   NOTE: cannot build network namespaces here (needs root and ip netns; see wan.log):"
-    echo "   the regions are labels on loopback and the links are NOT shaped or delayed."
+    echo "   the regions are labels on loopback (GEOCCL_REGION=r0..r$((regions - 1))), the links are"
+    echo "   NOT shaped or delayed, and with one host there is nothing for the probe to measure."
 fi
 
 run_geoccl() { # $1 = algo (hier|flat), $2 = port
