@@ -20,6 +20,9 @@
 #   f. ncclCommSplit of a probed communicator (tests/wan/hier_rank split, the
 #      layout of a.): the child has the parent's regions and link figures
 #      without probing again, and all-reduces right.
+#   g. a rank killed (SIGKILL) while the probe runs (0.6 s after the start,
+#      GEOCCL_TIMEOUT=5): the other 5 ranks fail their init, naming a peer,
+#      within GEOCCL_TIMEOUT + 5 s of the kill.
 #
 #   sudo bash tests/wan/test_probe_wan.sh [BUILDDIR]
 #
@@ -205,6 +208,42 @@ if [ -x "$HIER_BIN" ]; then
     fi
 else
     echo "   (f. skipped: no hier_rank at $HIER_BIN)"
+fi
+
+echo "== g. a rank dies during the probe (GEOCCL_TIMEOUT=5)"
+mkdir -p "$WORK/g"
+r=0
+GPIDS=()
+for g in 0 0 1 1 1 2; do
+    timeout -k 5 "$LIMIT" "$WAN" exec -n "$NAME" -i "$g" --no-label -- \
+        env RANK=$r NRANKS=6 GEOCCL_COMM_ID=10.231.0.10:29705 GEOCCL_TIMEOUT=5 "$PROBE" \
+        > "$WORK/g/rank$r.out" 2> "$WORK/g/rank$r.err" &
+    GPIDS+=($!)
+    PIDS+=($!)
+    r=$((r + 1))
+done
+sleep 0.6
+# timeout runs the rank as its child: kill the rank itself.
+pkill -KILL -P "${GPIDS[5]}" 2>/dev/null || kill -KILL "${GPIDS[5]}"
+t0=$EPOCHREALTIME
+gbad=0
+for ((r = 0; r < 5; r++)); do
+    wait "${GPIDS[$r]}"
+    st=$?
+    dt=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+    if [ "$st" = 0 ] || [ "$st" = 124 ] || [ "$st" = 137 ] ||
+        awk -v d="$dt" 'BEGIN { exit !(d > 10) }' ||
+        ! grep -q "rank [0-9]" "$WORK/g/rank$r.err"; then
+        gbad=$((gbad + 1))
+        echo "   rank $r: status $st after ${dt} s: $(tail -1 "$WORK/g/rank$r.err")"
+    fi
+done
+wait "${GPIDS[5]}" 2>/dev/null
+echo "   $(tail -1 "$WORK/g/rank0.err" | cut -c1-200)"
+if [ "$gbad" = 0 ]; then
+    pass "g. every other rank failed its init, naming a peer, within 10 s of the death"
+else
+    fail "g. $gbad ranks did not fail in time"
 fi
 
 # ---- c, d: two nodes per region, jitter; labels ---------------------------------
