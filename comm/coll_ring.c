@@ -494,9 +494,15 @@ ncclResult_t geoCollRun(geoOp *in)
      * Every rank decides from the same plan and the same size. */
     int use_hier, codec;
     size_t plan_chunk, saved_chunk = comm->chunk_size, saved_slice = comm->hier_slice;
-    geoTuningChoose(comm, o.type,
-                    o.type == GEO_OP_ALLGATHER ? o.count * (size_t)N * es : total * es,
-                    &use_hier, &codec, &plan_chunk);
+    int planned = geoTuningChoose(comm, o.type,
+                                  o.type == GEO_OP_ALLGATHER ? o.count * (size_t)N * es
+                                                             : total * es,
+                                  &use_hier, &codec, &plan_chunk);
+    /* Small all-reduces: one message to every rank, unless the plan chose
+     * the hierarchical algorithm for this size (with many ranks per region
+     * the direct exchange multiplies what each WAN link carries). */
+    int direct = o.type == GEO_OP_ALLREDUCE && N > 1 && N <= 32 &&
+                 total * es <= comm->direct_max && !(planned && use_hier);
     comm->call_codec = codec;
     if (plan_chunk > 0) {
         if (use_hier)
@@ -504,14 +510,13 @@ ncclResult_t geoCollRun(geoOp *in)
         else
             comm->chunk_size = plan_chunk;
     }
-    int hier = use_hier &&
-               ((o.type == GEO_OP_ALLREDUCE && !(total * es <= comm->direct_max && N <= 32)) ||
-                o.type == GEO_OP_ALLGATHER || o.type == GEO_OP_REDUCESCATTER);
+    int hier = use_hier && ((o.type == GEO_OP_ALLREDUCE && !direct) ||
+                            o.type == GEO_OP_ALLGATHER || o.type == GEO_OP_REDUCESCATTER);
     if (!hier)
         comm->stats.calls_flat++;
     switch (o.type) {
     case GEO_OP_ALLREDUCE: {
-        if (N > 1 && N <= 32 && total * es <= comm->direct_max) {
+        if (direct) {
             res = allreduce_direct(comm, &o);
             break;
         }

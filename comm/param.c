@@ -44,7 +44,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                               "bytes per pipelined slice of the hierarchical all-reduce"},
     [GEO_PARAM_DIRECT_MAX] = {"GEOCCL_DIRECT_MAX", GEO_PARAM_INT, "16K",
                               "all-reduces up to this many bytes (and <= 32 ranks) send every "
-                              "input to every rank: one message latency; 0 turns it off"},
+                              "input to every rank: one message latency, unless the plan "
+                              "chose the hierarchical algorithm; 0 turns it off"},
     [GEO_PARAM_COMPRESS] = {"GEOCCL_COMPRESS", GEO_PARAM_STR, "none",
                             "codec between regions: none, lossless, fp16, bf16, int8, int4, "
                             "sign, topk:<k>; lossy ones only on float sum/avg"},

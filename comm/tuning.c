@@ -145,8 +145,8 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
     return ncclSuccess;
 }
 
-void geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
-                     size_t *chunk)
+int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
+                    size_t *chunk)
 {
     int several = comm->regions.nregions > 1;
     *hier = several && comm->algo != GEO_ALGO_FLAT;
@@ -154,16 +154,17 @@ void geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *h
     *chunk = 0;
     int c = coll_of(type);
     if (!several || comm->plan == NULL || c < 0)
-        return;
+        return 0;
     const topoPlanEntry *e = topoPlanLookup(comm->plan, c, bytes);
     if (e == NULL)
-        return;
+        return 0;
     if (comm->algo == GEO_ALGO_AUTO)
         *hier = e->algo == TOPO_ALGO_HIER;
     if (comm->codec_auto)
         *codec = e->codec;
     if (comm->plan_chunks)
         *chunk = e->chunk;
+    return 1;
 }
 
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json)

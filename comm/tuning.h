@@ -33,8 +33,10 @@ void geoTuningFree(struct ncclComm *comm);
  * *hier = 1 for the hierarchical algorithm, *codec = the codec id to use
  * (only meaningful for the hierarchical all-reduce), *chunk = bytes per
  * chunk or slice, 0 = the communicator's setting. */
-void geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
-                     size_t *chunk);
+/* Returns 1 when the plan made the choice, 0 when there is no plan (the
+ * communicator's defaults were returned). */
+int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
+                    size_t *chunk);
 
 /* The plan as text or JSON; "no plan" and why when there is none. */
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json);

@@ -306,11 +306,15 @@ static void test_plan_choices(void)
     CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_FLAT);
     /* Just above GEOCCL_DIRECT_MAX (16 KiB) the flat path is the ring, one
      * WAN latency per step: a 19 KB gradient must go hierarchical (the
-     * bucket [16K, 32K) once took the direct exchange's regime from 16K). */
+     * bucket [16K, 32K) once took the direct exchange's regime from its
+     * start); below it, the direct exchange (flat) beats the three phases
+     * of the hierarchical algorithm. */
     e = topoPlanLookup(&p, TOPO_COLL_ALLREDUCE, 19240);
     CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_HIER);
     CU_ASSERT(topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_FLAT, NULL, 19240, 0, 0) >
               topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 19240, 0, 0));
+    e = topoPlanLookup(&p, TOPO_COLL_ALLREDUCE, 8192);
+    CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_FLAT);
     /* no lossy codec allowed: lossless or none, still hierarchical */
     CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&m, topoDefaultCodecCosts, topoDefaultNCodecs, 1u << 1,
                                         NULL, &p), 0);
@@ -333,10 +337,11 @@ static void test_plan_choices(void)
     for (int coll = 1; coll < TOPO_COLL_COUNT; coll++)
         for (int i = 0; i < p.nentries[coll]; i++)
             CU_ASSERT_EQUAL(p.entries[coll][i].codec, TOPO_CODEC_NONE);
-    /* at every bucket, the plan's choice predicts no worse (beyond the
-     * 1% preference margin) than the defaults flat, hier, hier + int8 */
+    /* at every bucket's decision point (1.5 x its start), the plan's choice
+     * predicts no worse (beyond the 1% preference margin) than the defaults
+     * flat, hier, hier + int8 */
     for (int k = TOPO_PLAN_MIN_LOG2; k <= TOPO_PLAN_MAX_LOG2; k++) {
-        size_t b = (size_t)1 << k;
+        size_t b = k > TOPO_PLAN_MIN_LOG2 ? ((size_t)3 << k) / 2 : (size_t)1 << k;
         e = topoPlanLookup(&p, TOPO_COLL_ALLREDUCE, b);
         const topoCodecCost *c = e->codec ? codec_named(e->codec_name) : NULL;
         double t = topoPredict(&m, 0, e->algo, c, b, e->chunk, e->nstreams);

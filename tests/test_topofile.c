@@ -687,6 +687,9 @@ int main(void)
      * the algorithm is forced (tests/test_model.c and the probe tests cover
      * the plan). */
     setenv("GEOCCL_ALGO", "hier", 1);
+    /* 40 KB all-reduces: hierarchical even without a plan (no link rates
+     * for a region), not the direct exchange. */
+    setenv("GEOCCL_DIRECT_MAX", "0", 1);
 
     if (CU_initialize_registry() != CUE_SUCCESS)
         return CU_get_error();

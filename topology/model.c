@@ -30,8 +30,8 @@
  * a WAN hop every second step, so each step waits half a delay) and for
  * small messages.
  *
- * FLAT direct all-reduce (S <= direct_max and 2 <= N <= 32, which the
- * library uses whatever the algorithm): every rank sends S to every other
+ * FLAT direct all-reduce (S <= direct_max and 2 <= N <= 32; the library
+ * takes it unless the plan chose HIER for the size): every rank sends S to every other
  * rank at once; region q's egress carries P_q (N - P_q) S:
  *     T = max_q P_q (N - P_q) S / E_q + ow + a + max_q (P_q - 1) S / B
  *
@@ -351,8 +351,9 @@ static double predict_hier(const topoModel *m, int coll, const topoCodecCost *co
         return predict_flat(m, coll, S, chunk ? chunk : m->chunk, ns);
     switch (coll) {
     case TOPO_COLL_ALLREDUCE:
-        if (N <= 32 && S <= (double)m->direct_max)
-            return direct_time(m, N, S, ns);
+        /* The library takes the direct exchange below direct_max only when
+         * the plan says flat (comm/coll_ring.c), so HIER is always the
+         * hierarchical algorithm here. */
         return hier_allreduce(m, codec, S, chunk ? chunk : m->hier_slice, ns);
     case TOPO_COLL_ALLGATHER:
         for (int q = 0; q < R; q++) {
