@@ -26,6 +26,8 @@
 #include "comm/transport.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1113,6 +1115,19 @@ static void tcp_destroy(void *state)
     free(st);
 }
 
+static void tcp_limit_queued(void *state, int bytes)
+{
+    tcpState *st = state;
+    /* 0: back to the system's default (net.ipv4.tcp_notsent_lowat, which
+     * is "no limit" unless set); the socket option takes that as -1. */
+    unsigned v = bytes > 0 ? (unsigned)bytes : 0xffffffffu;
+    for (int p = 0; p < st->comm->nranks; p++)
+        for (int s = 0; st->peers && p != st->comm->rank && s < st->nstreams; s++)
+            if (st->peers[p].conns[s].fd >= 0)
+                setsockopt(st->peers[p].conns[s].fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v,
+                           sizeof(v));
+}
+
 const geoNetTransport geoNetTcp = {
     .name = "tcp",
     .canConnect = tcp_can_connect,
@@ -1122,4 +1137,5 @@ const geoNetTransport geoNetTcp = {
     .wait = tcp_wait,
     .breakAll = tcp_break,
     .destroy = tcp_destroy,
+    .limitQueued = tcp_limit_queued,
 };

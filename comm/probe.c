@@ -15,6 +15,9 @@
 #define PROBE_MSG 16                 /* ping/pong size */
 #define PROBE_BW_MSG (256 * 1024)    /* bandwidth message: one frame */
 #define PROBE_BW_SLOTS 4             /* messages in flight per direction and peer */
+/* Unsent bytes a socket may hold during the transfer: what is queued when
+ * it stops must still drain at the link's rate before the next message. */
+#define PROBE_QUEUED_BYTES (512 * 1024)
 
 enum { MSG_PING = 1, MSG_PONG = 2, MSG_DATA = 3, MSG_END = 4, MSG_PAD = 5 };
 
@@ -879,7 +882,12 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
      * have no link to measure), unless the topology file gave it. */
     if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file && !t->inherited))) {
         double t0 = geoNow();
-        GEO_CHECK(measure_bw(comm, t));
+        if (comm->net->limitQueued)
+            comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
+        ncclResult_t rbw = measure_bw(comm, t);
+        if (comm->net->limitQueued)
+            comm->net->limitQueued(comm->net_state, 0);
+        GEO_CHECK(rbw);
         GEO_CHECK(measure_intra(comm, t));
         t->t_bw = geoNow() - t0;
         double worst = 1;

@@ -63,6 +63,11 @@ typedef struct geoNetTransport {
     void (*breakAll)(void *state);
     /* Stop the progress thread, close and free.  Local. */
     void (*destroy)(void *state);
+    /* Optional (may be NULL): bound the bytes queued in the kernel but not
+     * yet sent on every connection (0: the system's default).  The probe
+     * sets it while it measures, so that what is queued when a transfer
+     * stops drains quickly. */
+    void (*limitQueued)(void *state, int bytes);
 } geoNetTransport;
 
 extern const geoNetTransport geoNetTcp;
