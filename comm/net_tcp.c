@@ -1118,9 +1118,9 @@ static void tcp_destroy(void *state)
 static void tcp_limit_queued(void *state, int bytes)
 {
     tcpState *st = state;
-    /* 0: back to the system's default (net.ipv4.tcp_notsent_lowat, which
-     * is "no limit" unless set); the socket option takes that as -1. */
-    unsigned v = bytes > 0 ? (unsigned)bytes : 0xffffffffu;
+    /* 0 on a socket means the system's net.ipv4.tcp_notsent_lowat (no
+     * limit unless set there), which is what "back to the default" is. */
+    unsigned v = bytes > 0 ? (unsigned)bytes : 0;
     for (int p = 0; p < st->comm->nranks; p++)
         for (int s = 0; st->peers && p != st->comm->rank && s < st->nstreams; s++)
             if (st->peers[p].conns[s].fd >= 0)
