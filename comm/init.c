@@ -286,7 +286,7 @@ static ncclResult_t my_region(struct ncclComm *comm, const geoSockAddr *addr, co
         snprintf(out, TOPO_REGION_LABEL_LEN, "%s", label);
     }
     if (path) {
-        char err[512], ip[INET6_ADDRSTRLEN] = "";
+        char err[512], ip[GEO_ADDR_STRLEN] = "";
         if (access(path, F_OK) != 0 && errno == ENOENT) {
             /* Not there yet: the probe measures, and rank 0 writes it. */
             comm->topo_file_missing = 1;
@@ -301,10 +301,7 @@ static ncclResult_t my_region(struct ncclComm *comm, const geoSockAddr *addr, co
         comm->topo_file_loaded = 1;
         if (label)
             return ncclSuccess;
-        if (addr->sa.sa_family == AF_INET6)
-            inet_ntop(AF_INET6, &addr->sin6.sin6_addr, ip, sizeof(ip));
-        else
-            inet_ntop(AF_INET, &addr->sin.sin_addr, ip, sizeof(ip));
+        geoAddrHost(addr, ip);
         const char *r = topoFileRegionFor(&comm->topo_file, comm->rank, ip, host);
         if (r)
             snprintf(out, TOPO_REGION_LABEL_LEN, "%s", r);

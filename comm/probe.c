@@ -65,15 +65,6 @@ static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const
 
 /* ---- nodes -------------------------------------------------------------- */
 
-static void numeric_addr(const geoSockAddr *a, char out[64])
-{
-    out[0] = '\0';
-    if (a->sa.sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &a->sin6.sin6_addr, out, 64);
-    else
-        inet_ntop(AF_INET, &a->sin.sin_addr, out, 64);
-}
-
 static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
 {
     int n = comm->nranks;
@@ -87,8 +78,8 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
         t->nic_gbit[k] = -1;
     t->nnodes = 0;
     for (int r = 0; r < n; r++) {
-        char a[64];
-        numeric_addr(&comm->peers[r].addr, a);
+        char a[GEO_ADDR_STRLEN];
+        geoAddrHost(&comm->peers[r].addr, a);
         int k;
         for (k = 0; k < t->nnodes; k++)
             if (strcmp(t->node_addr[k], a) == 0)

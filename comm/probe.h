@@ -26,7 +26,7 @@ typedef struct {
     int nnodes;
     int *node_of;           /* [nranks] node of each rank */
     int *leader;            /* [nnodes] lowest rank of each node */
-    char (*node_addr)[64];  /* [nnodes] numeric address */
+    char (*node_addr)[64];  /* [nnodes] numeric address (GEO_ADDR_STRLEN) */
     double *rtt;            /* [nnodes*nnodes] seconds, min of samples; -1 unmeasured */
     double *nic_gbit;       /* [nnodes] nominal rate of each node's data NIC; <= 0 unknown */
     int rtt_measured;

@@ -32,16 +32,29 @@ int geoAddrPort(const geoSockAddr *addr)
     return ntohs(addr->sa.sa_family == AF_INET6 ? addr->sin6.sin6_port : addr->sin.sin_port);
 }
 
+static void host_str(const geoSockAddr *addr, char *buf, size_t len)
+{
+    const void *a = addr->sa.sa_family == AF_INET6 ? (const void *)&addr->sin6.sin6_addr
+                                                   : (const void *)&addr->sin.sin_addr;
+    if (inet_ntop(addr->sa.sa_family == AF_INET6 ? AF_INET6 : AF_INET, a, buf,
+                  (socklen_t)len) == NULL)
+        snprintf(buf, len, "?");
+}
+
+const char *geoAddrHost(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN])
+{
+    host_str(addr, buf, GEO_ADDR_STRLEN);
+    return buf;
+}
+
 const char *geoAddrToString(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN])
 {
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (addr->sa.sa_family == AF_INET6) {
-        inet_ntop(AF_INET6, &addr->sin6.sin6_addr, host, sizeof(host));
+    char host[INET6_ADDRSTRLEN];
+    host_str(addr, host, sizeof(host));
+    if (addr->sa.sa_family == AF_INET6)
         snprintf(buf, GEO_ADDR_STRLEN, "[%s]:%d", host, geoAddrPort(addr));
-    } else {
-        inet_ntop(AF_INET, &addr->sin.sin_addr, host, sizeof(host));
+    else
         snprintf(buf, GEO_ADDR_STRLEN, "%s:%d", host, geoAddrPort(addr));
-    }
     return buf;
 }
 

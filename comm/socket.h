@@ -20,6 +20,9 @@ typedef union {
 
 /* Monotonic clock in seconds. */
 double geoNow(void);
+/* The numeric address alone, "a.b.c.d" or a v6 address ("?" if unknown):
+ * what tells nodes apart and what topology files name. */
+const char *geoAddrHost(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN]);
 /* "a.b.c.d:port" or "[v6]:port". */
 const char *geoAddrToString(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN]);
 /* Parse "host:port" / "[v6]:port" (host may be a name). */
