@@ -106,17 +106,48 @@ static int env_ranks(int *rank, int *nranks)
 }
 #endif
 
-/* Everything rank 0 prints.  names[g]: region labels gathered from ranks. */
-static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
-                        const int *region_of, char (*names)[32])
+/* What rank 0 prints, read once from the communicator. */
+typedef struct {
+    const geocclTopology *t;
+    int nranks;
+    const int *region_of;   /* [nranks] */
+    char (*names)[32];      /* [nregions] labels */
+    int have_rtt;
+    double *rtt;            /* [N*N] ms */
+    double *bw, *rrtt;      /* [R*R] Mbit/s, ms */
+    double *eg, *ow;        /* [R] Mbit/s, ms */
+} probeView;
+
+static void view_free(probeView *v)
 {
-    int N = t->nnodes, R = t->nregions;
-    double *rtt = malloc(sizeof(double) * (size_t)(N > 0 ? N * N : 1));
-    double *bw = malloc(sizeof(double) * (size_t)R * (size_t)R);
-    double *rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
-    double *eg = malloc(sizeof(double) * (size_t)R), *ow = malloc(sizeof(double) * (size_t)R);
-    if (!rtt || !bw || !rrtt || !eg || !ow)
-        goto out;
+    free(v->rtt);
+    free(v->bw);
+    free(v->rrtt);
+    free(v->eg);
+    free(v->ow);
+}
+
+static int view_read(ncclComm_t comm, probeView *v)
+{
+    int N = v->t->nnodes, R = v->t->nregions;
+    v->rtt = malloc(sizeof(double) * (size_t)(N > 0 ? N * N : 1));
+    v->bw = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    v->rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    v->eg = malloc(sizeof(double) * (size_t)R);
+    v->ow = malloc(sizeof(double) * (size_t)R);
+    if (!v->rtt || !v->bw || !v->rrtt || !v->eg || !v->ow)
+        return -1;
+    v->have_rtt = geocclCommGetRtt(comm, v->rtt) == ncclSuccess;
+    return geocclCommGetLinks(comm, v->bw, v->rrtt, v->eg, v->ow) == ncclSuccess ? 0 : -1;
+}
+
+static void print_human(ncclComm_t comm, const probeView *v)
+{
+    const geocclTopology *t = v->t;
+    int N = t->nnodes, R = t->nregions, nranks = v->nranks;
+    const int *region_of = v->region_of;
+    char(*names)[32] = v->names;
+    const double *rtt = v->rtt, *bw = v->bw, *rrtt = v->rrtt, *eg = v->eg, *ow = v->ow;
     printf("# %s: %d ranks on %d nodes in %d region%s", TOOL, nranks, N, R, R == 1 ? "" : "s");
     if (t->regionsMeasured)
         printf(", found by RTT (cut %.2f ms)\n", t->rttCutMs);
@@ -139,7 +170,7 @@ static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
             printf("# %4d  %-40s %6d  %-12s %s\n", k, addr, leader, names[g], ns);
         }
     }
-    if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
+    if (v->have_rtt) {
         printf("#\n# round-trip time between nodes, ms (minimum of the samples)\n#       ");
         for (int j = 0; j < N; j++)
             printf(" %8d", j);
@@ -162,7 +193,7 @@ static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
                 printf(" %d", r);
         printf("\n");
     }
-    if (R > 1 && geocclCommGetLinks(comm, bw, rrtt, eg, ow) == ncclSuccess) {
+    if (R > 1) {
         printf("#\n# links between regions: Mbit/s from row to column, all pairs sending at "
                "once%s\n# %-12s", t->bwMeasured ? "" : " (not measured)", "");
         for (int j = 0; j < R; j++)
@@ -187,12 +218,6 @@ static void print_human(ncclComm_t comm, const geocclTopology *t, int nranks,
     printf("#\n# plan (GEOCCL_ALGO, GEOCCL_COMPRESS, GEOCCL_CHUNK_SIZE force any choice)\n");
     fflush(stdout);
     geocclCommPrintPlan(comm, stdout, 0);
-out:
-    free(rtt);
-    free(bw);
-    free(rrtt);
-    free(eg);
-    free(ow);
 }
 
 static void json_str(const char *s)
@@ -208,16 +233,13 @@ static void json_str(const char *s)
     putchar('"');
 }
 
-static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
-                       const int *region_of, char (*names)[32])
+static void print_json(ncclComm_t comm, const probeView *v)
 {
-    int N = t->nnodes, R = t->nregions;
-    double *rtt = malloc(sizeof(double) * (size_t)(N > 0 ? N * N : 1));
-    double *bw = malloc(sizeof(double) * (size_t)R * (size_t)R);
-    double *rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
-    double *eg = malloc(sizeof(double) * (size_t)R), *ow = malloc(sizeof(double) * (size_t)R);
-    if (!rtt || !bw || !rrtt || !eg || !ow)
-        goto out;
+    const geocclTopology *t = v->t;
+    int N = t->nnodes, R = t->nregions, nranks = v->nranks;
+    const int *region_of = v->region_of;
+    char(*names)[32] = v->names;
+    const double *rtt = v->rtt, *bw = v->bw, *rrtt = v->rrtt, *eg = v->eg, *ow = v->ow;
     printf("{\"tool\": \"%s\", \"ranks\": %d, \"nodes\": [", TOOL, nranks);
     for (int k = 0; k < N; k++) {
         const char *addr = "";
@@ -229,7 +251,7 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
         printf(", \"leader\": %d, \"region\": %d, \"nic_gbit\": %g}", leader, g, nic);
     }
     printf("],\n \"rtt_ms\": ");
-    if (geocclCommGetRtt(comm, rtt) == ncclSuccess) {
+    if (v->have_rtt) {
         printf("[");
         for (int i = 0; i < N; i++) {
             printf("%s[", i ? ", " : "");
@@ -255,7 +277,6 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
         printf("]}");
     }
     printf("],\n");
-    geocclCommGetLinks(comm, bw, rrtt, eg, ow);
     printf(" \"bw_measured\": %s, \"bw_mbit\": [", t->bwMeasured ? "true" : "false");
     for (int i = 0; i < R; i++) {
         printf("%s[", i ? ", " : "");
@@ -284,12 +305,6 @@ static void print_json(ncclComm_t comm, const geocclTopology *t, int nranks,
     fflush(stdout);
     geocclCommPrintPlan(comm, stdout, 1);
     printf("}\n");
-out:
-    free(rtt);
-    free(bw);
-    free(rrtt);
-    free(eg);
-    free(ow);
 }
 
 static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
@@ -333,10 +348,16 @@ static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
         if (region_of[q] >= 0 && region_of[q] < nranks)
             memcpy(names[region_of[q]], labels[q], 32);
     if (rank == 0) {
-        if (o->json)
-            print_json(comm, &t, nranks, region_of, names);
-        else
-            print_human(comm, &t, nranks, region_of, names);
+        probeView v = {.t = &t, .nranks = nranks, .region_of = region_of, .names = names};
+        if (view_read(comm, &v) != 0) {
+            fprintf(stderr, "%s: cannot read the topology: %s\n", TOOL, ncclGetLastError(comm));
+            status = 1;
+        } else if (o->json) {
+            print_json(comm, &v);
+        } else {
+            print_human(comm, &v);
+        }
+        view_free(&v);
         if (o->out_file) {
             r = geocclCommWriteTopology(comm, o->out_file);
             if (r != ncclSuccess) {
