@@ -106,41 +106,22 @@ echo "== hier_rank: $BIN"
 
 # ---- the emulated WAN ---------------------------------------------------------
 
-# Another WAN than ours? (They all share 10.231.0.0/24.)
-wan_busy() {
-    local st
-    st=$("$WAN" status 2>/dev/null)
-    if grep -q "^'$NAME'" <<< "$st"; then
-        "$WAN" down -n "$NAME" -q >/dev/null 2>&1   # a leftover of ours
-        st=$("$WAN" status 2>/dev/null)
-    fi
-    ! grep -q '^no emulated WAN is up' <<< "$st" ||
-        ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'
-}
-
-# wan_up ARGS...: takes ours down and brings it up with ARGS, waiting while
-# another WAN is up. Skips (77) when the machine cannot emulate one.
+# wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;
+# geoccl-wan waits (--wait) while another WAN holds the shared subnet.
+# Skips (77) when the machine cannot emulate one or the other WAN stays up.
 wan_up() {
-    local waited=0 rc
+    local rc
     "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-    while :; do
-        if wan_busy; then
-            [ "$waited" -ge "$WAIT_MAX" ] && skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)"
-            echo "   another emulated WAN is up; checking again in 30 s (waited $waited s)"
-            sleep 30
-            waited=$((waited + 30))
-            continue
-        fi
-        "$WAN" up -n "$NAME" -q "$@" > "$WORK/up.log" 2>&1
-        rc=$?
-        [ "$rc" = 0 ] && return 0
-        [ "$rc" = "$SKIP" ] && skip "$(cat "$WORK/up.log")"
-        "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-        wan_busy && continue   # someone came up first
-        cat "$WORK/up.log"
-        echo "geoccl-wan up $* failed (status $rc)"
-        exit 1
-    done
+    "$WAN" up -n "$NAME" -q --wait "$WAIT_MAX" "$@" > "$WORK/up.log" 2>&1
+    rc=$?
+    case $rc in
+        0) return 0 ;;
+        "$SKIP") skip "$(cat "$WORK/up.log")" ;;
+        75) skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)" ;;
+    esac
+    cat "$WORK/up.log"
+    echo "geoccl-wan up $* failed (status $rc)"
+    exit 1
 }
 
 # ---- ranks --------------------------------------------------------------------

@@ -74,26 +74,22 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 130' INT TERM
 
-wan_busy() {
-    local st
-    st=$("$WAN" status 2>/dev/null)
-    ! grep -q '^no emulated WAN is up' <<< "$st" ||
-        ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'
-}
-
+# wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;
+# geoccl-wan waits (--wait) while another WAN holds the shared subnet.
+# Skips (77) when the machine cannot emulate one or the other WAN stays up.
 wan_up() {
-    local waited=0 rc
+    local rc
     "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-    while wan_busy; do
-        [ "$waited" -ge "$WAIT_MAX" ] && skip "another emulated WAN stayed up for $WAIT_MAX s"
-        echo "   another emulated WAN is up; checking again in 30 s"
-        sleep 30
-        waited=$((waited + 30))
-    done
-    "$WAN" up -n "$NAME" -q "$@" > "$WORK/up.log" 2>&1
+    "$WAN" up -n "$NAME" -q --wait "$WAIT_MAX" "$@" > "$WORK/up.log" 2>&1
     rc=$?
-    [ "$rc" = "$SKIP" ] && skip "$(cat "$WORK/up.log")"
-    [ "$rc" = 0 ] || { cat "$WORK/up.log"; echo "geoccl-wan up $* failed"; exit 1; }
+    case $rc in
+        0) return 0 ;;
+        "$SKIP") skip "$(cat "$WORK/up.log")" ;;
+        75) skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)" ;;
+    esac
+    cat "$WORK/up.log"
+    echo "geoccl-wan up $* failed (status $rc)"
+    exit 1
 }
 
 # ranks DIR PORT "R:N R:N ..." [env VAR=VAL ...] -- ARGS: one geoccl-probe per
