@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "nccl.h"
+#include "compress/codec.h"
 
 struct ncclComm;
 
@@ -84,6 +85,51 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
  * region, compressed between regions as the communicator says.  One slice,
  * not pipelined.  op->recvbuff only keys error-feedback residuals. */
 ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, size_t base);
+/* The messages of geoHierExchange for this rank, for a caller that moves
+ * the data itself (the device path, which encodes on the GPU).  Offsets
+ * are elements of the call's buffer, in my shard (geoSegPadded).
+ *   tx1[i]  my region's partial of elements [off, off + n) goes to peer
+ *   rx1[i]  peer's region's partial of one of my parts arrives
+ *   parts   my parts: I sum the k partials of [off, off + n); the k - 1
+ *           received ones are rx1[first_rx ..]; in region order
+ *   tx2[i]  my finished part [off, off + n) goes to peer; the k - 1
+ *           messages of one part are consecutive
+ *   rx2[i]  peer's finished part [off, off + n) arrives
+ * Each list is in posting order: a sender's list to one peer and that
+ * peer's receive list from it hold the same (off, n) in the same order. */
+typedef struct {
+    int peer;
+    size_t off, n;
+} geoXMsg;
+typedef struct {
+    size_t off, n;
+    int first_rx;
+} geoXPart;
+typedef struct {
+    geoXMsg *tx1, *rx1, *tx2, *rx2;
+    int ntx1, nrx1, ntx2, nrx2;
+    geoXPart *parts;
+    int nparts;
+} geoXPlan;
+ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *plan);
+void geoHierExchangePlanFree(geoXPlan *plan);
+
+/* What compression does in one hierarchical all-reduce: the codec
+ * (GEO_CODEC_NONE: exact; lossy codecs only on float32 sum/avg), the
+ * first trip's and the return trip's parameters, which trips keep an
+ * error-feedback residual (GEOCCL_EF), and the stochastic-rounding
+ * counter of the call (comm->op_seq << 40; element offset o of the first
+ * trip uses counter + 2 o, of the return trip counter + 2 o + 1).  codec
+ * is what the plan or the user chose for this call. */
+typedef struct {
+    int codec;
+    geoCodecParams p1, p2;
+    int ef1, ef2;
+    uint64_t counter;
+} geoHierCodecChoice;
+void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
+                        geoHierCodecChoice *out);
+
 /* Segment i of count elements cut in n equal shards of ceil(count / n)
  * (the last ones shorter or empty), as ncclReduceScatter on a padded buffer. */
 void geoSegPadded(size_t count, int n, int i, size_t *off, size_t *len);

@@ -43,7 +43,10 @@
 #include "comm/comm.h"
 #include "comm/group.h"
 #include "comm/nccl_real.h"
+#include "comm/param.h"
 #include "comm/reduce.h"
+#include "compress/ef.h"
+#include "cuda/codec_kernels.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -71,12 +74,16 @@ typedef struct {
     int exchanged;          /* the exchange thread is finished with it */
 } devSlot;
 
+struct gxJob;
+
 typedef struct devJob {
     geoOp op;               /* count, dt, op; recvbuff keys error feedback */
     devSlot *slot;
     size_t off, len;        /* my shard in elements */
-    uint32_t seq;
+    uint32_t seq;           /* the flag value that releases all of the job */
     uint64_t op_seq;
+    int codec;              /* host exchange: the codec of the call */
+    struct gxJob *gx;       /* GPU-encoded exchange (NULL: host exchange) */
     struct devJob *next;
 } devJob;
 
@@ -100,6 +107,12 @@ struct geoDevState {
     int stop, aborting;
     pthread_t thread;
     int thread_live;
+
+    /* error feedback of the GPU-encoded exchange: residuals in device
+     * memory, keyed by (address of my shard in the user's buffer, shard
+     * elements, trip) */
+    geoEfStore ef;
+    int ef_ready;
 };
 
 /* ---- small CUDA helpers -------------------------------------------------- */
@@ -483,31 +496,40 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
+/* Raise the flag to seq (never lower it: a job that failed while it was
+ * being enqueued raises it past its own values at once). */
 static void release_flag(struct geoDevState *st, uint32_t seq)
 {
-    __atomic_store_n(st->flag, seq, __ATOMIC_RELEASE);
+    uint32_t cur = __atomic_load_n(st->flag, __ATOMIC_ACQUIRE);
+    while ((int32_t)(seq - cur) > 0 &&
+           !__atomic_compare_exchange_n(st->flag, &cur, seq, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_ACQUIRE))
+        ;
 }
 
-/* Wait for the job's shard to reach the host: deadline and abort flag. */
-static ncclResult_t wait_ready(struct ncclComm *comm, struct geoDevState *st, devJob *j)
+/* Wait for a point of the stream (an event): deadline and abort flag. */
+static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cudaEvent_t ev,
+                               const char *what)
 {
     double t0 = geoNow();
     long backoff = 1;
     for (;;) {
-        cudaError_t e = cudaEventQuery(j->slot->ready);
+        cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess)
             return ncclSuccess;
         if (e != cudaErrorNotReady) {
+            char buf[96];
             cudaGetLastError();
-            return cuda_error(comm, "waiting for the reduce-scatter's shard", e);
+            snprintf(buf, sizeof(buf), "waiting for %s", what);
+            return cuda_error(comm, buf, e);
         }
         if (comm->abort_flag || st->aborting) {
             geoCommSetError(comm, "%s: aborted", comm->op_desc);
             return ncclInvalidUsage;
         }
         if (geoNow() - t0 > comm->timeout) {
-            geoCommSetError(comm, "%s: the stream did not reach the all-reduce within "
-                            "GEOCCL_TIMEOUT=%.0f s", comm->op_desc, comm->timeout);
+            geoCommSetError(comm, "%s: the stream did not reach %s within GEOCCL_TIMEOUT=%.0f s",
+                            comm->op_desc, what, comm->timeout);
             return ncclSystemError;
         }
         sleep_us(backoff);
@@ -515,6 +537,10 @@ static ncclResult_t wait_ready(struct ncclComm *comm, struct geoDevState *st, de
             backoff *= 2;
     }
 }
+
+struct gxJob;
+static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob *j);
+static void gx_free(struct gxJob *g);
 
 static void *exchange_main(void *arg)
 {
@@ -539,16 +565,16 @@ static void *exchange_main(void *arg)
         if (res == ncclSuccess) {
             snprintf(comm->op_desc, sizeof(comm->op_desc), "AllReduce #%llu (%zu elements, "
                      "device)", (unsigned long long)j->op_seq, j->op.count);
-            res = wait_ready(comm, st, j);
-            if (res == ncclSuccess) {
-                /* The codec the plan (or the user) gives this size. */
-                int hier, codec;
-                size_t chunk;
-                geoTuningChoose(comm, GEO_OP_ALLREDUCE, j->op.count * geoTypeSize(j->op.dt),
-                                &hier, &codec, &chunk);
-                comm->call_codec = codec;
-                res = geoHierExchange(comm, &j->op, j->slot->host, j->off);
+            if (j->gx) {
+                res = gx_run(comm, st, j);
                 comm->stats.calls_hier++;
+            } else {
+                res = wait_event(comm, st, j->slot->ready, "the reduce-scatter's shard");
+                if (res == ncclSuccess) {
+                    comm->call_codec = j->codec; /* the plan's (or the user's) */
+                    res = geoHierExchange(comm, &j->op, j->slot->host, j->off);
+                    comm->stats.calls_hier++;
+                }
             }
             if (res != ncclSuccess) {
                 geoWarn(GEO_LOG_CUDA, "%s", comm->last_error);
@@ -559,6 +585,7 @@ static void *exchange_main(void *arg)
         j->slot->exchanged = 1;
         release_flag(st, j->seq); /* also after a failure: the stream goes on */
         st->pending--;
+        gx_free(j->gx);
         free(j);
         pthread_cond_broadcast(&st->cv);
     }
@@ -583,6 +610,506 @@ static void CUDART_CB host_wait_flag(void *arg)
             backoff *= 2;
     }
     free(w);
+}
+
+/* ---- cross-region all-reduce, encoded on the GPU -------------------------
+ *
+ * When a call is compressed with a codec the GPU implements (every codec
+ * but lossless; GEOCCL_CUDA_CODECS=0 turns this off), the shard does not go
+ * to the host whole: the stream encodes it with the kernels of cuda/ (error
+ * feedback residuals in device memory), copies only the chunks to pinned
+ * memory, and the exchange thread moves them.  The messages are those of
+ * the host exchange (geoHierExchangePlan), each cut in sub-chunks of E
+ * elements; sub-chunk c of every message forms round c.  GPU chunks have
+ * exact sizes, so every buffer is laid out before anything runs, the same
+ * offsets in device and host staging, a round's chunks of one kind
+ * contiguous (one copy each way).
+ *
+ * On the user's stream, in this order:
+ *   NCCL reduce-scatter into my shard
+ *   for each round c: encode its first-trip sub-chunks (residual of trip
+ *       1), copy them to the host, record tx1[c]
+ *   for each round c: wait until flag >= base + 1 + c (round c of the other
+ *       regions' partials is on the host), copy it in, decode-accumulate
+ *       each onto my part (regions in ascending order), divide (avg),
+ *       encode the finished part (residual of trip 2), decode that chunk
+ *       back into my part (so every region holds the very same bits),
+ *       copy the chunks out, record tx2[c]
+ *   for each round c: wait until flag >= base + 1 + C + c, copy the other
+ *       regions' finished parts in, decode them into place
+ *   copy the decoders' status words out, record end, free the device
+ *   staging (stream-ordered)
+ *   NCCL all-gather
+ * The exchange thread runs one fixed schedule that every rank shares, so
+ * each peer pair posts its messages in the same order (transport.h):
+ *   it = 0 .. C + D - 1:
+ *     it < C:  wait tx1[it]; post round it's first-trip sends and receives
+ *     it >= D: r = it - D: wait round r's first-trip receives, release the
+ *              stream (flag = base + 1 + r), wait tx2[r], post round r's
+ *              return-trip sends and receives
+ *   then, round by round: wait the return trip, release the stream
+ *   then: wait end, read the status words: a corrupt chunk fails the
+ *   communicator (ncclCommGetAsyncError), as a failed kernel does in NCCL.
+ * The WAN carries round c while the GPU encodes round c + 1, and the return
+ * trip of round r overlaps the first trip of the rounds after it.  Kernels
+ * and copies share the user's stream; beside a WAN transfer they are short.
+ *
+ * The job is queued to the exchange thread only once the whole stream
+ * program is enqueued (an event not yet recorded reads as complete).  If
+ * enqueuing fails half-way, the flag is raised past the job's values, so no
+ * stream waits forever, and the communicator is failed.
+ */
+
+#define GX_DEPTH 2
+
+typedef struct {
+    int peer;
+    int msg;                /* index in the plan's list */
+    size_t off, n;          /* elements of the call's buffer */
+    size_t at, len;         /* the chunk: byte offset in the staging, bytes */
+    int status;             /* index of its decoder's status word, or -1 */
+    geoNetRequest req;
+    int posted;
+} gxMsg;
+
+typedef struct {
+    gxMsg *m;
+    int n;
+    int *first;             /* round c: m[first[c] .. first[c + 1]) */
+} gxList;
+
+typedef struct gxJob {
+    geoXPlan plan;
+    geoHierCodecChoice ch;
+    size_t E;               /* elements per sub-chunk */
+    int rounds;
+    gxList tx1, rx1, tx2, rx2;
+    size_t status_at;       /* status words (int) at this byte offset */
+    int nstatus;
+    size_t bytes;           /* staging bytes, device and host alike */
+    size_t scratch_at, scratch_bytes;
+    char *dbuf;             /* device staging (stream-ordered allocation) */
+    char *host;             /* pinned staging (the job's slot) */
+    cudaEvent_t *ev;        /* tx1[c] = ev[c], tx2[c] = ev[C + c], end = ev[2C] */
+    int nev;
+    uint32_t base;          /* the stream waits for base + 1 .. base + 2C */
+} gxJob;
+
+static size_t gx_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static void gx_list_free(gxList *l)
+{
+    free(l->m);
+    free(l->first);
+    memset(l, 0, sizeof(*l));
+}
+
+static void gx_free(gxJob *g)
+{
+    if (g == NULL)
+        return;
+    geoHierExchangePlanFree(&g->plan);
+    gx_list_free(&g->tx1);
+    gx_list_free(&g->rx1);
+    gx_list_free(&g->tx2);
+    gx_list_free(&g->rx2);
+    for (int i = 0; i < g->nev; i++)
+        cudaEventDestroy(g->ev[i]); /* pending ones are released when done */
+    free(g->ev);
+    free(g);
+}
+
+/* The sub-chunks of msgs, round-major, their chunks laid out from *at.
+ * group > 1: messages come in runs of group that carry one chunk (the
+ * return trip sends a part to each other region): only the first of a run
+ * gets room. */
+static ncclResult_t gx_list(gxList *l, const geoXMsg *msgs, int nmsgs, int rounds, size_t E,
+                            int codec, const geoCodecParams *p, int group, size_t *at,
+                            int *nstatus)
+{
+    size_t cnt = 0;
+    for (int i = 0; i < nmsgs; i++)
+        cnt += (msgs[i].n + E - 1) / E;
+    l->m = calloc(cnt + 1, sizeof(gxMsg));
+    l->first = calloc((size_t)rounds + 1, sizeof(int));
+    if (l->m == NULL || l->first == NULL)
+        return ncclSystemError;
+    int k = 0;
+    for (int c = 0; c < rounds; c++) {
+        l->first[c] = k;
+        for (int i = 0; i < nmsgs; i++) {
+            size_t o = (size_t)c * E;
+            if (o >= msgs[i].n)
+                continue;
+            gxMsg *x = &l->m[k++];
+            x->peer = msgs[i].peer;
+            x->msg = i;
+            x->off = msgs[i].off + o;
+            x->n = msgs[i].n - o < E ? msgs[i].n - o : E;
+            x->status = nstatus ? (*nstatus)++ : -1;
+            if (group > 1 && i % group != 0) {
+                /* the run's first message is the one before (same n) */
+                x->at = l->m[k - 2].at;
+                x->len = l->m[k - 2].len;
+                continue;
+            }
+            x->len = geoCudaCodecEncodedSize((geoCodecId)codec, x->n, ncclFloat32, p);
+            if (x->len == 0)
+                return ncclInvalidArgument;
+            x->at = *at;
+            *at = gx_up(*at + x->len);
+        }
+    }
+    l->first[rounds] = k;
+    l->n = k;
+    return ncclSuccess;
+}
+
+/* Lay out one job: sub-chunks, staging offsets, status words, events. */
+static ncclResult_t gx_prepare(struct ncclComm *comm, const geoOp *op,
+                               const geoHierCodecChoice *ch, size_t chunk, gxJob **out)
+{
+    gxJob *g = calloc(1, sizeof(*g));
+    ncclResult_t r;
+    *out = NULL;
+    if (g == NULL)
+        goto oom;
+    g->ch = *ch;
+    GEO_CHECK_GOTO(geoHierExchangePlan(comm, op->count, &g->plan), r, fail);
+    g->E = (chunk ? chunk : comm->hier_slice) / sizeof(float);
+    if (g->E < 1024)
+        g->E = 1024;
+    const geoXMsg *lists[4] = {g->plan.tx1, g->plan.rx1, g->plan.tx2, g->plan.rx2};
+    const int ns[4] = {g->plan.ntx1, g->plan.nrx1, g->plan.ntx2, g->plan.nrx2};
+    size_t maxn = 0;
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < ns[l]; i++)
+            if (lists[l][i].n > maxn)
+                maxn = lists[l][i].n;
+    g->rounds = (int)((maxn + g->E - 1) / g->E);
+    if (g->rounds == 0) {
+        *out = g; /* nothing crosses the WAN from or to this rank */
+        return ncclSuccess;
+    }
+    const int k1 = comm->regions.nregions - 1;
+    size_t at = 0;
+    if ((r = gx_list(&g->tx1, g->plan.tx1, g->plan.ntx1, g->rounds, g->E, ch->codec, &ch->p1,
+                     1, &at, NULL)) != ncclSuccess ||
+        (r = gx_list(&g->rx1, g->plan.rx1, g->plan.nrx1, g->rounds, g->E, ch->codec, &ch->p1,
+                     1, &at, &g->nstatus)) != ncclSuccess ||
+        (r = gx_list(&g->tx2, g->plan.tx2, g->plan.ntx2, g->rounds, g->E, ch->codec, &ch->p2,
+                     k1, &at, &g->nstatus)) != ncclSuccess ||
+        (r = gx_list(&g->rx2, g->plan.rx2, g->plan.nrx2, g->rounds, g->E, ch->codec, &ch->p2,
+                     1, &at, &g->nstatus)) != ncclSuccess) {
+        if (r == ncclSystemError)
+            goto oom;
+        geoCommSetError(comm, "%s: the GPU codec cannot encode these chunks", comm->op_desc);
+        goto fail;
+    }
+    size_t s1 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, g->E, &ch->p1);
+    size_t s2 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, g->E, &ch->p2);
+    g->scratch_bytes = s1 > s2 ? s1 : s2;
+    g->scratch_at = at;
+    at = gx_up(at + g->scratch_bytes);
+    g->status_at = at;
+    g->bytes = at + (size_t)g->nstatus * sizeof(int) + 1;
+    g->nev = 2 * g->rounds + 1;
+    g->ev = calloc((size_t)g->nev, sizeof(cudaEvent_t));
+    if (g->ev == NULL)
+        goto oom;
+    for (int i = 0; i < g->nev; i++) {
+        cudaError_t e = cudaEventCreateWithFlags(&g->ev[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            g->nev = i;
+            r = cuda_error(comm, "cudaEventCreate", e);
+            goto fail;
+        }
+    }
+    *out = g;
+    return ncclSuccess;
+oom:
+    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange", comm->op_desc);
+    r = ncclSystemError;
+fail:
+    if (r == ncclSuccess)
+        r = ncclInternalError;
+    gx_free(g);
+    return r;
+}
+
+/* Make the stream wait until the flag reaches value. */
+static ncclResult_t stream_wait(struct ncclComm *comm, struct geoDevState *st, cudaStream_t s,
+                                uint32_t value)
+{
+    CUresult cr = CUDA_ERROR_NOT_SUPPORTED;
+    if (st->wait_value)
+        cr = st->wait_value((CUstream)s, (CUdeviceptr)(uintptr_t)st->dflag, value,
+                            CU_STREAM_WAIT_VALUE_GEQ);
+    if (cr == CUDA_SUCCESS)
+        return ncclSuccess;
+    if (st->wait_value) {
+        geoInfo(GEO_LOG_CUDA, "cuStreamWaitValue32 failed (%d): falling back to a polling "
+                "host function", (int)cr);
+        st->wait_value = NULL;
+    }
+    hostWait *w = malloc(sizeof(*w));
+    if (w == NULL) {
+        geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+        return ncclSystemError;
+    }
+    w->flag = st->flag;
+    w->seq = value;
+    cudaError_t e = cudaLaunchHostFunc(s, host_wait_flag, w);
+    if (e != cudaSuccess) {
+        free(w);
+        return cuda_error(comm, "cudaLaunchHostFunc", e);
+    }
+    return ncclSuccess;
+}
+
+/* One copy of the chunks of l's round c between device and host staging. */
+static ncclResult_t gx_copy(struct ncclComm *comm, gxJob *g, const gxList *l, int c, int d2h,
+                            cudaStream_t s)
+{
+    int a = l->first[c], b = l->first[c + 1];
+    if (a == b)
+        return ncclSuccess;
+    size_t lo = l->m[a].at, hi = l->m[b - 1].at + l->m[b - 1].len;
+    cudaError_t e = d2h ? cudaMemcpyAsync(g->host + lo, g->dbuf + lo, hi - lo,
+                                          cudaMemcpyDeviceToHost, s)
+                        : cudaMemcpyAsync(g->dbuf + lo, g->host + lo, hi - lo,
+                                          cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess)
+        return cuda_error(comm, d2h ? "copying chunks to the host" : "copying chunks to the GPU",
+                          e);
+    return ncclSuccess;
+}
+
+static ncclResult_t gx_codec_error(struct ncclComm *comm, const char *what, ncclResult_t r,
+                                   const char *why)
+{
+    geoCommSetError(comm, "%s: %s on the GPU failed: %s", comm->op_desc, what,
+                    why ? why : "no detail");
+    geoWarn(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s", comm->last_error);
+    return r;
+}
+
+/* Enqueue everything between the reduce-scatter and the all-gather (see
+ * the section's comment).  mine: my shard on the device, elements [off,
+ * off + len) of the call; ef1, ef2: its residuals or NULL. */
+static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJob *g,
+                              const geoOp *op, char *mine, size_t off, float *ef1, float *ef2,
+                              cudaStream_t s)
+{
+    const int C = g->rounds, k1 = comm->regions.nregions - 1;
+    const geoCodecId codec = (geoCodecId)g->ch.codec;
+    const size_t E = g->E;
+    int *status = (int *)(g->dbuf + g->status_at);
+    void *scratch = g->scratch_bytes ? g->dbuf + g->scratch_at : NULL;
+    const char *why = NULL;
+    size_t written;
+    ncclResult_t r;
+#define GX_AT(o) ((float *)(mine + ((o) - off) * sizeof(float)))
+
+    if (g->nstatus > 0)
+        CUDA_CHECK(comm, cudaMemsetAsync(status, 0, (size_t)g->nstatus * sizeof(int), s),
+                   "clearing the decoders' status words");
+    for (int c = 0; c < C; c++) {
+        for (int i = g->tx1.first[c]; i < g->tx1.first[c + 1]; i++) {
+            gxMsg *x = &g->tx1.m[i];
+            r = geoCudaCodecEncode(codec, GX_AT(x->off), x->n, ncclFloat32, &g->ch.p1,
+                                   g->ch.counter + 2 * x->off, ef1 ? ef1 + (x->off - off) : NULL,
+                                   g->dbuf + x->at, x->len, scratch, g->scratch_bytes, s,
+                                   &written, &why);
+            if (r != ncclSuccess)
+                return gx_codec_error(comm, "encoding a partial", r, why);
+        }
+        GEO_CHECK(gx_copy(comm, g, &g->tx1, c, 1, s));
+        CUDA_CHECK(comm, cudaEventRecord(g->ev[c], s), "cudaEventRecord");
+    }
+    for (int c = 0; c < C; c++) {
+        GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)c));
+        GEO_CHECK(gx_copy(comm, g, &g->rx1, c, 0, s));
+        int i = g->rx1.first[c], t = g->tx2.first[c];
+        for (int p = 0; p < g->plan.nparts; p++) {
+            const geoXPart *part = &g->plan.parts[p];
+            size_t o = (size_t)c * E;
+            if (o >= part->n)
+                continue;
+            size_t m = part->n - o < E ? part->n - o : E;
+            float *dst = GX_AT(part->off + o);
+            for (int j = 0; j < k1; j++, i++) {
+                gxMsg *x = &g->rx1.m[i];
+                if (i >= g->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
+                    geoCommSetError(comm, "%s: internal error: the exchange plan and its "
+                                    "rounds disagree", comm->op_desc);
+                    return ncclInternalError;
+                }
+                r = geoCudaCodecDecodeAccumulate(codec, g->dbuf + x->at, x->len, ncclFloat32,
+                                                 dst, m, status + x->status, s, &why);
+                if (r != ncclSuccess)
+                    return gx_codec_error(comm, "decoding a partial", r, why);
+            }
+            if (op->op == ncclAvg &&
+                (r = geoCudaDivideF32(dst, m, comm->nranks, s, &why)) != ncclSuccess)
+                return gx_codec_error(comm, "averaging", r, why);
+            gxMsg *x = &g->tx2.m[t];
+            if (t >= g->tx2.first[c + 1] || x->off != part->off + o || x->n != m) {
+                geoCommSetError(comm, "%s: internal error: the return trip's rounds disagree "
+                                "with the parts", comm->op_desc);
+                return ncclInternalError;
+            }
+            r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &g->ch.p2,
+                                   g->ch.counter + 2 * x->off + 1,
+                                   ef2 ? ef2 + (x->off - off) : NULL, g->dbuf + x->at, x->len,
+                                   scratch, g->scratch_bytes, s, &written, &why);
+            if (r != ncclSuccess)
+                return gx_codec_error(comm, "encoding a reduced part", r, why);
+            r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, dst, m,
+                                   status + x->status, s, &why);
+            if (r != ncclSuccess)
+                return gx_codec_error(comm, "decoding our own chunk", r, why);
+            t += k1;
+        }
+        GEO_CHECK(gx_copy(comm, g, &g->tx2, c, 1, s));
+        CUDA_CHECK(comm, cudaEventRecord(g->ev[C + c], s), "cudaEventRecord");
+    }
+    for (int c = 0; c < C; c++) {
+        GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)(C + c)));
+        GEO_CHECK(gx_copy(comm, g, &g->rx2, c, 0, s));
+        for (int i = g->rx2.first[c]; i < g->rx2.first[c + 1]; i++) {
+            gxMsg *x = &g->rx2.m[i];
+            r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, GX_AT(x->off),
+                                   x->n, status + x->status, s, &why);
+            if (r != ncclSuccess)
+                return gx_codec_error(comm, "decoding a finished part", r, why);
+        }
+    }
+    if (g->nstatus > 0)
+        CUDA_CHECK(comm, cudaMemcpyAsync(g->host + g->status_at, status,
+                                         (size_t)g->nstatus * sizeof(int),
+                                         cudaMemcpyDeviceToHost, s),
+                   "copying the decoders' status words");
+    CUDA_CHECK(comm, cudaEventRecord(g->ev[2 * C], s), "cudaEventRecord");
+#undef GX_AT
+    return ncclSuccess;
+}
+
+/* Post round c of list l (sends or receives). */
+static ncclResult_t gx_post(struct ncclComm *comm, gxJob *g, gxList *l, int c, int send)
+{
+    for (int i = l->first[c]; i < l->first[c + 1]; i++) {
+        gxMsg *x = &l->m[i];
+        if (send) {
+            GEO_CHECK(geoNetIsendV(comm, x->peer, g->host + x->at, x->len, &x->req));
+            comm->stats.bytes_wan_raw += x->n * sizeof(float);
+        } else {
+            GEO_CHECK(geoNetIrecvV(comm, x->peer, g->host + x->at, x->len, &x->req));
+        }
+        x->posted = 1;
+    }
+    return ncclSuccess;
+}
+
+/* Wait round c of l (all rounds when c < 0); receives must have the exact
+ * chunk size the GPU decoder will read. */
+static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
+{
+    int a = c < 0 ? 0 : l->first[c], b = c < 0 ? l->n : l->first[c + 1];
+    for (int i = a; i < b; i++) {
+        gxMsg *x = &l->m[i];
+        if (!x->posted)
+            continue;
+        GEO_CHECK(geoNetWait(comm, &x->req));
+        x->posted = 0;
+        if (recv && x->req.size != x->len) {
+            geoCommSetError(comm, "%s: rank %d (host %s) sent a compressed chunk of %zu bytes "
+                            "where %zu were expected", comm->op_desc, x->peer,
+                            comm->peers[x->peer].host, x->req.size, x->len);
+            return ncclRemoteError;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* The exchange thread's part of a GPU-encoded job. */
+static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob *j)
+{
+    gxJob *g = j->gx;
+    const int C = g->rounds;
+    ncclResult_t res = ncclSuccess;
+
+    for (int it = 0; it < C + GX_DEPTH; it++) {
+        if (it < C) {
+            GEO_CHECK_GOTO(wait_event(comm, st, g->ev[it], "the encoded partials"), res, out);
+            GEO_CHECK_GOTO(gx_post(comm, g, &g->tx1, it, 1), res, out);
+            GEO_CHECK_GOTO(gx_post(comm, g, &g->rx1, it, 0), res, out);
+        }
+        if (it >= GX_DEPTH && it - GX_DEPTH < C) {
+            int r = it - GX_DEPTH;
+            GEO_CHECK_GOTO(gx_wait(comm, &g->rx1, r, 1), res, out);
+            release_flag(st, g->base + 1 + (uint32_t)r);
+            GEO_CHECK_GOTO(wait_event(comm, st, g->ev[C + r], "the encoded reduced parts"), res,
+                           out);
+            GEO_CHECK_GOTO(gx_post(comm, g, &g->tx2, r, 1), res, out);
+            GEO_CHECK_GOTO(gx_post(comm, g, &g->rx2, r, 0), res, out);
+        }
+    }
+    for (int r = 0; r < C; r++) {
+        GEO_CHECK_GOTO(gx_wait(comm, &g->rx2, r, 1), res, out);
+        release_flag(st, g->base + 1 + (uint32_t)(C + r));
+    }
+    GEO_CHECK_GOTO(gx_wait(comm, &g->tx1, -1, 0), res, out);
+    GEO_CHECK_GOTO(gx_wait(comm, &g->tx2, -1, 0), res, out);
+    GEO_CHECK_GOTO(wait_event(comm, st, g->ev[2 * C], "the decoders"), res, out);
+    const int *status = (const int *)(g->host + g->status_at);
+    const gxList *lists[3] = {&g->rx1, &g->tx2, &g->rx2};
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < lists[l]->n; i++) {
+            const gxMsg *x = &lists[l]->m[i];
+            int v = x->status >= 0 ? status[x->status] : 0;
+            if (v != GEO_CUDA_DECODE_OK) {
+                geoCommSetError(comm, "%s: a corrupt compressed chunk %s rank %d (host %s): %s",
+                                comm->op_desc, l == 1 ? "of ours, for" : "from", x->peer,
+                                comm->peers[x->peer].host, geoCudaDecodeStatusString(v));
+                res = ncclRemoteError;
+                goto out;
+            }
+        }
+out:
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* posted requests must not outlive the job */
+    return res;
+}
+
+/* Residuals of the GPU-encoded exchange live in device memory.  A new one
+ * is zeroed before it is handed out (the legacy stream is synchronised, so
+ * the user's stream cannot read it first).  A residual evicted or reset
+ * is freed only once the device is idle, so never under a kernel still
+ * queued to use it (the exchange thread releases every stream that waits
+ * for it, so this wait ends, at worst after GEOCCL_TIMEOUT). */
+static void *dev_ef_alloc(void *ctx, size_t bytes)
+{
+    void *p = NULL;
+    (void)ctx;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void dev_ef_release(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    (void)bytes;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaFree(p) != cudaSuccess)
+        cudaGetLastError();
 }
 
 static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st)
@@ -617,6 +1144,16 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
             cudaGetLastError();
         geoInfo(GEO_LOG_CUDA, "cross-region device all-reduce: the stream waits with %s",
                 st->wait_value ? "cuStreamWaitValue32" : "a polling host function");
+    }
+    if (!st->ef_ready) {
+        static const geoEfAllocator dev_alloc = {.allocZeroed = dev_ef_alloc,
+                                                 .release = dev_ef_release};
+        if (geoEfInit(&st->ef, comm->ef.maxBytes, &dev_alloc) != ncclSuccess) {
+            geoCommSetError(comm, "%s: cannot set up the device error-feedback store",
+                            comm->op_desc);
+            return ncclInternalError;
+        }
+        st->ef_ready = 1;
     }
     if (!st->thread_live) {
         if (pthread_create(&st->thread, NULL, exchange_main, comm) != 0) {
@@ -686,6 +1223,163 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
     }
 }
 
+/* The cross-region all-reduce with the GPU codecs (see "encoded on the
+ * GPU" above). */
+static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                                       const geoHierCodecChoice *ch, size_t chunk)
+{
+    const geoNcclRealLib *L = st->lib;
+    const int n = comm->region_ring.n, me = comm->region_ring.me;
+    const size_t es = sizeof(float), count = op->count;
+    const size_t shard = (count + (size_t)n - 1) / (size_t)n;
+    size_t off, len;
+    cudaStream_t s = op->stream;
+    ncclRedOp_t rsop = ncclSum; /* avg: divided after the exchange */
+    ncclResult_t r;
+    cudaError_t ce;
+    char *tmp = NULL, *work;
+    const char *send;
+    float *ef1 = NULL, *ef2 = NULL;
+    gxJob *g = NULL;
+    devSlot *slot = NULL;
+
+    geoSegPadded(count, n, me, &off, &len);
+    GEO_CHECK(gx_prepare(comm, op, ch, chunk, &g));
+    if (len > 0 && (ch->ef1 || ch->ef2)) {
+        /* keyed by my shard's address: (buffer, shard) names a bucket */
+        const char *key = (const char *)op->recvbuff + off * es;
+        size_t evicted = 0;
+        geoEfBeginOp(&st->ef);
+        if (geoEfGet(&st->ef, key, len, 1, &ef1, &evicted) != ncclSuccess ||
+            geoEfGet(&st->ef, key, len, 2, &ef2, &evicted) != ncclSuccess) {
+            ef1 = ef2 = NULL;
+            if (!comm->ef_full_noted) {
+                comm->ef_full_noted = 1;
+                geoInfo(GEO_LOG_COMPRESS, "error feedback: a %zu-element shard does not fit "
+                        "GEOCCL_EF_MAX_BYTES=%zu of device memory; it is compressed without "
+                        "error feedback", len, st->ef.maxBytes);
+            }
+        }
+        if (!ch->ef1)
+            ef1 = NULL;
+        if (!ch->ef2)
+            ef2 = NULL;
+        if (geoEfTakeEvictionNotice(&st->ef))
+            geoInfo(GEO_LOG_COMPRESS, "error feedback (device): GEOCCL_EF_MAX_BYTES=%zu reached; "
+                    "least recently used residuals are dropped (%llu so far)", st->ef.maxBytes,
+                    (unsigned long long)st->ef.evictions);
+    }
+    if (count % (size_t)n == 0) {
+        send = op->sendbuff;
+        work = op->recvbuff;
+    } else {
+        /* NCCL cuts a reduce-scatter in equal shards: pad to n * shard. */
+        if ((ce = cudaMallocAsync((void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
+            tmp = NULL;
+            r = cuda_error(comm, "cudaMallocAsync of the padded buffer", ce);
+            goto fail;
+        }
+        if ((ce = cudaMemcpyAsync(tmp, op->sendbuff, count * es, cudaMemcpyDeviceToDevice, s)) !=
+                cudaSuccess ||
+            (ce = cudaMemsetAsync(tmp + count * es, 0, (shard * (size_t)n - count) * es, s)) !=
+                cudaSuccess) {
+            r = cuda_error(comm, "padding the input", ce);
+            goto fail;
+        }
+        send = tmp;
+        work = tmp;
+    }
+    char *mine = work + (size_t)me * shard * es;
+    GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, op->dt, rsop, st->real, s);
+    if (r != ncclSuccess) {
+        r = real_error(comm, L, st->real, "the intra-region reduce-scatter", r);
+        goto fail;
+    }
+    if (g->rounds > 0) {
+        const uint32_t nvals = 2 * (uint32_t)g->rounds;
+        GEO_CHECK_GOTO(slot_get(comm, st, g->bytes, &slot), r, fail);
+        g->host = slot->host;
+        if ((ce = cudaMallocAsync((void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
+            g->dbuf = NULL;
+            r = cuda_error(comm, "cudaMallocAsync of the chunk staging", ce);
+            goto fail_slot;
+        }
+        pthread_mutex_lock(&st->lock);
+        g->base = st->seq;
+        st->seq += nvals;
+        pthread_mutex_unlock(&st->lock);
+        r = gx_stream(comm, st, g, op, mine, off, ef1, ef2, s);
+        ce = cudaFreeAsync(g->dbuf, s);
+        if (r == ncclSuccess && ce != cudaSuccess)
+            r = cuda_error(comm, "cudaFreeAsync", ce);
+        if (r == ncclSuccess && (ce = cudaEventRecord(slot->done, s)) != cudaSuccess)
+            r = cuda_error(comm, "cudaEventRecord", ce);
+        if (r != ncclSuccess) {
+            /* Waits of this job may be enqueued: let them pass, and fail
+             * the communicator (the results are not valid). */
+            release_flag(st, g->base + nvals);
+            geoCommFail(comm, r);
+            pthread_mutex_lock(&st->lock);
+            slot->exchanged = 1;
+            pthread_mutex_unlock(&st->lock);
+            goto fail_tmp;
+        }
+        devJob *j = calloc(1, sizeof(*j));
+        if (j == NULL) {
+            release_flag(st, g->base + nvals);
+            geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+            geoCommFail(comm, ncclSystemError);
+            pthread_mutex_lock(&st->lock);
+            slot->exchanged = 1;
+            pthread_mutex_unlock(&st->lock);
+            r = ncclSystemError;
+            goto fail_tmp;
+        }
+        j->op = *op;
+        j->op.next = NULL;
+        j->slot = slot;
+        j->off = off;
+        j->len = len;
+        j->op_seq = comm->op_seq;
+        j->codec = ch->codec;
+        j->gx = g;
+        j->seq = g->base + nvals;
+        g = NULL; /* the exchange thread owns it now */
+        pthread_mutex_lock(&st->lock);
+        if (st->tail)
+            st->tail->next = j;
+        else
+            st->head = j;
+        st->tail = j;
+        st->pending++;
+        pthread_cond_broadcast(&st->cv);
+        pthread_mutex_unlock(&st->lock);
+    } else {
+        gx_free(g); /* nothing of mine crosses the WAN */
+        g = NULL;
+    }
+    GEO_REAL_CALL(r, L, AllGather, mine, work, shard, op->dt, st->real, s);
+    if (r != ncclSuccess)
+        return real_error(comm, L, st->real, "the intra-region all-gather", r);
+    if (tmp) {
+        CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice,
+                                         s), "copying the result out of the padded buffer");
+        CUDA_CHECK(comm, cudaFreeAsync(tmp, s), "cudaFreeAsync");
+    }
+    return ncclSuccess;
+
+fail_slot:
+    pthread_mutex_lock(&st->lock);
+    slot->busy = 0;
+    pthread_mutex_unlock(&st->lock);
+fail:
+fail_tmp:
+    if (tmp)
+        cudaFreeAsync(tmp, s);
+    gx_free(g);
+    return r;
+}
+
 static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
 {
     const geoNcclRealLib *L = st->lib;
@@ -701,6 +1395,17 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     devSlot *slot;
 
     GEO_CHECK(dev_setup_hier(comm, st));
+    /* The codec the plan (or the user) gives this size; on the GPU when it
+     * has the codec. */
+    int hier_unused, codec;
+    size_t chunk;
+    geoHierCodecChoice ch;
+    geoTuningChoose(comm, GEO_OP_ALLREDUCE, count * es, &hier_unused, &codec, &chunk);
+    geoHierCodecPolicy(comm, op, codec, &ch);
+    if (ch.codec != GEO_CODEC_NONE && op->dt == ncclFloat32 &&
+        geoCudaCodecAvailable((geoCodecId)ch.codec) &&
+        geoParamInt(GEO_PARAM_CUDA_CODECS) != 0)
+        return hier_allreduce_gpu(comm, st, op, &ch, chunk);
     geoSegPadded(count, n, me, &off, &len);
     if (count % (size_t)n == 0) {
         send = op->sendbuff;
@@ -749,6 +1454,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     j->off = off;
     j->len = len;
     j->op_seq = comm->op_seq;
+    j->codec = codec;
     pthread_mutex_lock(&st->lock);
     j->seq = ++st->seq;
     if (st->tail)
@@ -857,6 +1563,13 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
     return ncclSuccess;
 }
 
+void geoDevResetErrorFeedback(struct ncclComm *comm)
+{
+    struct geoDevState *st = comm->dev;
+    if (st != NULL && st->ef_ready)
+        geoEfReset(&st->ef);
+}
+
 ncclResult_t geoDevAsyncError(struct ncclComm *comm)
 {
     struct geoDevState *st = comm->dev;
@@ -921,6 +1634,8 @@ void geoDevFree(struct ncclComm *comm, int abort)
     }
     if (st->flag)
         cudaFreeHost(st->flag);
+    if (st->ef_ready)
+        geoEfFree(&st->ef);
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->lock);
     free(st);
@@ -954,6 +1669,7 @@ ncclResult_t geoDevAsyncError(struct ncclComm *comm)
     (void)comm;
     return ncclSuccess;
 }
+void geoDevResetErrorFeedback(struct ncclComm *comm) { (void)comm; }
 ncclResult_t geoDevFinalize(struct ncclComm *comm)
 {
     (void)comm;

@@ -27,6 +27,8 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn);
  * host exchange: host-path operations share the transport and must not
  * interleave with them.  Bounded by the communicator's timeout. */
 ncclResult_t geoDevDrain(struct ncclComm *comm);
+/* Drop the residuals the device path keeps (geocclCommResetErrorFeedback). */
+void geoDevResetErrorFeedback(struct ncclComm *comm);
 /* The real communicator's asynchronous error (ncclSuccess without one). */
 ncclResult_t geoDevAsyncError(struct ncclComm *comm);
 /* ncclCommFinalize: drain, then finalize the real communicator. */

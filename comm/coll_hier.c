@@ -423,13 +423,15 @@ static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice 
     return ncclSuccess;
 }
 
-/* The codec this call may use: lossy codecs only on float32 sum/avg, and
- * only when the user chose one; anything else is sent exactly (said once
- * at INFO). */
-static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
+/* The codec a call may use (coll.h): lossy codecs only on float32 sum/avg,
+ * and only when the user chose one; anything else is sent exactly (said
+ * once at INFO). */
+void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
+                        geoHierCodecChoice *out)
 {
-    memset(hc, 0, sizeof(*hc));
-    geoCodecId id = (geoCodecId)comm->call_codec; /* the plan's or the user's */
+    memset(out, 0, sizeof(*out));
+    out->codec = GEO_CODEC_NONE;
+    geoCodecId id = (geoCodecId)codec;
     if (id == GEO_CODEC_NONE || id >= GEO_CODEC_COUNT)
         return;
     const geoCodec *c = geoCodecGet(id);
@@ -446,15 +448,38 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
         }
         return;
     }
-    hc->codec = c;
-    hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
-    hc->p2 = *hc->params;
+    out->codec = id;
+    out->p1 = comm->codec_auto ? comm->auto_params : comm->codec_params;
+    out->p2 = out->p1;
     if (id == GEO_CODEC_TOPK) {
-        double k2 = hc->p2.topkFraction * comm->regions.nregions;
-        hc->p2.topkFraction = k2 < 1 ? k2 : 1;
+        double k2 = out->p2.topkFraction * comm->regions.nregions;
+        out->p2.topkFraction = k2 < 1 ? k2 : 1;
     }
-    hc->counter = comm->op_seq << 40;
+    out->counter = comm->op_seq << 40;
     if (c->lossy && comm->ef_enabled) {
+        /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
+         * first trip (see the parameter's help).  Unset: 3 for sign, whose
+         * residuals on both trips made the digits example diverge while the
+         * first trip alone matched uncompressed accuracy (BENCHMARKS.md,
+         * "Which trip keeps the residual"); 1 for the others. */
+        int mode = comm->ef_mode ? comm->ef_mode : id == GEO_CODEC_SIGN ? 3 : 1;
+        out->ef1 = mode != 2;
+        out->ef2 = mode != 3;
+    }
+}
+
+static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
+{
+    geoHierCodecChoice ch;
+    memset(hc, 0, sizeof(*hc));
+    geoHierCodecPolicy(comm, op, comm->call_codec, &ch); /* the plan's or the user's */
+    if (ch.codec == GEO_CODEC_NONE)
+        return;
+    hc->codec = geoCodecGet((geoCodecId)ch.codec);
+    hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
+    hc->p2 = ch.p2;
+    hc->counter = ch.counter;
+    if (ch.ef1 || ch.ef2) {
         size_t evicted = 0;
         geoEfBeginOp(&comm->ef);
         if (geoEfGet(&comm->ef, op->recvbuff, op->count, 1, &hc->ef1, &evicted) != ncclSuccess ||
@@ -467,15 +492,9 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
                         op->count, comm->ef.maxBytes);
             }
         }
-        /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
-         * first trip (see the parameter's help).  Unset: 3 for sign, whose
-         * residuals on both trips made the digits example diverge while the
-         * first trip alone matched uncompressed accuracy (BENCHMARKS.md,
-         * "Which trip keeps the residual"); 1 for the others. */
-        int mode = comm->ef_mode ? comm->ef_mode : id == GEO_CODEC_SIGN ? 3 : 1;
-        if (mode == 2)
+        if (!ch.ef1)
             hc->ef1 = NULL;
-        else if (mode == 3)
+        if (!ch.ef2)
             hc->ef2 = NULL;
         if (geoEfTakeEvictionNotice(&comm->ef))
             geoInfo(GEO_LOG_COMPRESS, "error feedback: GEOCCL_EF_MAX_BYTES=%zu reached; least "
@@ -634,6 +653,61 @@ out:
     slice_free(&sl);
     free(scratch);
     return res;
+}
+
+static ncclResult_t copy_msgs(const hierMsg *m, int n, geoXMsg **out)
+{
+    *out = calloc((size_t)n + 1, sizeof(geoXMsg));
+    if (*out == NULL)
+        return ncclSystemError;
+    for (int i = 0; i < n; i++)
+        (*out)[i] = (geoXMsg){.peer = m[i].peer, .off = m[i].off, .n = m[i].n};
+    return ncclSuccess;
+}
+
+ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *plan)
+{
+    hierSlice sl = {.s0 = 0, .len = count};
+    hierCodec none;
+    ncclResult_t r = ncclSuccess;
+
+    memset(plan, 0, sizeof(*plan));
+    memset(&none, 0, sizeof(none));
+    GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
+                  "%s: more than 64 regions", comm->op_desc);
+    /* es = 0: no receive buffers are laid out, only the messages. */
+    if (slice_plan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded) != ncclSuccess ||
+        copy_msgs(sl.tx1, sl.ntx1, &plan->tx1) != ncclSuccess ||
+        copy_msgs(sl.rx1, sl.nrx1, &plan->rx1) != ncclSuccess ||
+        copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||
+        copy_msgs(sl.rx2, sl.nrx2, &plan->rx2) != ncclSuccess ||
+        (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(geoXPart))) == NULL) {
+        geoCommSetError(comm, "%s: out of memory planning the exchange", comm->op_desc);
+        r = ncclSystemError;
+    } else {
+        plan->ntx1 = sl.ntx1;
+        plan->nrx1 = sl.nrx1;
+        plan->ntx2 = sl.ntx2;
+        plan->nrx2 = sl.nrx2;
+        plan->nparts = sl.nparts;
+        for (int p = 0; p < sl.nparts; p++)
+            plan->parts[p] = (geoXPart){.off = sl.parts[p].off, .n = sl.parts[p].n,
+                                        .first_rx = sl.parts[p].first_rx};
+    }
+    slice_free(&sl);
+    if (r != ncclSuccess)
+        geoHierExchangePlanFree(plan);
+    return r;
+}
+
+void geoHierExchangePlanFree(geoXPlan *plan)
+{
+    free(plan->tx1);
+    free(plan->rx1);
+    free(plan->tx2);
+    free(plan->rx2);
+    free(plan->parts);
+    memset(plan, 0, sizeof(*plan));
 }
 
 /* ---- hierarchical all-gather and reduce-scatter ----------------------

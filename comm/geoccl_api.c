@@ -3,6 +3,7 @@
 #include "geoccl.h"
 #include "comm/checks.h"
 #include "comm/comm.h"
+#include "comm/coll_device.h"
 #include "comm/param.h"
 #include "comm/tuning.h"
 #include "topology/model.h"
@@ -107,6 +108,7 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetErrorFeedback") != ncclSuccess,
                   ncclInvalidArgument, "geocclCommResetErrorFeedback: NULL or dead comm");
     geoEfReset(&comm->ef);
+    geoDevResetErrorFeedback(comm);
     return ncclSuccess;
 }
 

@@ -70,6 +70,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_NCCL_LIB] = {"GEOCCL_NCCL_LIB", GEO_PARAM_STR, NULL,
                             "NVIDIA's libnccl.so used inside a region for device buffers; "
                             "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},
+    [GEO_PARAM_CUDA_CODECS] = {"GEOCCL_CUDA_CODECS", GEO_PARAM_INT, "1",
+                               "device buffers across regions: 1 encodes and decodes on the "
+                               "GPU (cuda/, every codec but lossless); 0 copies the shard to "
+                               "the host and compresses there"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

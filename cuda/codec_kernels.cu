@@ -1315,6 +1315,15 @@ GEO_KERNEL void topkScatterKernel(const unsigned char *src, float *dst, const in
     }
 }
 
+/* dst[i] = dst[i] / divisor, binary32 division rounded to nearest (the
+ * average of a float all-reduce, as comm/reduce.c's geoDivide). */
+GEO_KERNEL void divideF32Kernel(float *dst, size_t count, float divisor)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
+        dst[i] = fDiv(dst[i], divisor);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Host side                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -1909,4 +1918,18 @@ extern "C" ncclResult_t geoCudaCodecDecodeAccumulate(geoCodecId codec, const voi
                                                      const char **why)
 {
     return decodeAny(codec, src, len, dtype, dst, count, true, status, stream, why);
+}
+
+extern "C" ncclResult_t geoCudaDivideF32(float *dst, size_t count, int divisor,
+                                         struct CUstream_st *stream, const char **why)
+{
+    if (count == 0)
+        return ncclSuccess;
+    if (dst == NULL || !aligned(dst, 4))
+        BAD_ARG("dst is NULL or not 4-byte aligned");
+    if (divisor <= 0)
+        BAD_ARG("divisor must be positive");
+    GEO_LAUNCH(gridFor(count, GEO_THREADS), GEO_THREADS, (cudaStream_t)stream, divideF32Kernel)
+    (dst, count, (float)divisor);
+    return launchResult(why);
 }

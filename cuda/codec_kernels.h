@@ -183,6 +183,16 @@ ncclResult_t geoCudaCodecDecodeAccumulate(geoCodecId codec, const void *src, siz
                                           int *status, struct CUstream_st *stream,
                                           const char **why);
 
+/*
+ * dst[i] = dst[i] / divisor for count float32 values on the device (the
+ * average of a float all-reduce), one binary32 division rounded to
+ * nearest each, as the CPU's geoDivide.  Stream-ordered; does not block.
+ * ncclInvalidArgument for a NULL or misaligned dst (count > 0) or a
+ * divisor < 1; ncclUnhandledCudaError when the launch failed.
+ */
+ncclResult_t geoCudaDivideF32(float *dst, size_t count, int divisor, struct CUstream_st *stream,
+                              const char **why);
+
 #ifdef __cplusplus
 }
 #endif
