@@ -1,17 +1,27 @@
 /* Device-buffer all-reduce through GeoCCL on a lent GPU (tests/device/run.sh):
  *
- *   dev_allreduce NRANKS [MIB]
+ *   dev_allreduce NRANKS [MIB [CODEC]]
  *
  * forks NRANKS processes on the current GPU, each its own region
  * (GEOCCL_REGION=r<i>), so every all-reduce takes the cross-region device
- * path: NVIDIA's reduce-scatter in the region, the host exchange, NVIDIA's
- * all-gather, all on the caller's stream.  Checks sum and avg results on
- * odd and even counts, then times MIB-sized float all-reduces and prints
- * the figures.  Exit 0 when every rank passed; 77 without a GPU.  Prints
- * PASS/FAIL lines. */
+ * path: NVIDIA's reduce-scatter in the region, the exchange between
+ * regions, NVIDIA's all-gather, all on the caller's stream.
+ *
+ * Without CODEC: exact transfer; checks sum and avg results on odd and even
+ * counts against the exact sums.  With CODEC (int8, fp16, bf16, int4, sign,
+ * topk:<k>, lossless; set with geocclCommSetCompression): the chunks are
+ * encoded on the GPU (lossless: on the host); checks that every rank holds
+ * bit-identical results (a hash per rank, compared by the parent), over two
+ * calls on the same buffer (the second uses the error-feedback residuals),
+ * and, for fp16, bf16, int8 and int4, that the relative RMS error against
+ * the exact sum is within the codec's bound.  Then times MIB-sized float
+ * all-reduces and prints the figures.  Exit 0 when every rank passed; 77
+ * without a GPU.  Prints PASS/FAIL lines. */
 #define GEOCCL_HAVE_CUDA_RUNTIME 1
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +30,7 @@
 #include <unistd.h>
 
 #include "nccl.h"
+#include "geoccl.h"
 
 #define CK(call)                                                                \
     do {                                                                        \
@@ -49,7 +60,86 @@ static double now(void)
 /* Rank r's element i: small integers, so float sums are exact. */
 static float value(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30); }
 
-static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib)
+/* The hashes the ranks report: [case][rank]. */
+#define MAX_CASES 16
+static uint64_t *hashes;
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Relative RMS error a codec may leave after one compressed all-reduce of
+ * these values (two quantisations: the partial and the reduced part);
+ * negative: not checked (sign, topk keep too little for one call). */
+static double codec_bound(const char *codec)
+{
+    if (strcmp(codec, "lossless") == 0)
+        return 0;
+    if (strcmp(codec, "fp16") == 0)
+        return 2e-3;
+    if (strcmp(codec, "bf16") == 0)
+        return 1e-2;
+    if (strcmp(codec, "int8") == 0)
+        return 3e-2;
+    if (strcmp(codec, "int4") == 0)
+        return 0.6;
+    return -1;
+}
+
+/* Compressed runs: bit-identical results everywhere, error within bound. */
+static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, const char *codec)
+{
+    const size_t counts[] = {1000, (1 << 20) + 3, 1 << 22};
+    const double bound = codec_bound(codec);
+    int bad = 0, cs = 0;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+        for (int avg = 0; avg < 2; avg++)
+            for (int call = 0; call < 2; call++, cs++) {
+                size_t n = counts[c];
+                float *h = malloc(n * sizeof(float)), *d;
+                for (size_t i = 0; i < n; i++)
+                    h[i] = value(rank, i) * 0.37f + (float)(call + 1);
+                CK(cudaMalloc((void **)&d, n * sizeof(float)));
+                CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+                NK(ncclAllReduce(d, d, n, ncclFloat, avg ? ncclAvg : ncclSum, comm, s));
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+                hashes[cs * 16 + rank] = hash_bytes(h, n * sizeof(float));
+                double se = 0, sw = 0;
+                size_t nonfinite = 0;
+                for (size_t i = 0; i < n; i++) {
+                    double want = 0;
+                    for (int r = 0; r < nranks; r++)
+                        want += value(r, i) * 0.37f + (float)(call + 1);
+                    if (avg)
+                        want /= nranks;
+                    if (!isfinite(h[i]))
+                        nonfinite++;
+                    se += (h[i] - want) * (h[i] - want);
+                    sw += want * want;
+                }
+                double rel = sw > 0 ? sqrt(se / sw) : 0;
+                if (nonfinite || (bound >= 0 && rel > bound + 1e-7)) {
+                    fprintf(stderr, "rank %d: %s %s count %zu call %d: relative RMS error %.3g "
+                            "(bound %.3g), %zu non-finite\n", rank, codec, avg ? "avg" : "sum",
+                            n, call, rel, bound, nonfinite);
+                    bad = 1;
+                }
+                if (rank == 0 && call == 1)
+                    printf("dev_allreduce: %s %s count %zu: relative RMS error %.3g\n", codec,
+                           avg ? "avg" : "sum", n, rel);
+                free(h);
+                cudaFree(d);
+            }
+    return bad;
+}
+
+static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
     char label[16];
@@ -61,7 +151,11 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib)
     NK(ncclCommInitRank(&comm, nranks, id, rank));
     int bad = 0;
     const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
-    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+    if (codec) {
+        NK(geocclCommSetCompression(comm, codec));
+        bad |= check_codec(rank, nranks, comm, s, codec);
+    }
+    for (size_t c = 0; !codec && c < sizeof(counts) / sizeof(counts[0]); c++) {
         for (int avg = 0; avg < 2; avg++) {
             size_t n = counts[c];
             float *h = malloc(n * sizeof(float)), *d_in, *d_out;
@@ -116,8 +210,9 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib)
     CK(cudaStreamSynchronize(s));
     double t = (now() - t0) / iters;
     if (rank == 0)
-        printf("dev_allreduce: %d ranks, %d regions, %zu MiB float sum: %.3f ms per call, "
-               "algbw %.2f GB/s, busbw %.2f GB/s\n", nranks, nranks, mib, t * 1e3,
+        printf("dev_allreduce: %d ranks, %d regions, %zu MiB float sum%s%s: %.3f ms per call, "
+               "algbw %.2f GB/s, busbw %.2f GB/s\n", nranks, nranks, mib, codec ? ", " : "",
+               codec ? codec : "", t * 1e3,
                (double)n * 4 / t / 1e9, (double)n * 4 / t / 1e9 * 2.0 * (nranks - 1) / nranks);
     cudaFree(d);
     NK(ncclCommDestroy(comm));
@@ -129,13 +224,14 @@ int main(int argc, char **argv)
 {
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;
+    const char *codec = argc > 3 ? argv[3] : NULL;
     int ngpu = 0, rank = -1;
     ncclUniqueId id;
     ncclComm_t comm = NULL;
     (void)comm;
 
     if (nranks < 1 || nranks > 16 || mib < 1) {
-        fprintf(stderr, "usage: dev_allreduce NRANKS(1..16) [MIB]\n");
+        fprintf(stderr, "usage: dev_allreduce NRANKS(1..16) [MIB [CODEC]]\n");
         return 2;
     }
     /* Count GPUs in a child: CUDA must not be initialised before fork. */
@@ -148,12 +244,19 @@ int main(int argc, char **argv)
         printf("SKIP: dev_allreduce: no GPU\n");
         return 77;
     }
+    hashes = mmap(NULL, MAX_CASES * 16 * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (hashes == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(hashes, 0, MAX_CASES * 16 * sizeof(uint64_t));
     NK(ncclGetUniqueId(&id));
     pid_t *pids = calloc((size_t)nranks, sizeof(pid_t));
     for (int r = 0; r < nranks; r++) {
         pids[r] = fork();
         if (pids[r] == 0)
-            _exit(rank_main(r, nranks, id, mib));
+            _exit(rank_main(r, nranks, id, mib, codec));
     }
     int failed = 0;
     for (int r = 0; r < nranks; r++) {
@@ -161,8 +264,18 @@ int main(int argc, char **argv)
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
             failed++;
     }
-    printf("%s: dev_allreduce %d ranks (one region each), device buffers: %d rank(s) failed\n",
-           failed ? "FAIL" : "PASS", nranks, failed);
+    int differ = 0;
+    for (int c = 0; codec && !failed && c < MAX_CASES; c++)
+        for (int r = 1; r < nranks; r++)
+            if (hashes[c * 16 + r] != hashes[c * 16]) {
+                fprintf(stderr, "case %d: rank %d's result differs from rank 0's\n", c, r);
+                differ = 1;
+            }
+    failed += differ;
+    printf("%s: dev_allreduce %d ranks (one region each), device buffers%s%s: %d rank(s) "
+           "failed%s\n", failed ? "FAIL" : "PASS", nranks, codec ? ", " : "",
+           codec ? codec : "", failed - differ,
+           differ ? ", results not bit-identical" : codec ? ", bit-identical" : "");
     free(pids);
     return failed ? 1 : 0;
 }
