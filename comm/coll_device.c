@@ -1223,6 +1223,29 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
     }
 }
 
+/* Flag values only grow, and cuStreamWaitValue32 compares without wrap:
+ * long before 2^32, once every job is done and every stream has passed
+ * its waits (each slot's done event comes after its job's last wait), the
+ * flag and the sequence start again from 0.  User thread. */
+#define GEO_FLAG_REWIND (1u << 31)
+static ncclResult_t flag_rewind(struct ncclComm *comm, struct geoDevState *st, uint32_t need)
+{
+    if (st->seq + need < GEO_FLAG_REWIND)
+        return ncclSuccess;
+    GEO_CHECK(geoDevDrain(comm));
+    for (int i = 0; i < st->nslots; i++) {
+        cudaError_t e;
+        if (st->slots[i].busy && (e = cudaEventSynchronize(st->slots[i].done)) != cudaSuccess)
+            return cuda_error(comm, "waiting for the streams before rewinding the flag", e);
+    }
+    pthread_mutex_lock(&st->lock);
+    st->seq = 0;
+    __atomic_store_n(st->flag, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&st->lock);
+    geoInfo(GEO_LOG_CUDA, "cross-region device all-reduce: exchange flag rewound to 0");
+    return ncclSuccess;
+}
+
 /* The cross-region all-reduce with the GPU codecs (see "encoded on the
  * GPU" above). */
 static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
@@ -1297,6 +1320,7 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
     }
     if (g->rounds > 0) {
         const uint32_t nvals = 2 * (uint32_t)g->rounds;
+        GEO_CHECK_GOTO(flag_rewind(comm, st, nvals), r, fail);
         GEO_CHECK_GOTO(slot_get(comm, st, g->bytes, &slot), r, fail);
         g->host = slot->host;
         if ((ce = cudaMallocAsync((void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
@@ -1424,7 +1448,9 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     char *mine = work + (size_t)me * shard * es;
     cudaError_t ce = cudaSuccess;
     devJob *j = NULL;
-    r = slot_get(comm, st, shard * es + 1, &slot);
+    r = flag_rewind(comm, st, 1);
+    if (r == ncclSuccess)
+        r = slot_get(comm, st, shard * es + 1, &slot);
     if (r != ncclSuccess)
         goto undo_tmp;
     GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, op->dt, rsop, st->real, s);
