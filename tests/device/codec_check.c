@@ -491,6 +491,49 @@ static void checkNoneTypes(cudaStream_t st, int *dstatus)
         }
 }
 
+/* geoCudaDivideF32 (the average of a device all-reduce) against the CPU's
+ * binary32 division, bit for bit, on every input pattern. */
+static void checkDivide(cudaStream_t st)
+{
+    static const size_t sizes[] = {1, 7, 1000, 65543};
+    static const int divisors[] = {1, 2, 3, 7, 1000};
+    Case c;
+    memset(&c, 0, sizeof c);
+    c.codec = GEO_CODEC_NONE;
+    geoCodecParamsInit(&c.params);
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (size_t di = 0; di < sizeof divisors / sizeof divisors[0]; di++)
+            for (int pat = 0; pat < PAT_COUNT; pat++) {
+                size_t n = sizes[si];
+                c.count = n;
+                float *x = xmalloc(n * sizeof(float)), *y = xmalloc(n * sizeof(float));
+                fillInput(x, n, pat);
+                float *dx = dmalloc(n * sizeof(float));
+                CUDA_OK(cudaMemcpy(dx, x, n * sizeof(float), cudaMemcpyHostToDevice));
+                const char *why = NULL;
+                ncclResult_t r = geoCudaDivideF32(dx, n, divisors[di], st, &why);
+                report(r == ncclSuccess, &c, "gpu divide failed", why);
+                CUDA_OK(cudaStreamSynchronize(st));
+                CUDA_OK(cudaMemcpy(y, dx, n * sizeof(float), cudaMemcpyDeviceToHost));
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++) {
+                    float want = x[i] / (float)divisors[di];
+                    if (memcmp(&want, &y[i], sizeof want) != 0 && !(want != want && y[i] != y[i]))
+                        bad++;
+                }
+                char detail[64];
+                snprintf(detail, sizeof detail, "%zu of %zu differ (divisor %d, %s)", bad, n,
+                         divisors[di], patName[pat]);
+                report(bad == 0, &c, "divide differs from the CPU", detail);
+                CUDA_OK(cudaFree(dx));
+                free(x);
+                free(y);
+            }
+    const char *why = NULL;
+    report(geoCudaDivideF32(NULL, 1, 2, st, &why) == ncclInvalidArgument, &c,
+           "divide accepted a NULL buffer", why);
+}
+
 /* Argument checks that return before anything is enqueued. */
 static void checkArguments(cudaStream_t st, int *dstatus)
 {
@@ -607,6 +650,7 @@ static void correctness(cudaStream_t st, int *dstatus)
         }
     }
     checkNoneTypes(st, dstatus);
+    checkDivide(st);
     checkArguments(st, dstatus);
     if (signNanScales)
         printf("  note: %d sign chunks matched only up to the bits of NaN scales (the CPU\n"
