@@ -113,6 +113,10 @@ struct geoDevState {
      * elements, trip) */
     geoEfStore ef;
     int ef_ready;
+    cudaStream_t ef_stream;     /* the call that may evict (ef_stream_valid) */
+    int ef_stream_valid;
+    cudaEvent_t ef_ev;          /* recorded after each GPU-encoded call */
+    cudaStream_t last_stream;   /* ... on this stream */
 };
 
 /* ---- small CUDA helpers -------------------------------------------------- */
@@ -541,6 +545,7 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
 struct gxJob;
 static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob *j);
 static void gx_free(struct gxJob *g);
+static int gx_enq_done(struct gxJob *g);
 
 static void *exchange_main(void *arg)
 {
@@ -581,9 +586,13 @@ static void *exchange_main(void *arg)
                 geoCommFail(comm, res);
             }
         }
+        release_flag(st, j->seq); /* also after a failure: the stream goes on */
+        /* The user thread may still be enqueuing the job; with every wait
+         * released it cannot block for long. */
+        while (j->gx && !gx_enq_done(j->gx))
+            sleep_us(50);
         pthread_mutex_lock(&st->lock);
         j->slot->exchanged = 1;
-        release_flag(st, j->seq); /* also after a failure: the stream goes on */
         st->pending--;
         gx_free(j->gx);
         free(j);
@@ -631,7 +640,8 @@ static void CUDART_CB host_wait_flag(void *arg)
  *       1), copy them to the host, record tx1[c]
  *   for each round c: wait until flag >= base + 1 + c (round c of the other
  *       regions' partials is on the host), copy it in, decode-accumulate
- *       each onto my part (regions in ascending order), divide (avg),
+ *       each onto my region's partial of my part (the other regions in
+ *       ascending order), divide (avg),
  *       encode the finished part (residual of trip 2), decode that chunk
  *       back into my part (so every region holds the very same bits),
  *       copy the chunks out, record tx2[c]
@@ -654,10 +664,21 @@ static void CUDART_CB host_wait_flag(void *arg)
  * trip of round r overlaps the first trip of the rounds after it.  Kernels
  * and copies share the user's stream; beside a WAN transfer they are short.
  *
- * The job is queued to the exchange thread only once the whole stream
- * program is enqueued (an event not yet recorded reads as complete).  If
- * enqueuing fails half-way, the flag is raised past the job's values, so no
- * stream waits forever, and the communicator is failed.
+ * The job is queued to the exchange thread before its stream program is
+ * enqueued: the user thread may block on a full launch queue behind a wait
+ * that only the exchange thread releases.  An event not yet recorded reads
+ * as complete, so the exchange thread first waits for the user thread to
+ * have recorded it (gxJob.recorded).  If enqueuing fails half-way, the flag
+ * is raised past the job's values, so no stream waits forever, the
+ * all-gather is still enqueued (region peers are in it) and the
+ * communicator is failed.
+ *
+ * Numbers: the sum starts from my region's partial (the host path sums in
+ * region order), and codecs scale (int8, int4, sign) and select (topk) per
+ * sub-chunk of E elements rather than per message, so the GPU and host
+ * paths may differ in the last bits; every rank still ends bit-identical.
+ * Both sides of a pair must take the same path: GEOCCL_CUDA_CODECS must be
+ * the same on every rank (a mismatch shows as chunks of unexpected size).
  */
 
 #define GX_DEPTH 2
@@ -693,7 +714,15 @@ typedef struct gxJob {
     cudaEvent_t *ev;        /* tx1[c] = ev[c], tx2[c] = ev[C + c], end = ev[2C] */
     int nev;
     uint32_t base;          /* the stream waits for base + 1 .. base + 2C */
+    /* The job is queued before its stream program is enqueued (the user
+     * thread could otherwise block on a full launch queue behind a wait
+     * only the exchange thread can release): events up to recorded - 1 are
+     * recorded; failed: enqueuing failed; enq_done: the user thread is
+     * finished with the job (the exchange thread frees it only then). */
+    int recorded, failed, enq_done;
 } gxJob;
+
+static int gx_enq_done(gxJob *g) { return __atomic_load_n(&g->enq_done, __ATOMIC_ACQUIRE); }
 
 static size_t gx_up(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -803,7 +832,8 @@ static ncclResult_t gx_prepare(struct ncclComm *comm, const geoOp *op,
                      1, &at, &g->nstatus)) != ncclSuccess) {
         if (r == ncclSystemError)
             goto oom;
-        geoCommSetError(comm, "%s: the GPU codec cannot encode these chunks", comm->op_desc);
+        geoCommSetError(comm, "the GPU codec cannot encode these chunks (codec parameters); "
+                        "the host codecs encode them");
         goto fail;
     }
     size_t s1 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, g->E, &ch->p1);
@@ -926,6 +956,7 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
         }
         GEO_CHECK(gx_copy(comm, g, &g->tx1, c, 1, s));
         CUDA_CHECK(comm, cudaEventRecord(g->ev[c], s), "cudaEventRecord");
+    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
         GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)c));
@@ -973,6 +1004,7 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
         }
         GEO_CHECK(gx_copy(comm, g, &g->tx2, c, 1, s));
         CUDA_CHECK(comm, cudaEventRecord(g->ev[C + c], s), "cudaEventRecord");
+    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
         GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)(C + c)));
@@ -991,6 +1023,7 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
                                          cudaMemcpyDeviceToHost, s),
                    "copying the decoders' status words");
     CUDA_CHECK(comm, cudaEventRecord(g->ev[2 * C], s), "cudaEventRecord");
+    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
 #undef GX_AT
     return ncclSuccess;
 }
@@ -1024,12 +1057,41 @@ static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
         x->posted = 0;
         if (recv && x->req.size != x->len) {
             geoCommSetError(comm, "%s: rank %d (host %s) sent a compressed chunk of %zu bytes "
-                            "where %zu were expected", comm->op_desc, x->peer,
-                            comm->peers[x->peer].host, x->req.size, x->len);
+                            "where %zu were expected (are GEOCCL_COMPRESS and "
+                            "GEOCCL_CUDA_CODECS the same on every rank?)", comm->op_desc,
+                            x->peer, comm->peers[x->peer].host, x->req.size, x->len);
             return ncclRemoteError;
         }
     }
     return ncclSuccess;
+}
+
+/* Wait for event idx of the job: first until the user thread has recorded
+ * it, then until the stream has reached it. */
+static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gxJob *g, int idx,
+                               const char *what)
+{
+    double t0 = geoNow();
+    long backoff = 1;
+    while (__atomic_load_n(&g->recorded, __ATOMIC_ACQUIRE) <= idx) {
+        if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE)) {
+            geoCommSetError(comm, "%s: enqueuing the call on the stream failed", comm->op_desc);
+            return ncclUnhandledCudaError;
+        }
+        if (comm->abort_flag || st->aborting) {
+            geoCommSetError(comm, "%s: aborted", comm->op_desc);
+            return ncclInvalidUsage;
+        }
+        if (geoNow() - t0 > comm->timeout) {
+            geoCommSetError(comm, "%s: the call was not enqueued within GEOCCL_TIMEOUT=%.0f s",
+                            comm->op_desc, comm->timeout);
+            return ncclSystemError;
+        }
+        sleep_us(backoff);
+        if (backoff < 200)
+            backoff *= 2;
+    }
+    return wait_event(comm, st, g->ev[idx], what);
 }
 
 /* The exchange thread's part of a GPU-encoded job. */
@@ -1041,7 +1103,7 @@ static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob
 
     for (int it = 0; it < C + GX_DEPTH; it++) {
         if (it < C) {
-            GEO_CHECK_GOTO(wait_event(comm, st, g->ev[it], "the encoded partials"), res, out);
+            GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, it, "the encoded partials"), res, out);
             GEO_CHECK_GOTO(gx_post(comm, g, &g->tx1, it, 1), res, out);
             GEO_CHECK_GOTO(gx_post(comm, g, &g->rx1, it, 0), res, out);
         }
@@ -1049,7 +1111,7 @@ static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob
             int r = it - GX_DEPTH;
             GEO_CHECK_GOTO(gx_wait(comm, &g->rx1, r, 1), res, out);
             release_flag(st, g->base + 1 + (uint32_t)r);
-            GEO_CHECK_GOTO(wait_event(comm, st, g->ev[C + r], "the encoded reduced parts"), res,
+            GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, C + r, "the encoded reduced parts"), res,
                            out);
             GEO_CHECK_GOTO(gx_post(comm, g, &g->tx2, r, 1), res, out);
             GEO_CHECK_GOTO(gx_post(comm, g, &g->rx2, r, 0), res, out);
@@ -1061,7 +1123,7 @@ static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob
     }
     GEO_CHECK_GOTO(gx_wait(comm, &g->tx1, -1, 0), res, out);
     GEO_CHECK_GOTO(gx_wait(comm, &g->tx2, -1, 0), res, out);
-    GEO_CHECK_GOTO(wait_event(comm, st, g->ev[2 * C], "the decoders"), res, out);
+    GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, 2 * C, "the decoders"), res, out);
     const int *status = (const int *)(g->host + g->status_at);
     const gxList *lists[3] = {&g->rx1, &g->tx2, &g->rx2};
     for (int l = 0; l < 3; l++)
@@ -1082,23 +1144,24 @@ out:
     return res;
 }
 
-/* Residuals of the GPU-encoded exchange live in device memory.  A new one
- * is zeroed before it is handed out (the legacy stream is synchronised, so
- * the user's stream cannot read it first).  A residual evicted or reset
- * is freed only once the device is idle, so never under a kernel still
- * queued to use it (the exchange thread releases every stream that waits
- * for it, so this wait ends, at worst after GEOCCL_TIMEOUT). */
+/* Residuals of the GPU-encoded exchange live in device memory, allocated
+ * and zeroed on the stream of the call that first needs them (stream-
+ * ordered: nothing waits).  Calls on different streams are chained (each
+ * waits for the previous call's ef_ev), so a residual evicted during a call
+ * is freed on that call's stream after every earlier use.  Outside a call
+ * (reset, destroy) the last call is waited for first. */
 static void *dev_ef_alloc(void *ctx, size_t bytes)
 {
+    struct geoDevState *st = ctx;
     void *p = NULL;
-    (void)ctx;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaStream_t s = st->ef_stream_valid ? st->ef_stream : 0;
+    if (cudaMallocAsync(&p, bytes, s) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
-    if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess) {
+    if (cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess) {
         cudaGetLastError();
-        cudaFree(p);
+        cudaFreeAsync(p, s);
         return NULL;
     }
     return p;
@@ -1106,9 +1169,15 @@ static void *dev_ef_alloc(void *ctx, size_t bytes)
 
 static void dev_ef_release(void *ctx, void *p, size_t bytes)
 {
-    (void)ctx;
+    struct geoDevState *st = ctx;
     (void)bytes;
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaFree(p) != cudaSuccess)
+    if (st->ef_stream_valid) {
+        if (cudaFreeAsync(p, st->ef_stream) != cudaSuccess)
+            cudaGetLastError();
+        return;
+    }
+    if ((st->ef_ev != NULL && cudaEventSynchronize(st->ef_ev) != cudaSuccess) ||
+        cudaFreeAsync(p, 0) != cudaSuccess)
         cudaGetLastError();
 }
 
@@ -1146,8 +1215,8 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
                 st->wait_value ? "cuStreamWaitValue32" : "a polling host function");
     }
     if (!st->ef_ready) {
-        static const geoEfAllocator dev_alloc = {.allocZeroed = dev_ef_alloc,
-                                                 .release = dev_ef_release};
+        const geoEfAllocator dev_alloc = {.allocZeroed = dev_ef_alloc,
+                                          .release = dev_ef_release, .ctx = st};
         if (geoEfInit(&st->ef, comm->ef.maxBytes, &dev_alloc) != ncclSuccess) {
             geoCommSetError(comm, "%s: cannot set up the device error-feedback store",
                             comm->op_desc);
@@ -1246,52 +1315,93 @@ static ncclResult_t flag_rewind(struct ncclComm *comm, struct geoDevState *st, u
     return ncclSuccess;
 }
 
+/* The residuals of my shard (those the policy keeps), from the device
+ * store.  Evicted ones are freed on the stream after every earlier job
+ * (see dev_ef_release). */
+static void gx_residuals(struct ncclComm *comm, struct geoDevState *st, const geoOp *op,
+                         const geoHierCodecChoice *ch, size_t off, size_t len, float **ef1,
+                         float **ef2)
+{
+    /* keyed by my shard's address: (buffer, shard) names a bucket */
+    const char *key = (const char *)op->recvbuff + off * sizeof(float);
+    size_t evicted = 0;
+    ncclResult_t r1 = ncclSuccess, r2 = ncclSuccess;
+    *ef1 = *ef2 = NULL;
+    if (len == 0 || (!ch->ef1 && !ch->ef2))
+        return;
+    st->ef_stream = op->stream;
+    st->ef_stream_valid = 1;
+    geoEfBeginOp(&st->ef);
+    if (ch->ef1)
+        r1 = geoEfGet(&st->ef, key, len, 1, ef1, &evicted);
+    if (ch->ef2 && r1 == ncclSuccess)
+        r2 = geoEfGet(&st->ef, key, len, 2, ef2, &evicted);
+    st->ef_stream_valid = 0;
+    if (r1 != ncclSuccess || r2 != ncclSuccess) {
+        *ef1 = *ef2 = NULL;
+        if (!comm->ef_full_noted) {
+            comm->ef_full_noted = 1;
+            geoInfo(GEO_LOG_COMPRESS, "error feedback: no device residual for a %zu-element "
+                    "shard (%s; GEOCCL_EF_MAX_BYTES=%zu per store); it is compressed without "
+                    "error feedback", len,
+                    (r1 == ncclSystemError || r2 == ncclSystemError) ? "out of device memory"
+                                                                     : "over the bound",
+                    st->ef.maxBytes);
+        }
+    }
+    if (geoEfTakeEvictionNotice(&st->ef))
+        geoInfo(GEO_LOG_COMPRESS, "error feedback (device): GEOCCL_EF_MAX_BYTES=%zu reached; "
+                "least recently used residuals are dropped (%llu so far)", st->ef.maxBytes,
+                (unsigned long long)st->ef.evictions);
+}
+
 /* The cross-region all-reduce with the GPU codecs (see "encoded on the
- * GPU" above). */
+ * GPU" above); g is laid out (gx_prepare) and becomes the job's. */
 static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
-                                       const geoHierCodecChoice *ch, size_t chunk)
+                                       gxJob *g)
 {
     const geoNcclRealLib *L = st->lib;
     const int n = comm->region_ring.n, me = comm->region_ring.me;
     const size_t es = sizeof(float), count = op->count;
     const size_t shard = (count + (size_t)n - 1) / (size_t)n;
+    const uint32_t nvals = 2 * (uint32_t)g->rounds;
     size_t off, len;
     cudaStream_t s = op->stream;
-    ncclRedOp_t rsop = ncclSum; /* avg: divided after the exchange */
-    ncclResult_t r;
+    ncclResult_t r = ncclSuccess, ag;
     cudaError_t ce;
     char *tmp = NULL, *work;
     const char *send;
     float *ef1 = NULL, *ef2 = NULL;
-    gxJob *g = NULL;
     devSlot *slot = NULL;
+    devJob *j = NULL;
 
     geoSegPadded(count, n, me, &off, &len);
-    GEO_CHECK(gx_prepare(comm, op, ch, chunk, &g));
-    if (len > 0 && (ch->ef1 || ch->ef2)) {
-        /* keyed by my shard's address: (buffer, shard) names a bucket */
-        const char *key = (const char *)op->recvbuff + off * es;
-        size_t evicted = 0;
-        geoEfBeginOp(&st->ef);
-        if (geoEfGet(&st->ef, key, len, 1, &ef1, &evicted) != ncclSuccess ||
-            geoEfGet(&st->ef, key, len, 2, &ef2, &evicted) != ncclSuccess) {
-            ef1 = ef2 = NULL;
-            if (!comm->ef_full_noted) {
-                comm->ef_full_noted = 1;
-                geoInfo(GEO_LOG_COMPRESS, "error feedback: a %zu-element shard does not fit "
-                        "GEOCCL_EF_MAX_BYTES=%zu of device memory; it is compressed without "
-                        "error feedback", len, st->ef.maxBytes);
-            }
+    /* Everything that can fail alone comes before the reduce-scatter, so
+     * that a failure leaves no region peer waiting in NCCL. */
+    if (g->rounds > 0) {
+        GEO_CHECK_GOTO(flag_rewind(comm, st, nvals), r, fail);
+        GEO_CHECK_GOTO(slot_get(comm, st, g->bytes, &slot), r, fail);
+        g->host = slot->host;
+        j = calloc(1, sizeof(*j));
+        if (j == NULL) {
+            geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+            r = ncclSystemError;
+            goto fail_slot;
         }
-        if (!ch->ef1)
-            ef1 = NULL;
-        if (!ch->ef2)
-            ef2 = NULL;
-        if (geoEfTakeEvictionNotice(&st->ef))
-            geoInfo(GEO_LOG_COMPRESS, "error feedback (device): GEOCCL_EF_MAX_BYTES=%zu reached; "
-                    "least recently used residuals are dropped (%llu so far)", st->ef.maxBytes,
-                    (unsigned long long)st->ef.evictions);
+        if ((ce = cudaMallocAsync((void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
+            g->dbuf = NULL;
+            r = cuda_error(comm, "cudaMallocAsync of the chunk staging", ce);
+            goto fail_slot;
+        }
     }
+    /* Jobs on different streams touch the same residuals: each waits for
+     * the one before. */
+    if (st->ef_ev != NULL && st->last_stream != s &&
+        (ce = cudaStreamWaitEvent(s, st->ef_ev, 0)) != cudaSuccess) {
+        r = cuda_error(comm, "ordering after the previous call's stream", ce);
+        goto fail_dbuf;
+    }
+    gx_residuals(comm, st, op, &g->ch, off, len, &ef1, &ef2);
     if (count % (size_t)n == 0) {
         send = op->sendbuff;
         work = op->recvbuff;
@@ -1300,76 +1410,39 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
         if ((ce = cudaMallocAsync((void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
             tmp = NULL;
             r = cuda_error(comm, "cudaMallocAsync of the padded buffer", ce);
-            goto fail;
+            goto fail_dbuf;
         }
         if ((ce = cudaMemcpyAsync(tmp, op->sendbuff, count * es, cudaMemcpyDeviceToDevice, s)) !=
                 cudaSuccess ||
             (ce = cudaMemsetAsync(tmp + count * es, 0, (shard * (size_t)n - count) * es, s)) !=
                 cudaSuccess) {
             r = cuda_error(comm, "padding the input", ce);
-            goto fail;
+            goto fail_dbuf;
         }
         send = tmp;
         work = tmp;
     }
     char *mine = work + (size_t)me * shard * es;
-    GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, op->dt, rsop, st->real, s);
+    GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, ncclFloat32, ncclSum, st->real, s);
     if (r != ncclSuccess) {
         r = real_error(comm, L, st->real, "the intra-region reduce-scatter", r);
-        goto fail;
+        goto fail_dbuf;
     }
+    /* From here on a failure still enqueues the all-gather (region peers
+     * are in it) and fails the communicator. */
     if (g->rounds > 0) {
-        const uint32_t nvals = 2 * (uint32_t)g->rounds;
-        GEO_CHECK_GOTO(flag_rewind(comm, st, nvals), r, fail);
-        GEO_CHECK_GOTO(slot_get(comm, st, g->bytes, &slot), r, fail);
-        g->host = slot->host;
-        if ((ce = cudaMallocAsync((void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
-            g->dbuf = NULL;
-            r = cuda_error(comm, "cudaMallocAsync of the chunk staging", ce);
-            goto fail_slot;
-        }
         pthread_mutex_lock(&st->lock);
         g->base = st->seq;
         st->seq += nvals;
-        pthread_mutex_unlock(&st->lock);
-        r = gx_stream(comm, st, g, op, mine, off, ef1, ef2, s);
-        ce = cudaFreeAsync(g->dbuf, s);
-        if (r == ncclSuccess && ce != cudaSuccess)
-            r = cuda_error(comm, "cudaFreeAsync", ce);
-        if (r == ncclSuccess && (ce = cudaEventRecord(slot->done, s)) != cudaSuccess)
-            r = cuda_error(comm, "cudaEventRecord", ce);
-        if (r != ncclSuccess) {
-            /* Waits of this job may be enqueued: let them pass, and fail
-             * the communicator (the results are not valid). */
-            release_flag(st, g->base + nvals);
-            geoCommFail(comm, r);
-            pthread_mutex_lock(&st->lock);
-            slot->exchanged = 1;
-            pthread_mutex_unlock(&st->lock);
-            goto fail_tmp;
-        }
-        devJob *j = calloc(1, sizeof(*j));
-        if (j == NULL) {
-            release_flag(st, g->base + nvals);
-            geoCommSetError(comm, "%s: out of memory", comm->op_desc);
-            geoCommFail(comm, ncclSystemError);
-            pthread_mutex_lock(&st->lock);
-            slot->exchanged = 1;
-            pthread_mutex_unlock(&st->lock);
-            r = ncclSystemError;
-            goto fail_tmp;
-        }
         j->op = *op;
         j->op.next = NULL;
         j->slot = slot;
         j->off = off;
         j->len = len;
         j->op_seq = comm->op_seq;
-        j->codec = ch->codec;
+        j->codec = g->ch.codec;
         j->gx = g;
         j->seq = g->base + nvals;
-        g = NULL; /* the exchange thread owns it now */
-        pthread_mutex_lock(&st->lock);
         if (st->tail)
             st->tail->next = j;
         else
@@ -1378,26 +1451,65 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
         st->pending++;
         pthread_cond_broadcast(&st->cv);
         pthread_mutex_unlock(&st->lock);
+        r = gx_stream(comm, st, g, op, mine, off, ef1, ef2, s);
+        ce = cudaFreeAsync(g->dbuf, s);
+        if (r == ncclSuccess && ce != cudaSuccess)
+            r = cuda_error(comm, "cudaFreeAsync", ce);
+        ce = cudaEventRecord(slot->done, s);
+        if (r == ncclSuccess && ce != cudaSuccess)
+            r = cuda_error(comm, "cudaEventRecord", ce);
+        if (r != ncclSuccess) {
+            /* Waits of this job may be enqueued: let them (and those of
+             * jobs still in flight before it, whose results are then not
+             * valid either) pass; the communicator reports the failure. */
+            __atomic_store_n(&g->failed, 1, __ATOMIC_RELEASE);
+            release_flag(st, g->base + nvals);
+            geoCommFail(comm, r);
+            if (ce != cudaSuccess) {
+                /* no done event after the queued copies: never reuse it */
+                pthread_mutex_lock(&st->lock);
+                slot->cap = 0;
+                slot->host = NULL; /* leaked on purpose: copies may still land */
+                pthread_mutex_unlock(&st->lock);
+            }
+        }
+        __atomic_store_n(&g->enq_done, 1, __ATOMIC_RELEASE); /* g is the thread's now */
     } else {
         gx_free(g); /* nothing of mine crosses the WAN */
-        g = NULL;
     }
-    GEO_REAL_CALL(r, L, AllGather, mine, work, shard, op->dt, st->real, s);
-    if (r != ncclSuccess)
-        return real_error(comm, L, st->real, "the intra-region all-gather", r);
+    if (st->ef_ev != NULL || cudaEventCreateWithFlags(&st->ef_ev, cudaEventDisableTiming) ==
+                                 cudaSuccess) {
+        if (cudaEventRecord(st->ef_ev, s) == cudaSuccess)
+            st->last_stream = s;
+        else
+            cudaGetLastError();
+    } else {
+        cudaGetLastError();
+        st->ef_ev = NULL;
+    }
+    GEO_REAL_CALL(ag, L, AllGather, mine, work, shard, ncclFloat32, st->real, s);
+    if (ag != ncclSuccess && r == ncclSuccess)
+        r = real_error(comm, L, st->real, "the intra-region all-gather", ag);
     if (tmp) {
-        CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice,
-                                         s), "copying the result out of the padded buffer");
-        CUDA_CHECK(comm, cudaFreeAsync(tmp, s), "cudaFreeAsync");
+        if ((ce = cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice, s)) !=
+                cudaSuccess &&
+            r == ncclSuccess)
+            r = cuda_error(comm, "copying the result out of the padded buffer", ce);
+        cudaFreeAsync(tmp, s);
     }
-    return ncclSuccess;
+    return r;
 
+fail_dbuf:
+    if (g->dbuf)
+        cudaFreeAsync(g->dbuf, s);
 fail_slot:
-    pthread_mutex_lock(&st->lock);
-    slot->busy = 0;
-    pthread_mutex_unlock(&st->lock);
+    free(j);
+    if (slot) {
+        pthread_mutex_lock(&st->lock);
+        slot->busy = 0;
+        pthread_mutex_unlock(&st->lock);
+    }
 fail:
-fail_tmp:
     if (tmp)
         cudaFreeAsync(tmp, s);
     gx_free(g);
@@ -1428,8 +1540,16 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     geoHierCodecPolicy(comm, op, codec, &ch);
     if (ch.codec != GEO_CODEC_NONE && op->dt == ncclFloat32 &&
         geoCudaCodecAvailable((geoCodecId)ch.codec) &&
-        geoParamInt(GEO_PARAM_CUDA_CODECS) != 0)
-        return hier_allreduce_gpu(comm, st, op, &ch, chunk);
+        geoParamInt(GEO_PARAM_CUDA_CODECS) != 0) {
+        gxJob *g = NULL;
+        r = gx_prepare(comm, op, &ch, chunk, &g);
+        if (r == ncclSuccess)
+            return hier_allreduce_gpu(comm, st, op, g);
+        if (r != ncclInvalidArgument)
+            return r;
+        /* The GPU codec refuses these parameters: the host codecs serve. */
+        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", comm->op_desc, comm->last_error);
+    }
     geoSegPadded(count, n, me, &off, &len);
     if (count % (size_t)n == 0) {
         send = op->sendbuff;
@@ -1592,8 +1712,10 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
 void geoDevResetErrorFeedback(struct ncclComm *comm)
 {
     struct geoDevState *st = comm->dev;
-    if (st != NULL && st->ef_ready)
+    if (st != NULL && st->ef_ready) {
+        st->ef_stream_valid = 0;
         geoEfReset(&st->ef);
+    }
 }
 
 ncclResult_t geoDevAsyncError(struct ncclComm *comm)
@@ -1660,8 +1782,12 @@ void geoDevFree(struct ncclComm *comm, int abort)
     }
     if (st->flag)
         cudaFreeHost(st->flag);
-    if (st->ef_ready)
+    if (st->ef_ready) {
+        st->ef_stream_valid = 0;
         geoEfFree(&st->ef);
+    }
+    if (st->ef_ev)
+        cudaEventDestroy(st->ef_ev);
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->lock);
     free(st);

@@ -73,7 +73,7 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_CUDA_CODECS] = {"GEOCCL_CUDA_CODECS", GEO_PARAM_INT, "1",
                                "device buffers across regions: 1 encodes and decodes on the "
                                "GPU (cuda/, every codec but lossless); 0 copies the shard to "
-                               "the host and compresses there"},
+                               "the host and compresses there; the same on every rank"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
