@@ -84,6 +84,10 @@ typedef struct devJob {
     uint64_t op_seq;
     int codec;              /* host exchange: the codec of the call */
     struct gxJob *gx;       /* GPU-encoded exchange (NULL: host exchange) */
+    int staged;             /* another collective, run on host staging */
+    size_t sbytes;          /* staged: the input's bytes at slot->host, the
+                               output's after them (at rat) */
+    size_t rat;
     struct devJob *next;
 } devJob;
 
@@ -350,24 +354,26 @@ ncclResult_t geoDevCheck(struct ncclComm *comm, const geoOp *op, const char *fn)
     }
     if (comm->regions.nregions == 1)
         return ncclSuccess; /* pass-through: NVIDIA's NCCL checks the rest */
-    if (op->type != GEO_OP_ALLREDUCE) {
+    if (op->type == GEO_OP_SEND || op->type == GEO_OP_RECV) {
         geoCommSetError(comm, "%s on device buffers across %d regions is not supported by this "
-                        "release: only ncclAllReduce is; use host buffers for it, or one "
-                        "region", fn, comm->regions.nregions);
+                        "release (collectives are); use host buffers for it, or one region",
+                        fn, comm->regions.nregions);
         return ncclInvalidUsage;
     }
-    if (op->op >= ncclNumOps) {
+    if ((op->type == GEO_OP_ALLREDUCE || op->type == GEO_OP_REDUCE ||
+         op->type == GEO_OP_REDUCESCATTER) && op->op >= ncclNumOps) {
         geoCommSetError(comm, "%s: PreMulSum ops on device buffers across regions are not "
                         "supported by this release; use ncclAvg or scale before the call", fn);
         return ncclInvalidUsage;
     }
-    if (!geoDevIsDevicePtr(op->sendbuff) || !geoDevIsDevicePtr(op->recvbuff)) {
+    if (op->type == GEO_OP_ALLREDUCE &&
+        (!geoDevIsDevicePtr(op->sendbuff) || !geoDevIsDevicePtr(op->recvbuff))) {
         geoCommSetError(comm, "%s: one buffer is device memory and the other is not; across "
                         "regions both must be device memory", fn);
         return ncclInvalidUsage;
     }
     if (geoNcclRealGroupIsOpen() || geoGroupActive()) {
-        geoCommSetError(comm, "%s: a cross-region device all-reduce inside "
+        geoCommSetError(comm, "%s: a cross-region device collective inside "
                         "ncclGroupStart/End is not supported by this release", fn);
         return ncclInvalidUsage;
     }
@@ -570,7 +576,20 @@ static void *exchange_main(void *arg)
         if (res == ncclSuccess) {
             snprintf(comm->op_desc, sizeof(comm->op_desc), "AllReduce #%llu (%zu elements, "
                      "device)", (unsigned long long)j->op_seq, j->op.count);
-            if (j->gx) {
+            if (j->staged) {
+                snprintf(comm->op_desc, sizeof(comm->op_desc), "%s #%llu (%zu elements, "
+                         "device, staged)", geoOpTypeName(j->op.type),
+                         (unsigned long long)j->op_seq, j->op.count);
+                res = wait_event(comm, st, j->slot->ready, "the staged input");
+                if (res == ncclSuccess) {
+                    geoOp hop = j->op;
+                    hop.sendbuff = j->slot->host;
+                    hop.recvbuff = j->slot->host + j->rat;
+                    hop.device = 0;
+                    hop.stream = NULL;
+                    res = geoCollRun(&hop);
+                }
+            } else if (j->gx) {
                 res = gx_run(comm, st, j);
                 comm->stats.calls_hier++;
             } else {
@@ -1658,6 +1677,96 @@ undo_tmp:
     return r;
 }
 
+/* ---- other collectives across regions: staged through the host ---------
+ *
+ * Broadcast, reduce, all-gather, reduce-scatter, all-to-all, gather and
+ * scatter on device buffers across regions: on the user's stream, the
+ * input is copied to pinned memory (where this rank has one), the stream
+ * waits on the flag, and the output is copied back (where this rank has
+ * one); in between, the exchange thread runs the host algorithm on the
+ * staging (hierarchical where that saves WAN bytes, coll_ring.c and
+ * coll_hier.c).  No NCCL call: the collective's traffic inside a region is
+ * a small part of it beside the WAN.  Buffers may be host or device memory
+ * (cudaMemcpyDefault).  Trainers use these for parameters at start-up
+ * (DDP broadcasts its module state) and for sharded optimisers. */
+
+static void staged_sizes(const struct ncclComm *comm, const geoOp *op, size_t *in, size_t *out,
+                         int *copy_in, int *copy_out)
+{
+    const size_t es = geoTypeSize(op->dt), c = op->count, N = (size_t)comm->nranks;
+    const int root = op->root == comm->rank;
+    *copy_in = *copy_out = 1;
+    switch (op->type) {
+    case GEO_OP_BROADCAST: *in = c; *out = c; *copy_in = root; break;
+    case GEO_OP_REDUCE: *in = c; *out = c; *copy_out = root; break;
+    case GEO_OP_ALLGATHER: *in = c; *out = c * N; break;
+    case GEO_OP_REDUCESCATTER: *in = c * N; *out = c; break;
+    case GEO_OP_ALLTOALL: *in = c * N; *out = c * N; break;
+    case GEO_OP_GATHER: *in = c; *out = c * N; *copy_out = root; break;
+    case GEO_OP_SCATTER: *in = c * N; *out = c; *copy_in = root; break;
+    default: *in = c; *out = c; break;
+    }
+    *in *= es;
+    *out *= es;
+}
+
+static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
+{
+    cudaStream_t s = op->stream;
+    size_t in, out;
+    int copy_in, copy_out;
+    devSlot *slot = NULL;
+    cudaError_t ce;
+    ncclResult_t r;
+
+    GEO_CHECK(dev_setup_hier(comm, st));
+    staged_sizes(comm, op, &in, &out, &copy_in, &copy_out);
+    const size_t rat = gx_up(in);
+    GEO_CHECK(flag_rewind(comm, st, 1));
+    GEO_CHECK(slot_get(comm, st, rat + out + 1, &slot));
+    if ((copy_in && (ce = cudaMemcpyAsync(slot->host, op->sendbuff, in, cudaMemcpyDefault, s)) !=
+                        cudaSuccess) ||
+        (ce = cudaEventRecord(slot->ready, s)) != cudaSuccess) {
+        r = cuda_error(comm, "copying the input to the host", ce);
+        pthread_mutex_lock(&st->lock);
+        slot->busy = 0;
+        pthread_mutex_unlock(&st->lock);
+        return r;
+    }
+    devJob *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        pthread_mutex_lock(&st->lock);
+        slot->busy = 0;
+        pthread_mutex_unlock(&st->lock);
+        geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+        return ncclSystemError;
+    }
+    j->op = *op;
+    j->op.next = NULL;
+    j->slot = slot;
+    j->op_seq = comm->op_seq;
+    j->staged = 1;
+    j->sbytes = in;
+    j->rat = rat;
+    pthread_mutex_lock(&st->lock);
+    j->seq = ++st->seq;
+    if (st->tail)
+        st->tail->next = j;
+    else
+        st->head = j;
+    st->tail = j;
+    st->pending++;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->lock);
+    /* queued: the stream must wait for it whatever happens */
+    GEO_CHECK(stream_wait(comm, st, s, j->seq));
+    if (copy_out)
+        CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, slot->host + rat, out, cudaMemcpyDefault,
+                                         s), "copying the output back");
+    CUDA_CHECK(comm, cudaEventRecord(slot->done, s), "cudaEventRecord");
+    return ncclSuccess;
+}
+
 /* ---- entry points -------------------------------------------------------- */
 
 ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
@@ -1676,7 +1785,8 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
         return pass_through(comm, st, op, fn);
     }
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
-    r = hier_allreduce(comm, st, op);
+    r = op->type == GEO_OP_ALLREDUCE ? hier_allreduce(comm, st, op)
+                                     : staged_collective(comm, st, op);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     return r;
 }

@@ -7,6 +7,10 @@
  * path: NVIDIA's reduce-scatter in the region, the exchange between
  * regions, NVIDIA's all-gather, all on the caller's stream.
  *
+ * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
+ * all-to-all on device buffers across the regions (GeoCCL stages them
+ * through the host), exact results checked; no figures.
+ *
  * Without CODEC: exact transfer; checks sum and avg results on odd and even
  * counts against the exact sums.  With CODEC (int8, fp16, bf16, int4, sign,
  * topk:<k>, lossless; set with geocclCommSetCompression): the chunks are
@@ -139,6 +143,97 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
     return bad;
 }
 
+/* dev_allreduce N MIB staged: the other collectives across regions on
+ * device buffers (GeoCCL stages them through the host), exact results. */
+static int check_one(int rank, const char *what, const float *got, size_t n,
+                     float (*want)(int, int, size_t), int nranks)
+{
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want(rank, nranks, i))
+            wrong++;
+    if (wrong)
+        fprintf(stderr, "rank %d: %s: %zu of %zu elements wrong\n", rank, what, wrong, n);
+    return wrong != 0;
+}
+
+#define SN 100003
+static float w_bcast(int rank, int nranks, size_t i) { (void)rank; return value(nranks - 1, i); }
+static float w_gather(int rank, int nranks, size_t i)
+{
+    (void)rank;
+    (void)nranks;
+    return value((int)(i / SN), i % SN);
+}
+static float w_rs(int rank, int nranks, size_t i)
+{
+    float t = 0;
+    for (int r = 0; r < nranks; r++)
+        t += value(r, (size_t)rank * SN + i);
+    return t;
+}
+static float w_reduce(int rank, int nranks, size_t i)
+{
+    float t = 0;
+    (void)rank;
+    for (int r = 0; r < nranks; r++)
+        t += value(r, i);
+    return t;
+}
+static float w_a2a(int rank, int nranks, size_t i)
+{
+    (void)nranks;
+    return value((int)(i / SN), (size_t)rank * SN + i % SN);
+}
+
+static int check_staged(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
+{
+    const size_t N = (size_t)nranks, big = SN * N;
+    float *h = malloc(big * sizeof(float)), *d_in, *d_out;
+    int bad = 0;
+    CK(cudaMalloc((void **)&d_in, big * sizeof(float)));
+    CK(cudaMalloc((void **)&d_out, big * sizeof(float)));
+    for (size_t i = 0; i < big; i++)
+        h[i] = value(rank, i);
+    CK(cudaMemcpy(d_in, h, big * sizeof(float), cudaMemcpyHostToDevice));
+
+    /* broadcast from the last rank, in place */
+    CK(cudaMemcpy(d_out, d_in, SN * sizeof(float), cudaMemcpyDeviceToDevice));
+    NK(ncclBroadcast(d_out, d_out, SN, ncclFloat, nranks - 1, comm, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(h, d_out, SN * sizeof(float), cudaMemcpyDeviceToHost));
+    bad |= check_one(rank, "broadcast", h, SN, w_bcast, nranks);
+    /* all-gather */
+    NK(ncclAllGather(d_in, d_out, SN, ncclFloat, comm, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(h, d_out, big * sizeof(float), cudaMemcpyDeviceToHost));
+    bad |= check_one(rank, "all-gather", h, big, w_gather, nranks);
+    /* reduce-scatter */
+    NK(ncclReduceScatter(d_in, d_out, SN, ncclFloat, ncclSum, comm, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(h, d_out, SN * sizeof(float), cudaMemcpyDeviceToHost));
+    bad |= check_one(rank, "reduce-scatter", h, SN, w_rs, nranks);
+    /* reduce to rank 0 */
+    NK(ncclReduce(d_in, d_out, SN, ncclFloat, ncclSum, 0, comm, s));
+    CK(cudaStreamSynchronize(s));
+    if (rank == 0) {
+        CK(cudaMemcpy(h, d_out, SN * sizeof(float), cudaMemcpyDeviceToHost));
+        bad |= check_one(rank, "reduce", h, SN, w_reduce, nranks);
+    }
+    /* all-to-all */
+    NK(ncclAlltoAll(d_in, d_out, SN, ncclFloat, comm, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(h, d_out, big * sizeof(float), cudaMemcpyDeviceToHost));
+    bad |= check_one(rank, "all-to-all", h, big, w_a2a, nranks);
+    if (rank == 0)
+        printf("dev_allreduce: staged broadcast, all-gather, reduce-scatter, reduce, all-to-all "
+               "of %d x %d floats: %s\n", SN, nranks, bad ? "wrong results" : "correct");
+    cudaFree(d_in);
+    cudaFree(d_out);
+    free(h);
+    return bad;
+}
+
 static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
@@ -151,11 +246,16 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const ch
     NK(ncclCommInitRank(&comm, nranks, id, rank));
     int bad = 0;
     const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
-    if (codec) {
+    if (codec && strcmp(codec, "staged") == 0) {
+        bad |= check_staged(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec) {
         NK(geocclCommSetCompression(comm, codec));
         bad |= check_codec(rank, nranks, comm, s, codec);
     }
-    for (size_t c = 0; !codec && c < sizeof(counts) / sizeof(counts[0]); c++) {
+    const int staged_only = mib == 0;
+    for (size_t c = 0; !codec && !staged_only && c < sizeof(counts) / sizeof(counts[0]); c++) {
         for (int avg = 0; avg < 2; avg++) {
             size_t n = counts[c];
             float *h = malloc(n * sizeof(float)), *d_in, *d_out;
@@ -194,6 +294,11 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const ch
         fprintf(stderr, "rank %d: async error %s: %s\n", rank, ncclGetErrorString(ae),
                 ncclGetLastError(comm));
         bad = 1;
+    }
+    if (staged_only) {
+        NK(ncclCommDestroy(comm));
+        cudaStreamDestroy(s);
+        return bad;
     }
     /* Figures: MIB MiB of floats, 2 warm-up calls, then 10 timed. */
     size_t n = mib * (1 << 20) / sizeof(float);

@@ -33,8 +33,10 @@
 #      to NVIDIA's NCCL; prints the overhead in %); dev_allreduce with 3
 #      ranks and a codec (int8, sign, topk, fp16, int4 encoded on the GPU,
 #      then int8 with GEOCCL_CUDA_CODECS=0): bit-identical results on every
-#      rank, error bounds, 64 MiB time; if PyTorch imports, a two-process
-#      data-parallel step with LD_PRELOAD=libgeoccl.so.
+#      rank, error bounds, 64 MiB time; dev_allreduce --staged (broadcast,
+#      all-gather, reduce-scatter, reduce across regions on device buffers);
+#      if PyTorch imports, a two-process data-parallel step with
+#      LD_PRELOAD=libgeoccl.so, by hand and with DistributedDataParallel.
 #   7. host tests: make check of everything but the emulated-WAN tests
 #      (tests needing a missing package skip with 77); the codec check runs
 #      there again in its quick form.  Stopped by the time budget, the stage
@@ -319,7 +321,7 @@ if [ $DEV_OK = 1 ]; then
     # Compressed device all-reduce: chunks encoded on the GPU (issue 6 item
     # 3), 3 ranks in 3 regions; bit-identical results, error bounds, and
     # the 64 MiB time; int8 once more with the host codecs for comparison.
-    for spec in int8 sign topk:0.05 fp16 int4 "int8 host"; do
+    for spec in staged int8 sign topk:0.05 fp16 int4 "int8 host"; do
         codec=${spec%% *}
         if [ "$(left)" -lt 50 ]; then
             stage_result "device all-reduce $spec" skip "no time left"
@@ -329,7 +331,7 @@ if [ $DEV_OK = 1 ]; then
         echo "  dev_allreduce 3 ranks, $codec, GEOCCL_CUDA_CODECS=$cc, 64 MiB figures"
         GEOCCL_CUDA_CODECS=$cc timeout 60 "$BUILD/full/tests/device/dev_allreduce" 3 64 "$codec"
         rc=$?
-        fig=$(grep -a "^dev_allreduce: 3 ranks.*$codec:" "$LOG" | tail -n1 | sed 's/^dev_allreduce: //')
+        fig=$(grep -a "^dev_allreduce: \(3 ranks.*$codec:\|$codec\)" "$LOG" | tail -n1 | sed 's/^dev_allreduce: //')
         case $rc in
             0) stage_result "device all-reduce $spec" pass "$fig" ;;
             77) stage_result "device all-reduce $spec" skip "no GPU visible" ;;
@@ -341,15 +343,22 @@ if [ $DEV_OK = 1 ]; then
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         if [ "$(left)" -gt 60 ]; then
             t=$(($(left) - 30)); [ "$t" -gt 160 ] && t=160
-            echo "  torch two-process step, LD_PRELOAD=$GEOLIB"
-            LD_PRELOAD=$GEOLIB timeout "$t" python3 "$ROOT/tests/device/torch_step.py"
-            rc=$?
-            fig=$(grep -a "step .* ms" "$LOG" | tail -n1 | sed 's/^ *//')
-            case $rc in
-                0) stage_result "torch step" pass "$fig" ;;
-                124) stage_result "torch step" fail "timed out after ${t}s" ;;
-                *) stage_result "torch step" fail "exit $rc" ;;
-            esac
+            for mode in manual ddp; do
+                [ "$mode" = ddp ] && { t=$(($(left) - 30)); [ "$t" -gt 160 ] && t=160; }
+                if [ "$t" -lt 30 ]; then
+                    stage_result "torch step $mode" skip "no time left"
+                    continue
+                fi
+                echo "  torch two-process step ($mode), LD_PRELOAD=$GEOLIB"
+                LD_PRELOAD=$GEOLIB timeout "$t" python3 "$ROOT/tests/device/torch_step.py" $mode
+                rc=$?
+                fig=$(grep -a "step .* ms" "$LOG" | tail -n1 | sed 's/^ *//')
+                case $rc in
+                    0) stage_result "torch step $mode" pass "$fig" ;;
+                    124) stage_result "torch step $mode" fail "timed out after ${t}s" ;;
+                    *) stage_result "torch step $mode" fail "exit $rc" ;;
+                esac
+            done
         else
             stage_result "torch step" skip "no time left"
         fi
