@@ -642,9 +642,10 @@ static void CUDART_CB host_wait_flag(void *arg)
 
 /* ---- cross-region all-reduce, encoded on the GPU -------------------------
  *
- * When a call is compressed with a codec the GPU implements (every codec
- * but lossless; GEOCCL_CUDA_CODECS=0 turns this off), the shard does not go
- * to the host whole: the stream encodes it with the kernels of cuda/ (error
+ * When a float32 call is compressed with a codec the GPU implements (every
+ * codec but lossless), or is an uncompressed float32 sum or average (codec
+ * none: a chunk is a copy with a header), the shard does not go to the
+ * host whole (GEOCCL_CUDA_CODECS=0 turns this off): the stream encodes it with the kernels of cuda/ (error
  * feedback residuals in device memory), copies only the chunks to pinned
  * memory, and the exchange thread moves them.  The messages are those of
  * the host exchange (geoHierExchangePlan), each cut in sub-chunks of E
@@ -1015,9 +1016,10 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
                                    scratch, g->scratch_bytes, s, &written, &why);
             if (r != ncclSuccess)
                 return gx_codec_error(comm, "encoding a reduced part", r, why);
-            r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, dst, m,
-                                   status + x->status, s, &why);
-            if (r != ncclSuccess)
+            /* lossy: keep what every other region decodes (none: equal) */
+            if (codec != GEO_CODEC_NONE &&
+                (r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, dst, m,
+                                        status + x->status, s, &why)) != ncclSuccess)
                 return gx_codec_error(comm, "decoding our own chunk", r, why);
             t += k1;
         }
@@ -1557,9 +1559,17 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     geoHierCodecChoice ch;
     geoTuningChoose(comm, GEO_OP_ALLREDUCE, count * es, &hier_unused, &codec, &chunk);
     geoHierCodecPolicy(comm, op, codec, &ch);
-    if (ch.codec != GEO_CODEC_NONE && op->dt == ncclFloat32 &&
-        geoCudaCodecAvailable((geoCodecId)ch.codec) &&
-        geoParamInt(GEO_PARAM_CUDA_CODECS) != 0) {
+    /* float32 sum/avg go through the GPU path also uncompressed (codec
+     * none: chunks are plain copies with a header), so that they pipeline
+     * in rounds too. */
+    int exact_f32 = ch.codec == GEO_CODEC_NONE && (op->op == ncclSum || op->op == ncclAvg);
+    if (exact_f32) {
+        geoCodecParamsInit(&ch.p1);
+        ch.p2 = ch.p1;
+    }
+    if (op->dt == ncclFloat32 && geoParamInt(GEO_PARAM_CUDA_CODECS) != 0 &&
+        (exact_f32 ||
+         (ch.codec != GEO_CODEC_NONE && geoCudaCodecAvailable((geoCodecId)ch.codec)))) {
         gxJob *g = NULL;
         r = gx_prepare(comm, op, &ch, chunk, &g);
         if (r == ncclSuccess)
