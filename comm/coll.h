@@ -76,6 +76,8 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
 /* Hierarchical all-reduce over the communicator's regions (coll_hier.c);
  * op->op is a built-in op (PreMulSum already applied to the input). */
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
+/* Slices in flight of the hierarchical all-reduce for nslices slices. */
+int geoHierDepth(const struct ncclComm *comm, size_t nslices);
 /* The inter-region step of the hierarchical all-reduce alone, for a caller
  * that ran the intra-region reduce-scatter itself (the device path, with the
  * real NCCL).  Local rank i of region q owns elements geoSegPadded(op->count,

@@ -19,7 +19,7 @@
  * the whole slice, the three others a third each).
  *
  * Slices are software-pipelined: iteration s does RS and X1 of slice s, R and
- * X2 of slice s - D, AG of slice s - 2D (D = 2), so the WAN always has work
+ * X2 of slice s - D, AG of slice s - 2D (D: geoHierDepth), so the WAN always has work
  * queued while the intra phases run.  All ranks run the same schedule and
  * post messages in the same order, which keeps each peer pair's message
  * order matched (transport.h).
@@ -43,7 +43,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HIER_DEPTH 2
+/* Slices in flight (GEOCCL_HIER_DEPTH; 0: auto).  A slice's WAN round trip
+ * must fit in D iterations of the caller's loop, or the caller waits on the
+ * link's latency at every slice: with small slices, D = 2 left a 64 MiB
+ * sign all-reduce in 1 MiB slices waiting a one-way delay every two slices.
+ * But the all-gather of slice s runs only at iteration s + 2D, so a large
+ * D pushes the all-gathers to the end, where nothing hides them: a quarter
+ * of the slices, 2 to 8.  Every rank computes the same D. */
+int geoHierDepth(const struct ncclComm *comm, size_t nslices)
+{
+    if (comm->hier_depth > 0)
+        return comm->hier_depth;
+    size_t d = nslices / 4;
+    return d < 2 ? 2 : d > 8 ? 8 : (int)d;
+}
 
 typedef struct {
     int peer;
@@ -540,7 +553,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         res = ncclSystemError;
         goto out;
     }
-    for (size_t it = 0; it < M + 2 * HIER_DEPTH; it++) {
+    const size_t D = (size_t)geoHierDepth(comm, M);
+    for (size_t it = 0; it < M + 2 * D; it++) {
         if (it < M) {
             t0 = geoNow();
             GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es), res, out);
@@ -553,8 +567,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, v, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, v, es), res, out);
         }
-        if (it >= HIER_DEPTH && it - HIER_DEPTH < M) {
-            hierSlice *x = &sl[it - HIER_DEPTH];
+        if (it >= D && it - D < M) {
+            hierSlice *x = &sl[it - D];
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
             comm->stats.t_inter += geoNow() - t0;
@@ -572,8 +586,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, v, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, x->rx2, x->nrx2, 0, v, es), res, out);
         }
-        if (it >= 2 * HIER_DEPTH && it - 2 * HIER_DEPTH < M) {
-            hierSlice *x = &sl[it - 2 * HIER_DEPTH];
+        if (it >= 2 * D && it - 2 * D < M) {
+            hierSlice *x = &sl[it - 2 * D];
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx2, x->nrx2), res, out);
             GEO_CHECK_GOTO(wait_msgs(comm, x->tx1, x->ntx1), res, out);

@@ -98,6 +98,7 @@ struct ncclComm {
     geoRing region_ring;        /* my region's ranks, local order */
     int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
     size_t hier_slice;          /* bytes per hierarchical slice */
+    int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
     geoTopo topo;               /* what the probe measured (probe.h) */

@@ -542,6 +542,8 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         geoWarn(GEO_LOG_TUNING, "GEOCCL_ALGO=%s is not auto, flat or hier: using auto", algo);
     int64_t hs = geoParamInt(GEO_PARAM_HIER_SLICE);
     comm->hier_slice = (size_t)(hs < 4096 ? 4096 : hs);
+    int64_t hd = geoParamInt(GEO_PARAM_HIER_DEPTH);
+    comm->hier_depth = hd < 0 ? 0 : hd > 64 ? 64 : (int)hd;
     int64_t dm = geoParamInt(GEO_PARAM_DIRECT_MAX);
     comm->direct_max = (size_t)(dm < 0 ? 0 : dm);
     geoCommCompressionInit(comm);

@@ -74,6 +74,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                "device buffers across regions: 1 encodes and decodes on the "
                                "GPU (cuda/, every codec but lossless); 0 copies the shard to "
                                "the host and compresses there; the same on every rank"},
+    [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
+                              "slices of the hierarchical all-reduce in flight between regions "
+                              "(a slice's partials are reduced this many slices after they are "
+                              "sent); 0: a quarter of the slices, at least 2, at most 8; the "
+                              "same on every rank"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

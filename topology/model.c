@@ -56,8 +56,9 @@
  * the caller's thread one after the other; the WAN transfers run beside
  * them on the progress thread.  So per slice the caller needs
  * K = max_q (RS_q + AG_q + C_q), the WAN needs W = max_q W_q, and a slice's
- * round trip must fit in the pipeline depth D = 2 (X1 of slice s is reduced
- * D iterations later): period = max(K, W, (ow + W/2) / D).  The first slice
+ * round trip must fit in the pipeline depth D (X1 of slice s is reduced
+ * D iterations later; D = a quarter of the slices, 2 to 8, as the library
+ * takes it): period = max(K, W, (ow + W/2) / D).  The first slice
  * goes through all stages; each further one adds a period:
  *     T = K + W + 2 ow + (n - 1) * period
  * (one slice: RS + X1 + X2 + AG back to back; many: the slower of the
@@ -123,7 +124,13 @@
 /* The buckets go up to 4 GiB. */
 _Static_assert(SIZE_MAX >= UINT64_MAX, "the plan's size buckets need a 64-bit size_t");
 
-#define HIER_DEPTH 2  /* coll_hier.c's HIER_DEPTH */
+/* Slices in flight, as comm/coll_hier.c's geoHierDepth (auto): a quarter
+ * of the slices, 2 to 8. */
+static double hier_depth(double nslices)
+{
+    double d = floor(nslices / 4);
+    return d < 2 ? 2 : d > 8 ? 8 : d;
+}
 #define TCP_GOODPUT (1448.0 / 1500.0)
 #define PREFER_MARGIN 0.01
 
@@ -337,7 +344,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
         W = fmax(W, 2 * share * L / ratio / wan_rate(m, q, P * (R - 1) * ns));
     }
     double ow = max_oneway(m);
-    double period = fmax(fmax(K, W), (ow + W / 2) / HIER_DEPTH);
+    double period = fmax(fmax(K, W), (ow + W / 2) / hier_depth(ceil(S / fmax(L, 1))));
     return K + W + 2 * ow + more * period;
 }
 
