@@ -394,6 +394,50 @@ static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice 
     return ncclSuccess;
 }
 
+/* X1 receives and R of a float32 sum/avg in one pass: the k partials of
+ * each of my parts summed in region order, the other regions' decoded
+ * straight into the sum (decodeAccumulate: one binary32 addition each, the
+ * same bits as decode_x1 then reduce_parts, without the decoded copies). */
+static int fused_decode(const geoOp *op, const hierCodec *hc)
+{
+    return hc->codec != NULL && op->dt == ncclFloat32 &&
+           (op->op == ncclSum || op->op == ncclAvg);
+}
+
+static ncclResult_t decode_reduce_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
+                                     const hierCodec *hc, float *acc, const hierView *v)
+{
+    const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
+    for (int p = 0; p < sl->nparts; p++) {
+        hierPart *part = &sl->parts[p];
+        float *mine = (float *)at(v, part->off, sizeof(float));
+        if (part->n == 0)
+            continue;
+        for (int q = 0, j = 0; q < k; q++) {
+            if (q == g) {
+                if (q == 0)
+                    memcpy(acc, mine, part->n * sizeof(float));
+                else
+                    geoReduce(acc, acc, mine, part->n, ncclFloat32, ncclSum);
+                continue;
+            }
+            hierMsg *x = &sl->rx1[part->first_rx + j++];
+            const char *why = NULL;
+            ncclResult_t r = q == 0 ? hc->codec->decode(x->enc, x->req.size, ncclFloat32, acc,
+                                                        part->n, &why)
+                                    : hc->codec->decodeAccumulate(x->enc, x->req.size,
+                                                                  ncclFloat32, acc, part->n,
+                                                                  &why);
+            if (r != ncclSuccess)
+                return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
+        }
+        if (op->op == ncclAvg)
+            geoDivide(acc, part->n, ncclFloat32, comm->nranks);
+        memcpy(mine, acc, part->n * sizeof(float));
+    }
+    return ncclSuccess;
+}
+
 /* X2: encode each finished part once, and keep decode(encode(part)) as my
  * own copy: the bytes every other region decodes. */
 static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
@@ -572,12 +616,18 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
             comm->stats.t_inter += geoNow() - t0;
-            if (hc.codec) {
+            if (fused_decode(op, &hc)) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_x1(comm, op, x, &hc), res, out);
+                GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, &hc, (float *)scratch, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
+            } else {
+                if (hc.codec) {
+                    t0 = geoNow();
+                    GEO_CHECK_GOTO(decode_x1(comm, op, x, &hc), res, out);
+                    comm->stats.t_codec += geoNow() - t0;
+                }
+                reduce_parts(comm, op, x, es, scratch, v);
             }
-            reduce_parts(comm, op, x, es, scratch, v);
             if (hc.codec) {
                 t0 = geoNow();
                 GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc, v), res, out);
@@ -648,9 +698,13 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.rx1, sl.nrx1, 0, v, es), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.rx1, sl.nrx1), res, out);
-    if (hc.codec)
-        GEO_CHECK_GOTO(decode_x1(comm, op, &sl, &hc), res, out);
-    reduce_parts(comm, op, &sl, es, scratch, v);
+    if (fused_decode(op, &hc)) {
+        GEO_CHECK_GOTO(decode_reduce_x1(comm, op, &sl, &hc, (float *)scratch, v), res, out);
+    } else {
+        if (hc.codec)
+            GEO_CHECK_GOTO(decode_x1(comm, op, &sl, &hc), res, out);
+        reduce_parts(comm, op, &sl, es, scratch, v);
+    }
     if (hc.codec)
         GEO_CHECK_GOTO(encode_x2(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx2, sl.ntx2, 1, v, es), res, out);
