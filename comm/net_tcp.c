@@ -18,7 +18,23 @@
  * random challenge; the connector answers with HMAC-SHA256(secret,
  * challenge | rank | stream | comm_hash).  A connection that cannot prove the
  * secret is logged and closed, and accepting goes on.  All handshakes of a
- * rank run at once in one poll() loop (see setup_connections). */
+ * rank run at once in one poll() loop (see setup_connections).
+ *
+ * Same-host fast path (GEOCCL_SHM, net_local.h): a connection to a peer on
+ * the same host AND in the same network namespace is an AF_UNIX stream
+ * socket instead of TCP.  Ranks of one host in different namespaces (the
+ * emulated regions of examples/wan) always use TCP: their traffic must cross
+ * the links between the namespaces.  Only the medium changes: the same
+ * handshake gates the connection, the same frames with checked headers
+ * travel on it, the same poll loop drives it, and a dead peer shows as the
+ * same EOF or reset.  Why sockets and not a shared-memory ring: on loopback
+ * most of TCP's cost is the protocol stack (segmentation, checksums, ACKs,
+ * the softirq path), which an AF_UNIX socket skips while keeping the kernel
+ * doing what a ring would have to rebuild: flow control, wake-ups, and death
+ * detection through the file descriptor.  The connector falls back to TCP
+ * when the peer's socket file cannot be opened from here (another mount
+ * namespace or a private /dev/shm): that open is the proof that the two
+ * ranks share the host. */
 #include "config.h"
 #include "comm/checks.h"
 #include "comm/comm.h"
@@ -64,6 +80,7 @@ typedef struct {
 
 typedef struct {
     int fd;
+    int local;             /* AF_UNIX (same-host fast path), not TCP */
     int closed;            /* peer closed or reset: no more polling */
     /* send cursor */
     uint64_t s_seq;
@@ -89,6 +106,8 @@ typedef struct {
 typedef struct {
     struct ncclComm *comm;
     int listen_fd;
+    int local_fd;                   /* same-host listener; -1: none */
+    geoLocalInfo local;             /* what we published about it */
     int nstreams;
     tcpPeer *peers;
     pthread_t thread;
@@ -178,8 +197,9 @@ static void peer_error(tcpState *st, int peer, int stream, const char *what)
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
-    geoCommSetError(st->comm, "%s: rank %d (%s, host %s) %s (stream %d)", st->comm->op_desc,
-                    peer, peer_str(st, peer, a), st->comm->peers[peer].host, what, stream);
+    geoCommSetError(st->comm, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->comm->op_desc,
+                    peer, peer_str(st, peer, a), st->comm->peers[peer].host, what, stream,
+                    st->peers[peer].conns[stream].local ? ", same-host socket" : "");
     geoWarn(GEO_LOG_NET, "%s", st->comm->last_error);
     break_locked(st, ncclRemoteError);
 }
@@ -483,24 +503,33 @@ static int tcp_can_connect(struct ncclComm *comm)
     return 1;
 }
 
-static ncclResult_t tcp_listen(struct ncclComm *comm, void **state, void *listen_addr)
+static ncclResult_t tcp_listen(struct ncclComm *comm, void **state, geoNetAddr *addr)
 {
     tcpState *st = calloc(1, sizeof(*st));
-    geoSockAddr *addr = listen_addr;
     geoSockAddr bound;
     ncclResult_t res;
 
     GEO_RETURN_IF(st == NULL, ncclSystemError, "out of memory");
     st->comm = comm;
     st->listen_fd = -1;
+    st->local_fd = -1;
     st->wake_fd = -1;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cv, NULL);
-    GEO_CHECK_GOTO(geoSocketListen(addr, &st->listen_fd, &bound), res, fail);
-    *addr = bound;
+    GEO_CHECK_GOTO(geoSocketListen(&addr->addr, &st->listen_fd, &bound), res, fail);
+    addr->addr = bound;
+    geoLocalIdentify(&st->local);
+    if (geoParamInt(GEO_PARAM_SHM) != 0 && geoLocalListen(comm->rank, &st->local_fd,
+                                                          &st->local) != 0)
+        /* Not fatal: every peer can still reach us over TCP. */
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "no same-host fast path: cannot create a local "
+                "socket in /dev/shm or /tmp: %s", strerror(errno));
+    addr->local = st->local;
     *state = st;
     return ncclSuccess;
 fail:
+    pthread_mutex_destroy(&st->lock);
+    pthread_cond_destroy(&st->cv);
     free(st);
     return res;
 }
@@ -529,6 +558,7 @@ enum {
 typedef struct {
     int fd;
     int out;        /* 1: we connect to (peer, stream); 0: we accepted */
+    int local;      /* out: over the peer's same-host socket; in: accepted there */
     int state;
     int peer;       /* in: -1 until a valid hello names it */
     int stream;
@@ -557,6 +587,17 @@ static short hs_events(const tcpHs *h)
     }
 }
 
+/* The peer's same-host socket cannot be opened from here (another mount
+ * namespace, a private /dev/shm): it is not the same host for us, so this
+ * stream goes over TCP, at once. */
+static void local_fallback(tcpHs *h)
+{
+    geoInfo(GEO_LOG_NET, "rank %d, stream %d: its same-host socket cannot be opened from here "
+            "(%s); using TCP", h->peer, h->stream, strerror(h->err));
+    h->local = 0;
+    h->err = 0;
+}
+
 /* Advance an outgoing handshake as far as it goes without blocking.
  * 1: done; 0: waiting (on its socket, or until h->when); -1: failed, the
  * communicator's error says how. */
@@ -572,8 +613,14 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
         case HS_RETRY:
             if (now < h->when)
                 return 0;
-            if (geoSocketConnectStart(&comm->peers[h->peer].addr, &h->fd) != 0) {
+            rc = h->local ? geoLocalConnectStart(comm->peers[h->peer].local.path, &h->fd)
+                          : geoSocketConnectStart(&comm->peers[h->peer].addr, &h->fd);
+            if (rc != 0) {
                 h->err = errno;
+                if (h->local && h->err != EAGAIN) {
+                    local_fallback(h);
+                    continue;
+                }
                 goto connect_failed;
             }
             h->state = HS_CONNECT;
@@ -583,6 +630,11 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             if (h->err != 0) {
                 close(h->fd);
                 h->fd = -1;
+                if (h->local && h->err != EAGAIN) {
+                    h->state = HS_RETRY;
+                    local_fallback(h);
+                    continue;
+                }
                 goto connect_failed;
             }
             h->state = HS_CHALLENGE;
@@ -616,6 +668,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 goto refused;
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
+            st->peers[h->peer].conns[h->stream].local = h->local;
             h->fd = -1;
             h->state = HS_DONE;
             return 1;
@@ -648,8 +701,10 @@ refused:
 static void hs_drop(tcpState *st, tcpHs *h, const char *why)
 {
     geoWarn(GEO_LOG_NET, "dropped connection from %s: %s", h->from, why);
-    if (h->state == HS_ACK) /* release the slot it claimed */
+    if (h->state == HS_ACK) { /* release the slot it claimed */
         st->peers[h->peer].conns[h->stream].fd = -1;
+        st->peers[h->peer].conns[h->stream].local = 0;
+    }
     close(h->fd);
     h->fd = -1;
     h->state = HS_DROPPED;
@@ -698,6 +753,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             h->peer = m->rank;
             h->stream = m->stream;
             st->peers[h->peer].conns[h->stream].fd = h->fd;
+            st->peers[h->peer].conns[h->stream].local = h->local;
             h->ack = GEO_HELLO_MAGIC;
             h->state = HS_ACK;
             h->off = 0;
@@ -789,19 +845,21 @@ static ncclResult_t setup_connections(tcpState *st)
 
     if (out == NULL)
         goto oom;
-    if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) {
+    if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) { /* the local one already is */
         geoCommSetError(comm, "init: cannot make the listener non-blocking: %s",
                         strerror(errno));
         res = ncclSystemError;
         goto done;
     }
     for (int i = 0; i < nout; i++) {
-        out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = i / st->nstreams,
-                         .stream = i % st->nstreams, .when = start, .backoff = 1e-3};
+        int p = i / st->nstreams;
+        out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = p,
+                         .stream = i % st->nstreams, .when = start, .backoff = 1e-3,
+                         .local = geoLocalSamePlace(&st->local, &comm->peers[p].local)};
     }
     while (out_done < nout || in_done < nin) {
         double now = geoNow(), wake = deadline;
-        int n = 0, listening = -1;
+        int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
 
         if (comm->abort_flag) {
             geoCommSetError(comm, "init: aborted while connecting to peers (%d of %d outgoing "
@@ -815,8 +873,8 @@ static ncclResult_t setup_connections(tcpState *st)
             res = ncclRemoteError;
             break;
         }
-        if (cap_pfd < nout + npend + 1) {
-            cap_pfd = 2 * (nout + npend + 1);
+        if (cap_pfd < nout + npend + 2) {
+            cap_pfd = 2 * (nout + npend + 2);
             struct pollfd *np = realloc(pfd, sizeof(*pfd) * (size_t)cap_pfd);
             int *nm = np ? realloc(map, sizeof(*map) * (size_t)cap_pfd) : NULL;
             if (np)
@@ -849,7 +907,11 @@ static ncclResult_t setup_connections(tcpState *st)
         }
         if (in_done < nin && npend < nin - in_done + GEO_TCP_SPARE_PENDING) {
             pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
-            listening = n++;
+            listening[0] = n++;
+            if (st->local_fd >= 0) {
+                pfd[n] = (struct pollfd){.fd = st->local_fd, .events = POLLIN};
+                listening[1] = n++;
+            }
         }
         double left_ms = (wake - now) * 1000.0;
         int ms = left_ms <= 0 ? 0 : left_ms >= 100 ? 100 : (int)left_ms + 1;
@@ -862,7 +924,7 @@ static ncclResult_t setup_connections(tcpState *st)
         }
         now = geoNow();
         for (int k = 0; k < n && rc > 0; k++) {
-            if (pfd[k].revents == 0 || k == listening)
+            if (pfd[k].revents == 0 || k == listening[0] || k == listening[1])
                 continue;
             if (map[k] >= 0) {
                 int r = hs_out_step(st, &out[map[k]], now, deadline);
@@ -878,41 +940,47 @@ static ncclResult_t setup_connections(tcpState *st)
         for (int i = 0; i < npend; i++)
             if (pend[i].state < HS_DONE && now >= pend[i].when)
                 hs_drop(st, &pend[i], "handshake failed (timed out)");
-        while (listening >= 0 && (pfd[listening].revents & POLLIN)) {
-            tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1};
-            geoSockAddr from;
-            int got = geoSocketAcceptNB(st->listen_fd, &h.fd, &from);
-            if (got < 0) {
-                geoCommSetError(comm, "init: accept on %s failed: %s",
-                                peer_str(st, comm->rank, h.from), strerror(errno));
-                res = ncclSystemError;
-                goto done;
-            }
-            if (got == 0)
-                break;
-            geoAddrToString(&from, h.from);
-            if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
-                geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
-                        "challenge", h.from);
-                close(h.fd);
-                continue;
-            }
-            h.when = now + GEO_TCP_HANDSHAKE_S < deadline ? now + GEO_TCP_HANDSHAKE_S
-                                                          : deadline;
-            if (npend == cap_pend) {
-                tcpHs *np = realloc(pend, sizeof(*pend) * (size_t)(cap_pend * 2 + 16));
-                if (np == NULL) {
-                    close(h.fd);
-                    goto oom;
+        for (int l = 0; l < 2; l++) {
+            while (listening[l] >= 0 && (pfd[listening[l]].revents & POLLIN)) {
+                tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1, .local = l};
+                geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
+                int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
+                if (got < 0) {
+                    geoCommSetError(comm, "init: accept on %s failed: %s",
+                                    l ? st->local.path : peer_str(st, comm->rank, h.from),
+                                    strerror(errno));
+                    res = ncclSystemError;
+                    goto done;
                 }
-                pend = np;
-                cap_pend = cap_pend * 2 + 16;
+                if (got == 0)
+                    break;
+                if (l)
+                    snprintf(h.from, sizeof(h.from), "the same-host socket");
+                else
+                    geoAddrToString(&from, h.from);
+                if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
+                    geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
+                            "challenge", h.from);
+                    close(h.fd);
+                    continue;
+                }
+                h.when = now + GEO_TCP_HANDSHAKE_S < deadline ? now + GEO_TCP_HANDSHAKE_S
+                                                              : deadline;
+                if (npend == cap_pend) {
+                    tcpHs *np = realloc(pend, sizeof(*pend) * (size_t)(cap_pend * 2 + 16));
+                    if (np == NULL) {
+                        close(h.fd);
+                        goto oom;
+                    }
+                    pend = np;
+                    cap_pend = cap_pend * 2 + 16;
+                }
+                pend[npend] = h;
+                in_done += hs_in_step(st, &pend[npend]) > 0;
+                npend++;
+                if (npend >= nin - in_done + GEO_TCP_SPARE_PENDING)
+                    break;
             }
-            pend[npend] = h;
-            in_done += hs_in_step(st, &pend[npend]) > 0;
-            npend++;
-            if (npend >= nin - in_done + GEO_TCP_SPARE_PENDING)
-                break;
         }
         /* Forget the finished and the dropped. */
         int keep = 0;
@@ -967,14 +1035,29 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
     res = setup_connections(st);
     close(st->listen_fd);
     st->listen_fd = -1;
+    /* Every peer that will ever connect has: the socket file need not
+     * outlive init (nor be left behind by a crash later). */
+    if (st->local_fd >= 0)
+        close(st->local_fd);
+    st->local_fd = -1;
+    geoLocalUnlink(&st->local);
     if (res != ncclSuccess)
         return res;
 
-    for (int p = 0; p < comm->nranks; p++)
+    int local_peers = 0, mixed = 0;
+    for (int p = 0; p < comm->nranks; p++) {
+        int nlocal = 0;
         for (int s = 0; s < st->nstreams && p != comm->rank; s++) {
-            geoSocketTune(st->peers[p].conns[s].fd);
-            geoSocketSetNonBlocking(st->peers[p].conns[s].fd, 1);
+            tcpConn *c = &st->peers[p].conns[s];
+            nlocal += c->local;
+            if (!c->local)
+                geoSocketTune(c->fd);
+            geoSocketSetNonBlocking(c->fd, 1);
         }
+        local_peers += nlocal == st->nstreams;
+        mixed += nlocal > 0 && nlocal < st->nstreams;
+    }
+    comm->local_peers = local_peers;
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st->wake_fd < 0) {
         geoCommSetError(comm, "init: eventfd failed: %s", strerror(errno));
@@ -985,8 +1068,10 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
         return ncclSystemError;
     }
     st->thread_live = 1;
-    geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d TCP streams each",
-            comm->nranks - 1, st->nstreams);
+    geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d streams each; same-host "
+            "fast path (AF_UNIX) to %d of them%s%s", comm->nranks - 1, st->nstreams,
+            local_peers, geoParamInt(GEO_PARAM_SHM) ? "" : " (GEOCCL_SHM=0)",
+            mixed ? ", some streams of a peer over TCP after a local socket failed" : "");
     return ncclSuccess;
 }
 
@@ -1108,6 +1193,9 @@ static void tcp_destroy(void *state)
     }
     if (st->listen_fd >= 0)
         close(st->listen_fd);
+    if (st->local_fd >= 0)
+        close(st->local_fd);
+    geoLocalUnlink(&st->local); /* init failed before connect() removed it */
     if (st->wake_fd >= 0)
         close(st->wake_fd);
     pthread_mutex_destroy(&st->lock);
@@ -1123,7 +1211,7 @@ static void tcp_limit_queued(void *state, int bytes)
     unsigned v = bytes > 0 ? (unsigned)bytes : 0;
     for (int p = 0; p < st->comm->nranks; p++)
         for (int s = 0; st->peers && p != st->comm->rank && s < st->nstreams; s++)
-            if (st->peers[p].conns[s].fd >= 0)
+            if (st->peers[p].conns[s].fd >= 0 && !st->peers[p].conns[s].local)
                 setsockopt(st->peers[p].conns[s].fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v,
                            sizeof(v));
 }

@@ -70,6 +70,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_NCCL_LIB] = {"GEOCCL_NCCL_LIB", GEO_PARAM_STR, NULL,
                             "NVIDIA's libnccl.so used inside a region for device buffers; "
                             "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},
+    [GEO_PARAM_SHM] = {"GEOCCL_SHM", GEO_PARAM_INT, "1",
+                       "same-host fast path: 1 connects ranks of one host AND one network "
+                       "namespace over AF_UNIX sockets instead of TCP (other namespaces, e.g. "
+                       "emulated regions, always use TCP); 0 off"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

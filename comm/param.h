@@ -30,6 +30,7 @@ typedef enum {
     GEO_PARAM_PROBE,
     GEO_PARAM_PROBE_ROUNDS,
     GEO_PARAM_NCCL_LIB,
+    GEO_PARAM_SHM,
     GEO_PARAM_COUNT
 } geoParamId;
 
