@@ -39,6 +39,7 @@
 #include "comm/checks.h"
 #include "comm/comm.h"
 #include "comm/param.h"
+#include "comm/shm_ring.h"
 #include "comm/transport.h"
 
 #include <fcntl.h>
@@ -62,6 +63,10 @@
  * wake-ups of both sides; 1 MiB made 64 MiB all-reduces of 4 ranks about
  * 10% faster here (BENCHMARKS.md, 2026-11-29), more gained nothing. */
 #define GEO_LOCAL_SNDBUF (1 << 20)
+/* Bytes of each shared-memory ring (one per stream and direction): eight
+ * frames, so that a sender is rarely held up by a receiver that has not
+ * caught up yet. */
+#define GEO_SHM_RING_BYTES (2u << 20)
 
 typedef struct {
     uint32_t magic;
@@ -86,6 +91,11 @@ typedef struct {
 typedef struct {
     int fd;
     int local;             /* AF_UNIX (same-host fast path), not TCP */
+    int ring;              /* frames go through tx/rx, the socket carries doorbells */
+    geoShmRing tx, rx;
+    void *seg;             /* the mapped segment holding tx and rx */
+    uint64_t seg_cap;
+    int kick;              /* bytes moved through a ring: ring the peer's doorbell */
     int closed;            /* peer closed or reset: no more polling */
     /* send cursor */
     uint64_t s_seq;
@@ -252,6 +262,60 @@ static void complete_frame(tcpState *st, tcpPeer *peer, int dir, geoNetRequest *
     pthread_cond_broadcast(&st->cv);
 }
 
+/* Send/receive on a connection like sendmsg()/recv() with MSG_DONTWAIT:
+ * through the socket, or, for a ring connection, through its rings (a full
+ * or empty ring reads as EAGAIN; the peer's doorbell wakes us when that
+ * changes). */
+static ssize_t conn_sendv(tcpConn *c, struct iovec *iov, int n)
+{
+    if (!c->ring) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        return sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (c->closed) {
+        errno = EPIPE;
+        return -1;
+    }
+    size_t w = geoShmRingWrite(&c->tx, iov, n);
+    if (w == 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    c->kick = 1;
+    return (ssize_t)w;
+}
+
+static ssize_t conn_recv(tcpConn *c, void *buf, size_t len)
+{
+    if (!c->ring)
+        return recv(c->fd, buf, len, MSG_DONTWAIT);
+    size_t got = geoShmRingRead(&c->rx, buf, len);
+    if (got == (size_t)-1) {
+        errno = EPROTO; /* its counters make no sense */
+        return -1;
+    }
+    if (got > 0) {
+        c->kick = 1;
+        return (ssize_t)got;
+    }
+    if (c->closed) /* it wrote everything it ever will before it closed */
+        return 0;
+    errno = EAGAIN;
+    return -1;
+}
+
+/* After a pass that moved ring bytes: one byte on the socket wakes the
+ * peer's progress thread, which then looks at both rings.  A full socket
+ * means the peer has doorbells it has not read yet: nothing lost. */
+static void conn_kick(tcpConn *c)
+{
+    if (!c->kick)
+        return;
+    c->kick = 0;
+    ssize_t rc = send(c->fd, "", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)rc; /* a dead peer shows as EOF where we drain doorbells */
+}
+
 /* Push bytes on one connection.  Returns 1 if progress was made. */
 static int progress_send(tcpState *st, int p, int s, double now)
 {
@@ -286,8 +350,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
             iov[n].iov_base = r->buf + c->s_frame * GEO_TCP_FRAME + done;
             iov[n++].iov_len = len - done;
         }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = conn_sendv(c, iov, n);
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return moved;
@@ -324,12 +387,10 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         }
         ssize_t got;
         if (c->r_off < sizeof(tcpFrameHdr)) {
-            got = recv(c->fd, (char *)&c->r_hdr + c->r_off, sizeof(tcpFrameHdr) - c->r_off,
-                       MSG_DONTWAIT);
+            got = conn_recv(c, (char *)&c->r_hdr + c->r_off, sizeof(tcpFrameHdr) - c->r_off);
         } else {
             size_t done = c->r_off - sizeof(tcpFrameHdr);
-            got = recv(c->fd, r->buf + c->r_frame * GEO_TCP_FRAME + done, len - done,
-                       MSG_DONTWAIT);
+            got = conn_recv(c, r->buf + c->r_frame * GEO_TCP_FRAME + done, len - done);
         }
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             return moved;
@@ -388,6 +449,24 @@ static int progress_recv(tcpState *st, int p, int s, double now)
     }
 }
 
+/* Read the doorbells waiting on a ring connection's socket.  1 when the
+ * peer has closed or reset it (c->closed is then set), else 0. */
+static int ring_drain(tcpConn *c)
+{
+    char sink[512];
+    for (;;) {
+        ssize_t got = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
+        if (got > 0)
+            continue;
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        c->closed = 1;
+        return 1;
+    }
+}
+
 static void *progress_main(void *arg)
 {
     tcpState *st = arg;
@@ -427,6 +506,16 @@ static void *progress_main(void *arg)
                 progress_recv(st, p, s, now);
                 if (st->broken)
                     break;
+                if (c->ring) {
+                    /* Waits for ring space or data end at the peer's
+                     * doorbell; the socket also tells of its death. */
+                    conn_kick(c);
+                    if (c->closed)
+                        continue;
+                    pfd[n] = (struct pollfd){.fd = c->fd, .events = POLLIN | POLLRDHUP};
+                    map[n++] = p * st->nstreams + s;
+                    continue;
+                }
                 short ev = c->closed ? 0 : POLLRDHUP;
                 uint64_t sq = c->s_seq, rq = c->r_seq;
                 size_t sf = c->s_frame, rf = c->r_frame;
@@ -459,19 +548,28 @@ static void *progress_main(void *arg)
             (void)r;
         }
         for (int i = 0; i < n && rc > 0; i++) {
-            if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
-                (pfd[i].revents & POLLIN && pfd[i].events & POLLIN))
-                continue;
-            /* Hang-up on a connection with no receive posted: remember it;
-             * an operation that needs this peer fails when it is posted. */
             int p = map[i] / st->nstreams, s = map[i] % st->nstreams;
             tcpConn *c = &st->peers[p].conns[s];
-            if (c->closed)
+            if (c->ring) {
+                if (pfd[i].revents == 0 || !ring_drain(c))
+                    continue;
+            } else if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
+                       (pfd[i].revents & POLLIN && pfd[i].events & POLLIN)) {
+                continue;
+            }
+            /* Hang-up on a connection with no receive posted: remember it;
+             * an operation that needs this peer fails when it is posted.
+             * (A ring connection's receive fails once its ring is empty,
+             * see conn_recv.) */
+            if (c->closed && !c->ring)
                 continue;
             uint64_t sq = c->s_seq;
             size_t sf = c->s_frame;
+            /* A peer that closes a ring connection with our doorbells
+             * unread resets it (POLLERR, ECONNRESET): still a plain close;
+             * what it wrote stays readable in the ring. */
             if (cursor_req(st, &st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
-                (pfd[i].revents & POLLERR)) {
+                (!c->ring && (pfd[i].revents & POLLERR))) {
                 peer_error(st, p, s, "closed or reset the connection (it died, or gave up "
                            "because of another rank's failure)");
                 break;
@@ -1020,6 +1118,239 @@ oom:
     goto done;
 }
 
+/* ---- shared-memory rings on same-host connections --------------------- */
+
+/* After the handshakes, on every same-host connection: the connector
+ * offers a ring segment ('R' with the memfd, SCM_RIGHTS) or declines ('S',
+ * GEOCCL_SHM=2 or no memfd here); the acceptor answers 'Y' once it has
+ * mapped the segment, else 'N'.  Both then agree: rings, or frames in-band
+ * on the socket.  Every offer is sent before any answer is awaited, so no
+ * rank waits on another that is waiting too; bounded by comm->timeout and
+ * the abort flag. */
+enum { RING_OFFER = 'R', RING_NO_OFFER = 'S', RING_YES = 'Y', RING_NO = 'N' };
+
+static int ring_send_byte(int fd, char b, int pass_fd)
+{
+    struct iovec iov = {.iov_base = &b, .iov_len = 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (pass_fd >= 0) {
+        memset(&u, 0, sizeof(u));
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof(u.buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+    }
+    for (;;) {
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w == 1)
+            return 0;
+        if (w < 0 && errno == EINTR)
+            continue;
+        return -1; /* a fresh socket with room for 1 MiB is never full */
+    }
+}
+
+/* 1: [out] *b (and *got_fd, -1 if none came); 0: nothing yet; -1: closed
+ * or failed (errno; 0 for a close). */
+static int ring_recv_byte(int fd, char *b, int *got_fd)
+{
+    struct iovec iov = {.iov_base = b, .iov_len = 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof(u.buf)};
+    ssize_t got;
+    *got_fd = -1;
+    do
+        got = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    if (got == 0) {
+        errno = 0;
+        return -1;
+    }
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(got_fd, CMSG_DATA(cm), sizeof(int));
+    if (mh.msg_flags & MSG_CTRUNC) { /* more than one descriptor: not ours */
+        if (*got_fd >= 0)
+            close(*got_fd);
+        *got_fd = -1;
+        *b = 0;
+    }
+    return 1;
+}
+
+static void ring_attach(tcpConn *c, void *seg, uint64_t cap, int connector)
+{
+    c->seg = seg;
+    c->seg_cap = cap;
+    geoShmSegmentRing(seg, cap, connector ? 0 : 1, &c->tx);
+    geoShmSegmentRing(seg, cap, connector ? 1 : 0, &c->rx);
+    c->ring = 1;
+}
+
+static ncclResult_t setup_rings(tcpState *st)
+{
+    struct ncclComm *comm = st->comm;
+    int offer = geoParamInt(GEO_PARAM_SHM) == 1, nwait = 0, n;
+    double deadline = geoNow() + comm->timeout;
+    char pa[GEO_ADDR_STRLEN];
+    int *waiting = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(int));
+    struct pollfd *pfd = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(*pfd));
+    int *map = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(int));
+    ncclResult_t res = ncclSuccess;
+
+    if (waiting == NULL || pfd == NULL || map == NULL) {
+        geoCommSetError(comm, "init: out of memory setting up shared-memory rings");
+        res = ncclSystemError;
+        goto out;
+    }
+    /* Offers first (we connected to the lower ranks). */
+    for (int p = 0; p < comm->rank; p++)
+        for (int s = 0; s < st->nstreams; s++) {
+            tcpConn *c = &st->peers[p].conns[s];
+            int fd = -1;
+            void *seg = NULL;
+            if (!c->local)
+                continue;
+            if (offer && geoShmSegmentCreate(GEO_SHM_RING_BYTES, &fd, &seg) != 0) {
+                geoInfo(GEO_LOG_NET, "rank %d, stream %d: no shared-memory ring (memfd: %s); "
+                        "frames go through the socket", p, s, strerror(errno));
+                fd = -1;
+            }
+            int rc = ring_send_byte(c->fd, fd >= 0 ? RING_OFFER : RING_NO_OFFER, fd);
+            if (fd >= 0)
+                close(fd); /* the mapping, and the peer's copy, keep it alive */
+            if (rc != 0) {
+                geoShmSegmentUnmap(seg, GEO_SHM_RING_BYTES);
+                geoCommSetError(comm, "init: cannot send to rank %d at %s (host %s) on its "
+                                "same-host socket, stream %d: %s", p, peer_str(st, p, pa),
+                                comm->peers[p].host, s, strerror(errno));
+                res = ncclRemoteError;
+                goto out;
+            }
+            c->seg = seg; /* attached when the answer is yes */
+            c->seg_cap = GEO_SHM_RING_BYTES;
+            waiting[p * st->nstreams + s] = 1;
+            nwait++;
+        }
+    for (int p = comm->rank + 1; p < comm->nranks; p++)
+        for (int s = 0; s < st->nstreams; s++)
+            if (st->peers[p].conns[s].local) {
+                waiting[p * st->nstreams + s] = 1;
+                nwait++;
+            }
+    while (nwait > 0) {
+        double now = geoNow();
+        if (comm->abort_flag || now >= deadline) {
+            int i = 0;
+            while (!waiting[i])
+                i++;
+            int p = i / st->nstreams;
+            geoCommSetError(comm, "init: %s while waiting for rank %d at %s (host %s) to "
+                            "agree on shared-memory rings (stream %d)",
+                            comm->abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
+                            comm->peers[p].host, i % st->nstreams);
+            res = ncclRemoteError;
+            goto out;
+        }
+        n = 0;
+        for (int i = 0; i < comm->nranks * st->nstreams; i++)
+            if (waiting[i]) {
+                pfd[n] = (struct pollfd){.fd = st->peers[i / st->nstreams]
+                                                   .conns[i % st->nstreams].fd,
+                                         .events = POLLIN};
+                map[n++] = i;
+            }
+        int ms = (int)((deadline - now) * 1000.0) + 1;
+        if (poll(pfd, (nfds_t)n, ms > 100 ? 100 : ms) < 0 && errno != EINTR) {
+            geoCommSetError(comm, "init: poll failed setting up shared-memory rings: %s",
+                            strerror(errno));
+            res = ncclSystemError;
+            goto out;
+        }
+        for (int k = 0; k < n; k++) {
+            int i = map[k], p = i / st->nstreams, s = i % st->nstreams, fd;
+            tcpConn *c = &st->peers[p].conns[s];
+            char b;
+            if (pfd[k].revents == 0)
+                continue;
+            int rc = ring_recv_byte(c->fd, &b, &fd);
+            if (rc == 0)
+                continue;
+            if (rc < 0) {
+                geoCommSetError(comm, "init: rank %d at %s (host %s) %s on its same-host "
+                                "socket (stream %d) before agreeing on shared-memory rings",
+                                p, peer_str(st, p, pa), comm->peers[p].host,
+                                errno ? strerror(errno) : "closed the connection", s);
+                if (fd >= 0)
+                    close(fd);
+                res = ncclRemoteError;
+                goto out;
+            }
+            waiting[i] = 0;
+            nwait--;
+            if (p < comm->rank) { /* the answer to our offer */
+                if (b == RING_YES && c->seg != NULL) {
+                    ring_attach(c, c->seg, c->seg_cap, 1);
+                } else {
+                    geoShmSegmentUnmap(c->seg, c->seg_cap);
+                    c->seg = NULL;
+                }
+                if (fd >= 0)
+                    close(fd);
+                continue;
+            }
+            /* An offer to us. */
+            void *seg = NULL;
+            uint64_t cap = 0;
+            int yes = offer && b == RING_OFFER && fd >= 0 && geoShmSegmentMap(fd, &seg, &cap) == 0;
+            if (b == RING_OFFER && offer && !yes)
+                geoWarn(GEO_LOG_NET, "rank %d, stream %d: cannot map its shared-memory ring "
+                        "(%s); frames go through the socket", p, s,
+                        fd < 0 ? "no descriptor came" : strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            if (ring_send_byte(c->fd, yes ? RING_YES : RING_NO, -1) != 0) {
+                geoShmSegmentUnmap(seg, cap);
+                geoCommSetError(comm, "init: cannot answer rank %d at %s (host %s) on its "
+                                "same-host socket, stream %d: %s", p, peer_str(st, p, pa),
+                                comm->peers[p].host, s, strerror(errno));
+                res = ncclRemoteError;
+                goto out;
+            }
+            if (yes)
+                ring_attach(c, seg, cap, 0);
+        }
+    }
+out:
+    /* Offers never answered: unmapped here, not left to destroy as rings. */
+    for (int p = 0; p < comm->rank && res != ncclSuccess; p++)
+        for (int s = 0; s < st->nstreams; s++) {
+            tcpConn *c = &st->peers[p].conns[s];
+            if (!c->ring && c->seg != NULL) {
+                geoShmSegmentUnmap(c->seg, c->seg_cap);
+                c->seg = NULL;
+            }
+        }
+    free(waiting);
+    free(pfd);
+    free(map);
+    return res;
+}
+
 static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
 {
     tcpState *st = state;
@@ -1065,6 +1396,16 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
         mixed += nlocal > 0 && nlocal < st->nstreams;
     }
     comm->local_peers = local_peers;
+    res = setup_rings(st);
+    if (res != ncclSuccess)
+        return res;
+    int ring_peers = 0;
+    for (int p = 0; p < comm->nranks; p++) {
+        int nring = 0;
+        for (int s = 0; s < st->nstreams && p != comm->rank; s++)
+            nring += st->peers[p].conns[s].ring;
+        ring_peers += nring == st->nstreams;
+    }
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st->wake_fd < 0) {
         geoCommSetError(comm, "init: eventfd failed: %s", strerror(errno));
@@ -1076,8 +1417,9 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
     }
     st->thread_live = 1;
     geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d streams each; same-host "
-            "fast path (AF_UNIX) to %d of them%s%s", comm->nranks - 1, st->nstreams,
-            local_peers, geoParamInt(GEO_PARAM_SHM) ? "" : " (GEOCCL_SHM=0)",
+            "fast path to %d of them (%d through shared-memory rings, %d AF_UNIX only)%s%s",
+            comm->nranks - 1, st->nstreams, local_peers, ring_peers, local_peers - ring_peers,
+            geoParamInt(GEO_PARAM_SHM) ? "" : " (GEOCCL_SHM=0)",
             mixed ? ", some streams of a peer over TCP after a local socket failed" : "");
     return ncclSuccess;
 }
@@ -1191,9 +1533,12 @@ static void tcp_destroy(void *state)
         for (int p = 0; p < st->comm->nranks; p++) {
             if (st->peers[p].conns == NULL)
                 continue;
-            for (int s = 0; s < st->nstreams; s++)
+            for (int s = 0; s < st->nstreams; s++) {
                 if (st->peers[p].conns[s].fd >= 0)
                     close(st->peers[p].conns[s].fd);
+                if (st->peers[p].conns[s].ring)
+                    geoShmSegmentUnmap(st->peers[p].conns[s].seg, st->peers[p].conns[s].seg_cap);
+            }
             free(st->peers[p].conns);
         }
         free(st->peers);

@@ -71,9 +71,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                             "NVIDIA's libnccl.so used inside a region for device buffers; "
                             "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},
     [GEO_PARAM_SHM] = {"GEOCCL_SHM", GEO_PARAM_INT, "1",
-                       "same-host fast path: 1 connects ranks of one host AND one network "
-                       "namespace over AF_UNIX sockets instead of TCP (other namespaces, e.g. "
-                       "emulated regions, always use TCP); 0 off"},
+                       "same-host fast path between ranks of one host AND one network "
+                       "namespace (other namespaces, e.g. emulated regions, always use TCP): "
+                       "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
+                       "sockets only, 0 off (TCP)"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
