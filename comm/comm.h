@@ -81,6 +81,7 @@ struct ncclComm {
     int window;
     double timeout;             /* seconds without progress */
     int local_peers;            /* peers reached over the same-host fast path */
+    int ring_peers;             /* of those, with shared-memory rings on every stream */
 
     int blocking;
     char name[64];

@@ -25,6 +25,7 @@ typedef struct {
     int fails;
     ncclResult_t wait_res;
     int local_peers;    /* geocclCommGetLocalPeers after init */
+    int ring_peers;     /* of those, through shared-memory rings */
     int socket_left;    /* the same-host socket file still existed after init */
 } targ;
 
@@ -42,6 +43,7 @@ static void *vlen_rank(void *p)
         return NULL;
     }
     geocclCommGetLocalPeers(c, &a->local_peers);
+    a->ring_peers = c->ring_peers;
     const char *path = c->peers[c->rank].local.path;
     a->socket_left = path[0] != '\0' && access(path, F_OK) == 0;
     for (size_t i = 0; i < NMSG; i++) {
@@ -138,21 +140,26 @@ static void test_vlen_streams(void)
 
 /* Two ranks of one process share the host and the network namespace: with
  * GEOCCL_SHM=1 (the default) both reach each other over the same-host
- * socket, whose file is gone once init returns; with 0 both use TCP.  The
- * variable-length, fixed and all-reduce traffic of vlen_rank must arrive
- * intact either way. */
+ * socket, whose file is gone once init returns, with frames through shared-
+ * memory rings; with 2 over the socket alone; with 0 over TCP.  The
+ * variable-length (3 MB ones wrap around the 2 MiB rings), fixed and
+ * all-reduce traffic of vlen_rank must arrive intact every way. */
 static void test_local_fast_path(void)
 {
-    const char *shm[] = {"1", "0"};
-    for (int i = 0; i < 2; i++) {
+    static const struct {
+        const char *shm;
+        int local, ring;
+    } cases[] = {{"1", 1, 1}, {"2", 1, 0}, {"0", 0, 0}};
+    for (int i = 0; i < 3; i++) {
         targ a[2];
-        setenv("GEOCCL_SHM", shm[i], 1);
+        setenv("GEOCCL_SHM", cases[i].shm, 1);
         setenv("GEOCCL_NSTREAMS", "2", 1);
         geoParamReload();
         run2(0, a);
         for (int r = 0; r < 2; r++) {
             CU_ASSERT_EQUAL(a[r].fails, 0);
-            CU_ASSERT_EQUAL(a[r].local_peers, i == 0 ? 1 : 0);
+            CU_ASSERT_EQUAL(a[r].local_peers, cases[i].local);
+            CU_ASSERT_EQUAL(a[r].ring_peers, cases[i].ring);
             CU_ASSERT_EQUAL(a[r].socket_left, 0);
         }
     }
@@ -488,7 +495,8 @@ int main(void)
     CU_pSuite s = CU_add_suite("transport", NULL, NULL);
     CU_add_test(s, "variable-length messages over 1, 2, 3 streams", test_vlen_streams);
     CU_add_test(s, "send/recv size mismatch is an error", test_size_mismatch_is_an_error);
-    CU_add_test(s, "same-host fast path with GEOCCL_SHM=1, not with 0", test_local_fast_path);
+    CU_add_test(s, "same-host fast path: rings with GEOCCL_SHM=1, sockets with 2, TCP with 0",
+                test_local_fast_path);
     CU_add_test(s, "same host means boot id and network namespace",
                 test_local_same_place_rule);
     CU_add_test(s, "strangers at data listeners do not delay init",
