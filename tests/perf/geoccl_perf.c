@@ -149,7 +149,7 @@ static void geo_describe(void *ctx, FILE *out)
                 nstreams, nstreams == 1 ? "" : "s", chunk, timeout);
     if (geocclCommGetLocalPeers(c->comm, &local) == ncclSuccess &&
         ncclCommCount(c->comm, &nranks) == ncclSuccess)
-        fprintf(out, "# same-host fast path (AF_UNIX) to %d of %d peers of this rank\n", local,
+        fprintf(out, "# same-host fast path (GEOCCL_SHM) to %d of %d peers of this rank\n", local,
                 nranks - 1);
     /* The settings that were not left at their defaults; a secret is
      * named, never printed. */
