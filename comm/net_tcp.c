@@ -76,10 +76,20 @@
  * wake-ups of both sides; 1 MiB made 64 MiB all-reduces of 4 ranks about
  * 10% faster here (BENCHMARKS.md, 2026-11-29), more gained nothing. */
 #define GEO_LOCAL_SNDBUF (1 << 20)
-/* Bytes of each shared-memory ring (one per stream and direction): eight
- * frames, so that a sender is rarely held up by a receiver that has not
- * caught up yet. */
-#define GEO_SHM_RING_BYTES (2u << 20)
+/* Shared memory per same-host pair and direction, split among the
+ * streams' rings (2 MiB each with the default 2 streams: eight frames, so
+ * that a sender is rarely held up by a receiver that has not caught up);
+ * never less than two frames per ring.  A host with L ranks holds
+ * L(L-1)/2 x 2 x 4 MiB of rings (224 MiB for 8 ranks), touched as used. */
+#define GEO_SHM_PAIR_BYTES (4u << 20)
+
+static uint64_t ring_capacity(int nstreams)
+{
+    uint64_t cap = 2 * GEO_TCP_FRAME;
+    while (cap * 2 * (uint64_t)nstreams <= GEO_SHM_PAIR_BYTES)
+        cap *= 2;
+    return cap;
+}
 
 typedef struct {
     uint32_t magic;
@@ -1238,7 +1248,7 @@ static ncclResult_t setup_rings(tcpState *st)
             void *seg = NULL;
             if (!c->local)
                 continue;
-            if (offer && geoShmSegmentCreate(GEO_SHM_RING_BYTES, &fd, &seg) != 0) {
+            if (offer && geoShmSegmentCreate(ring_capacity(st->nstreams), &fd, &seg) != 0) {
                 geoInfo(GEO_LOG_NET, "rank %d, stream %d: no shared-memory ring (memfd: %s); "
                         "frames go through the socket", p, s, strerror(errno));
                 fd = -1;
@@ -1247,7 +1257,7 @@ static ncclResult_t setup_rings(tcpState *st)
             if (fd >= 0)
                 close(fd); /* the mapping, and the peer's copy, keep it alive */
             if (rc != 0) {
-                geoShmSegmentUnmap(seg, GEO_SHM_RING_BYTES);
+                geoShmSegmentUnmap(seg, ring_capacity(st->nstreams));
                 geoCommSetError(comm, "init: cannot send to rank %d at %s (host %s) on its "
                                 "same-host socket, stream %d: %s", p, peer_str(st, p, pa),
                                 comm->peers[p].host, s, strerror(errno));
@@ -1255,7 +1265,7 @@ static ncclResult_t setup_rings(tcpState *st)
                 goto out;
             }
             c->seg = seg; /* attached when the answer is yes */
-            c->seg_cap = GEO_SHM_RING_BYTES;
+            c->seg_cap = ring_capacity(st->nstreams);
             waiting[p * st->nstreams + s] = 1;
             nwait++;
         }
