@@ -41,9 +41,10 @@
  * ordering per stream, one poll loop, death detection through the file
  * descriptor, deadlines) and changes only where the bytes go.  Measured on
  * this project's 2-core VM (BENCHMARKS.md, 2026-11-29), 4 ranks, 64 MiB
- * all-reduce: AF_UNIX sockets alone 1.6x faster than loopback TCP, rings
- * 2.2x (a ring copy costs a memcpy into a cache-resident buffer; a socket
- * adds a syscall, an skb and a wake-up per piece).  A single-copy path
+ * all-reduce, medians of 5 rounds: AF_UNIX sockets alone 1.57x faster than
+ * loopback TCP, rings 1.85x (a ring copy costs a memcpy into a cache-
+ * resident buffer; a socket adds a syscall, an skb and a wake-up per
+ * piece); at 1 MiB, where wake-ups dominate, both gain only 5-10%.  A single-copy path
  * (process_vm_readv from the sender's buffer, as Open MPI's vader does with
  * CMA) was measured too: 256 KiB pieces moved no faster than the two
  * memcpys through a 2 MiB ring, and it needs ptrace rights, so it is not
