@@ -15,7 +15,7 @@
  *   3. the connector can open the listener's socket file (a path in a
  *      private 0700 directory that exists only during init): proof that both
  *      see the same filesystem, not merely the same kernel;
- *   4. both enabled it (GEOCCL_SHM=1, the default).
+ *   4. both enabled it (GEOCCL_SHM 1, the default, or 2).
  * The socket is only the medium: every connection still runs the HMAC
  * handshake of net_tcp.c before it carries a byte of data. */
 #ifndef GEOCCL_NET_LOCAL_H_
