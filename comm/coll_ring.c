@@ -72,7 +72,21 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
     const size_t maxc = nchunks(maxlen, ce) ? nchunks(maxlen, ce) : 1;
     const size_t nitems = (size_t)p->nsteps * maxc;
     const int W = comm->window > 0 ? comm->window : 1;
-    const int nslots = 2 * W;
+    /* Without an output buffer for the partial sums (a reduce-scatter), a
+     * partial is forwarded from its slot, and the slot is reused only once
+     * that send has completed.  But every rank sends its whole step-0
+     * segment first, so a forwarded partial waits on the link behind up to
+     * maxc chunks, which the next rank takes only as fast as it can post
+     * receives, which waits on its own forwarded sends, and so on round the
+     * ring.  With 2W slots that cycle closes unless the transport buffers
+     * about maxc - W chunks per link: reduce-scatters of 256 MiB over 5
+     * ranks hung over loopback TCP, of 64 MiB over the same-host rings.
+     * With maxc + W slots the slot reused for item i was forwarded as an
+     * item the next rank posts before its own item i: no cycle, whatever
+     * the transport buffers, for about one segment of memory. */
+    const int nslots = p->reduce_steps > 0 && p->out == NULL && maxc + (size_t)W > 2 * (size_t)W
+                           ? (int)(maxc + (size_t)W)
+                           : 2 * W;
     ncclResult_t res = ncclSuccess;
 
     geoNetRequest *sreq = calloc(nitems, sizeof(*sreq));

@@ -26,6 +26,7 @@
 /* What each rank tells the others at bootstrap. */
 typedef struct {
     geoSockAddr addr;           /* data listener */
+    geoLocalInfo local;         /* same-host fast path listener (net_local.h) */
     char host[GEO_HOSTNAME_LEN];
     int32_t pid;
     int32_t nstreams;           /* rank 0's value is used by all */
@@ -79,6 +80,8 @@ struct ncclComm {
     size_t chunk_size;
     int window;
     double timeout;             /* seconds without progress */
+    int local_peers;            /* peers reached over the same-host fast path */
+    int ring_peers;             /* of those, with shared-memory rings on every stream */
 
     int blocking;
     char name[64];

@@ -43,6 +43,16 @@ ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetLocalPeers") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetLocalPeers: NULL or dead comm");
+    GEO_RETURN_IF(localPeers == NULL, ncclInvalidArgument,
+                  "geocclCommGetLocalPeers: NULL localPeers");
+    *localPeers = comm->local_peers;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
                                  int *regionSize, const char **name)
 {

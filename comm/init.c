@@ -396,7 +396,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
 {
     geoPeerInfo mine;
     topoIface ifs[1];
-    geoSockAddr addr;
+    geoNetAddr addr;
     ncclResult_t res;
     const char *filter = geoParamStr(GEO_PARAM_SOCKET_IFNAME);
     char a[GEO_ADDR_STRLEN];
@@ -419,19 +419,20 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
         return ncclSystemError;
     }
     memset(&addr, 0, sizeof(addr));
-    memcpy(&addr, &ifs[0].addr,
-           ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6) : sizeof(addr.sin));
+    memcpy(&addr.addr, &ifs[0].addr,
+           ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.addr.sin6) : sizeof(addr.addr.sin));
     GEO_CHECK(comm->net->listen(comm, &comm->net_state, &addr));
     snprintf(comm->if_name, sizeof(comm->if_name), "%s", ifs[0].name);
 
     memset(&mine, 0, sizeof(mine));
-    mine.addr = addr;
+    mine.addr = addr.addr;
+    mine.local = addr.local;
     gethostname(mine.host, sizeof(mine.host) - 1);
     mine.pid = (int32_t)getpid();
     mine.nstreams = comm->nstreams;
     mine.chunk_size = (int64_t)comm->chunk_size;
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
-    GEO_CHECK(my_region(comm, &addr, mine.host, mine.region));
+    GEO_CHECK(my_region(comm, &addr.addr, mine.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&
         !geoParamIsSet(GEO_PARAM_NSTREAMS))
@@ -442,7 +443,8 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
         return ncclSystemError;
     }
     geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
-            comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr, a), ifs[0].name);
+            comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr.addr, a),
+            ifs[0].name);
     GEO_CHECK(geoBootstrapJoin(comm, id, &mine, comm->peers));
     /* Every rank uses rank 0's stream count and chunk size. */
     comm->nstreams = comm->peers[0].nstreams;

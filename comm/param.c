@@ -79,6 +79,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                               "(a slice's partials are reduced this many slices after they are "
                               "sent); 0: a quarter of the slices, at least 2, at most 8; the "
                               "same on every rank"},
+    [GEO_PARAM_SHM] = {"GEOCCL_SHM", GEO_PARAM_INT, "1",
+                       "same-host fast path between ranks of one host AND one network "
+                       "namespace (other namespaces, e.g. emulated regions, always use TCP): "
+                       "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
+                       "sockets only, 0 off (TCP)"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

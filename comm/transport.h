@@ -18,8 +18,17 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "comm/net_local.h"
+#include "comm/socket.h"
 
 struct ncclComm;
+
+/* Where a rank's transport listens: what peers need to connect to it. */
+typedef struct {
+    geoSockAddr addr;           /* TCP: every peer can use it */
+    geoLocalInfo local;         /* same-host fast path (net_local.h); local.path
+                                 * "" when this rank offers none */
+} geoNetAddr;
 
 enum { GEO_NET_SEND = 0, GEO_NET_RECV = 1 };
 
@@ -45,9 +54,11 @@ typedef struct geoNetTransport {
     const char *name;
     /* 1 if this transport can connect every pair of comm's ranks. */
     int (*canConnect)(struct ncclComm *comm);
-    /* Open this rank's listener before the bootstrap exchange; writes the
-     * address peers must use into *listen_addr (a geoSockAddr). */
-    ncclResult_t (*listen)(struct ncclComm *comm, void **state, void *listen_addr);
+    /* Open this rank's listeners before the bootstrap exchange.  On entry
+     * listen_addr->addr is the interface address to bind (port 0: any); on
+     * success it holds what peers must use (bound TCP address and, if
+     * offered, the same-host listener). */
+    ncclResult_t (*listen)(struct ncclComm *comm, void **state, geoNetAddr *listen_addr);
     /* Connect to every peer (addresses in comm->peers) and start the
      * progress thread.  Collective; bounded by comm->timeout. */
     ncclResult_t (*connect)(struct ncclComm *comm, void *state);

@@ -43,6 +43,13 @@ const char *geocclVersionString(void);
 ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *chunkBytes,
                                         double *timeoutSec);
 
+/* [out] localPeers: how many peers this rank reaches over the same-host
+ * fast path (GEOCCL_SHM: AF_UNIX sockets to ranks of the same host AND the
+ * same network namespace; every other peer is reached over TCP).  Local to
+ * the calling rank; any thread.  ncclInvalidArgument for a NULL or dead
+ * comm or a NULL localPeers. */
+ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers);
+
 /* Where this rank sits.  [out] nregions: regions in the communicator;
  * [out] region: this rank's region (0-based, numbered by lowest rank);
  * [out] localRank / regionSize: index and count within its region;

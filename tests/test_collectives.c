@@ -794,6 +794,56 @@ static void test_group_mixed(void)
 /* Communicator queries and split                                           */
 /* ------------------------------------------------------------------------ */
 
+/* A reduce-scatter whose segments hold many chunks: 8 MiB per rank in
+ * 16 KiB chunks (512 per segment), 5 ranks, one stream.  geoRingRun
+ * forwards partial sums from slots it reuses once their sends complete;
+ * with 2 x GEOCCL_WINDOW slots the ring waited on itself unless the
+ * transport buffered most of a segment per link, and this hung (then timed
+ * out) over TCP and the same-host fast path alike. */
+#define RS_MANY_COUNT ((size_t)2 << 20) /* floats per rank */
+
+static int rs_many_chunks_body(int rank, int nranks, ncclComm_t comm, void *arg)
+{
+  (void)arg;
+  size_t total = RS_MANY_COUNT * (size_t)nranks;
+  float *send = malloc(total * sizeof(float)), *recv = malloc(RS_MANY_COUNT * sizeof(float));
+  float *exp = malloc(RS_MANY_COUNT * sizeof(float));
+  char m[256];
+  int fails = 0;
+  if (send == NULL || recv == NULL || exp == NULL) return 1;
+  harness_fill_input(send, ncclFloat32, ncclSum, nranks, rank, 0, total, 11);
+  harness_fill_expected(exp, ncclFloat32, ncclSum, nranks, (size_t)rank * RS_MANY_COUNT,
+                        RS_MANY_COUNT, 11);
+  ncclResult_t r = ncclReduceScatter(send, recv, RS_MANY_COUNT, ncclFloat32, ncclSum, comm,
+                                     NULL);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "[rank %d] ncclReduceScatter: %s: %s\n", rank, ncclGetErrorString(r),
+            ncclGetLastError(comm));
+    fails++;
+  } else if (harness_check(recv, exp, ncclFloat32, ncclSum, nranks, RS_MANY_COUNT, m,
+                           sizeof(m))) {
+    fprintf(stderr, "[rank %d] reduce-scatter wrong: %s\n", rank, m);
+    fails++;
+  }
+  free(send);
+  free(recv);
+  free(exp);
+  return fails;
+}
+
+static void test_reducescatter_many_chunks(void)
+{
+  setenv("GEOCCL_CHUNK_SIZE", "16K", 1);
+  setenv("GEOCCL_NSTREAMS", "1", 1);
+  setenv("GEOCCL_TIMEOUT", "10", 1); /* a hang fails in seconds */
+  ncclResetDebugInit();
+  CU_ASSERT_EQUAL(harness_run(5, rs_many_chunks_body, NULL, 60.0), 0);
+  unsetenv("GEOCCL_CHUNK_SIZE");
+  unsetenv("GEOCCL_NSTREAMS");
+  unsetenv("GEOCCL_TIMEOUT");
+  ncclResetDebugInit();
+}
+
 static void test_version(void)
 {
   int v = 0;
@@ -1180,6 +1230,8 @@ int main(int argc, char **argv)
   CU_add_test(s, "non-blocking init, finalize, destroy", test_nonblocking);
   CU_add_test(s, "ncclCommInitAll from one thread", test_init_all);
   CU_add_test(s, "GEOCCL_COMM_ID bootstrap", test_comm_id_env);
+  CU_add_test(s, "reduce-scatter of 512 chunks per segment, 5 ranks, 1 stream",
+              test_reducescatter_many_chunks);
 
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();

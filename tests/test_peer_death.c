@@ -12,6 +12,12 @@
  * GEOCCL_TIMEOUT + 5 s of the death, ncclGetLastError(comm) must say which
  * rank is involved, and ncclCommAbort must then return. The time each
  * survivor took is printed.
+ *
+ * The ranks share this machine and its network namespace, so by default
+ * (GEOCCL_SHM=1) they are connected over the same-host fast path (AF_UNIX
+ * sockets); each test checks that every rank reached all its peers that
+ * way, and the SIGKILL case runs once more with GEOCCL_SHM=0 (TCP only,
+ * every rank must report no fast-path peer).
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -25,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "geoccl.h"
 #include "harness.h"
 
 #define NRANKS 4
@@ -47,10 +54,12 @@ struct shared {
   int via_async[NRANKS];       /* 1 if seen through ncclCommGetAsyncError */
   int abort_result[NRANKS];
   char error[NRANKS][512];     /* ncclGetLastError(comm) */
+  int local_peers[NRANKS];     /* geocclCommGetLocalPeers after init */
 };
 
 struct death_arg {
   enum death how;
+  int shm;                     /* GEOCCL_SHM for the ranks */
   struct shared *sh;
 };
 
@@ -74,12 +83,17 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   struct death_arg *a = arg;
   struct shared *sh = a->sh;
   ncclComm_t comm = NULL;
+  setenv("GEOCCL_SHM", a->shm ? "1" : "0", 1);
+  ncclResetDebugInit(); /* the parent may have read the parameters already */
   ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
   if (r != ncclSuccess) {
     fprintf(stderr, "[rank %d] ncclCommInitRank: %s: %s\n", rank,
             ncclGetErrorString(r), ncclGetLastError(NULL));
     return 1;
   }
+  sh->local_peers[rank] = -1;
+  if (geocclCommGetLocalPeers(comm, &sh->local_peers[rank]) != ncclSuccess)
+    fprintf(stderr, "[rank %d] geocclCommGetLocalPeers failed\n", rank);
   float *send = malloc(COUNT * sizeof(float));
   float *recv = malloc(COUNT * sizeof(float));
   if (send == NULL || recv == NULL) return 1;
@@ -150,11 +164,11 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   return fails;
 }
 
-static void run_death(enum death how)
+static void run_death(enum death how, int shm)
 {
   struct shared *sh = harness_shared_alloc(sizeof(*sh));
   CU_ASSERT_FATAL(sh != NULL);
-  struct death_arg a = {how, sh};
+  struct death_arg a = {how, shm, sh};
   harness_status st[NRANKS];
   harness_opts o;
   memset(&o, 0, sizeof(o));
@@ -164,7 +178,7 @@ static void run_death(enum death how)
   o.status = st;
   int rc = harness_run_opts(NRANKS, death_body, &a, &o);
 
-  printf("\n  rank %d %s:", VICTIM, death_names[how]);
+  printf("\n  rank %d %s (GEOCCL_SHM=%d):", VICTIM, death_names[how], shm);
   for (int r = 0; r < NRANKS; r++) {
     if (r == VICTIM) continue;
     if (sh->took[r] != 0 || sh->result[r] != 0)
@@ -181,6 +195,13 @@ static void run_death(enum death how)
 
   CU_ASSERT_EQUAL(rc, 0);
   CU_ASSERT(sh->death_time > 0);
+  /* the pairs were on the path this test means to exercise */
+  for (int r = 0; r < NRANKS; r++) {
+    if (sh->local_peers[r] != (shm ? NRANKS - 1 : 0))
+      printf("  rank %d: %d same-host fast-path peers, expected %d\n", r,
+             sh->local_peers[r], shm ? NRANKS - 1 : 0);
+    CU_ASSERT_EQUAL(sh->local_peers[r], shm ? NRANKS - 1 : 0);
+  }
   /* the victim went the way it was meant to */
   if (how == DIE_EXIT) {
     CU_ASSERT(st[VICTIM].done && st[VICTIM].exit_code == 0);
@@ -190,9 +211,10 @@ static void run_death(enum death how)
   harness_shared_free(sh, sizeof(*sh));
 }
 
-static void test_sigkill(void) { run_death(DIE_SIGKILL); }
-static void test_exit(void) { run_death(DIE_EXIT); }
-static void test_sigstop(void) { run_death(DIE_SIGSTOP); }
+static void test_sigkill(void) { run_death(DIE_SIGKILL, 1); }
+static void test_exit(void) { run_death(DIE_EXIT, 1); }
+static void test_sigstop(void) { run_death(DIE_SIGSTOP, 1); }
+static void test_sigkill_tcp(void) { run_death(DIE_SIGKILL, 0); }
 
 int main(void)
 {
@@ -211,6 +233,8 @@ int main(void)
   CU_add_test(s, "rank 2 SIGKILLed during all-reduce", test_sigkill);
   CU_add_test(s, "rank 2 calls _exit(0) during all-reduce", test_exit);
   CU_add_test(s, "rank 2 SIGSTOPped during all-reduce", test_sigstop);
+  CU_add_test(s, "rank 2 SIGKILLed during all-reduce, TCP only (GEOCCL_SHM=0)",
+              test_sigkill_tcp);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failures = CU_get_number_of_failures();

@@ -8,6 +8,7 @@
 #include "comm/comm.h"
 #include "comm/param.h"
 #include "comm/transport.h"
+#include "geoccl.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -23,6 +24,9 @@ typedef struct {
     int mode; /* 0: variable-length, 1: mismatched sizes */
     int fails;
     ncclResult_t wait_res;
+    int local_peers;    /* geocclCommGetLocalPeers after init */
+    int ring_peers;     /* of those, through shared-memory rings */
+    int socket_left;    /* the same-host socket file still existed after init */
 } targ;
 
 static const size_t sizes[] = {0, 1, 100, 262144, 262145, 3000000, 0, 7};
@@ -38,6 +42,10 @@ static void *vlen_rank(void *p)
         a->fails++;
         return NULL;
     }
+    geocclCommGetLocalPeers(c, &a->local_peers);
+    a->ring_peers = c->ring_peers;
+    const char *path = c->peers[c->rank].local.path;
+    a->socket_left = path[0] != '\0' && access(path, F_OK) == 0;
     for (size_t i = 0; i < NMSG; i++) {
         bufs[i] = malloc(4000000);
         if (a->rank == 0) {
@@ -128,6 +136,62 @@ static void test_vlen_streams(void)
     }
     unsetenv("GEOCCL_NSTREAMS");
     geoParamReload();
+}
+
+/* Two ranks of one process share the host and the network namespace: with
+ * GEOCCL_SHM=1 (the default) both reach each other over the same-host
+ * socket, whose file is gone once init returns, with frames through shared-
+ * memory rings; with 2 over the socket alone; with 0 over TCP.  The
+ * variable-length (3 MB ones wrap around the 2 MiB rings), fixed and
+ * all-reduce traffic of vlen_rank must arrive intact every way. */
+static void test_local_fast_path(void)
+{
+    static const struct {
+        const char *shm;
+        int local, ring;
+    } cases[] = {{"1", 1, 1}, {"2", 1, 0}, {"0", 0, 0}};
+    for (int i = 0; i < 3; i++) {
+        targ a[2];
+        setenv("GEOCCL_SHM", cases[i].shm, 1);
+        setenv("GEOCCL_NSTREAMS", "2", 1);
+        geoParamReload();
+        run2(0, a);
+        for (int r = 0; r < 2; r++) {
+            CU_ASSERT_EQUAL(a[r].fails, 0);
+            CU_ASSERT_EQUAL(a[r].local_peers, cases[i].local);
+            CU_ASSERT_EQUAL(a[r].ring_peers, cases[i].ring);
+            CU_ASSERT_EQUAL(a[r].socket_left, 0);
+        }
+    }
+    unsetenv("GEOCCL_SHM");
+    unsetenv("GEOCCL_NSTREAMS");
+    geoParamReload();
+}
+
+/* Who counts as the same host: boot id AND network namespace, never the
+ * host name; and only when both offer a socket. */
+static void test_local_same_place_rule(void)
+{
+    geoLocalInfo me, peer;
+    geoLocalIdentify(&me);
+    CU_ASSERT_NOT_EQUAL(me.boot_id[0], '\0');
+    CU_ASSERT_NOT_EQUAL(me.netns_ino, 0);
+    snprintf(me.path, sizeof(me.path), "/dev/shm/geoccl-test/r0");
+    peer = me;
+    snprintf(peer.path, sizeof(peer.path), "/dev/shm/geoccl-test/r1");
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&me, &peer), 1);
+    peer.netns_ino++; /* another namespace of this host: an emulated region */
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&me, &peer), 0);
+    peer = me;
+    peer.boot_id[0] = peer.boot_id[0] == 'a' ? 'b' : 'a'; /* another kernel */
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&me, &peer), 0);
+    peer = me;
+    peer.path[0] = '\0'; /* GEOCCL_SHM=0 there */
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&me, &peer), 0);
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&peer, &me), 0);
+    me.boot_id[0] = '\0'; /* unknown boot id: never the same host */
+    peer = me;
+    CU_ASSERT_EQUAL(geoLocalSamePlace(&me, &peer), 0);
 }
 
 static void test_size_mismatch_is_an_error(void)
@@ -431,6 +495,10 @@ int main(void)
     CU_pSuite s = CU_add_suite("transport", NULL, NULL);
     CU_add_test(s, "variable-length messages over 1, 2, 3 streams", test_vlen_streams);
     CU_add_test(s, "send/recv size mismatch is an error", test_size_mismatch_is_an_error);
+    CU_add_test(s, "same-host fast path: rings with GEOCCL_SHM=1, sockets with 2, TCP with 0",
+                test_local_fast_path);
+    CU_add_test(s, "same host means boot id and network namespace",
+                test_local_same_place_rule);
     CU_add_test(s, "strangers at data listeners do not delay init",
                 test_stranger_at_data_listener);
     CU_add_test(s, "8 ranks with 2, 4 and 8 streams", test_8_ranks_many_streams);

@@ -137,7 +137,7 @@ static int geo_gather_bytes(void *ctx, const void *mine, void *all, size_t bytes
 static void geo_describe(void *ctx, FILE *out)
 {
     geoCtx *c = ctx;
-    int version = 0, nstreams = 0;
+    int version = 0, nstreams = 0, local = 0, nranks = 0;
     size_t chunk = 0;
     double timeout = 0;
 
@@ -145,8 +145,12 @@ static void geo_describe(void *ctx, FILE *out)
     fprintf(out, "# GeoCCL %s, NCCL API %d.%d.%d\n", geocclVersionString(), version / 10000,
             version / 100 % 100, version % 100);
     if (geocclCommGetTransportInfo(c->comm, &nstreams, &chunk, &timeout) == ncclSuccess)
-        fprintf(out, "# transport: %d TCP connection%s per peer, chunk %zu bytes, timeout %.0f s\n",
+        fprintf(out, "# transport: %d connection%s per peer, chunk %zu bytes, timeout %.0f s\n",
                 nstreams, nstreams == 1 ? "" : "s", chunk, timeout);
+    if (geocclCommGetLocalPeers(c->comm, &local) == ncclSuccess &&
+        ncclCommCount(c->comm, &nranks) == ncclSuccess)
+        fprintf(out, "# same-host fast path (GEOCCL_SHM) to %d of %d peers of this rank\n", local,
+                nranks - 1);
     /* The settings that were not left at their defaults; a secret is
      * named, never printed. */
     int n = geocclParamCount(), shown = 0;

@@ -327,6 +327,8 @@ static int mode_matrix(void)
     for (size_t ci = 0; ci < sizeof(premul_counts) / sizeof(premul_counts[0]) && !t.call_failed; ci++)
       run_premul(&t, comm, ip, premul_counts[ci]);
 
+  int local_peers = -1;
+  if (geocclCommGetLocalPeers(comm, &local_peers) != ncclSuccess) bad++;
   geocclStats st;
   memset(&st, 0, sizeof(st));
   ncclResult_t r = geocclCommGetStats(comm, &st);
@@ -351,11 +353,11 @@ static int mode_matrix(void)
   int ok = t.failed == 0 && bad == 0;
   printf("rank %d: matrix %s: region %d '%s' of %d, %d cases, %d failed; "
          "%llu all-reduces, stats %llu hierarchical, %llu flat, WAN %llu B, "
-         "intra %llu B; float sum x%zu %.1f ms avg; %.1f s\n",
+         "intra %llu B; float sum x%zu %.1f ms avg; %.1f s; local peers %d\n",
          g_rank, ok ? "ok" : "FAILED", region, label, nregions,
          t.cases, t.failed + bad, t.allreduces, st.callsHier, st.callsFlat,
          st.bytesWan, st.bytesIntra, big, big_s * 1000 / 2,
-         harness_now() - t0);
+         harness_now() - t0, local_peers);
   fflush(stdout);
   return ok ? 0 : 1;
 }

@@ -9,6 +9,13 @@
 #   a. 2 regions x 2 ranks, 1 Gbit/s, 5 ms:     the matrix passes on every rank
 #   b. 3 regions of 2 + 1 + 2 ranks, 1 Gbit/s, 5 ms: the matrix passes
 #   c. 3 regions x 1 rank, and 3 + 1 ranks in 2 regions: the matrix passes
+#   e. same-host fast path (GEOCCL_SHM): on b's WAN and layout, with regions
+#      from the labels and no probe (so that the traffic is the same in every
+#      run), the matrix with GEOCCL_SHM=1 and with 0: every rank must report
+#      (hier_rank's "local peers N") the other ranks of its own region as
+#      fast-path peers with 1 and none with 0, and the bytes through all
+#      regions' shapers must be the same within 5% (a fast path between
+#      regions would bypass the shapers and shrink them).
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
 #      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
 #      link goes down (inside its namespace, so peers see a dead link: no
@@ -31,7 +38,7 @@
 # Only one emulated WAN can exist at a time: while another one is up this
 # waits, checking every 30 s, for up to $GEOCCL_WAN_WAIT seconds (default
 # 600), then skips. Its own WAN is called "ghier" and is always taken down
-# on the way out. Takes about 2 minutes. The last line is always
+# on the way out. Takes about 3 minutes. The last line is always
 # "N passed, N failed".
 #
 set -uo pipefail
@@ -214,6 +221,41 @@ echo "== 3 regions, 1 Gbit/s, 5 ms one-way"
 wan_up -r 3 --rate 1gbit --delay 5ms
 matrix "b. 3 regions of 2 + 1 + 2 ranks" 29503 "0 0 1 2 2"
 matrix "c. 3 regions x 1 rank" 29504 "0 1 2"
+
+# ---- e: the same-host fast path never crosses a region ------------------------
+
+shaped() {  # bytes through all regions' shapers so far
+    local i b s=0
+    for i in 0 1 2; do
+        b=$(tc -n "$NAME-r$i" -s qdisc show dev dl0 2>/dev/null | awk '/Sent/ { s = $2 } END { print s + 0 }')
+        s=$((s + b))
+    done
+    echo "$s"
+}
+declare -A SHAPED
+e_bad=0
+for shm in 0 1; do
+    b0=$(shaped)
+    GEOCCL_SHM=$shm GEOCCL_PROBE=0 matrix "e. 2 + 1 + 2 ranks, GEOCCL_SHM=$shm" $((29506 + shm)) "0 0 1 2 2"
+    SHAPED[$shm]=$(( $(shaped) - b0 ))
+    d=$WORK/$((29506 + shm))
+    for ((r = 0; r < NR; r++)); do
+        same=$(tr ' ' '\n' <<< "0 0 1 2 2" | grep -cx "${REGION_OF[$r]}")
+        want=$(( shm ? same - 1 : 0 ))
+        got=$(sed -n "s/^rank $r: matrix .*; local peers \([0-9-]*\)\$/\1/p" "$d/rank$r.out")
+        if [ "$got" != "$want" ]; then
+            echo "   rank $r [r${REGION_OF[$r]}], GEOCCL_SHM=$shm: ${got:-no} fast-path peers, expected $want"
+            e_bad=$((e_bad + 1))
+        fi
+    done
+done
+echo "   bytes through the shapers: ${SHAPED[0]} with GEOCCL_SHM=0, ${SHAPED[1]} with 1"
+if [ "$e_bad" = 0 ] && [ "${SHAPED[0]}" -gt 0 ] &&
+   awk -v a="${SHAPED[0]}" -v b="${SHAPED[1]}" 'BEGIN { exit !(b >= 0.95 * a && b <= 1.05 * a) }'; then
+    pass "e. the fast path joins exactly the ranks of each region; WAN bytes unchanged"
+else
+    fail "e. fast path: $e_bad ranks with the wrong peer count, shaper bytes ${SHAPED[0]} vs ${SHAPED[1]}"
+fi
 
 # ---- d: region 2 cut off mid-all-reduce -----------------------------------------
 

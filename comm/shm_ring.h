@@ -1,0 +1,54 @@
+/* Single-producer/single-consumer byte rings in shared memory, for the
+ * same-host fast path of net_tcp.c.
+ *
+ * A segment is an anonymous memfd (never a name anyone else could open)
+ * holding two rings, one per direction of a connection: the connector
+ * creates it and hands the descriptor to the acceptor over their AF_UNIX
+ * socket (SCM_RIGHTS), after the HMAC handshake.  Each ring is a power-of-
+ * two array of bytes with two free-running 64-bit counters on their own
+ * cache lines: head (bytes written, stored only by the producer with
+ * release order) and tail (bytes read, stored only by the consumer with
+ * release order); each side loads the other's counter with acquire order,
+ * so the bytes it then copies are the ones the other side wrote.  Nothing
+ * in a ring is trusted beyond that: the frames written into it carry the
+ * same checked headers as on a socket, and a counter that claims more than
+ * the capacity reads as a broken peer (see geoShmRingRead).
+ *
+ * Waking the other side is not the ring's business: net_tcp.c sends a
+ * one-byte doorbell on the socket after it moved bytes. */
+#ifndef GEOCCL_SHM_RING_H_
+#define GEOCCL_SHM_RING_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+/* One direction, as seen by this process. */
+typedef struct {
+    struct geoShmRingCtl *ctl; /* head/tail in the shared segment */
+    char *data;                /* capacity bytes */
+    uint64_t capacity;         /* a power of two */
+} geoShmRing;
+
+/* Bytes to map for a segment of two rings of capacity bytes each. */
+size_t geoShmSegmentSize(uint64_t capacity);
+/* Create a segment (memfd, sized, mapped, header written).  0: [out] fd
+ * (close-on-exec; to be passed to the peer, then closed) and base (the
+ * mapping, geoShmSegmentSize bytes); -1: cause in errno, nothing left. */
+int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base);
+/* Map a segment received from the peer and check its header.  0: [out]
+ * base and capacity; -1: errno (EINVAL: not a segment of ours, wrong size). */
+int geoShmSegmentMap(int fd, void **base, uint64_t *capacity);
+void geoShmSegmentUnmap(void *base, uint64_t capacity);
+/* Ring i (0: connector to acceptor, 1: back) of a mapped segment. */
+void geoShmSegmentRing(void *base, uint64_t capacity, int i, geoShmRing *ring);
+
+/* Producer: copy as much of iov[0..n) as there is room for.  Returns the
+ * bytes written (0: full). */
+size_t geoShmRingWrite(geoShmRing *r, const struct iovec *iov, int n);
+/* Consumer: copy up to len bytes.  Returns the bytes read (0: empty);
+ * (size_t)-1 when the producer's counter is impossible (more than the
+ * capacity ahead: a corrupt or hostile peer). */
+size_t geoShmRingRead(geoShmRing *r, void *dst, size_t len);
+
+#endif

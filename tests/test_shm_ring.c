@@ -1,0 +1,179 @@
+/* The shared-memory rings of the same-host fast path (comm/shm_ring.c):
+ * writes and reads that wrap around the end, full and empty rings, a
+ * segment that is not ours, counters a broken peer could leave, and a
+ * producer and a consumer in two threads moving 64 MiB through a small ring
+ * in odd-sized pieces, checked byte for byte. */
+#include "config.h"
+#include "comm/shm_ring.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define CAP 4096u
+
+static void test_wrap_full_empty(void)
+{
+    int fd;
+    void *base;
+    geoShmRing tx, rx;
+    char in[3000], out[3000];
+
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    close(fd);
+    geoShmSegmentRing(base, CAP, 0, &tx);
+    geoShmSegmentRing(base, CAP, 0, &rx);
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = (char)(i * 31 + 7);
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), 0); /* empty */
+    /* Move the counters near the end so the next write wraps. */
+    struct iovec iov = {in, sizeof(in)};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), sizeof(in));
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), sizeof(out));
+    CU_ASSERT_EQUAL(memcmp(in, out, sizeof(in)), 0);
+    /* Two pieces, the second wrapping around; then the ring is full. */
+    struct iovec two[2] = {{in, 1000}, {in + 1000, 2000}};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, two, 2), 3000);
+    iov = (struct iovec){in, sizeof(in)};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), CAP - 3000); /* only what fits */
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), 0);          /* full */
+    memset(out, 0, sizeof(out));
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), 3000);
+    CU_ASSERT_EQUAL(memcmp(in, out, 3000), 0);
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), CAP - 3000);
+    CU_ASSERT_EQUAL(memcmp(in, out, CAP - 3000), 0);
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), 0);
+    geoShmSegmentUnmap(base, CAP);
+}
+
+/* A head more than the capacity ahead of the tail (a broken or hostile
+ * peer) must read as an error, never as a huge copy. */
+static void test_impossible_counters(void)
+{
+    int fd;
+    void *base;
+    geoShmRing tx, rx;
+    char out[64];
+
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    close(fd);
+    geoShmSegmentRing(base, CAP, 1, &tx);
+    geoShmSegmentRing(base, CAP, 1, &rx);
+    /* The controls are the only shared words besides the data: write a
+     * head far ahead through the producer's view. */
+    uint64_t *head = (uint64_t *)tx.ctl;
+    *head = 10 * (uint64_t)CAP;
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), (size_t)-1);
+    struct iovec iov = {out, sizeof(out)};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), 0);
+    geoShmSegmentUnmap(base, CAP);
+}
+
+static void test_foreign_segment_refused(void)
+{
+    void *base;
+    uint64_t cap;
+    int fd = memfd_create("not-a-ring", MFD_CLOEXEC);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_EQUAL(ftruncate(fd, 3 * 4096), 0);
+    errno = 0;
+    CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &base, &cap), -1);
+    CU_ASSERT_EQUAL(errno, EINVAL);
+    close(fd);
+    /* One of ours maps, with its capacity. */
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    void *peer;
+    CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &peer, &cap), 0);
+    CU_ASSERT_EQUAL(cap, CAP);
+    geoShmSegmentUnmap(peer, cap);
+    geoShmSegmentUnmap(base, CAP);
+    close(fd);
+}
+
+#define MOVE_BYTES ((size_t)64 << 20)
+
+typedef struct {
+    geoShmRing ring;
+    const unsigned char *src;
+    unsigned char *dst;
+    volatile int stop; /* the consumer gave up */
+} moveArg;
+
+static void *producer(void *p)
+{
+    moveArg *a = p;
+    size_t done = 0, piece = 1;
+    while (done < MOVE_BYTES && !a->stop) {
+        size_t len = piece < MOVE_BYTES - done ? piece : MOVE_BYTES - done;
+        struct iovec iov[2] = {{(void *)(a->src + done), len / 3},
+                               {(void *)(a->src + done + len / 3), len - len / 3}};
+        size_t w = geoShmRingWrite(&a->ring, iov, 2);
+        if (w == 0)
+            sched_yield();
+        done += w;
+        piece = piece * 7 % 9973 + 1; /* odd sizes, up to about 2.4 x CAP */
+    }
+    return NULL;
+}
+
+static void test_two_threads(void)
+{
+    int fd;
+    void *base;
+    pthread_t t;
+    moveArg a;
+    unsigned char *src = malloc(MOVE_BYTES), *dst = malloc(MOVE_BYTES);
+    CU_ASSERT_FATAL(src != NULL && dst != NULL);
+    for (size_t i = 0; i < MOVE_BYTES; i++)
+        src[i] = (unsigned char)((i * 2654435761u) >> 13);
+    memset(dst, 0, MOVE_BYTES);
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    close(fd);
+    geoShmSegmentRing(base, CAP, 0, &a.ring);
+    a.src = src;
+    a.dst = dst;
+    a.stop = 0;
+    pthread_create(&t, NULL, producer, &a);
+    geoShmRing rx;
+    geoShmSegmentRing(base, CAP, 0, &rx);
+    size_t done = 0, piece = 5;
+    while (done < MOVE_BYTES) {
+        size_t len = piece < MOVE_BYTES - done ? piece : MOVE_BYTES - done;
+        size_t got = geoShmRingRead(&rx, dst + done, len);
+        if (got == (size_t)-1) {
+            CU_FAIL("the ring's counters went impossible");
+            a.stop = 1;
+            break;
+        }
+        if (got == 0)
+            sched_yield();
+        done += got;
+        piece = piece * 5 % 7919 + 1;
+    }
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(memcmp(src, dst, MOVE_BYTES), 0);
+    geoShmSegmentUnmap(base, CAP);
+    free(src);
+    free(dst);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS)
+        return CU_get_error();
+    CU_pSuite s = CU_add_suite("shm_ring", NULL, NULL);
+    CU_add_test(s, "writes and reads wrap around; full and empty", test_wrap_full_empty);
+    CU_add_test(s, "impossible counters are an error", test_impossible_counters);
+    CU_add_test(s, "a memfd that is not a ring segment is refused", test_foreign_segment_refused);
+    CU_add_test(s, "64 MiB through a 4 KiB ring, two threads, odd pieces", test_two_threads);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
