@@ -387,11 +387,26 @@ struct Launcher {
 #define blockDim (geoemu::S.bDim)
 #define gridDim (geoemu::S.gDim)
 
+#ifdef GEO_CUDA_EMU_STREAMS
+/* The stream-ordered runtime of tests/device/dev_emu_runtime.c: returns
+ * once every operation enqueued on stream before this call has completed,
+ * so that a kernel run inline on the calling thread sees the stream's
+ * earlier copies and leaves its writes before the later ones. */
+extern "C" void geoEmuStreamDrain(cudaStream_t stream);
+#endif
+
 template <class... P>
 static geoemu::Launcher<P...> geoEmuLaunch(dim3 grid, dim3 block, cudaStream_t stream,
                                            void (*kernel)(P...))
 {
+#ifdef GEO_CUDA_EMU_STREAMS
+    /* A launch is a blocking call here: it runs the kernel in stream order
+     * at once (the runtime's streams hold no kernels), as a CUDA launch
+     * that finds the launch queue full blocks its caller. */
+    geoEmuStreamDrain(stream);
+#else
     (void)stream;
+#endif
     geoemu::Launcher<P...> l;
     l.grid = grid;
     l.block = block;
@@ -479,6 +494,11 @@ static inline T atomicMin(T *p, T v)
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                   */
 /* ------------------------------------------------------------------------ */
+
+/* With GEO_CUDA_EMU_STREAMS the runtime comes from elsewhere (tests/device/
+ * dev_emu_runtime.c: streams with worker threads, shared with the library
+ * under test), and only the device side above is defined here. */
+#ifndef GEO_CUDA_EMU_STREAMS
 
 struct CUevent_st {
     double t;
@@ -662,5 +682,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 }
 
 } /* extern "C" */
+
+#endif /* !GEO_CUDA_EMU_STREAMS */
 
 #endif
