@@ -36,7 +36,14 @@
  *    the test, never as a hang of make check.
  *  - cudaGetDriverEntryPoint(ByVersion) knows one driver function,
  *    cuStreamWaitValue32, emulated as a queued operation that polls the
- *    word.
+ *    word; GEO_EMU_NO_WAIT_VALUE=1 hides it (the library then falls back
+ *    to a polling host function).
+ *  - GEO_EMU_DELAY_US=N: each queued operation first sleeps a random 0..N
+ *    microseconds, so the "device" lags behind the host as a real one
+ *    does, and a missing synchronisation shows as a wrong result.
+ *  - GEO_EMU_STATS=1: cudaStreamDestroy prints what went through the
+ *    emulation ("cuda emulation stats: ..."), so that a test can tell which
+ *    path a call took.
  *
  * It is a test fixture, not a CUDA implementation: no kernels of its own,
  * no graphs, no peer access, one device.
@@ -51,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- process state ------------------------------------------------------- */
 
@@ -101,6 +109,10 @@ static emuAlloc *emu_allocs;
 static struct CUstream_st *emu_streams;
 static struct CUstream_st *emu_null_stream;
 static __thread cudaError_t emu_last_error;
+/* GEO_EMU_STATS */
+static unsigned long emu_n_launch, emu_n_wait_value, emu_n_host_fn, emu_n_copy;
+
+static void emu_count(unsigned long *n) { __atomic_add_fetch(n, 1, __ATOMIC_RELAXED); }
 
 static double emu_now(void)
 {
@@ -222,6 +234,9 @@ static cudaError_t emu_release(void *p, int host)
 static void *emu_stream_main(void *arg)
 {
     struct CUstream_st *s = arg;
+    const char *d = getenv("GEO_EMU_DELAY_US");
+    long delay = d ? atol(d) : 0;
+    unsigned seed = (unsigned)(uintptr_t)s ^ (unsigned)getpid();
     pthread_mutex_lock(&emu_lock);
     for (;;) {
         while (s->head == NULL && !s->stop)
@@ -230,6 +245,11 @@ static void *emu_stream_main(void *arg)
             break;
         emuOp *op = s->head;
         pthread_mutex_unlock(&emu_lock);
+        if (delay > 0) {
+            long us = (long)(rand_r(&seed) % (unsigned)(delay + 1));
+            struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+            nanosleep(&ts, NULL);
+        }
         op->run(op); /* the head stays queued until it is done */
         pthread_mutex_lock(&emu_lock);
         s->head = op->next;
@@ -325,7 +345,11 @@ static void emu_drain(struct CUstream_st *s, const char *what)
 
 /* The hook of cuda_emu_device.h (GEO_CUDA_EMU_STREAMS): a kernel launch. */
 void geoEmuStreamDrain(cudaStream_t stream);
-void geoEmuStreamDrain(cudaStream_t stream) { emu_drain(emu_stream(stream), "a kernel launch"); }
+void geoEmuStreamDrain(cudaStream_t stream)
+{
+    emu_count(&emu_n_launch);
+    emu_drain(emu_stream(stream), "a kernel launch");
+}
 
 static void emu_drain_all(const char *what)
 {
@@ -516,6 +540,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 {
     if ((unsigned)kind > cudaMemcpyDefault || (bytes && (dst == NULL || src == NULL)))
         return emu_error(cudaErrorInvalidValue);
+    emu_count(&emu_n_copy);
     if (bytes && (emu_is_pageable(dst) || emu_is_pageable(src))) {
         emu_drain(emu_stream(stream), "cudaMemcpyAsync with pageable memory");
         memmove(dst, src, bytes);
@@ -669,6 +694,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
     pthread_mutex_unlock(&emu_lock);
     pthread_join(s->thread, NULL);
     free(s);
+    const char *stats = getenv("GEO_EMU_STATS");
+    if (stats && strcmp(stats, "1") == 0)
+        fprintf(stderr, "cuda emulation stats: pid %ld: %lu kernel launches, %lu stream waits "
+                "on a word, %lu host functions, %lu async copies\n", (long)getpid(),
+                __atomic_load_n(&emu_n_launch, __ATOMIC_RELAXED),
+                __atomic_load_n(&emu_n_wait_value, __ATOMIC_RELAXED),
+                __atomic_load_n(&emu_n_host_fn, __ATOMIC_RELAXED),
+                __atomic_load_n(&emu_n_copy, __ATOMIC_RELAXED));
     return cudaSuccess;
 }
 
@@ -716,6 +749,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *arg)
 {
     if (fn == NULL)
         return emu_error(cudaErrorInvalidValue);
+    emu_count(&emu_n_host_fn);
     emuOp *op = emu_op(run_host_fn);
     if (op) {
         op->fn = fn;
@@ -774,6 +808,7 @@ static CUresult emu_cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuin
 {
     if (addr == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    emu_count(&emu_n_wait_value);
     emuOp *op = emu_op(run_wait_value);
     if (op == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -790,7 +825,8 @@ static cudaError_t emu_entry_point(const char *symbol, void **fn,
     if (symbol == NULL || fn == NULL)
         return emu_error(cudaErrorInvalidValue);
     *fn = NULL;
-    if (strcmp(symbol, "cuStreamWaitValue32") == 0)
+    const char *hide = getenv("GEO_EMU_NO_WAIT_VALUE");
+    if (strcmp(symbol, "cuStreamWaitValue32") == 0 && !(hide && strcmp(hide, "1") == 0))
         *fn = (void *)emu_cuStreamWaitValue32;
     if (q)
         *q = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
