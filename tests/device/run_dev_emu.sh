@@ -7,7 +7,9 @@
 # its own region, so every call crosses regions: the exact all-reduce, the
 # GPU-encoded codecs, the host codecs (GEOCCL_CUDA_CODECS=0) and the staged
 # collectives, with 2 and 3 ranks.  dev_allreduce checks the results and
-# that the ranks agree bit for bit; any failure fails this test.
+# that the ranks agree bit for bit; any failure fails this test, and so
+# does a run whose calls did not take the path it is meant to test (the
+# emulation's counts, GEO_EMU_STATS).
 #
 # GEO_EMU_TIMEOUT bounds every emulated wait (a hang aborts the rank);
 # GEOCCL_TIMEOUT bounds GeoCCL's own.
@@ -21,29 +23,67 @@ export GEOCCL_NCCL_LIB="$lib"
 export GEOCCL_SOCKET_IFNAME="${GEOCCL_SOCKET_IFNAME:-lo}"
 export GEOCCL_TIMEOUT="${GEOCCL_TIMEOUT:-60}"
 export GEO_EMU_TIMEOUT="${GEO_EMU_TIMEOUT:-90}"
+export GEO_EMU_STATS=1
+log=$(mktemp "${TMPDIR:-/tmp}/dev_emu.XXXXXX") || exit 1
+trap 'rm -f "$log"' EXIT
 mib=1
 failed=0
+
+# run KERNELS WAIT ARGS...: KERNELS yes/no: emulated kernels ran; WAIT
+# word/host: the streams waited with cuStreamWaitValue32 or a host function.
 run() {
-    local t0=$SECONDS
+    local kernels=$1 wait=$2 t0=$SECONDS ok=1
+    shift 2
     echo "== $*"
-    if ! "$@"; then
+    "$@" >"$log" 2>&1 || ok=0
+    grep -v '^cuda emulation stats' "$log"
+    local stats
+    stats=$(grep '^cuda emulation stats' "$log")
+    if [ "$ok" = 1 ]; then
+        if [ -z "$stats" ]; then
+            echo "no emulation statistics"; ok=0
+        fi
+        if [ "$kernels" = yes ] && echo "$stats" | grep -q ' 0 kernel launches'; then
+            echo "a rank launched no kernel (GPU path not taken)"; ok=0
+        fi
+        if [ "$kernels" = no ] && echo "$stats" | grep -qv ' 0 kernel launches'; then
+            echo "a rank launched kernels (host path expected)"; ok=0
+        fi
+        if [ "$wait" = word ] && echo "$stats" | grep -q ' 0 stream waits'; then
+            echo "a rank's stream never waited with cuStreamWaitValue32"; ok=0
+        fi
+        if [ "$wait" = host ] && echo "$stats" | grep -q ' 0 host functions'; then
+            echo "a rank's stream never waited in a host function"; ok=0
+        fi
+    fi
+    if [ "$ok" != 1 ]; then
         echo "FAIL: $*"
         failed=$((failed + 1))
     fi
     echo "   ($((SECONDS - t0)) s)"
 }
+
 # The emulated kernels run some 10^5 to 10^6 elements a second: the codec
 # checks leave out the 4 Mi-element count (DEV_ALLREDUCE_MAX_COUNT), topk
-# (the slowest kernels) keeps the 1000-element count only; the 1 MiB
-# timing calls still run it over several rounds of sub-chunks.
+# (the slowest kernels) keeps the 1000-element count only.  A 64 KiB
+# GEOCCL_HIER_SLICE cuts the larger calls in many rounds of sub-chunks, so
+# the pipelined schedule (GX_DEPTH) runs, not only its one-round case.
 big=1048579
+sl=GEOCCL_HIER_SLICE=65536
 for n in 2 3; do
-    run "$bin" "$n" "$mib"
-    run env DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" int8
-    run env DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" sign
-    run env DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" "$n" "$mib" topk:0.05
-    run "$bin" "$n" "$mib" staged
-    run env GEOCCL_CUDA_CODECS=0 "$bin" "$n" "$mib" int8
+    run yes word env $sl "$bin" "$n" "$mib"
+    run yes word env $sl DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" int8
+    run yes word env DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" sign
+    run yes word env DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" "$n" "$mib" topk:0.05
+    run no word "$bin" "$n" "$mib" staged
+    run no word env GEOCCL_CUDA_CODECS=0 "$bin" "$n" "$mib" int8
 done
+# Without stream memory operations (a host function polls the flag), and
+# with a device that lags behind the host (each stream operation delayed).
+run yes host env $sl GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib"
+run no host env GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib" staged
+run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
+run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
+run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
-echo "PASS: dev_allreduce-emu, 2 and 3 ranks: exact, int8, sign, topk, staged, host int8"
+echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
