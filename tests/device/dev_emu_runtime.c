@@ -181,6 +181,24 @@ static int emu_is_pageable(const void *p)
     return r;
 }
 
+/* Guard bytes before and after every allocation, checked when it is freed
+ * (a write past either end by a copy, a kernel or the host aborts). */
+#define EMU_GUARD 256
+#define EMU_GUARD_BYTE 0xA5
+
+static void emu_check_guards(const emuAlloc *a)
+{
+    const unsigned char *lo = (const unsigned char *)a->base - EMU_GUARD;
+    const unsigned char *hi = (const unsigned char *)a->base + a->bytes;
+    for (size_t i = 0; i < EMU_GUARD; i++)
+        if (lo[i] != EMU_GUARD_BYTE || hi[i] != EMU_GUARD_BYTE) {
+            fprintf(stderr, "cuda emulation: a write %s the %zu-byte %s allocation at %p\n",
+                    lo[i] != EMU_GUARD_BYTE ? "before the start of" : "past the end of",
+                    a->bytes, a->host ? "pinned host" : "device", (void *)a->base);
+            abort();
+        }
+}
+
 static cudaError_t emu_alloc(void **ptr, size_t bytes, int host)
 {
     if (ptr == NULL)
@@ -188,12 +206,15 @@ static cudaError_t emu_alloc(void **ptr, size_t bytes, int host)
     emuAlloc *a = malloc(sizeof(*a));
     /* 256-byte aligned as cudaMalloc; filled with a pattern (CUDA does not
      * zero device memory) so that a read of uninitialised memory shows */
-    char *b = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    char *b = aligned_alloc(256, EMU_GUARD + (bytes + 255) / 256 * 256 + EMU_GUARD);
     if (a == NULL || b == NULL) {
         free(a);
         free(b);
         return emu_error(cudaErrorMemoryAllocation);
     }
+    memset(b, EMU_GUARD_BYTE, EMU_GUARD);
+    b += EMU_GUARD;
+    memset(b + bytes, EMU_GUARD_BYTE, EMU_GUARD);
     if (!host)
         memset(b, 0xCD, bytes);
     a->base = b;
@@ -224,7 +245,8 @@ static cudaError_t emu_release(void *p, int host)
                 host ? "cudaFreeHost" : "cudaFree", p, host ? "host" : "device");
         return emu_error(cudaErrorInvalidValue);
     }
-    free(a->base);
+    emu_check_guards(a);
+    free(a->base - EMU_GUARD);
     free(a);
     return cudaSuccess;
 }
@@ -362,6 +384,9 @@ static void emu_drain_all(const char *what)
         if (!s->stop)
             emu_drain(s, what);
 }
+
+int geoEmuIsDeviceAccessible(const void *p);
+int geoEmuIsDeviceAccessible(const void *p) { return !emu_is_pageable(p); }
 
 /* ---- operations ---------------------------------------------------------- */
 
@@ -535,10 +560,37 @@ cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)
     return cudaSuccess;
 }
 
+static int emu_is_device(const void *p)
+{
+    pthread_mutex_lock(&emu_lock);
+    emuAlloc *a = emu_find(p);
+    int r = a != NULL && !a->host;
+    pthread_mutex_unlock(&emu_lock);
+    return r;
+}
+
+/* A copy whose kind contradicts its pointers is undefined in CUDA: here an
+ * error, with the reason on stderr. */
+static int emu_kind_ok(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
+{
+    if ((unsigned)kind > cudaMemcpyDefault || (bytes && (dst == NULL || src == NULL)))
+        return 0;
+    if (bytes == 0 || kind == cudaMemcpyDefault)
+        return 1;
+    int want_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    int want_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    if (emu_is_device(src) == want_src && emu_is_device(dst) == want_dst)
+        return 1;
+    fprintf(stderr, "cuda emulation: copy of %zu bytes from %s %p to %s %p with kind %d\n",
+            bytes, emu_is_device(src) ? "device" : "host", src,
+            emu_is_device(dst) ? "device" : "host", dst, (int)kind);
+    return 0;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream)
 {
-    if ((unsigned)kind > cudaMemcpyDefault || (bytes && (dst == NULL || src == NULL)))
+    if (!emu_kind_ok(dst, src, bytes, kind))
         return emu_error(cudaErrorInvalidValue);
     emu_count(&emu_n_copy);
     if (bytes && (emu_is_pageable(dst) || emu_is_pageable(src))) {
@@ -557,7 +609,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
 {
-    if ((unsigned)kind > cudaMemcpyDefault || (bytes && (dst == NULL || src == NULL)))
+    if (!emu_kind_ok(dst, src, bytes, kind))
         return emu_error(cudaErrorInvalidValue);
     emu_drain(emu_stream(NULL), "cudaMemcpy");
     if (bytes)
