@@ -7,6 +7,9 @@
  * path: NVIDIA's reduce-scatter in the region, the exchange between
  * regions, NVIDIA's all-gather, all on the caller's stream.
  *
+ * CODEC "queued:<codec>": four compressed calls queued back to back, a
+ * hash of their results printed (see check_queued).
+ *
  * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
  * all-to-all on device buffers across the regions (GeoCCL stages them
  * through the host), exact results checked; no figures.
@@ -239,6 +242,43 @@ static int check_staged(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
     return bad;
 }
 
+/* dev_allreduce N MIB queued:CODEC: four compressed all-reduces queued on
+ * the stream back to back (DEV_ALLREDUCE_SYNC_EACH set: each waited for
+ * before the next); rank 0 prints a hash of the results.  With stochastic
+ * rounding (GEOCCL_COMPRESS_STOCHASTIC) the hash must not depend on the
+ * waiting: each call rounds with its own sequence number
+ * (tests/device/run_dev_emu.sh compares the two). */
+static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
+{
+    enum { K = 4, QN = 100000 };
+    const int sync_each = getenv("DEV_ALLREDUCE_SYNC_EACH") != NULL;
+    float *h = malloc(QN * sizeof(float)), *d[K];
+    uint64_t hash = 0;
+    for (int k = 0; k < K; k++) {
+        for (size_t i = 0; i < QN; i++)
+            h[i] = value(rank, i) * 0.37f + (float)k;
+        CK(cudaMalloc((void **)&d[k], QN * sizeof(float)));
+        CK(cudaMemcpy(d[k], h, QN * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    for (int k = 0; k < K; k++) {
+        NK(ncclAllReduce(d[k], d[k], QN, ncclFloat, ncclSum, comm, s));
+        if (sync_each)
+            CK(cudaStreamSynchronize(s));
+    }
+    CK(cudaStreamSynchronize(s));
+    for (int k = 0; k < K; k++) {
+        CK(cudaMemcpy(h, d[k], QN * sizeof(float), cudaMemcpyDeviceToHost));
+        hash = hash * 1099511628211ull + hash_bytes(h, QN * sizeof(float));
+        cudaFree(d[k]);
+    }
+    hashes[rank] = hash;
+    if (rank == 0)
+        printf("dev_allreduce: queued calls%s: hash %016llx\n", sync_each ? " (each waited for)"
+               : "", (unsigned long long)hash);
+    free(h);
+    return 0;
+}
+
 static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
@@ -253,6 +293,11 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const ch
     const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
     if (codec && strcmp(codec, "staged") == 0) {
         bad |= check_staged(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec && strncmp(codec, "queued:", 7) == 0) {
+        NK(geocclCommSetCompression(comm, codec + 7));
+        bad |= check_queued(rank, comm, s);
         codec = NULL;
         mib = 0; /* checks only */
     } else if (codec) {

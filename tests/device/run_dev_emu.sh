@@ -85,5 +85,23 @@ run no host env GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib" staged
 run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
+# Reproducible stochastic rounding: four int8 calls queued back to back on a
+# lagging device must give the results they give when each is waited for
+# (the host exchange of a device call rounds with the call's own sequence
+# number, not the one the user thread has reached since).
+for c in 0 1; do
+    h=
+    for sync in "" 1; do
+        run $([ $c = 1 ] && echo yes || echo no) word env GEOCCL_CUDA_CODECS=$c \
+            GEOCCL_COMPRESS_STOCHASTIC=7 GEO_EMU_DELAY_US=5000 \
+            ${sync:+DEV_ALLREDUCE_SYNC_EACH=1} "$bin" 2 "$mib" queued:int8
+        h="$h $(sed -n 's/^dev_allreduce: queued calls.*: hash //p' "$log")"
+    done
+    set -- $h
+    if [ $# -ne 2 ] || [ "$1" != "$2" ]; then
+        echo "FAIL: GEOCCL_CUDA_CODECS=$c: queued calls and calls waited for differ:$h"
+        failed=$((failed + 1))
+    fi
+done
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
 echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
