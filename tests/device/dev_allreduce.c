@@ -246,8 +246,9 @@ static int check_staged(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
  * the stream back to back (DEV_ALLREDUCE_SYNC_EACH set: each waited for
  * before the next); rank 0 prints a hash of the results.  With stochastic
  * rounding (GEOCCL_COMPRESS_STOCHASTIC) the hash must not depend on the
- * waiting: each call rounds with its own sequence number
- * (tests/device/run_dev_emu.sh compares the two). */
+ * waiting: each call rounds with its own sequence number; nor on a
+ * compression set for later calls while these are queued
+ * (DEV_ALLREDUCE_SWITCH).  tests/device/run_dev_emu.sh compares. */
 static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
 {
     enum { K = 4, QN = 100000 };
@@ -265,6 +266,11 @@ static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
         if (sync_each)
             CK(cudaStreamSynchronize(s));
     }
+    /* DEV_ALLREDUCE_SWITCH=SPEC: the next calls' compression, set while
+     * these may still be queued; it must not change them */
+    const char *sw = getenv("DEV_ALLREDUCE_SWITCH");
+    if (sw && sw[0])
+        NK(geocclCommSetCompression(comm, sw));
     CK(cudaStreamSynchronize(s));
     for (int k = 0; k < K; k++) {
         CK(cudaMemcpy(h, d[k], QN * sizeof(float), cudaMemcpyDeviceToHost));

@@ -89,12 +89,14 @@ run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
 # lagging device must give the results they give when each is waited for
 # (the host exchange of a device call rounds with the call's own sequence
 # number, not the one the user thread has reached since).
-for c in 0 1; do
-    h=
+# Likewise a compression set for later calls while these are queued
+# (geocclCommSetCompression waits for their exchanges) must not change them.
+queued() {
+    local c=$1 h= sync
+    shift
     for sync in "" 1; do
-        run $([ $c = 1 ] && echo yes || echo no) word env GEOCCL_CUDA_CODECS=$c \
-            GEOCCL_COMPRESS_STOCHASTIC=7 GEO_EMU_DELAY_US=5000 \
-            ${sync:+DEV_ALLREDUCE_SYNC_EACH=1} "$bin" 2 "$mib" queued:int8
+        run $([ "$c" = 1 ] && echo yes || echo no) word env GEOCCL_CUDA_CODECS=$c \
+            GEO_EMU_DELAY_US=5000 ${sync:+DEV_ALLREDUCE_SYNC_EACH=1} "$@"
         h="$h $(sed -n 's/^dev_allreduce: queued calls.*: hash //p' "$log")"
     done
     set -- $h
@@ -102,6 +104,10 @@ for c in 0 1; do
         echo "FAIL: GEOCCL_CUDA_CODECS=$c: queued calls and calls waited for differ:$h"
         failed=$((failed + 1))
     fi
+}
+for c in 0 1; do
+    queued $c GEOCCL_COMPRESS_STOCHASTIC=7 "$bin" 2 "$mib" queued:int8
+    queued $c DEV_ALLREDUCE_SWITCH=topk:0.5 "$bin" 2 "$mib" queued:topk:0.05
 done
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
 echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
