@@ -39,6 +39,8 @@ typedef struct geoOp {
     int root;              /* root, or peer for send/recv */
     cudaStream_t stream;   /* the user's stream (device buffers only) */
     int device;            /* buffers are GPU memory: the real NCCL path */
+    uint64_t seq;          /* the call's comm->op_seq when it runs later, on
+                              the device exchange thread; 0: comm->op_seq */
     struct geoOp *next;    /* group list */
 } geoOp;
 

@@ -1625,6 +1625,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     }
     j->op = *op;
     j->op.next = NULL;
+    j->op.seq = comm->op_seq; /* the exchange's stochastic rounding stream */
     j->slot = slot;
     j->off = off;
     j->len = len;
@@ -1753,6 +1754,7 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     }
     j->op = *op;
     j->op.next = NULL;
+    j->op.seq = comm->op_seq;
     j->slot = slot;
     j->op_seq = comm->op_seq;
     j->staged = 1;

@@ -512,7 +512,9 @@ void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
         double k2 = out->p2.topkFraction * comm->regions.nregions;
         out->p2.topkFraction = k2 < 1 ? k2 : 1;
     }
-    out->counter = comm->op_seq << 40;
+    /* the call's own number: a device call's exchange runs on the
+     * exchange thread, when the user thread may have issued later calls */
+    out->counter = (op->seq ? op->seq : comm->op_seq) << 40;
     if (c->lossy && comm->ef_enabled) {
         /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
          * first trip (see the parameter's help).  Unset: 3 for sign, whose

@@ -101,6 +101,10 @@ ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommSetCompression") != ncclSuccess,
                   ncclInvalidArgument, "geocclCommSetCompression: NULL or dead comm");
+    /* Device all-reduces still queued on the exchange thread read the
+     * codec parameters when they run: they keep the ones they were issued
+     * with. */
+    GEO_CHECK(geoDevDrain(comm));
     return geoCommSetCodec(comm, spec);
 }
 
@@ -117,6 +121,8 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetErrorFeedback") != ncclSuccess,
                   ncclInvalidArgument, "geocclCommResetErrorFeedback: NULL or dead comm");
+    /* queued device exchanges hold residuals of comm->ef */
+    GEO_CHECK(geoDevDrain(comm));
     geoEfReset(&comm->ef);
     geoDevResetErrorFeedback(comm);
     return ncclSuccess;

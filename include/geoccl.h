@@ -81,8 +81,12 @@ ncclResult_t geocclCommResetStats(ncclComm_t comm);
  * "int4", "sign" or "topk:<k>" (0 < k <= 1).  Lossy codecs apply only to
  * float32 sum/avg all-reduces (others are sent exactly) and use error
  * feedback unless GEOCCL_EF=0.  Takes effect at the next call; collective
- * in effect: every rank must choose the same codec.  Returns ncclSuccess, or
- * ncclInvalidArgument for a NULL/dead comm or an unknown spec. */
+ * in effect: every rank must choose the same codec.  Blocks until the
+ * device all-reduces already issued on comm have finished their exchange
+ * between regions (they keep the compression they were issued with).
+ * Returns ncclSuccess, ncclInvalidArgument for a NULL/dead comm or an
+ * unknown spec, or ncclSystemError when those exchanges did not finish
+ * within GEOCCL_TIMEOUT. */
 ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec);
 
 /* [out] name: the codec in force ("none", "int8", ..., or "auto" when the
@@ -92,7 +96,9 @@ ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name);
 /* Forgets all error-feedback residuals of comm (e.g. when the model's
  * buckets change).  Memory for them is bounded by GEOCCL_EF_MAX_BYTES:
  * beyond it the least recently used residuals are dropped (logged once at
- * INFO). */
+ * INFO).  Blocks until the device all-reduces already issued on comm have
+ * finished their exchange between regions (they use the residuals).
+ * ncclSystemError when they did not within GEOCCL_TIMEOUT. */
 ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
 
 /* What the topology probe found at init (see geoccl-probe).  Nodes are

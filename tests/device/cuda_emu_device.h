@@ -40,6 +40,7 @@
 
 #include <map>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,17 @@ extern "C" void __asan_unpoison_memory_region(void const volatile *addr, size_t 
 #else
 #define GEO_EMU_POISON(p, n) ((void)(p), (void)(n))
 #define GEO_EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#ifdef GEO_CUDA_EMU_STREAMS
+/* The stream-ordered runtime of tests/device/dev_emu_runtime.c: returns
+ * once every operation enqueued on stream before this call has completed,
+ * so that a kernel run inline on the calling thread sees the stream's
+ * earlier copies and leaves its writes before the later ones. */
+extern "C" void geoEmuStreamDrain(cudaStream_t stream);
+/* Nonzero when p lies in memory a kernel may touch (device memory or
+ * mapped pinned memory); a GPU would fault on any other pointer. */
+extern "C" int geoEmuIsDeviceAccessible(const void *p);
 #endif
 
 struct dim3 {
@@ -344,6 +356,23 @@ static void put(int op, uint64_t v)
 
 static void release() { arrive(myWarp().bar, 32, -1); }
 
+#ifdef GEO_CUDA_EMU_STREAMS
+template <class T>
+static void checkArg(const T &v, unsigned argno)
+{
+    if constexpr (std::is_pointer<T>::value) {
+        if (v != nullptr && !geoEmuIsDeviceAccessible((const void *)v)) {
+            fprintf(stderr, "cuda emulation: kernel argument %u (%p) is host memory a GPU "
+                    "cannot read\n", argno, (const void *)v);
+            abort();
+        }
+    } else {
+        (void)v;
+        (void)argno;
+    }
+}
+#endif
+
 template <class... P>
 struct Launcher {
     dim3 grid, block;
@@ -357,6 +386,11 @@ struct Launcher {
             block.z != 1 || grid.x == 0 || grid.y != 1 || grid.z != 1)
             fail("launch configuration the kernels do not use");
         std::tuple<P...> args(std::forward<A>(a)...);
+#ifdef GEO_CUDA_EMU_STREAMS
+        /* every pointer argument must be one the GPU can dereference */
+        unsigned argno = 0;
+        std::apply([&argno](auto &...v) { (checkArg(v, argno++), ...); }, args);
+#endif
         struct Call {
             void (*kernel)(P...);
             std::tuple<P...> *args;
@@ -391,7 +425,14 @@ template <class... P>
 static geoemu::Launcher<P...> geoEmuLaunch(dim3 grid, dim3 block, cudaStream_t stream,
                                            void (*kernel)(P...))
 {
+#ifdef GEO_CUDA_EMU_STREAMS
+    /* A launch is a blocking call here: it runs the kernel in stream order
+     * at once (the runtime's streams hold no kernels), as a CUDA launch
+     * that finds the launch queue full blocks its caller. */
+    geoEmuStreamDrain(stream);
+#else
     (void)stream;
+#endif
     geoemu::Launcher<P...> l;
     l.grid = grid;
     l.block = block;
@@ -479,6 +520,11 @@ static inline T atomicMin(T *p, T v)
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                   */
 /* ------------------------------------------------------------------------ */
+
+/* With GEO_CUDA_EMU_STREAMS the runtime comes from elsewhere (tests/device/
+ * dev_emu_runtime.c: streams with worker threads, shared with the library
+ * under test), and only the device side above is defined here. */
+#ifndef GEO_CUDA_EMU_STREAMS
 
 struct CUevent_st {
     double t;
@@ -662,5 +708,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 }
 
 } /* extern "C" */
+
+#endif /* !GEO_CUDA_EMU_STREAMS */
 
 #endif

@@ -7,6 +7,9 @@
  * path: NVIDIA's reduce-scatter in the region, the exchange between
  * regions, NVIDIA's all-gather, all on the caller's stream.
  *
+ * CODEC "queued:<codec>": four compressed calls queued back to back, a
+ * hash of their results printed (see check_queued).
+ *
  * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
  * all-to-all on device buffers across the regions (GeoCCL stages them
  * through the host), exact results checked; no figures.
@@ -18,7 +21,8 @@
  * bit-identical results (a hash per rank, compared by the parent), over two
  * calls on the same buffer (the second uses the error-feedback residuals),
  * and, for fp16, bf16, int8 and int4, that the relative RMS error against
- * the exact sum is within the codec's bound.  Then times MIB-sized float
+ * the exact sum is within the codec's bound (DEV_ALLREDUCE_MAX_COUNT=N
+ * leaves out the counts above N).  Then times MIB-sized float
  * all-reduces and prints the figures.  Exit 0 when every rank passed; 77
  * without a GPU.  Prints PASS/FAIL lines. */
 #define GEOCCL_HAVE_CUDA_RUNTIME 1
@@ -100,9 +104,13 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
 {
     const size_t counts[] = {1000, (1 << 20) + 3, 1 << 22};
     const double bound = codec_bound(codec);
+    /* DEV_ALLREDUCE_MAX_COUNT: the larger counts are left out (the CPU
+     * emulation of the kernels in make check cannot afford them) */
+    const char *mc = getenv("DEV_ALLREDUCE_MAX_COUNT");
+    const size_t max_count = mc && mc[0] ? (size_t)strtoull(mc, NULL, 10) : (size_t)-1;
     int bad = 0, cs = 0;
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
-        for (int avg = 0; avg < 2; avg++)
+        for (int avg = 0; avg < 2 && counts[c] <= max_count; avg++)
             for (int call = 0; call < 2; call++, cs++) {
                 size_t n = counts[c];
                 float *h = malloc(n * sizeof(float)), *d;
@@ -234,6 +242,49 @@ static int check_staged(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
     return bad;
 }
 
+/* dev_allreduce N MIB queued:CODEC: four compressed all-reduces queued on
+ * the stream back to back (DEV_ALLREDUCE_SYNC_EACH set: each waited for
+ * before the next); rank 0 prints a hash of the results.  With stochastic
+ * rounding (GEOCCL_COMPRESS_STOCHASTIC) the hash must not depend on the
+ * waiting: each call rounds with its own sequence number; nor on a
+ * compression set for later calls while these are queued
+ * (DEV_ALLREDUCE_SWITCH).  tests/device/run_dev_emu.sh compares. */
+static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
+{
+    enum { K = 4, QN = 100000 };
+    const int sync_each = getenv("DEV_ALLREDUCE_SYNC_EACH") != NULL;
+    float *h = malloc(QN * sizeof(float)), *d[K];
+    uint64_t hash = 0;
+    for (int k = 0; k < K; k++) {
+        for (size_t i = 0; i < QN; i++)
+            h[i] = value(rank, i) * 0.37f + (float)k;
+        CK(cudaMalloc((void **)&d[k], QN * sizeof(float)));
+        CK(cudaMemcpy(d[k], h, QN * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    for (int k = 0; k < K; k++) {
+        NK(ncclAllReduce(d[k], d[k], QN, ncclFloat, ncclSum, comm, s));
+        if (sync_each)
+            CK(cudaStreamSynchronize(s));
+    }
+    /* DEV_ALLREDUCE_SWITCH=SPEC: the next calls' compression, set while
+     * these may still be queued; it must not change them */
+    const char *sw = getenv("DEV_ALLREDUCE_SWITCH");
+    if (sw && sw[0])
+        NK(geocclCommSetCompression(comm, sw));
+    CK(cudaStreamSynchronize(s));
+    for (int k = 0; k < K; k++) {
+        CK(cudaMemcpy(h, d[k], QN * sizeof(float), cudaMemcpyDeviceToHost));
+        hash = hash * 1099511628211ull + hash_bytes(h, QN * sizeof(float));
+        cudaFree(d[k]);
+    }
+    hashes[rank] = hash;
+    if (rank == 0)
+        printf("dev_allreduce: queued calls%s: hash %016llx\n", sync_each ? " (each waited for)"
+               : "", (unsigned long long)hash);
+    free(h);
+    return 0;
+}
+
 static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
@@ -248,6 +299,11 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const ch
     const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
     if (codec && strcmp(codec, "staged") == 0) {
         bad |= check_staged(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec && strncmp(codec, "queued:", 7) == 0) {
+        NK(geocclCommSetCompression(comm, codec + 7));
+        bad |= check_queued(rank, comm, s);
         codec = NULL;
         mib = 0; /* checks only */
     } else if (codec) {
@@ -360,8 +416,11 @@ int main(int argc, char **argv)
     pid_t *pids = calloc((size_t)nranks, sizeof(pid_t));
     for (int r = 0; r < nranks; r++) {
         pids[r] = fork();
-        if (pids[r] == 0)
-            _exit(rank_main(r, nranks, id, mib, codec));
+        if (pids[r] == 0) {
+            int rc = rank_main(r, nranks, id, mib, codec);
+            fflush(NULL); /* _exit does not flush: a pipe would lose the figures */
+            _exit(rc);
+        }
     }
     int failed = 0;
     for (int r = 0; r < nranks; r++) {

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+#
+# The device-buffer path (comm/coll_device.c, comm/nccl_real.c, the codec
+# kernels) run end to end without a GPU: tests/device/dev_allreduce, built
+# as dev_allreduce-emu against the emulated CUDA runtime and kernels, with
+# the one-rank emulated NCCL as "NVIDIA's" (see Makefile.am).  Every rank is
+# its own region, so every call crosses regions: the exact all-reduce, the
+# GPU-encoded codecs, the host codecs (GEOCCL_CUDA_CODECS=0) and the staged
+# collectives, with 2 and 3 ranks.  dev_allreduce checks the results and
+# that the ranks agree bit for bit; any failure fails this test, and so
+# does a run whose calls did not take the path it is meant to test (the
+# emulation's counts, GEO_EMU_STATS).
+#
+# GEO_EMU_TIMEOUT bounds every emulated wait (a hang aborts the rank);
+# GEOCCL_TIMEOUT bounds GeoCCL's own.
+set -u
+build="${GEOCCL_TEST_BUILDDIR:-$PWD}"
+bin="$build/tests/device/dev_allreduce-emu"
+lib="$build/tests/device/.libs/libnccl_emu.so"
+[ -x "$bin" ] || { echo "SKIP: $bin not built (configured without CUDA)"; exit 77; }
+[ -f "$lib" ] || { echo "FAIL: $lib missing"; exit 1; }
+export GEOCCL_NCCL_LIB="$lib"
+export GEOCCL_SOCKET_IFNAME="${GEOCCL_SOCKET_IFNAME:-lo}"
+export GEOCCL_TIMEOUT="${GEOCCL_TIMEOUT:-60}"
+export GEO_EMU_TIMEOUT="${GEO_EMU_TIMEOUT:-90}"
+export GEO_EMU_STATS=1
+log=$(mktemp "${TMPDIR:-/tmp}/dev_emu.XXXXXX") || exit 1
+trap 'rm -f "$log"' EXIT
+mib=1
+failed=0
+
+# run KERNELS WAIT ARGS...: KERNELS yes/no: emulated kernels ran; WAIT
+# word/host: the streams waited with cuStreamWaitValue32 or a host function.
+run() {
+    local kernels=$1 wait=$2 t0=$SECONDS ok=1
+    shift 2
+    echo "== $*"
+    "$@" >"$log" 2>&1 || ok=0
+    grep -v '^cuda emulation stats' "$log"
+    local stats
+    stats=$(grep '^cuda emulation stats' "$log")
+    if [ "$ok" = 1 ]; then
+        if [ -z "$stats" ]; then
+            echo "no emulation statistics"; ok=0
+        fi
+        if [ "$kernels" = yes ] && echo "$stats" | grep -q ' 0 kernel launches'; then
+            echo "a rank launched no kernel (GPU path not taken)"; ok=0
+        fi
+        if [ "$kernels" = no ] && echo "$stats" | grep -qv ' 0 kernel launches'; then
+            echo "a rank launched kernels (host path expected)"; ok=0
+        fi
+        if [ "$wait" = word ] && echo "$stats" | grep -q ' 0 stream waits'; then
+            echo "a rank's stream never waited with cuStreamWaitValue32"; ok=0
+        fi
+        if [ "$wait" = host ] && echo "$stats" | grep -q ' 0 host functions'; then
+            echo "a rank's stream never waited in a host function"; ok=0
+        fi
+    fi
+    if [ "$ok" != 1 ]; then
+        echo "FAIL: $*"
+        failed=$((failed + 1))
+    fi
+    echo "   ($((SECONDS - t0)) s)"
+}
+
+# The emulated kernels run some 10^5 to 10^6 elements a second: the codec
+# checks leave out the 4 Mi-element count (DEV_ALLREDUCE_MAX_COUNT), topk
+# (the slowest kernels) keeps the 1000-element count only.  A 64 KiB
+# GEOCCL_HIER_SLICE cuts the larger calls in many rounds of sub-chunks, so
+# the pipelined schedule (GX_DEPTH) runs, not only its one-round case.
+big=1048579
+sl=GEOCCL_HIER_SLICE=65536
+for n in 2 3; do
+    run yes word env $sl "$bin" "$n" "$mib"
+    run yes word env $sl DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" int8
+    run yes word env DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" sign
+    run yes word env DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" "$n" "$mib" topk:0.05
+    run no word "$bin" "$n" "$mib" staged
+    run no word env GEOCCL_CUDA_CODECS=0 "$bin" "$n" "$mib" int8
+done
+# Without stream memory operations (a host function polls the flag), and
+# with a device that lags behind the host (each stream operation delayed).
+run yes host env $sl GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib"
+run no host env GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib" staged
+run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
+run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
+run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
+# Reproducible stochastic rounding: four int8 calls queued back to back on a
+# lagging device must give the results they give when each is waited for
+# (the host exchange of a device call rounds with the call's own sequence
+# number, not the one the user thread has reached since).
+# Likewise a compression set for later calls while these are queued
+# (geocclCommSetCompression waits for their exchanges) must not change them.
+queued() {
+    local c=$1 h= sync
+    shift
+    for sync in "" 1; do
+        run $([ "$c" = 1 ] && echo yes || echo no) word env GEOCCL_CUDA_CODECS=$c \
+            GEO_EMU_DELAY_US=5000 ${sync:+DEV_ALLREDUCE_SYNC_EACH=1} "$@"
+        h="$h $(sed -n 's/^dev_allreduce: queued calls.*: hash //p' "$log")"
+    done
+    set -- $h
+    if [ $# -ne 2 ] || [ "$1" != "$2" ]; then
+        echo "FAIL: GEOCCL_CUDA_CODECS=$c: queued calls and calls waited for differ:$h"
+        failed=$((failed + 1))
+    fi
+}
+for c in 0 1; do
+    queued $c GEOCCL_COMPRESS_STOCHASTIC=7 "$bin" 2 "$mib" queued:int8
+    queued $c DEV_ALLREDUCE_SWITCH=topk:0.5 "$bin" 2 "$mib" queued:topk:0.05
+done
+[ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
+echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
