@@ -33,6 +33,7 @@ typedef struct {
     int64_t chunk_size;         /* rank 0's value is used by all */
     char region[TOPO_REGION_LABEL_LEN]; /* GEOCCL_REGION or topology file; "" */
     int32_t probe;              /* GEOCCL_PROBE; rank 0's value is used by all */
+    int32_t ncpu;               /* CPUs online on this rank's host */
 } geoPeerInfo;
 
 /* Per-communicator statistics (geocclCommGetStats). */

@@ -74,6 +74,20 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
         if (comm->topo_file.intra_delay_ms >= 0 && comm->topo_file.intra_bw_bytes > 0)
             m->intra_alpha_s = comm->topo_file.intra_delay_ms * 1e-3;
     }
+    /* Ranks per CPU on the most crowded host: the same on every rank (from
+     * the bootstrap's boot ids and CPU counts), so every rank plans alike. */
+    double share = 1;
+    for (int i = 0; i < comm->nranks; i++) {
+        const geoPeerInfo *p = &comm->peers[i];
+        if (p->local.boot_id[0] == '\0' || p->ncpu < 1)
+            continue;
+        int same = 0;
+        for (int j = 0; j < comm->nranks; j++)
+            same += strcmp(comm->peers[j].local.boot_id, p->local.boot_id) == 0;
+        if ((double)same / p->ncpu > share)
+            share = (double)same / p->ncpu;
+    }
+    m->cpu_share = share;
     m->wan_streams = comm->nstreams;
     m->chunk = comm->chunk_size;
     m->hier_slice = comm->hier_slice;

@@ -66,6 +66,11 @@ typedef struct {
     size_t chunk;          /* default ring chunk (GEOCCL_CHUNK_SIZE, 512 KiB) */
     size_t hier_slice;     /* default hierarchical slice (GEOCCL_HIER_SLICE, 4 MiB) */
     size_t direct_max;     /* direct exchange up to this (GEOCCL_DIRECT_MAX, 16 KiB) */
+    /* Ranks per CPU on the most crowded host (1: each rank has a core of
+     * its own).  Above 1 the caller's work per slice, and every wait in it,
+     * takes that many times longer: the emulated regions run 6 ranks on 2
+     * cores. */
+    double cpu_share;
 } topoModel;
 
 /* One codec's costs.  Throughputs are of raw (uncompressed) bytes on one
