@@ -1165,6 +1165,35 @@ out:
     return res;
 }
 
+/* Hand a job to the exchange thread, reserving n flag values for its
+ * stream waits (base + 1 .. base + n); j->seq = base + n releases them all.
+ * Returns base. */
+static uint32_t job_push(struct geoDevState *st, devJob *j, uint32_t n)
+{
+    pthread_mutex_lock(&st->lock);
+    uint32_t base = st->seq;
+    st->seq += n;
+    j->seq = st->seq;
+    j->next = NULL;
+    if (st->tail)
+        st->tail->next = j;
+    else
+        st->head = j;
+    st->tail = j;
+    st->pending++;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->lock);
+    return base;
+}
+
+/* Give back a slot no job took. */
+static void slot_put(struct geoDevState *st, devSlot *slot)
+{
+    pthread_mutex_lock(&st->lock);
+    slot->busy = 0;
+    pthread_mutex_unlock(&st->lock);
+}
+
 /* Residuals of the GPU-encoded exchange live in device memory, allocated
  * and zeroed on the stream of the call that first needs them (stream-
  * ordered: nothing waits).  Calls on different streams are chained (each
@@ -1452,9 +1481,6 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
     /* From here on a failure still enqueues the all-gather (region peers
      * are in it) and fails the communicator. */
     if (g->rounds > 0) {
-        pthread_mutex_lock(&st->lock);
-        g->base = st->seq;
-        st->seq += nvals;
         j->op = *op;
         j->op.next = NULL;
         j->slot = slot;
@@ -1463,15 +1489,7 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
         j->op_seq = comm->op_seq;
         j->codec = g->ch.codec;
         j->gx = g;
-        j->seq = g->base + nvals;
-        if (st->tail)
-            st->tail->next = j;
-        else
-            st->head = j;
-        st->tail = j;
-        st->pending++;
-        pthread_cond_broadcast(&st->cv);
-        pthread_mutex_unlock(&st->lock);
+        g->base = job_push(st, j, nvals);
         r = gx_stream(comm, st, g, op, mine, off, ef1, ef2, s);
         ce = cudaFreeAsync(g->dbuf, s);
         if (r == ncclSuccess && ce != cudaSuccess)
@@ -1525,11 +1543,8 @@ fail_dbuf:
         cudaFreeAsync(g->dbuf, s);
 fail_slot:
     free(j);
-    if (slot) {
-        pthread_mutex_lock(&st->lock);
-        slot->busy = 0;
-        pthread_mutex_unlock(&st->lock);
-    }
+    if (slot)
+        slot_put(st, slot);
 fail:
     if (tmp)
         cudaFreeAsync(tmp, s);
@@ -1631,39 +1646,12 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     j->len = len;
     j->op_seq = comm->op_seq;
     j->codec = codec;
-    pthread_mutex_lock(&st->lock);
-    j->seq = ++st->seq;
-    if (st->tail)
-        st->tail->next = j;
-    else
-        st->head = j;
-    st->tail = j;
-    st->pending++;
-    pthread_cond_broadcast(&st->cv);
-    pthread_mutex_unlock(&st->lock);
+    job_push(st, j, 1);
 
     /* From here the job is queued: the stream must wait for it whatever
      * happens, or the exchange thread would write into a slot reused by a
      * later call. */
-    CUresult cr = CUDA_ERROR_NOT_SUPPORTED;
-    if (st->wait_value)
-        cr = st->wait_value((CUstream)s, (CUdeviceptr)(uintptr_t)st->dflag, j->seq,
-                            CU_STREAM_WAIT_VALUE_GEQ);
-    if (cr != CUDA_SUCCESS) {
-        if (st->wait_value) {
-            geoInfo(GEO_LOG_CUDA, "cuStreamWaitValue32 failed (%d): falling back to a polling "
-                    "host function", (int)cr);
-            st->wait_value = NULL;
-        }
-        hostWait *w = malloc(sizeof(*w));
-        if (w == NULL) {
-            geoCommSetError(comm, "%s: out of memory", comm->op_desc);
-            return ncclSystemError;
-        }
-        w->flag = st->flag;
-        w->seq = j->seq;
-        CUDA_CHECK(comm, cudaLaunchHostFunc(s, host_wait_flag, w), "cudaLaunchHostFunc");
-    }
+    GEO_CHECK(stream_wait(comm, st, s, j->seq));
     if (len > 0)
         CUDA_CHECK(comm, cudaMemcpyAsync(mine, slot->host, len * es, cudaMemcpyHostToDevice, s),
                    "copying the exchanged shard back");
@@ -1679,9 +1667,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     return ncclSuccess;
 
 undo_slot:
-    pthread_mutex_lock(&st->lock);
-    slot->busy = 0;
-    pthread_mutex_unlock(&st->lock);
+    slot_put(st, slot);
 undo_tmp:
     if (tmp)
         cudaFreeAsync(tmp, s);
@@ -1739,16 +1725,12 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
                         cudaSuccess) ||
         (ce = cudaEventRecord(slot->ready, s)) != cudaSuccess) {
         r = cuda_error(comm, "copying the input to the host", ce);
-        pthread_mutex_lock(&st->lock);
-        slot->busy = 0;
-        pthread_mutex_unlock(&st->lock);
+        slot_put(st, slot);
         return r;
     }
     devJob *j = calloc(1, sizeof(*j));
     if (j == NULL) {
-        pthread_mutex_lock(&st->lock);
-        slot->busy = 0;
-        pthread_mutex_unlock(&st->lock);
+        slot_put(st, slot);
         geoCommSetError(comm, "%s: out of memory", comm->op_desc);
         return ncclSystemError;
     }
@@ -1760,16 +1742,7 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     j->staged = 1;
     j->sbytes = in;
     j->rat = rat;
-    pthread_mutex_lock(&st->lock);
-    j->seq = ++st->seq;
-    if (st->tail)
-        st->tail->next = j;
-    else
-        st->head = j;
-    st->tail = j;
-    st->pending++;
-    pthread_cond_broadcast(&st->cv);
-    pthread_mutex_unlock(&st->lock);
+    job_push(st, j, 1);
     /* queued: the stream must wait for it whatever happens */
     GEO_CHECK(stream_wait(comm, st, s, j->seq));
     if (copy_out)
