@@ -45,25 +45,15 @@ set -uo pipefail
 export LC_ALL=C   # decimal points in $EPOCHREALTIME and awk
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
+. "$SRC/tests/wan/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
 WAN=$SRC/examples/wan/geoccl-wan
 NAME=ghier
-SKIP=77
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 TIMEOUT_CUT=10          # GEOCCL_TIMEOUT in the cut-off step
 MATRIX_LIMIT=100        # seconds a matrix step may take before ranks are killed
-passed=0
-failed=0
 
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-skip() { echo "SKIP: $*"; echo "0 passed, 0 failed"; exit $SKIP; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" = 0 ]
-    exit $?
-}
 now() { echo "$EPOCHREALTIME"; }
 since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
@@ -113,23 +103,6 @@ echo "== hier_rank: $BIN"
 
 # ---- the emulated WAN ---------------------------------------------------------
 
-# wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;
-# geoccl-wan waits (--wait) while another WAN holds the shared subnet.
-# Skips (77) when the machine cannot emulate one or the other WAN stays up.
-wan_up() {
-    local rc
-    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-    "$WAN" up -n "$NAME" -q --wait "$WAIT_MAX" "$@" > "$WORK/up.log" 2>&1
-    rc=$?
-    case $rc in
-        0) return 0 ;;
-        "$SKIP") skip "$(cat "$WORK/up.log")" ;;
-        75) skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)" ;;
-    esac
-    cat "$WORK/up.log"
-    echo "geoccl-wan up $* failed (status $rc)"
-    exit 1
-}
 
 # ---- ranks --------------------------------------------------------------------
 

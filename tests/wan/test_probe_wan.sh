@@ -36,24 +36,14 @@ set -uo pipefail
 export LC_ALL=C
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
+. "$SRC/tests/wan/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
 WAN=$SRC/examples/wan/geoccl-wan
 NAME=gprobe
-SKIP=77
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 LIMIT=90               # seconds a step's ranks may take before they are killed
-passed=0
-failed=0
 
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-skip() { echo "SKIP: $*"; echo "0 passed, 0 failed"; exit $SKIP; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" = 0 ]
-    exit $?
-}
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
 PROBE=$BUILD/geoccl-probe
@@ -74,23 +64,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 130' INT TERM
 
-# wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;
-# geoccl-wan waits (--wait) while another WAN holds the shared subnet.
-# Skips (77) when the machine cannot emulate one or the other WAN stays up.
-wan_up() {
-    local rc
-    "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-    "$WAN" up -n "$NAME" -q --wait "$WAIT_MAX" "$@" > "$WORK/up.log" 2>&1
-    rc=$?
-    case $rc in
-        0) return 0 ;;
-        "$SKIP") skip "$(cat "$WORK/up.log")" ;;
-        75) skip "another emulated WAN stayed up for $WAIT_MAX s ($WAN status)" ;;
-    esac
-    cat "$WORK/up.log"
-    echo "geoccl-wan up $* failed (status $rc)"
-    exit 1
-}
 
 # ranks DIR PORT "R:N R:N ..." [env VAR=VAL ...] -- ARGS: one geoccl-probe per
 # rank, rank r in region R on node N (no label unless the env gives one);

@@ -21,21 +21,11 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/../.." || exit 1
+. tests/wan/wan_common.sh
 WAN=$PWD/examples/wan/geoccl-wan
 PROBE=$PWD/tests/wan/netprobe.py
 NAME=gwsmoke
-SKIP=77
-passed=0
-failed=0
 
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-skip() { echo "SKIP: $*"; echo "0 passed, 0 failed"; exit $SKIP; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" = 0 ]
-    exit $?
-}
 
 # Is $1 within [$2, $3]? (decimals)
 within() { awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x != "" && x + 0 >= lo && x + 0 <= hi) }'; }
