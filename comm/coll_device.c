@@ -607,9 +607,20 @@ static void *exchange_main(void *arg)
         }
         release_flag(st, j->seq); /* also after a failure: the stream goes on */
         /* The user thread may still be enqueuing the job; with every wait
-         * released it cannot block for long. */
-        while (j->gx && !gx_enq_done(j->gx))
+         * released it cannot block for long.  If it still has not finished
+         * after GEOCCL_TIMEOUT (a wedged device), the job is left to it:
+         * leaked, never freed under it. */
+        double t_enq = geoNow();
+        while (j->gx && !gx_enq_done(j->gx)) {
+            if (geoNow() - t_enq > comm->timeout) {
+                geoWarn(GEO_LOG_CUDA, "%s: the calling thread did not finish enqueuing within "
+                        "GEOCCL_TIMEOUT=%.0f s; its job is not freed", comm->op_desc,
+                        comm->timeout);
+                j->gx = NULL;
+                break;
+            }
             sleep_us(50);
+        }
         pthread_mutex_lock(&st->lock);
         j->slot->exchanged = 1;
         st->pending--;
