@@ -806,8 +806,14 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         geoInfo(GEO_LOG_TOPO, "probe: local NICs: %s; data on %s", line, comm->if_name);
     }
 
-    /* Round trips: to find regions, or because asked to measure. */
-    if (t->nnodes > 1 && (mode == 2 || (mode == 1 && !labelled))) {
+    /* Round trips: to find regions, because asked to measure, or because the
+     * bandwidth below will be measured between labelled regions: its
+     * transfer lasts 12 round trips, and a guess too short for a long link
+     * (0.25 s is 5 round trips at 50 ms) ends in slow start and reported
+     * 130-160 Mbit/s on a 1 Gbit/s link. */
+    int bw_next = labelled && comm->regions.nregions > 1 && !comm->topo_file_loaded &&
+                  !comm->inherit.valid;
+    if (t->nnodes > 1 && (mode == 2 || (mode == 1 && (!labelled || bw_next)))) {
         double t0 = geoNow();
         GEO_CHECK(measure_rtt(comm, t));
         t->t_rtt = geoNow() - t0;
