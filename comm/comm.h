@@ -34,6 +34,8 @@ typedef struct {
     char region[TOPO_REGION_LABEL_LEN]; /* GEOCCL_REGION or topology file; "" */
     int32_t probe;              /* GEOCCL_PROBE; rank 0's value is used by all */
     int32_t ncpu;               /* CPUs online on this rank's host */
+    int32_t streams_set;        /* GEOCCL_NSTREAMS given; rank 0's value is used by all */
+    double window;              /* largest TCP window one stream can reach here (bytes) */
 } geoPeerInfo;
 
 /* Per-communicator statistics (geocclCommGetStats). */

@@ -431,6 +431,8 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.pid = (int32_t)getpid();
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     mine.ncpu = (int32_t)(ncpu > 0 ? ncpu : 1);
+    mine.streams_set = geoParamIsSet(GEO_PARAM_NSTREAMS);
+    mine.window = geoProbeStreamWindow();
     mine.nstreams = comm->nstreams;
     mine.chunk_size = (int64_t)comm->chunk_size;
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);

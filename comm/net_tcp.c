@@ -139,6 +139,7 @@ typedef struct {
     tcpConn *conns;                 /* nstreams */
     geoNetRequest *q[2];            /* pending, in seq order */
     uint64_t posted[2];             /* next seq to assign */
+    int active;                     /* streams new messages use (setStreams) */
     int closed_by_peer;
 } tcpPeer;
 
@@ -182,7 +183,10 @@ static size_t frame_len(const geoNetRequest *r, size_t f)
  * length from its first frame); others are spread frame by frame. */
 static size_t first_frame(const tcpState *st, const geoNetRequest *r, int s)
 {
-    uint64_t ns = (uint64_t)st->nstreams;
+    (void)st;
+    uint64_t ns = (uint64_t)r->streams;
+    if ((uint64_t)s >= ns)
+        return GEO_FRAME_NONE; /* a stream the message does not use */
     if (r->vlen)
         return (uint64_t)s == r->seq % ns ? 0 : GEO_FRAME_NONE;
     return (size_t)(((uint64_t)s + ns - r->seq % ns) % ns);
@@ -190,7 +194,8 @@ static size_t first_frame(const tcpState *st, const geoNetRequest *r, int s)
 
 static size_t frame_step(const tcpState *st, const geoNetRequest *r)
 {
-    return r->vlen ? 1 : (size_t)st->nstreams;
+    (void)st;
+    return r->vlen ? 1 : (size_t)r->streams;
 }
 
 static void wake(tcpState *st)
@@ -1385,6 +1390,7 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
     GEO_RETURN_IF(st->peers == NULL, ncclSystemError, "out of memory");
     for (int p = 0; p < comm->nranks; p++) {
         st->peers[p].conns = calloc((size_t)st->nstreams, sizeof(tcpConn));
+        st->peers[p].active = st->nstreams;
         GEO_RETURN_IF(st->peers[p].conns == NULL, ncclSystemError, "out of memory");
         for (int s = 0; s < st->nstreams; s++) {
             st->peers[p].conns[s].fd = -1;
@@ -1477,6 +1483,7 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
         tcpPeer *peer = &st->peers[req->peer];
         geoNetRequest **pp = &peer->q[req->dir];
         req->seq = peer->posted[req->dir]++;
+        req->streams = peer->active;
         while (*pp)
             pp = &(*pp)->next;
         *pp = req;
@@ -1593,6 +1600,16 @@ static void tcp_limit_queued(void *state, int bytes)
                            sizeof(v));
 }
 
+static void tcp_set_streams(void *state, int peer, int n)
+{
+    tcpState *st = state;
+    if (st->peers == NULL || peer < 0 || peer >= st->comm->nranks)
+        return;
+    pthread_mutex_lock(&st->lock);
+    st->peers[peer].active = n < 1 ? 1 : n > st->nstreams ? st->nstreams : n;
+    pthread_mutex_unlock(&st->lock);
+}
+
 const geoNetTransport geoNetTcp = {
     .name = "tcp",
     .canConnect = tcp_can_connect,
@@ -1603,4 +1620,5 @@ const geoNetTransport geoNetTcp = {
     .breakAll = tcp_break,
     .destroy = tcp_destroy,
     .limitQueued = tcp_limit_queued,
+    .setStreams = tcp_set_streams,
 };

@@ -481,7 +481,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
 /* The largest window one TCP stream may reach: the receive side's
  * autotuning limit (tcp_rmem max, of which the kernel advertises about
  * half by default), or the fixed GEOCCL_SOCKET_BUFSIZE. */
-static double stream_window(void)
+double geoProbeStreamWindow(void)
 {
     int64_t fixed = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
     if (fixed > 0)
@@ -554,9 +554,10 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
 
 /* Local ranks 0 and 1 of every region with two or more ranks: a few round
  * trips (alpha = half the smallest) and one 4 MiB message acknowledged
- * (bandwidth = bytes / (time - one round trip)).  All regions at once; the
- * model gets the slowest region's figures, which every rank learns through
- * the region leaders. */
+ * (bandwidth = bytes / (time - one round trip)); the other pairs of local
+ * ranks do the same alongside.  All regions at once; the model gets the
+ * slowest region's figures, which every rank learns through the region
+ * leaders. */
 static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
 {
     topoRegionMap *m = &comm->regions;
@@ -568,8 +569,14 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
 
     if (all == NULL)
         return ncclSystemError;
-    if (m->size[g] >= 2 && lr <= 1) {
-        int peer = m->members[g][1 - lr];
+    /* Every pair of local ranks (0-1, 2-3, ...) moves the same bytes at the
+     * same time, in every region at once, so that the figure pair 0-1
+     * reports is what a rank gets while all ranks of the host work, as in a
+     * collective (on a host of many ranks and few cores, that is much less
+     * than one pair alone gets). */
+    int sender = (lr & 1) == 0;
+    if ((lr ^ 1) < m->size[g]) {
+        int peer = m->members[g][lr ^ 1];
         double best = -1;
         geoNetRequest a, b;
         buf = malloc(PROBE_INTRA_BYTES);
@@ -577,7 +584,7 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
             res = ncclSystemError;
         for (int k = 0; k < 5 && res == ncclSuccess; k++) {
             double t0 = geoNow();
-            if (lr == 0) {
+            if (sender) {
                 res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
                 if (res == ncclSuccess)
                     res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
@@ -598,7 +605,7 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
         }
         if (res == ncclSuccess) {
             double t0 = geoNow();
-            if (lr == 0) {
+            if (sender) {
                 memset(buf, 0, PROBE_INTRA_BYTES);
                 res = geoNetIsend(comm, peer, buf, PROBE_INTRA_BYTES, &a);
                 if (res == ncclSuccess)
@@ -776,6 +783,46 @@ static void log_matrix(const geoTopo *t, int R)
     }
 }
 
+/* Connections each WAN pair uses: as many as its link's bandwidth-delay
+ * product needs at the smallest window (topoStreamsNeeded, the larger of
+ * the two directions), at most the number connected.  More than needed
+ * costs CPU for nothing: each stream's share of the rate is smaller, so TCP
+ * sends smaller segmentation-offload packets and the same bytes take more
+ * packets through every stack on the way (measured, 3 emulated regions x 2
+ * ranks at 1 Gbit/s, 256 MiB all-reduce: 2 streams 4.1 s, 1 stream 3.2-3.3 s).
+ * Computed from figures every rank holds (the link rates and round trips
+ * the probe shared, or the topology file's), so both ends of a pair agree;
+ * set at the end of the probe, where every pair's messages are matched.
+ * GEOCCL_NSTREAMS given by hand: all of them, always. */
+static void apply_streams(struct ncclComm *comm, geoTopo *t)
+{
+    int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
+    t->streams_used = comm->nstreams;
+    if (comm->net->setStreams == NULL || R < 2 || comm->peers[0].streams_set || t->bw == NULL ||
+        t->region_rtt == NULL || comm->nstreams < 2)
+        return;
+    int used = 0;
+    for (int g = 0; g < R; g++)
+        for (int h = g + 1; h < R; h++) {
+            int n = comm->nstreams;
+            double bgh = t->bw[g * R + h], bhg = t->bw[h * R + g];
+            double rtt = t->region_rtt[g * R + h];
+            if (bgh > 0 && bhg > 0 && rtt > 0) {
+                int a = topoStreamsNeeded(bgh * (R - 1), rtt, t->window_bytes, 64);
+                int b = topoStreamsNeeded(bhg * (R - 1), rtt, t->window_bytes, 64);
+                n = a > b ? a : b;
+                n = n > comm->nstreams ? comm->nstreams : n;
+            }
+            used = n > used ? n : used;
+            if (g != mine && h != mine)
+                continue;
+            for (int p = 0; p < comm->nranks; p++)
+                if (comm->regions.region_of[p] == (g == mine ? h : g))
+                    comm->net->setStreams(comm->net_state, p, n);
+        }
+    t->streams_used = used;
+}
+
 ncclResult_t geoProbeRun(struct ncclComm *comm)
 {
     geoTopo *t = &comm->topo;
@@ -873,7 +920,15 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         apply_file(comm, t);
     if (comm->inherit.valid)
         apply_inherit(comm, t);
-    t->window_bytes = stream_window();
+    /* The smallest window of any rank, so that every rank computes the same
+     * stream counts (apply_streams). */
+    t->window_bytes = 0;
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].window > 0 &&
+            (t->window_bytes <= 0 || comm->peers[r].window < t->window_bytes))
+            t->window_bytes = comm->peers[r].window;
+    if (t->window_bytes <= 0)
+        t->window_bytes = geoProbeStreamWindow();
     t->streams_needed = comm->nstreams;
     /* Bandwidth: between regions on different nodes (labels on one host
      * have no link to measure), unless the topology file gave it. */
@@ -911,14 +966,17 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         t_start = t->t_arrived;
     }
     t->t_total = geoNow() - t_start;
+    apply_streams(comm, t);
     if (t->rtt_measured || t->bw_measured) {
         log_matrix(t, R);
         geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
                 "probe: %d nodes, %d regions, %.3f s (round trips %.3f s, bandwidth %.3f s; "
                 "after %.3f s waiting for peers); %d stream%s per WAN pair needed (window "
-                "%.1f MiB); inside regions %.0f us, %.0f MB/s per rank",
+                "%.1f MiB), using at most %d of %d connected; inside regions %.0f us, %.0f MB/s "
+                "per rank",
                 t->nnodes, R, t->t_total, t->t_rtt, t->t_bw, t->t_wait, t->streams_needed,
                 t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0,
+                t->streams_used, comm->nstreams,
                 t->intra_alpha * 1e6, t->intra_Bps * 1e-6);
     }
     /* The probe's traffic is not the user's. */

@@ -39,6 +39,7 @@ typedef struct {
     double *region_rtt;     /* [R*R] seconds, min over node pairs; -1 unknown */
     double *oneway;         /* [R] one-way delay of each region's link (s) */
     int streams_needed;     /* per WAN pair, from BDP and the socket window */
+    int streams_used;       /* most connections a WAN pair uses (setStreams) */
     double intra_Bps;       /* intra-region bandwidth per rank; 0 unmeasured */
     double intra_alpha;     /* intra-region latency per message (s) */
     double window_bytes;    /* largest TCP window one stream can have here */
@@ -67,6 +68,10 @@ typedef struct {
 /* Fill *inh from parent for its rank; 0, or -1 when out of memory. */
 int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh);
 void geoTopoInheritFree(geoTopoInherit *inh);
+
+/* The largest window one TCP stream may reach on this host: half the receive
+ * side's autotuning limit (tcp_rmem max), or of GEOCCL_SOCKET_BUFSIZE. */
+double geoProbeStreamWindow(void);
 
 /* Run the probe as GEOCCL_PROBE says (rank 0's value) and, when it found
  * the regions, rebuild the communicator's region map and rings.  Collective

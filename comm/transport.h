@@ -43,6 +43,7 @@ typedef struct geoNetRequest {
     size_t capacity;            /* vlen receive: room in buf */
     int vlen;                   /* variable-length message (see above) */
     uint64_t seq;               /* set by post(): per (peer, dir) order */
+    int streams;                /* set by post(): connections it spreads over */
     size_t nframes;
     size_t frames_done;
     int done;                   /* 1 once complete or failed */
@@ -79,6 +80,12 @@ typedef struct geoNetTransport {
      * sets it while it measures, so that what is queued when a transfer
      * stops drains quickly. */
     void (*limitQueued)(void *state, int bytes);
+    /* Optional (may be NULL): messages to and from peer posted from now on
+     * use only the first n of the pair's connections (1..connected; all of
+     * them until set).  Both ends must set the same n at the same point of
+     * their message sequence with that peer: the probe does it at its end,
+     * where every message between every pair has been matched. */
+    void (*setStreams)(void *state, int peer, int n);
 } geoNetTransport;
 
 extern const geoNetTransport geoNetTcp;

@@ -67,10 +67,11 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
     if (t->intra_Bps > 0) {
         m->intra_Bps = t->intra_Bps;
         m->intra_alpha_s = t->intra_alpha;
+        m->intra_shared = 1;
     }
     if (comm->topo_file_loaded) {
         if (comm->topo_file.intra_bw_bytes > 0)
-            m->intra_Bps = comm->topo_file.intra_bw_bytes;
+            m->intra_Bps = comm->topo_file.intra_bw_bytes, m->intra_shared = 1;
         if (comm->topo_file.intra_delay_ms >= 0 && comm->topo_file.intra_bw_bytes > 0)
             m->intra_alpha_s = comm->topo_file.intra_delay_ms * 1e-3;
     }
@@ -88,7 +89,7 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
             share = (double)same / p->ncpu;
     }
     m->cpu_share = share;
-    m->wan_streams = comm->nstreams;
+    m->wan_streams = t->streams_used > 0 ? t->streams_used : comm->nstreams;
     m->chunk = comm->chunk_size;
     m->hier_slice = comm->hier_slice;
     m->direct_max = comm->direct_max;
@@ -130,7 +131,8 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
         force.algo = TOPO_ALGO_HIER;
     if (!comm->codec_auto)
         force.codec = (int)comm->codec;
-    force.nstreams = comm->nstreams; /* connections are made */
+    /* Connections are made; the probe may have told WAN pairs to use fewer. */
+    force.nstreams = comm->topo.streams_used > 0 ? comm->topo.streams_used : comm->nstreams;
     comm->plan_chunks = !geoParamIsSet(GEO_PARAM_CHUNK_SIZE) &&
                         !geoParamIsSet(GEO_PARAM_HIER_SLICE);
     topoPlan *p = malloc(sizeof(*p));

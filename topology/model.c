@@ -82,6 +82,12 @@
  * slice, which also counts one message latency per wait of the slice
  * (2 (R-1) + 2): on 6 ranks sharing 2 cores these wake-ups made 1 MiB
  * slices 15-20% slower than 4-8 MiB ones, which the plan chose before.
+ * The intra transfers of that work are scaled too, unless intra_Bps was
+ * measured with every rank of the host busy (intra_shared: the probe's
+ * figure), which has the sharing in it already: scaling it again made the
+ * plan take the flat ring on 2 regions x 4 ranks at 1 Gbit/s from 8 MiB,
+ * where the hierarchical all-reduce took 0.62-0.67 s at 64 MiB and the
+ * ring 1.01 s.
  *
  * Calibration (BENCHMARKS.md, "Hierarchical all-reduce on emulated regions"
  * and "Compression on emulated regions"; 2-core VM, tbf egress shaping,
@@ -350,7 +356,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
          * message latency each, that many more wake-ups on shared cores */
         double waits = 2 * (R - 1) + 2;
         double crowd = m->cpu_share > 1 ? m->cpu_share : 1;
-        K = fmax(K, crowd * (2 * rs + c + waits * a));
+        K = fmax(K, (m->intra_shared ? 1 : crowd) * 2 * rs + crowd * (c + waits * a));
         W = fmax(W, 2 * share * L / ratio / wan_rate(m, q, P * (R - 1) * ns));
     }
     double ow = max_oneway(m);

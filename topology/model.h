@@ -71,6 +71,10 @@ typedef struct {
      * takes that many times longer: the emulated regions run 6 ranks on 2
      * cores. */
     double cpu_share;
+    /* intra_Bps was measured with every rank of the host moving data at
+     * once (the probe's figure, or a topology file's): the sharing of cores
+     * is in it already, so cpu_share does not scale the intra transfers. */
+    int intra_shared;
 } topoModel;
 
 /* One codec's costs.  Throughputs are of raw (uncompressed) bytes on one
