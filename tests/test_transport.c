@@ -27,6 +27,7 @@ typedef struct {
     int local_peers;    /* geocclCommGetLocalPeers after init */
     int ring_peers;     /* of those, through shared-memory rings */
     int socket_left;    /* the same-host socket file still existed after init */
+    int switch_to;      /* > 0: after the 5th message, use this many streams */
 } targ;
 
 static const size_t sizes[] = {0, 1, 100, 262144, 262145, 3000000, 0, 7};
@@ -62,6 +63,11 @@ static void *vlen_rank(void *p)
             else
                 geoNetIrecv(c, 0, fx[1], sizeof(fx[1]), &fixed[0]);
         }
+        /* Fewer streams from here on, with messages posted before the
+         * switch still in flight on all of them (both ends switch at the
+         * same point of their sequence, as the probe does). */
+        if (i == 4 && a->switch_to > 0)
+            c->net->setStreams(c->net_state, 1 - a->rank, a->switch_to);
     }
     for (size_t i = 0; i < NMSG; i++) {
         if (geoNetWait(c, &req[i]) != ncclSuccess) {
@@ -111,17 +117,22 @@ static void *mismatch_rank(void *p)
     return NULL;
 }
 
-static void run2(int mode, targ *a)
+static void run2s(int mode, targ *a, int switch_to)
 {
     pthread_t t[2];
     ncclUniqueId id;
     CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
     for (int r = 0; r < 2; r++) {
-        a[r] = (targ){.id = id, .rank = r, .mode = mode};
+        a[r] = (targ){.id = id, .rank = r, .mode = mode, .switch_to = switch_to};
         pthread_create(&t[r], NULL, mode ? mismatch_rank : vlen_rank, &a[r]);
     }
     for (int r = 0; r < 2; r++)
         pthread_join(t[r], NULL);
+}
+
+static void run2(int mode, targ *a)
+{
+    run2s(mode, a, 0);
 }
 
 static void test_vlen_streams(void)
@@ -135,6 +146,28 @@ static void test_vlen_streams(void)
         CU_ASSERT_EQUAL(a[0].fails + a[1].fails, 0);
     }
     unsetenv("GEOCCL_NSTREAMS");
+    geoParamReload();
+}
+
+/* A pair told to use fewer of its connections (what the probe does when a
+ * link's bandwidth-delay product needs fewer) midway through a sequence of
+ * variable-length, multi-frame and fixed messages: over TCP and over the
+ * shared-memory rings, 3 connections down to 1 and 2; everything arrives
+ * intact and in order, and the all-reduce after it works. */
+static void test_fewer_streams(void)
+{
+    const char *shm[] = {"0", "1"};
+    for (int k = 0; k < 2; k++)
+        for (int n = 1; n <= 2; n++) {
+            targ a[2];
+            setenv("GEOCCL_NSTREAMS", "3", 1);
+            setenv("GEOCCL_SHM", shm[k], 1);
+            geoParamReload();
+            run2s(0, a, n);
+            CU_ASSERT_EQUAL(a[0].fails + a[1].fails, 0);
+        }
+    unsetenv("GEOCCL_NSTREAMS");
+    unsetenv("GEOCCL_SHM");
     geoParamReload();
 }
 
@@ -494,6 +527,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("transport", NULL, NULL);
     CU_add_test(s, "variable-length messages over 1, 2, 3 streams", test_vlen_streams);
+    CU_add_test(s, "a pair switched to fewer streams mid-sequence", test_fewer_streams);
     CU_add_test(s, "send/recv size mismatch is an error", test_size_mismatch_is_an_error);
     CU_add_test(s, "same-host fast path: rings with GEOCCL_SHM=1, sockets with 2, TCP with 0",
                 test_local_fast_path);
