@@ -785,15 +785,22 @@ static void log_matrix(const geoTopo *t, int R)
 
 /* Connections each WAN pair uses: as many as its link's bandwidth-delay
  * product needs at the smallest window (topoStreamsNeeded, the larger of
- * the two directions), at most the number connected.  More than needed
- * costs CPU for nothing: each stream's share of the rate is smaller, so TCP
- * sends smaller segmentation-offload packets and the same bytes take more
- * packets through every stack on the way (measured, 3 emulated regions x 2
- * ranks at 1 Gbit/s, 256 MiB all-reduce: 2 streams 4.1 s, 1 stream 3.2-3.3 s).
+ * the two directions), at most the number connected, but only on links fast
+ * enough that more streams than needed cost something.  TCP sizes its
+ * segmentation-offload packets at about 1 ms of a stream's rate (2 segments
+ * at least): where each connection of a hierarchical exchange would carry
+ * 50 Mbit/s or more (a region's rate over its ranks and the connections),
+ * fewer streams mean larger packets and fewer of them through every stack
+ * on the way (measured, 3 emulated regions x 2 ranks at 1 Gbit/s, 256 MiB
+ * all-reduce: 2 streams 4.1 s, 1 stream 3.2-3.3 s); on slower links the
+ * packets are minimal either way, and two streams per pair kept a 100 Mbit/s
+ * link fuller (64 MiB: 7.70 s against 8.00-8.04 s with one, twice each).
  * Computed from figures every rank holds (the link rates and round trips
  * the probe shared, or the topology file's), so both ends of a pair agree;
  * set at the end of the probe, where every pair's messages are matched.
  * GEOCCL_NSTREAMS given by hand: all of them, always. */
+#define PROBE_BUSY_STREAM_BPS (50e6 / 8) /* 1 ms of it: 4 segments */
+
 static void apply_streams(struct ncclComm *comm, geoTopo *t)
 {
     int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
@@ -807,7 +814,9 @@ static void apply_streams(struct ncclComm *comm, geoTopo *t)
             int n = comm->nstreams;
             double bgh = t->bw[g * R + h], bhg = t->bw[h * R + g];
             double rtt = t->region_rtt[g * R + h];
-            if (bgh > 0 && bhg > 0 && rtt > 0) {
+            double per_conn = fmin(bgh / comm->regions.size[g], bhg / comm->regions.size[h]) /
+                              comm->nstreams;
+            if (bgh > 0 && bhg > 0 && rtt > 0 && per_conn >= PROBE_BUSY_STREAM_BPS) {
                 int a = topoStreamsNeeded(bgh * (R - 1), rtt, t->window_bytes, 64);
                 int b = topoStreamsNeeded(bhg * (R - 1), rtt, t->window_bytes, 64);
                 n = a > b ? a : b;
