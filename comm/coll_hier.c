@@ -342,12 +342,16 @@ static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, 
         const char *src[64] = {0};
         for (int q = 0, j = 0; q < k; q++)
             src[q] = q == g ? mine : sl->rx1[part->first_rx + j++].tmp;
-        memcpy(scratch, src[0], part->n * es);
-        for (int q = 1; q < k; q++)
-            geoReduce(scratch, scratch, src[q], part->n, op->dt, op->op);
+        /* ((p0 + p1) + p2) ...: the running sum in scratch, the last step
+         * straight into mine (read by no later step), no copies. */
+        const char *acc = src[0];
+        for (int q = 1; q < k; q++) {
+            char *dst = q == k - 1 ? mine : scratch;
+            geoReduce(dst, acc, src[q], part->n, op->dt, op->op);
+            acc = dst;
+        }
         if (op->op == ncclAvg)
-            geoDivide(scratch, part->n, op->dt, comm->nranks);
-        memcpy(mine, scratch, part->n * es);
+            geoDivide(mine, part->n, op->dt, comm->nranks);
     }
 }
 
