@@ -1039,7 +1039,10 @@ int geoTopoWrite(const struct ncclComm *comm, FILE *f)
                     fprintf(f, "rtt %s %s %.3f\n", m->names[a], m->names[b],
                             t->region_rtt[a * R + b] * 1e3);
     if (t->bw_measured)
-        fprintf(f, "streams %d\n", t->streams_needed);
+        /* The connections to make next time: as many as needed, or those
+         * kept in use on links slow enough that extra ones cost nothing. */
+        fprintf(f, "streams %d\n",
+                t->streams_used > t->streams_needed ? t->streams_used : t->streams_needed);
     if (t->intra_Bps > 0)
         fprintf(f, "intra bw=%.0f delay=%.4f\n", t->intra_Bps, t->intra_alpha * 1e3);
     return ferror(f) ? -1 : 0;

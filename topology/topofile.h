@@ -21,8 +21,10 @@
  *                                      region: bandwidth per rank and
  *                                      latency per message (ms, fractions
  *                                      allowed: 0.01 = 10 us)
- *   streams N                          TCP streams per WAN peer pair that
- *                                      the probe found necessary (1..1024)
+ *   streams N                          TCP streams per peer pair to connect
+ *                                      (1..1024): what the probe found the
+ *                                      WAN needs, or the streams it kept in
+ *                                      use where each carries < 50 Mbit/s
  *   rtt NAME1 NAME2 MS                 measured round-trip time between two
  *                                      (different) regions; the model uses
  *                                      it instead of the sum of delays
