@@ -402,6 +402,13 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     char a[GEO_ADDR_STRLEN];
 
     geoDebugSetRank(comm->rank);
+    {
+        char why[400];
+        if (geoSocketCheckParams(why, sizeof(why)) != 0) {
+            geoCommSetError(comm, "init: %s", why);
+            return ncclInvalidArgument;
+        }
+    }
     if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
     for (int i = 0; geoNetTransports[i]; i++)

@@ -32,6 +32,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "0",
                                   "SO_SNDBUF/SO_RCVBUF per connection (set before connect, if "
                                   "net.core.*mem_max allows); 0: the kernel's autotuning"},
+    [GEO_PARAM_TCP_CC] = {"GEOCCL_TCP_CC", GEO_PARAM_STR, NULL,
+                          "TCP congestion control of GeoCCL's connections (TCP_CONGESTION, "
+                          "e.g. cubic; one the kernel allows); unset: the host's default"},
     [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
                           "this process's region label (wins over the topology file)"},
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,

@@ -33,6 +33,7 @@ typedef enum {
     GEO_PARAM_CUDA_CODECS,
     GEO_PARAM_HIER_DEPTH,
     GEO_PARAM_SHM,
+    GEO_PARAM_TCP_CC,
     GEO_PARAM_COUNT
 } geoParamId;
 

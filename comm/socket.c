@@ -118,6 +118,11 @@ static int64_t read_sysctl(const char *path)
  * the kernel's autotuning, which measured best on the emulated WAN. */
 static void pre_tune(int fd)
 {
+    /* Checked at init (geoSocketCheckParams); accepted sockets inherit it
+     * from the listener. */
+    const char *cc = geoParamStr(GEO_PARAM_TCP_CC);
+    if (cc != NULL && cc[0] != '\0')
+        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc));
     int64_t bufsize = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
     if (bufsize <= 0)
         return;
@@ -132,6 +137,35 @@ static void pre_tune(int fd)
         geoInfo(GEO_LOG_NET, "GEOCCL_SOCKET_BUFSIZE=%lld exceeds net.core.rmem_max/wmem_max "
                 "(%lld/%lld): kept the kernel's autotuning for that direction",
                 (long long)bufsize, (long long)rmax, (long long)wmax);
+}
+
+int geoSocketCheckParams(char *err, size_t len)
+{
+    const char *cc = geoParamStr(GEO_PARAM_TCP_CC);
+    if (cc == NULL || cc[0] == '\0')
+        return 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, len, "GEOCCL_TCP_CC=%s: cannot open a socket to check it: %s", cc,
+                 strerror(errno));
+        return -1;
+    }
+    int rc = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc));
+    int e = errno;
+    close(fd);
+    if (rc == 0)
+        return 0;
+    char allowed[256] = "";
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "r");
+    if (f != NULL) {
+        if (fgets(allowed, sizeof(allowed), f) == NULL)
+            allowed[0] = '\0';
+        allowed[strcspn(allowed, "\n")] = '\0';
+        fclose(f);
+    }
+    snprintf(err, len, "GEOCCL_TCP_CC=%s: the kernel refuses it (%s); allowed here: %s", cc,
+             strerror(e), allowed[0] ? allowed : "unknown");
+    return -1;
 }
 
 void geoSocketTune(int fd)

@@ -69,6 +69,9 @@ int geoSocketStep(int fd, void *buf, size_t len, size_t *done, int send, const c
 /* TCP_NODELAY and keepalive on a connected socket (buffer sizes, from
  * GEOCCL_SOCKET_BUFSIZE, are set before connect/listen). */
 void geoSocketTune(int fd);
+/* 0 when the socket parameters can be applied here (GEOCCL_TCP_CC names a
+ * congestion control this process may set); else -1 with why in err. */
+int geoSocketCheckParams(char *err, size_t len);
 int geoSocketSetNonBlocking(int fd, int on);
 
 #endif

@@ -1,10 +1,15 @@
 /* Socket helpers and interface selection. */
 #include "config.h"
 #include "comm/socket.h"
+#include "comm/param.h"
+#include "geoccl.h"
 #include "topology/ifaces.h"
 
 #include <CUnit/Basic.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -110,6 +115,46 @@ static void test_iface_filter(void)
     CU_ASSERT_EQUAL(topoFindIfaces("=no-such-if", NULL, ifs, 8), 0);
 }
 
+/* GEOCCL_TCP_CC: listening, connecting and accepted sockets get it (reno is
+ * built into every Linux and allowed for any process); a name the kernel
+ * refuses is reported before anything is sent, and an init fails with
+ * ncclInvalidArgument naming the parameter. */
+static void test_tcp_cc(void)
+{
+    geoSockAddr any, bound, peer;
+    int lfd, cfd, sfd;
+    char name[32], err[400];
+    socklen_t len;
+
+    setenv("GEOCCL_TCP_CC", "reno", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), 0);
+    geoAddrFromString("127.0.0.1:0", &any);
+    CU_ASSERT_EQUAL_FATAL(geoSocketListen(&any, &lfd, &bound), ncclSuccess);
+    CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&bound, geoNow() + 5, &cfd), ncclSuccess);
+    CU_ASSERT_EQUAL_FATAL(geoSocketAccept(lfd, geoNow() + 5, NULL, &sfd, &peer), ncclSuccess);
+    int fds[3] = {lfd, cfd, sfd};
+    for (int i = 0; i < 3; i++) {
+        memset(name, 0, sizeof(name));
+        len = sizeof(name);
+        CU_ASSERT_EQUAL(getsockopt(fds[i], IPPROTO_TCP, TCP_CONGESTION, name, &len), 0);
+        CU_ASSERT_STRING_EQUAL(name, "reno");
+        close(fds[i]);
+    }
+
+    setenv("GEOCCL_TCP_CC", "no-such-cc", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "GEOCCL_TCP_CC=no-such-cc"));
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), "GEOCCL_TCP_CC"));
+    unsetenv("GEOCCL_TCP_CC");
+    geoParamReload();
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -118,6 +163,7 @@ int main(void)
     CU_add_test(s, "send/recv all, deadline, close", test_send_recv_and_timeout);
     CU_add_test(s, "connect retries until deadline", test_connect_refused_until_deadline);
     CU_add_test(s, "interface filter and choice", test_iface_filter);
+    CU_add_test(s, "GEOCCL_TCP_CC on every socket, refused names an error", test_tcp_cc);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
