@@ -178,12 +178,13 @@ static size_t frame_len(const geoNetRequest *r, size_t f)
     return r->size - off < GEO_TCP_FRAME ? r->size - off : GEO_TCP_FRAME;
 }
 
-/* First frame of message seq carried by stream s.  A variable-length
- * message travels whole on stream seq % nstreams (the receiver learns its
- * length from its first frame); others are spread frame by frame. */
-static size_t first_frame(const tcpState *st, const geoNetRequest *r, int s)
+/* First frame of message seq carried by stream s.  A message uses the
+ * first r->streams of the pair's connections (fixed when it was posted);
+ * a variable-length one travels whole on stream seq % r->streams (the
+ * receiver learns its length from its first frame); others are spread
+ * frame by frame. */
+static size_t first_frame(const geoNetRequest *r, int s)
 {
-    (void)st;
     uint64_t ns = (uint64_t)r->streams;
     if ((uint64_t)s >= ns)
         return GEO_FRAME_NONE; /* a stream the message does not use */
@@ -192,9 +193,8 @@ static size_t first_frame(const tcpState *st, const geoNetRequest *r, int s)
     return (size_t)(((uint64_t)s + ns - r->seq % ns) % ns);
 }
 
-static size_t frame_step(const tcpState *st, const geoNetRequest *r)
+static size_t frame_step(const geoNetRequest *r)
 {
-    (void)st;
     return r->vlen ? 1 : (size_t)r->streams;
 }
 
@@ -260,15 +260,14 @@ static geoNetRequest *find_req(tcpPeer *peer, int dir, uint64_t seq)
 
 /* Move cursor (seq, frame) to the next frame this stream carries that
  * belongs to a posted request; NULL when there is none yet. */
-static geoNetRequest *cursor_req(tcpState *st, tcpPeer *peer, int dir, int s, uint64_t *seq,
-                                 size_t *frame)
+static geoNetRequest *cursor_req(tcpPeer *peer, int dir, int s, uint64_t *seq, size_t *frame)
 {
     for (;;) {
         if (*seq >= peer->posted[dir])
             return NULL;
         geoNetRequest *r = find_req(peer, dir, *seq);
         if (r != NULL && *frame == GEO_FRAME_UNSET)
-            *frame = first_frame(st, r, s);
+            *frame = first_frame(r, s);
         if (r != NULL && *frame < r->nframes)
             return r;
         /* Completed (removed) or no frame left for this stream: next one. */
@@ -353,7 +352,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
     int moved = 0;
 
     for (;;) {
-        geoNetRequest *r = cursor_req(st, peer, GEO_NET_SEND, s, &c->s_seq, &c->s_frame);
+        geoNetRequest *r = cursor_req(peer, GEO_NET_SEND, s, &c->s_seq, &c->s_frame);
         if (r == NULL)
             return moved;
         size_t len = frame_len(r, c->s_frame);
@@ -394,7 +393,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
         if (c->s_off < sizeof(tcpFrameHdr) + len)
             return moved;
         c->s_active = 0;
-        c->s_frame += frame_step(st, r);
+        c->s_frame += frame_step(r);
         complete_frame(st, peer, GEO_NET_SEND, r);
     }
 }
@@ -406,7 +405,7 @@ static int progress_recv(tcpState *st, int p, int s, double now)
     int moved = 0;
 
     for (;;) {
-        geoNetRequest *r = cursor_req(st, peer, GEO_NET_RECV, s, &c->r_seq, &c->r_frame);
+        geoNetRequest *r = cursor_req(peer, GEO_NET_RECV, s, &c->r_seq, &c->r_frame);
         if (r == NULL)
             return moved;
         size_t len = frame_len(r, c->r_frame);
@@ -473,7 +472,7 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         if (c->r_off < sizeof(tcpFrameHdr) + len)
             continue;
         c->r_active = 0;
-        c->r_frame += frame_step(st, r);
+        c->r_frame += frame_step(r);
         complete_frame(st, peer, GEO_NET_RECV, r);
     }
 }
@@ -548,9 +547,9 @@ static void *progress_main(void *arg)
                 short ev = c->closed ? 0 : POLLRDHUP;
                 uint64_t sq = c->s_seq, rq = c->r_seq;
                 size_t sf = c->s_frame, rf = c->r_frame;
-                if (!c->closed && cursor_req(st, &st->peers[p], GEO_NET_SEND, s, &sq, &sf))
+                if (!c->closed && cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf))
                     ev |= POLLOUT;
-                if (cursor_req(st, &st->peers[p], GEO_NET_RECV, s, &rq, &rf))
+                if (cursor_req(&st->peers[p], GEO_NET_RECV, s, &rq, &rf))
                     ev |= POLLIN;
                 if (ev == 0)
                     continue;
@@ -597,7 +596,7 @@ static void *progress_main(void *arg)
             /* A peer that closes a ring connection with our doorbells
              * unread resets it (POLLERR, ECONNRESET): still a plain close;
              * what it wrote stays readable in the ring. */
-            if (cursor_req(st, &st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
+            if (cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
                 (!c->ring && (pfd[i].revents & POLLERR))) {
                 peer_error(st, p, s, "closed or reset the connection (it died, or gave up "
                            "because of another rank's failure)");

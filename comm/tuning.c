@@ -89,6 +89,7 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
             share = (double)same / p->ncpu;
     }
     m->cpu_share = share;
+    /* Connections are made; the probe may have told WAN pairs to use fewer. */
     m->wan_streams = t->streams_used > 0 ? t->streams_used : comm->nstreams;
     m->chunk = comm->chunk_size;
     m->hier_slice = comm->hier_slice;
@@ -131,8 +132,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
         force.algo = TOPO_ALGO_HIER;
     if (!comm->codec_auto)
         force.codec = (int)comm->codec;
-    /* Connections are made; the probe may have told WAN pairs to use fewer. */
-    force.nstreams = comm->topo.streams_used > 0 ? comm->topo.streams_used : comm->nstreams;
+    force.nstreams = m.wan_streams; /* connections are made; the probe may use fewer */
     comm->plan_chunks = !geoParamIsSet(GEO_PARAM_CHUNK_SIZE) &&
                         !geoParamIsSet(GEO_PARAM_HIER_SLICE);
     topoPlan *p = malloc(sizeof(*p));
