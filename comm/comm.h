@@ -36,6 +36,7 @@ typedef struct {
     int32_t ncpu;               /* CPUs online on this rank's host */
     int32_t streams_set;        /* GEOCCL_NSTREAMS given; rank 0's value is used by all */
     double window;              /* largest TCP window one stream can reach here (bytes) */
+    int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
 } geoPeerInfo;
 
 /* Per-communicator statistics (geocclCommGetStats). */

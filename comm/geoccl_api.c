@@ -151,6 +151,17 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWarmup") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetWarmup: NULL or dead comm");
+    if (regionPairs)
+        *regionPairs = comm->topo.warm_pairs;
+    if (sec)
+        *sec = comm->topo.t_warm;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
                                int *region, double *nicGbit)
 {

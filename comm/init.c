@@ -408,6 +408,12 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
             geoCommSetError(comm, "init: %s", why);
             return ncclInvalidArgument;
         }
+        int64_t warm = geoParamInt(GEO_PARAM_WAN_WARMUP);
+        if (warm < 0 || warm > 2) {
+            geoCommSetError(comm, "init: GEOCCL_WAN_WARMUP=%lld: must be 0 (never), 1 (every "
+                            "pair of regions) or 2 (fast pairs)", (long long)warm);
+            return ncclInvalidArgument;
+        }
     }
     if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
@@ -443,6 +449,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.nstreams = comm->nstreams;
     mine.chunk_size = (int64_t)comm->chunk_size;
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
+    mine.warmup = (int32_t)geoParamInt(GEO_PARAM_WAN_WARMUP);
     GEO_CHECK(my_region(comm, &addr.addr, mine.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&

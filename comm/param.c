@@ -35,6 +35,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_TCP_CC] = {"GEOCCL_TCP_CC", GEO_PARAM_STR, NULL,
                           "TCP congestion control of GeoCCL's connections (TCP_CONGESTION, "
                           "e.g. cubic; one the kernel allows); unset: the host's default"},
+    [GEO_PARAM_WAN_WARMUP] = {"GEOCCL_WAN_WARMUP", GEO_PARAM_INT, "2",
+                              "at init, the WAN connections of the hierarchical exchange carry "
+                              "a short transfer (10 RTTs) so that their congestion control "
+                              "starts at the link's rate: 2 on pairs of regions whose "
+                              "connections each carry 50 Mbit/s or more, 1 on every pair, 0 "
+                              "never; rank 0's value is used by all"},
     [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
                           "this process's region label (wins over the topology file)"},
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,

@@ -34,6 +34,7 @@ typedef enum {
     GEO_PARAM_HIER_DEPTH,
     GEO_PARAM_SHM,
     GEO_PARAM_TCP_CC,
+    GEO_PARAM_WAN_WARMUP,
     GEO_PARAM_COUNT
 } geoParamId;
 

@@ -1,6 +1,7 @@
 #include "config.h"
 #include "comm/probe.h"
 #include "comm/checks.h"
+#include "comm/coll.h"
 #include "comm/comm.h"
 #include "comm/param.h"
 #include "topology/cluster.h"
@@ -801,6 +802,15 @@ static void log_matrix(const geoTopo *t, int R)
  * GEOCCL_NSTREAMS given by hand: all of them, always. */
 #define PROBE_BUSY_STREAM_BPS (50e6 / 8) /* 1 ms of it: 4 segments */
 
+/* Whether each connection of a hierarchical exchange between regions g and
+ * h would carry PROBE_BUSY_STREAM_BPS or more (rates g -> h and h -> g). */
+static int pair_busy(const struct ncclComm *comm, double bgh, double bhg, int g, int h)
+{
+    double per_conn =
+        fmin(bgh / comm->regions.size[g], bhg / comm->regions.size[h]) / comm->nstreams;
+    return per_conn >= PROBE_BUSY_STREAM_BPS;
+}
+
 static void apply_streams(struct ncclComm *comm, geoTopo *t)
 {
     int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
@@ -814,9 +824,7 @@ static void apply_streams(struct ncclComm *comm, geoTopo *t)
             int n = comm->nstreams;
             double bgh = t->bw[g * R + h], bhg = t->bw[h * R + g];
             double rtt = t->region_rtt[g * R + h];
-            double per_conn = fmin(bgh / comm->regions.size[g], bhg / comm->regions.size[h]) /
-                              comm->nstreams;
-            if (bgh > 0 && bhg > 0 && rtt > 0 && per_conn >= PROBE_BUSY_STREAM_BPS) {
+            if (bgh > 0 && bhg > 0 && rtt > 0 && pair_busy(comm, bgh, bhg, g, h)) {
                 int a = topoStreamsNeeded(bgh * (R - 1), rtt, t->window_bytes, 64);
                 int b = topoStreamsNeeded(bhg * (R - 1), rtt, t->window_bytes, 64);
                 n = a > b ? a : b;
@@ -830,6 +838,112 @@ static void apply_streams(struct ncclComm *comm, geoTopo *t)
                     comm->net->setStreams(comm->net_state, p, n);
         }
     t->streams_used = used;
+}
+
+/* ---- warming the WAN connections ---------------------------------------- */
+
+/* The rate from region g to h: measured, or the region's egress (a topology
+ * file's rate) shared by the other regions; 0 unknown. */
+static double pair_rate(const geoTopo *t, int R, int g, int h)
+{
+    if (t->bw != NULL && t->bw[g * R + h] > 0)
+        return t->bw[g * R + h];
+    return t->egress != NULL && t->egress[g] > 0 ? t->egress[g] / (R - 1) : 0;
+}
+
+/* Congestion control learns a connection's rate only from traffic that
+ * fills it: BBR paces every connection at its own estimate of the
+ * bottleneck and never raises it from an application-limited burst, and
+ * cubic's window stays at its initial ten segments.  A connection that
+ * only ever carries the bursts of small all-reduces therefore sends them
+ * slower than the link allows: on 3 emulated regions x 2 ranks at 1 Gbit/s
+ * under BBR, a 1 MiB hierarchical all-reduce took 75-81 ms where the
+ * region leaders' connections, which the probe's bandwidth transfer had
+ * filled, finished ~20 ms before the others, and 65-67 ms with cubic
+ * (BENCHMARKS.md).  So, once the stream counts are set, every WAN pair of
+ * the hierarchical exchange (geoHierExchangePlan's peers, on the streams
+ * that pair uses) carries the probe's transfer for 10 round trips at once:
+ * about what slow start needs to reach a fair share of a 1 Gbit/s link at
+ * 50 ms, and each connection's share is then what it gets in a
+ * hierarchical all-reduce.  Which pairs (GEOCCL_WAN_WARMUP, rank 0's): 2,
+ * pairs of regions whose connections would each carry 50 Mbit/s or more
+ * (pair_busy; on slower links a burst is a few packets either way); 1,
+ * every pair; 0, none.  Decided from figures every rank holds, so both ends
+ * of a pair agree.  It runs with a topology file too (no measurement), and
+ * its time is reported apart from the probe's (t_warm). */
+static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
+{
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, mode = comm->peers[0].warmup, g = m->region_of[comm->rank];
+    double maxrtt = 0;
+    geoXPlan plan;
+    ncclResult_t res;
+
+    t->warm_pairs = 0;
+    if (mode == 0 || R < 2 || t->nnodes < 2 || t->region_rtt == NULL)
+        return ncclSuccess;
+    unsigned char *warm = calloc((size_t)R * (size_t)R, 1);
+    if (warm == NULL)
+        return ncclSystemError;
+    for (int a = 0; a < R; a++)
+        for (int b = a + 1; b < R; b++) {
+            double ab = pair_rate(t, R, a, b), ba = pair_rate(t, R, b, a);
+            double rtt = t->region_rtt[a * R + b];
+            if (rtt <= 0 || (mode == 2 && !(ab > 0 && ba > 0 && pair_busy(comm, ab, ba, a, b))))
+                continue;
+            warm[a * R + b] = warm[b * R + a] = 1;
+            t->warm_pairs++;
+            maxrtt = rtt > maxrtt ? rtt : maxrtt;
+        }
+    if (t->warm_pairs == 0) {
+        free(warm);
+        return ncclSuccess;
+    }
+    /* My partners in the exchange, once each, in the regions warmed with
+     * mine.  The relation is symmetric (a piece's owners in two regions
+     * exchange both ways), so each partner runs the transfer with me. */
+    res = geoHierExchangePlan(comm, (size_t)1 << 22, &plan);
+    if (res != ncclSuccess) {
+        free(warm);
+        return res;
+    }
+    int *peers = malloc(sizeof(int) * (size_t)(plan.ntx1 + 1)), n = 0;
+    if (peers == NULL)
+        res = ncclSystemError;
+    for (int i = 0; peers && i < plan.ntx1; i++) {
+        int p = plan.tx1[i].peer, seen = 0;
+        for (int j = 0; j < n; j++)
+            seen |= peers[j] == p;
+        if (!seen && warm[g * R + m->region_of[p]])
+            peers[n++] = p;
+    }
+    geoHierExchangePlanFree(&plan);
+    double t0 = geoNow(), *in = malloc(sizeof(double) * (size_t)(n + 1));
+    if (in == NULL)
+        res = ncclSystemError;
+    if (res == ncclSuccess && n > 0) {
+        double dur = 10 * maxrtt;
+        dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
+        if (comm->net->limitQueued)
+            comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
+        res = bw_transfer(comm, peers, n, -1, dur, in);
+        if (comm->net->limitQueued)
+            comm->net->limitQueued(comm->net_state, 0);
+    }
+    if (res == ncclSuccess && n > 0) {
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            sum += in[i];
+        t->t_warm = geoNow() - t0;
+        geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
+                "probe: warmed the WAN connections to %d peer%s in %d pair%s of regions: "
+                "%.3f s, %.0f Mbit/s received in steady state", n, n == 1 ? "" : "s",
+                t->warm_pairs, t->warm_pairs == 1 ? "" : "s", t->t_warm, sum * 8e-6);
+    }
+    free(in);
+    free(peers);
+    free(warm);
+    return res;
 }
 
 ncclResult_t geoProbeRun(struct ncclComm *comm)
@@ -976,6 +1090,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     }
     t->t_total = geoNow() - t_start;
     apply_streams(comm, t);
+    GEO_CHECK(warm_wan(comm, t));
     if (t->rtt_measured || t->bw_measured) {
         log_matrix(t, R);
         geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,

@@ -12,7 +12,10 @@
  * Cost: one warm-up and GEOCCL_PROBE_ROUNDS round trips between leaders (all
  * pairs at once), two exchanges among leaders, and one transfer of
  * clamp(12 RTT, 0.25 s, 1.5 s) between region leaders (all pairs at once).
- * Printed at INFO (subsystem TOPO) with every figure. */
+ * Printed at INFO (subsystem TOPO) with every figure.  After it, apart
+ * from its cost, the warm-up of the WAN connections (GEOCCL_WAN_WARMUP;
+ * probe.c, warm_wan): 10 RTTs of the same transfer over every pair of the
+ * hierarchical exchange on fast links, with or without a topology file. */
 #ifndef GEOCCL_PROBE_H_
 #define GEOCCL_PROBE_H_
 
@@ -48,6 +51,8 @@ typedef struct {
     double t_wait;          /* seconds waited for slower peers before that */
     int from_file;          /* link figures came from a topology file */
     int inherited;          /* ... or from the parent communicator (split, shrink) */
+    int warm_pairs;         /* pairs of regions whose connections were warmed */
+    double t_warm;          /* seconds this rank's warm-up took (0: none) */
 } geoTopo;
 
 /* What a communicator made by ncclCommSplit or ncclCommShrink takes from

@@ -125,6 +125,13 @@ typedef struct {
 /* [out] topo.  ncclInvalidArgument for a NULL/dead comm or NULL topo. */
 ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo);
 
+/* The warm-up of the WAN connections at init, after the probe
+ * (GEOCCL_WAN_WARMUP): [out] regionPairs, pairs of regions whose
+ * connections carried it (the same on every rank; 0: none), [out] sec, the
+ * time this rank spent in it.  Either may be NULL.
+ * ncclInvalidArgument for a NULL/dead comm. */
+ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec);
+
 /* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
  * lives), [out] leaderRank (its lowest rank), [out] region, [out] nicGbit
  * (nominal rate of the node's data interface as its kernel reports it; -1

@@ -77,6 +77,32 @@ static void test_debug_levels(void)
     CU_ASSERT_STRING_EQUAL(ncclGetLastError(NULL), "peer 3 gone");
 }
 
+/* A parameter every rank must agree on, out of range: init fails before
+ * anything is sent, naming it; in range it is accepted. */
+static void test_warmup_range(void)
+{
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    setenv("GEOCCL_WAN_WARMUP", "5", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), "GEOCCL_WAN_WARMUP=5"));
+    setenv("GEOCCL_WAN_WARMUP", "1", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclSuccess);
+    int pairs = -1;
+    double sec = -1;
+    CU_ASSERT_EQUAL(geocclCommGetWarmup(c, &pairs, &sec), ncclSuccess);
+    CU_ASSERT_EQUAL(pairs, 0); /* one region: nothing to warm */
+    CU_ASSERT_EQUAL(sec, 0);
+    CU_ASSERT_EQUAL(geocclCommGetWarmup(NULL, &pairs, &sec), ncclInvalidArgument);
+    ncclCommDestroy(c);
+    unsetenv("GEOCCL_WAN_WARMUP");
+    geoParamReload();
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -85,6 +111,7 @@ int main(void)
     CU_add_test(s, "defaults and environment", test_defaults_and_env);
     CU_add_test(s, "table complete", test_table_is_complete);
     CU_add_test(s, "debug levels and thread error", test_debug_levels);
+    CU_add_test(s, "GEOCCL_WAN_WARMUP out of range fails init", test_warmup_range);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

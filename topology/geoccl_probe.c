@@ -116,6 +116,8 @@ typedef struct {
     double *rtt;            /* [N*N] ms */
     double *bw, *rrtt;      /* [R*R] Mbit/s, ms */
     double *eg, *ow;        /* [R] Mbit/s, ms */
+    int warm_pairs;         /* geocclCommGetWarmup */
+    double warm_s;          /* the slowest rank's warm-up */
 } probeView;
 
 static void view_free(probeView *v)
@@ -156,6 +158,9 @@ static void print_human(ncclComm_t comm, const probeView *v)
                                : "(no gap in the RTTs, or one node)");
     printf("# probe time %.3f s (round trips %.3f s, bandwidth %.3f s), after waiting %.3f s "
            "for the other nodes to start\n", t->secProbe, t->secRtt, t->secBw, t->secWait);
+    if (v->warm_pairs > 0)
+        printf("# then %.3f s warming the WAN connections of %d pair%s of regions "
+               "(GEOCCL_WAN_WARMUP)\n", v->warm_s, v->warm_pairs, v->warm_pairs == 1 ? "" : "s");
     printf("#\n# nodes (NIC: nominal rate of the data interface; - where the kernel does "
            "not say)\n# %4s  %-40s %6s  %-12s %s\n", "node", "address", "leader", "region",
            "NIC Gbit/s");
@@ -301,6 +306,7 @@ static void print_json(ncclComm_t comm, const probeView *v)
            t->windowBytes);
     printf(" \"probe_s\": %.4f, \"rtt_s\": %.4f, \"bw_s\": %.4f, \"wait_s\": %.4f,\n",
            t->secProbe, t->secRtt, t->secBw, t->secWait);
+    printf(" \"warm_pairs\": %d, \"warm_s\": %.4f,\n", v->warm_pairs, v->warm_s);
     printf(" \"plan\": ");
     fflush(stdout);
     geocclCommPrintPlan(comm, stdout, 1);
@@ -338,6 +344,11 @@ static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
     r = ncclAllGather(&g, region_of, 1, ncclInt32, comm, NULL);
     if (r == ncclSuccess)
         r = ncclAllGather(mine, labels, 32, ncclChar, comm, NULL);
+    int warm_pairs = 0;
+    double warm_s = 0;
+    geocclCommGetWarmup(comm, &warm_pairs, &warm_s);
+    if (r == ncclSuccess)
+        r = ncclAllReduce(&warm_s, &warm_s, 1, ncclFloat64, ncclMax, comm, NULL);
     if (r != ncclSuccess) {
         fprintf(stderr, "%s: rank %d: all-gather: %s: %s\n", TOOL, rank, ncclGetErrorString(r),
                 ncclGetLastError(comm));
@@ -348,7 +359,8 @@ static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
         if (region_of[q] >= 0 && region_of[q] < nranks)
             memcpy(names[region_of[q]], labels[q], 32);
     if (rank == 0) {
-        probeView v = {.t = &t, .nranks = nranks, .region_of = region_of, .names = names};
+        probeView v = {.t = &t, .nranks = nranks, .region_of = region_of, .names = names,
+                       .warm_pairs = warm_pairs, .warm_s = warm_s};
         if (view_read(comm, &v) != 0) {
             fprintf(stderr, "%s: cannot read the topology: %s\n", TOOL, ncclGetLastError(comm));
             status = 1;

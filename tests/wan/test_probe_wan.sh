@@ -10,7 +10,9 @@
 #      region's one-way delay within 3 ms of its setting; a plan printed.
 #      -o writes a topology file.
 #   b. the library with that file (GEOCCL_TOPO_FILE, GEOCCL_PROBE=1): no RTT
-#      or bandwidth measured, the same regions, the file's rates.
+#      or bandwidth measured, the same regions, the file's rates; with
+#      GEOCCL_WAN_WARMUP=1 the connections of all 3 pairs of regions warmed
+#      (uneven regions: rank 5 alone warms with all 3 ranks of region 1).
 #   c. 2 regions x 2 nodes x 2 ranks (8 ranks, 4 addresses), 100 Mbit/s and
 #      1 Gbit/s, 20 and 10 ms one-way, and up to 15 ms of jitter on every WAN
 #      packet: the 4 nodes form exactly the 2 regions.
@@ -18,8 +20,9 @@
 #      the regions are the labels, not the measurement.
 #   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
 #   f. ncclCommSplit of a probed communicator (tests/wan/hier_rank split, the
-#      layout of a.): the child has the parent's regions and link figures
-#      without probing again, and all-reduces right.
+#      layout of a., GEOCCL_WAN_WARMUP=1): the child has the parent's regions
+#      and link figures without probing again, and both all-reduce right
+#      after their warm-ups.
 #   g. a rank killed (SIGKILL) while the probe runs (0.6 s after the start,
 #      GEOCCL_TIMEOUT=5): the other 5 ranks fail their init, naming a peer,
 #      within GEOCCL_TIMEOUT + 5 s of the kill.
@@ -140,11 +143,12 @@ fi
 echo "== b. the library with the topology file a. wrote"
 if [ -s "$WORK/a.topo" ] && sed 's/^/   | /' "$WORK/a.topo" &&
     ranks "$WORK/b" 29701 "0:0 0:0 1:0 1:0 1:0 2:0" GEOCCL_TOPO_FILE="$WORK/a.topo" \
-        GEOCCL_PROBE=1 -- --json; then
+        GEOCCL_PROBE=1 GEOCCL_WAN_WARMUP=1 -- --json; then
     if check "$WORK/b/rank0.out" \
         'regions == [[0, 1], [2, 3, 4], [5]]' 'not j["rtt_measured"]' 'not j["bw_measured"]' \
-        'j["from_file"]' '60 <= j["egress_mbit"][0] <= 115' 'j["probe_s"] < 0.2'; then
-        pass "b. the file replaces the probe"
+        'j["from_file"]' '60 <= j["egress_mbit"][0] <= 115' 'j["probe_s"] < 0.2' \
+        'j["warm_pairs"] == 3' '0.1 <= j["warm_s"] < 5'; then
+        pass "b. the file replaces the probe; every WAN pair warmed (GEOCCL_WAN_WARMUP=1)"
     else
         fail "b. results with the topology file"
     fi
@@ -160,7 +164,8 @@ if [ -x "$HIER_BIN" ]; then
     FPIDS=()
     for g in 0 0 1 1 1 2; do
         timeout -k 5 "$LIMIT" "$WAN" exec -n "$NAME" -i "$g" --no-label -- \
-            env RANK=$r NRANKS=6 GEOCCL_COMM_ID=10.231.0.10:29704 "$HIER_BIN" split \
+            env RANK=$r NRANKS=6 GEOCCL_COMM_ID=10.231.0.10:29704 GEOCCL_WAN_WARMUP=1 \
+            "$HIER_BIN" split \
             > "$WORK/f/rank$r.out" 2> "$WORK/f/rank$r.err" &
         FPIDS+=($!)
         PIDS+=($!)
