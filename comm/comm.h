@@ -37,6 +37,7 @@ typedef struct {
     int32_t streams_set;        /* GEOCCL_NSTREAMS given; rank 0's value is used by all */
     double window;              /* largest TCP window one stream can reach here (bytes) */
     int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
+    int32_t landmarks;          /* GEOCCL_PROBE_LANDMARKS; rank 0's value is used by all */
 } geoPeerInfo;
 
 /* Per-communicator statistics (geocclCommGetStats). */

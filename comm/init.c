@@ -450,6 +450,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.chunk_size = (int64_t)comm->chunk_size;
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
     mine.warmup = (int32_t)geoParamInt(GEO_PARAM_WAN_WARMUP);
+    mine.landmarks = (int32_t)geoParamInt(GEO_PARAM_PROBE_LANDMARKS);
     GEO_CHECK(my_region(comm, &addr.addr, mine.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&

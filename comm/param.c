@@ -76,6 +76,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                          "2 always measures; 0 never"},
     [GEO_PARAM_PROBE_ROUNDS] = {"GEOCCL_PROBE_ROUNDS", GEO_PARAM_INT, "5",
                                 "round trips per node pair in the probe (the minimum is kept)"},
+    [GEO_PARAM_PROBE_LANDMARKS] = {"GEOCCL_PROBE_LANDMARKS", GEO_PARAM_INT, "16",
+                                   "probe: with more than twice this many nodes, round trips "
+                                   "are measured from every node to this many landmarks, then "
+                                   "among the nodes they left unplaced, not between every pair "
+                                   "(topology/cluster.h); rank 0's value is used by all"},
     [GEO_PARAM_NCCL_LIB] = {"GEOCCL_NCCL_LIB", GEO_PARAM_STR, NULL,
                             "NVIDIA's libnccl.so used inside a region for device buffers; "
                             "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},

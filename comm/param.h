@@ -35,6 +35,7 @@ typedef enum {
     GEO_PARAM_SHM,
     GEO_PARAM_TCP_CC,
     GEO_PARAM_WAN_WARMUP,
+    GEO_PARAM_PROBE_LANDMARKS,
     GEO_PARAM_COUNT
 } geoParamId;
 

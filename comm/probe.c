@@ -154,13 +154,21 @@ static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int 
 
 /* ---- round-trip times --------------------------------------------------- */
 
-/* One leader's side: rounds of pings to every other leader at once, each
- * answered as soon as it arrives.  Per peer and round, the peer's ping is
- * always posted before its pong, and both are PROBE_MSG bytes, so two
- * receives per peer and round match them in order; the type word tells
- * which is which. */
+/* One leader's side: rounds of pings to every leader p with with[p] set
+ * (the pairs are symmetric: p has me in its own set), each answered as soon
+ * as it arrives.  Every pair runs its own rounds: when my ping of round k
+ * to p is answered and p's ping of round k to me has arrived, I post the
+ * two receives of round k + 1 and send its ping at once.  So a node with
+ * few peers never waits for a landmark's slowest peer before it can ping
+ * again: in lock-step rounds its next ping sat unread until the landmark
+ * had heard from every far peer, and a same-region pair measured a WAN
+ * round trip.  Per pair, p sends its ping of round k + 1 only after my
+ * ping and pong of round k reached it, and it sent its own ping and pong
+ * of round k before that, so the two receives of round k match p's two
+ * messages of round k, in either order; the type word tells which. */
 static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L, int me,
-                                int rounds, double *row, double *warm_end)
+                                const unsigned char *with, int rounds, double *row,
+                                double *warm_end)
 {
     size_t n2 = (size_t)L * 2;
     geoNetRequest *rr = calloc(n2, sizeof(geoNetRequest)), *sr = calloc(n2, sizeof(geoNetRequest));
@@ -168,82 +176,105 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
     uint64_t(*out)[2] = calloc(n2, sizeof(*out));
     double *t0 = calloc((size_t)L, sizeof(double));
     unsigned char *st = calloc(n2, 1);
+    int *round = calloc((size_t)L, sizeof(int));
     ncclResult_t res = ncclSuccess;
     double deadline = geoNow() + comm->timeout;
-    int posted = 0;
+    int posted = 0, live = 0, warm_left = 0;
 
-    if (!rr || !sr || !in || !out || !t0 || !st) {
+    if (!rr || !sr || !in || !out || !t0 || !st || !round) {
         res = ncclSystemError;
         goto out;
     }
+    *warm_end = geoNow();
     for (int i = 0; i < L; i++)
         row[i] = i == me ? 0 : -1;
-    for (int round = 0; round <= rounds && res == ncclSuccess; round++) {
-        int pending = 0;
-        memset(st, 0, n2);
+    /* Round 0 of every pair: the warm-up (its time is not kept). */
+    for (int p = 0; p < L && res == ncclSuccess; p++) {
+        if (p == me || !with[p])
+            continue;
+        posted = 1;
+        live++;
+        warm_left++;
+        res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+        if (res == ncclSuccess)
+            res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+        out[2 * p][0] = MSG_PING;
+        out[2 * p][1] = 0;
+        t0[p] = geoNow();
+        if (res == ncclSuccess)
+            res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+    }
+    while (live > 0 && res == ncclSuccess) {
+        int moved = 0;
         for (int p = 0; p < L && res == ncclSuccess; p++) {
-            if (p == me)
+            if (p == me || !with[p] || round[p] > rounds)
                 continue;
-            posted = 1;
+            for (int k = 0; k < 2 && res == ncclSuccess; k++) {
+                geoNetRequest *r = &rr[2 * p + k];
+                if (st[2 * p + k] || !req_done(r))
+                    continue;
+                st[2 * p + k] = 1;
+                moved = 1;
+                if (r->result != ncclSuccess) {
+                    res = r->result;
+                    break;
+                }
+                if (in[2 * p + k][0] == MSG_PING) {
+                    if (sr[2 * p + 1].buf != NULL) {
+                        res = geoNetWait(comm, &sr[2 * p + 1]);
+                        sr[2 * p + 1].buf = NULL;
+                    }
+                    out[2 * p + 1][0] = MSG_PONG;
+                    out[2 * p + 1][1] = in[2 * p + k][1];
+                    if (res == ncclSuccess)
+                        res = geoNetIsend(comm, leaders[p], out[2 * p + 1], PROBE_MSG,
+                                          &sr[2 * p + 1]);
+                } else if (in[2 * p + k][0] == MSG_PONG &&
+                           in[2 * p + k][1] == (uint64_t)round[p]) {
+                    double rtt = geoNow() - t0[p];
+                    if (round[p] > 0 && (row[p] < 0 || rtt < row[p]))
+                        row[p] = rtt;
+                } else {
+                    geoCommSetError(comm, "init: probe: unexpected message %llu from rank %d",
+                                    (unsigned long long)in[2 * p + k][0], leaders[p]);
+                    res = ncclInternalError;
+                }
+            }
+            if (res != ncclSuccess || !st[2 * p] || !st[2 * p + 1])
+                continue;
+            /* Both messages of this round are in: the pair's next round. */
+            if (round[p] == 0 && --warm_left == 0)
+                *warm_end = geoNow(); /* every peer has arrived */
+            if (++round[p] > rounds) {
+                live--;
+                continue;
+            }
+            st[2 * p] = st[2 * p + 1] = 0;
             res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
             if (res == ncclSuccess)
                 res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
-        }
-        for (int p = 0; p < L && res == ncclSuccess; p++) {
-            if (p == me)
-                continue;
+            if (res == ncclSuccess && sr[2 * p].buf != NULL) {
+                res = geoNetWait(comm, &sr[2 * p]);
+                sr[2 * p].buf = NULL;
+            }
             out[2 * p][0] = MSG_PING;
-            out[2 * p][1] = (uint64_t)round;
+            out[2 * p][1] = (uint64_t)round[p];
             t0[p] = geoNow();
-            res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
-            pending += 2; /* its ping to answer, its pong to receive */
+            if (res == ncclSuccess)
+                res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
         }
-        while (pending > 0 && res == ncclSuccess) {
-            int moved = 0;
-            for (int p = 0; p < L && res == ncclSuccess; p++)
-                for (int k = 0; k < 2 && p != me; k++) {
-                    geoNetRequest *r = &rr[2 * p + k];
-                    if (st[2 * p + k] || !req_done(r))
-                        continue;
-                    st[2 * p + k] = 1;
-                    moved = 1;
-                    if (r->result != ncclSuccess) {
-                        res = r->result;
-                        break;
-                    }
-                    if (in[2 * p + k][0] == MSG_PING) {
-                        out[2 * p + 1][0] = MSG_PONG;
-                        out[2 * p + 1][1] = in[2 * p + k][1];
-                        res = geoNetIsend(comm, leaders[p], out[2 * p + 1], PROBE_MSG,
-                                          &sr[2 * p + 1]);
-                    } else if (in[2 * p + k][0] == MSG_PONG &&
-                               in[2 * p + k][1] == (uint64_t)round) {
-                        double rtt = geoNow() - t0[p];
-                        if (round > 0 && (row[p] < 0 || rtt < row[p]))
-                            row[p] = rtt; /* round 0 is the warm-up */
-                    } else {
-                        geoCommSetError(comm, "init: probe: unexpected message %llu from rank %d",
-                                        (unsigned long long)in[2 * p + k][0], leaders[p]);
-                        res = ncclInternalError;
-                        break;
-                    }
-                    pending--;
-                }
-            if (!moved && res == ncclSuccess) {
-                res = check_deadline(comm, deadline, "round trips");
-                pause_us(10);
-            }
+        if (!moved && res == ncclSuccess) {
+            res = check_deadline(comm, deadline, "round trips");
+            pause_us(10);
         }
-        for (size_t i = 0; i < n2; i++)
-            if (sr[i].buf != NULL) {
-                ncclResult_t r = geoNetWait(comm, &sr[i]);
-                if (res == ncclSuccess)
-                    res = r;
-                sr[i].buf = NULL;
-            }
-        if (round == 0)
-            *warm_end = geoNow(); /* every leader has arrived */
     }
+    for (size_t i = 0; i < n2; i++)
+        if (sr[i].buf != NULL) {
+            ncclResult_t r = geoNetWait(comm, &sr[i]);
+            if (res == ncclSuccess)
+                res = r;
+            sr[i].buf = NULL;
+        }
 out:
     /* Receives may still be posted into these buffers: fail them first. */
     if (res != ncclSuccess && posted)
@@ -254,56 +285,140 @@ out:
     free(out);
     free(t0);
     free(st);
+    free(round);
     return res;
 }
 
+/* Who reports a measured pair in the exchange: the end that measured fewer
+ * pairs this round (a landmark measures many), the lower index on a tie.
+ * Both ends measured it; one value is enough. */
+static int reports(const int *cnt, int a, int j)
+{
+    return cnt[a] < cnt[j] || (cnt[a] == cnt[j] && a < j);
+}
+
+/* Round trips between node leaders, in rounds (topoRttSampleRound): with
+ * up to 2 GEOCCL_PROBE_LANDMARKS nodes, every pair at once; with more,
+ * every node and a few landmarks, then the nodes no landmark settled.
+ * After each round the leaders exchange what they measured (per node only
+ * the pairs it reports, so rows stay short), and every leader holds the same
+ * sparse matrix to plan the next round from.  Then each leader hands the
+ * matrix and the NIC rates to the other ranks of its node. */
 static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
 {
-    int L = t->nnodes, me = -1;
-    /* A leader's row: its RTTs to every leader, then its data NIC's rate. */
-    size_t row_bytes = sizeof(double) * (size_t)(L + 1);
-    double *row = malloc(row_bytes), *all = malloc(row_bytes * (size_t)L);
+    int L = t->nnodes, me = -1, K = comm->peers[0].landmarks;
+    size_t LL = (size_t)L * (size_t)L;
+    double *share = malloc(sizeof(double) * (LL + (size_t)L));
     ncclResult_t res = ncclSuccess;
 
-    t->rtt = malloc(sizeof(double) * (size_t)L * (size_t)L);
-    if (row == NULL || all == NULL || t->rtt == NULL) {
-        free(row);
-        free(all);
+    t->rtt = malloc(sizeof(double) * LL);
+    if (share == NULL || t->rtt == NULL) {
+        free(share);
         return ncclSystemError;
     }
+    for (size_t x = 0; x < LL; x++)
+        t->rtt[x] = x % ((size_t)L + 1) == 0 ? 0 : -1;
     for (int k = 0; k < L; k++)
         if (t->leader[k] == comm->rank)
             me = k;
+    t->rtt_pairs = 0;
+    t->rtt_rounds = 0;
     if (me >= 0) {
         int rounds = (int)geoParamInt(GEO_PARAM_PROBE_ROUNDS);
-        res = ping_rounds(comm, t->leader, L, me, rounds < 1 ? 1 : rounds, row, &t->t_arrived);
-        row[L] = t->nic_gbit[me];
-        if (res == ncclSuccess)
-            res = exchange_among(comm, t->leader, L, me, row, row_bytes, all);
+        unsigned char *landmark = calloc((size_t)L, 1), *with = malloc(LL);
+        double *row = malloc(sizeof(double) * (size_t)(L + 1)), *all = NULL;
+        int *cnt = malloc(sizeof(int) * (size_t)L);
+        if (!landmark || !with || !row || !cnt)
+            res = ncclSystemError;
+        for (int round = 0; res == ncclSuccess; round++) {
+            int npairs = topoRttSampleRound(L, K, round, t->rtt, landmark, with);
+            if (npairs < 0)
+                res = ncclSystemError;
+            if (npairs <= 0)
+                break;
+            t->rtt_pairs += npairs;
+            t->rtt_rounds++;
+            double warm = 0;
+            res = ping_rounds(comm, t->leader, L, me, &with[(size_t)me * (size_t)L],
+                              rounds < 1 ? 1 : rounds, row, &warm);
+            if (round == 0)
+                t->t_arrived = warm;
+            /* Row: my NIC's rate, then the pairs I report, ascending. */
+            int cap = 0;
+            for (int a = 0; a < L; a++) {
+                cnt[a] = 0;
+                for (int j = 0; j < L; j++)
+                    cnt[a] += with[(size_t)a * (size_t)L + (size_t)j];
+            }
+            for (int a = 0; a < L; a++) {
+                int c = 0;
+                for (int j = 0; j < L; j++)
+                    c += with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j);
+                cap = c > cap ? c : cap;
+            }
+            size_t row_bytes = sizeof(double) * (size_t)(cap + 1);
+            double *na = realloc(all, row_bytes * (size_t)L);
+            if (res == ncclSuccess && na == NULL)
+                res = ncclSystemError;
+            all = na ? na : all;
+            if (res != ncclSuccess)
+                break;
+            double *mine = malloc(row_bytes);
+            if (mine == NULL) {
+                res = ncclSystemError;
+                break;
+            }
+            int c = 1;
+            mine[0] = t->nic_gbit[me];
+            for (int j = 0; j < L; j++)
+                if (with[(size_t)me * (size_t)L + (size_t)j] && reports(cnt, me, j))
+                    mine[c++] = row[j];
+            for (; c <= cap; c++)
+                mine[c] = -1;
+            res = exchange_among(comm, t->leader, L, me, mine, row_bytes, all);
+            free(mine);
+            for (int a = 0; a < L && res == ncclSuccess; a++) {
+                const double *ra = all + (size_t)a * (size_t)(cap + 1);
+                if (round == 0)
+                    t->nic_gbit[a] = ra[0];
+                int i = 1;
+                for (int j = 0; j < L; j++)
+                    if (with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j)) {
+                        t->rtt[(size_t)a * (size_t)L + (size_t)j] = ra[i];
+                        t->rtt[(size_t)j * (size_t)L + (size_t)a] = ra[i];
+                        i++;
+                    }
+            }
+        }
+        free(landmark);
+        free(with);
+        free(row);
+        free(all);
+        free(cnt);
+        memcpy(share, t->rtt, sizeof(double) * LL);
+        memcpy(share + LL, t->nic_gbit, sizeof(double) * (size_t)L);
     }
     /* Each leader hands the matrix to the other ranks of its node. */
     if (res == ncclSuccess) {
         int node = t->node_of[comm->rank], *members = malloc(sizeof(int) * (size_t)comm->nranks);
         int m = 0;
         if (members == NULL) {
-            free(row);
+            free(share);
             return ncclSystemError;
         }
         for (int r = 0; r < comm->nranks; r++)
             if (t->node_of[r] == node)
                 members[m++] = r;
         if (m > 1)
-            res = fan_out(comm, t->leader[node], members, m, all, row_bytes * (size_t)L);
+            res = fan_out(comm, t->leader[node], members, m, share,
+                          sizeof(double) * (LL + (size_t)L));
         free(members);
     }
-    if (res == ncclSuccess)
-        for (int i = 0; i < L; i++) {
-            memcpy(&t->rtt[(size_t)i * (size_t)L], &all[(size_t)i * (size_t)(L + 1)],
-                   sizeof(double) * (size_t)L);
-            t->nic_gbit[i] = all[(size_t)i * (size_t)(L + 1) + (size_t)L];
-        }
-    free(row);
-    free(all);
+    if (res == ncclSuccess && me < 0) {
+        memcpy(t->rtt, share, sizeof(double) * LL);
+        memcpy(t->nic_gbit, share + LL, sizeof(double) * (size_t)L);
+    }
+    free(share);
     t->rtt_measured = res == ncclSuccess;
     return res;
 }
@@ -1094,11 +1209,13 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     if (t->rtt_measured || t->bw_measured) {
         log_matrix(t, R);
         geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
-                "probe: %d nodes, %d regions, %.3f s (round trips %.3f s, bandwidth %.3f s; "
+                "probe: %d nodes, %d regions, %.3f s (round trips %.3f s over %d node pairs "
+                "in %d round%s, bandwidth %.3f s; "
                 "after %.3f s waiting for peers); %d stream%s per WAN pair needed (window "
                 "%.1f MiB), using at most %d of %d connected; inside regions %.0f us, %.0f MB/s "
                 "per rank",
-                t->nnodes, R, t->t_total, t->t_rtt, t->t_bw, t->t_wait, t->streams_needed,
+                t->nnodes, R, t->t_total, t->t_rtt, t->rtt_pairs, t->rtt_rounds,
+                t->rtt_rounds == 1 ? "" : "s", t->t_bw, t->t_wait, t->streams_needed,
                 t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0,
                 t->streams_used, comm->nstreams,
                 t->intra_alpha * 1e6, t->intra_Bps * 1e-6);

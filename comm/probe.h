@@ -33,6 +33,8 @@ typedef struct {
     double *rtt;            /* [nnodes*nnodes] seconds, min of samples; -1 unmeasured */
     double *nic_gbit;       /* [nnodes] nominal rate of each node's data NIC; <= 0 unknown */
     int rtt_measured;
+    int rtt_pairs;          /* node pairs measured (GEOCCL_PROBE_LANDMARKS) */
+    int rtt_rounds;         /* rounds of the sampling that measured them */
     int regions_measured;   /* the region map came from the RTTs */
     double cut;             /* RTT threshold that separated regions (s) */
     int nregions;           /* size of the arrays below */

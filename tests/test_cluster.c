@@ -152,6 +152,128 @@ static void test_jitter_does_not_split(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* The probe's sampling for many nodes (topoRttSampleRound), run here as
+ * the leaders run it: each round's pairs measured (jittered, minimum of 5
+ * samples, as ping_rounds keeps), then the regions found over the sparse
+ * matrix.  reg[]: the truth; returns the pairs measured, or -1 when the
+ * regions found differ from the truth (as a partition) or the rounds do
+ * not end. */
+static long sampled_regions(int n, const int *reg, int k0, int *rounds_out, uint64_t *seed)
+{
+    size_t nn = (size_t)n * (size_t)n;
+    double *m = malloc(sizeof(double) * nn);
+    unsigned char *lm = malloc((size_t)n), *with = malloc(nn);
+    int *got = malloc(sizeof(int) * (size_t)n), *map = malloc(sizeof(int) * (size_t)n * 2);
+    long pairs = 0;
+    int round = 0;
+    for (size_t x = 0; x < nn; x++)
+        m[x] = x % ((size_t)n + 1) == 0 ? 0 : -1;
+    for (; round < 64; round++) {
+        int np = topoRttSampleRound(n, k0, round, m, lm, with);
+        CU_ASSERT_FATAL(np >= 0);
+        if (np == 0)
+            break;
+        int seen = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++) {
+                int a = with[(size_t)i * (size_t)n + (size_t)j];
+                CU_ASSERT_EQUAL(a, with[(size_t)j * (size_t)n + (size_t)i]); /* symmetric */
+                CU_ASSERT(!a || m[(size_t)i * (size_t)n + (size_t)j] < 0);  /* never twice */
+                if (!a)
+                    continue;
+                seen++;
+                double base = reg[i] == reg[j] ? 0.1 * MS : inter_asym(reg[i] % 4, reg[j] % 4) +
+                                                                 (reg[i] + reg[j]) * 0.1 * MS;
+                double x = jittered_min(base, seed);
+                if (reg[i] == reg[j])
+                    x = base + (x - base) * 0.05;
+                m[(size_t)i * (size_t)n + (size_t)j] = m[(size_t)j * (size_t)n + (size_t)i] = x;
+            }
+        CU_ASSERT_EQUAL(seen, np);
+        pairs += np;
+    }
+    int k = topoClusterRtt(n, m, TOPO_MIN_WAN_RTT, TOPO_MAX_LAN_RTT, TOPO_MIN_GAP_RATIO, got,
+                           NULL);
+    /* Same partition: got[i] == got[j] exactly when reg[i] == reg[j]. */
+    int ok = round < 64 && k > 0;
+    for (int i = 0; i < n * 2; i++)
+        map[i] = -1;
+    for (int i = 0; i < n && ok; i++) {
+        if (map[reg[i]] < 0)
+            map[reg[i]] = got[i];
+        if (map[n + got[i]] < 0)
+            map[n + got[i]] = reg[i];
+        ok = map[reg[i]] == got[i] && map[n + got[i]] == reg[i];
+    }
+    if (rounds_out)
+        *rounds_out = round;
+    free(m);
+    free(lm);
+    free(with);
+    free(got);
+    free(map);
+    return ok ? pairs : -1;
+}
+
+static void test_sampling_many_nodes(void)
+{
+    uint64_t seed = 777;
+    int n = 1000, rounds = 0;
+    int *reg = malloc(sizeof(int) * (size_t)n);
+    long all = (long)n * (n - 1) / 2;
+
+    /* 4 regions of 400, 300, 200 and 100 nodes, ranks placed region by
+     * region: round 0's 16 landmarks fall in every region. */
+    for (int i = 0; i < n; i++)
+        reg[i] = i < 400 ? 0 : i < 700 ? 1 : i < 900 ? 2 : 3;
+    long p = sampled_regions(n, reg, 16, &rounds, &seed);
+    CU_ASSERT(p > 0 && p <= (long)n * 16);
+    CU_ASSERT_EQUAL(rounds, 1);
+    printf("\n   1000 nodes, 4 regions: %ld of %ld pairs measured, %d round(s)", p, all, rounds);
+
+    /* Interleaved: node i in region i % 7. */
+    for (int i = 0; i < n; i++)
+        reg[i] = i % 7;
+    p = sampled_regions(n, reg, 16, &rounds, &seed);
+    CU_ASSERT(p > 0 && p <= (long)n * 16);
+
+    /* A big region and 5 small ones of 3 nodes that no landmark of round
+     * 0 hits (nodes 1-3, 5-7, ...: the landmarks are 0, 62, 125, ...). */
+    for (int i = 0; i < n; i++)
+        reg[i] = 0;
+    for (int g = 0; g < 5; g++)
+        for (int j = 1; j <= 3; j++)
+            reg[g * 4 + j] = g + 1;
+    p = sampled_regions(n, reg, 16, &rounds, &seed);
+    CU_ASSERT(p > 0 && p <= (long)n * 16 + 400);
+    CU_ASSERT(rounds >= 2);
+    printf("; 1 big + 5 small regions: %ld pairs, %d rounds", p, rounds);
+
+    /* Every node a region of its own: the rounds still end, no region
+     * joined, at most about all the pairs. */
+    n = 300;
+    for (int i = 0; i < n; i++)
+        reg[i] = i;
+    p = sampled_regions(n, reg, 16, &rounds, &seed);
+    CU_ASSERT(p > 0 && p <= (long)n * (n - 1) / 2);
+    printf("; 300 lone nodes: %ld pairs, %d rounds", p, rounds);
+
+    /* Few nodes (n <= 2 k0): every pair, in one round. */
+    n = 20;
+    for (int i = 0; i < n; i++)
+        reg[i] = i % 3;
+    p = sampled_regions(n, reg, 16, &rounds, &seed);
+    CU_ASSERT_EQUAL(p, 20 * 19 / 2);
+    CU_ASSERT_EQUAL(rounds, 1);
+
+    /* The probe's test setting, landmarks = 1: 2 regions x 2 nodes. */
+    int four[] = {0, 0, 1, 1};
+    p = sampled_regions(4, four, 1, &rounds, &seed);
+    CU_ASSERT(p > 0 && p < 6);
+    CU_ASSERT(rounds >= 2);
+    free(reg);
+}
+
 static void test_unmeasured_and_chain(void)
 {
     /* 0-1 and 1-2 close, 0-2 unmeasured both ways, 3 far: {0,1,2} {3}.
@@ -263,6 +385,8 @@ int main(void)
     CU_add_test(s, "one region", test_one_region);
     CU_add_test(s, "jitter does not split a region", test_jitter_does_not_split);
     CU_add_test(s, "unmeasured pairs, chains, one-way answers", test_unmeasured_and_chain);
+    CU_add_test(s, "sampled round trips for 1000 nodes find the regions",
+                test_sampling_many_nodes);
     CU_add_test(s, "one-way delays from RTTs", test_oneway);
     CU_add_test(s, "streams for the bandwidth-delay product", test_streams);
     CU_add_test(s, "steady-state rate", test_steady_rate);

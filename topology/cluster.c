@@ -31,22 +31,14 @@ static double pair_rtt(int n, const double *rtt, int i, int j)
     return ka ? a : kb ? b : -1;
 }
 
-int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
-                   double min_ratio, int *region, double *cut)
+double topoRttCut(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
+                  double min_ratio)
 {
     size_t npairs = 0, cap = (size_t)n * (size_t)(n > 1 ? n - 1 : 1) / 2 + 1;
-    double *v = malloc(sizeof(double) * cap);
-    int *parent = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-    int *id = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-    double thr = 0;
-    int nreg = 0;
+    double *v = malloc(sizeof(double) * cap), thr = 0, best = 0;
 
-    if (v == NULL || parent == NULL || id == NULL) {
-        free(v);
-        free(parent);
-        free(id);
+    if (v == NULL)
         return -1;
-    }
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             double x = pair_rtt(n, rtt, i, j);
@@ -54,7 +46,6 @@ int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_
                 v[npairs++] = x;
         }
     qsort(v, npairs, sizeof(double), cmp_double);
-    double best = 0;
     for (size_t k = 0; k + 1 < npairs; k++) {
         double lo = v[k] > TOPO_RTT_FLOOR ? v[k] : TOPO_RTT_FLOOR;
         double ratio = v[k + 1] / lo;
@@ -64,8 +55,23 @@ int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_
             thr = sqrt(lo * v[k + 1]);
         }
     }
-    if (thr == 0)
-        thr = min_wan_rtt;
+    free(v);
+    return thr > 0 ? thr : min_wan_rtt;
+}
+
+int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
+                   double min_ratio, int *region, double *cut)
+{
+    int *parent = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    int *id = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    double thr = topoRttCut(n, rtt, min_wan_rtt, max_lan_rtt, min_ratio);
+    int nreg = 0;
+
+    if (parent == NULL || id == NULL || thr < 0) {
+        free(parent);
+        free(id);
+        return -1;
+    }
     for (int i = 0; i < n; i++)
         parent[i] = i;
     for (int i = 0; i < n; i++)
@@ -88,7 +94,6 @@ int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_
     }
     if (cut)
         *cut = nreg > 1 ? thr : 0;
-    free(v);
     free(parent);
     free(id);
     return nreg;
@@ -185,4 +190,76 @@ double topoSteadyRate(int n, const double *t, const double *bytes, double skip, 
         return 0;
     double slope = (m * stb - st * sb) / den;
     return slope > 0 ? slope : 0;
+}
+
+/* Nodes evenly spaced over the candidates (cand[0..m)), k of them. */
+static void spread(const int *cand, int m, int k, unsigned char *mark)
+{
+    for (int j = 0; j < k && j < m; j++)
+        mark[cand[(size_t)j * (size_t)m / (size_t)k]] = 1;
+}
+
+int topoRttSampleRound(int n, int k0, int round, const double *rtt, unsigned char *landmark,
+                       unsigned char *with)
+{
+    int *orphan = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), m = 0;
+    unsigned char *fresh = calloc((size_t)(n > 0 ? n : 1), 1);
+    int k = k0 < 1 ? 1 : k0, pairs = 0;
+
+    if (orphan == NULL || fresh == NULL) {
+        free(orphan);
+        free(fresh);
+        return -1;
+    }
+    memset(with, 0, (size_t)n * (size_t)n);
+    for (int r = 0; r < round && k < n; r++)
+        k *= 2;
+    if (round == 0) {
+        memset(landmark, 0, (size_t)n);
+        for (int i = 0; i < n; i++)
+            orphan[m++] = i;
+    } else {
+        /* Settled: a landmark, or a node with a round trip below the cut
+         * to some node (every node of a region with a landmark has one:
+         * it measured that landmark). */
+        double cut = topoRttCut(n, rtt, TOPO_MIN_WAN_RTT, TOPO_MAX_LAN_RTT, TOPO_MIN_GAP_RATIO);
+        if (cut < 0) {
+            free(orphan);
+            free(fresh);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            int settled = landmark[i];
+            for (int j = 0; j < n && !settled; j++) {
+                double x = pair_rtt(n, rtt, i, j);
+                settled = j != i && x >= 0 && x < cut;
+            }
+            if (!settled)
+                orphan[m++] = i;
+        }
+    }
+    if (m >= 2 && m <= 2 * k) {
+        /* Few enough: every pair of them, and they are all settled. */
+        for (int a = 0; a < m; a++) {
+            landmark[orphan[a]] = 1;
+            for (int b = 0; b < m; b++)
+                if (a != b && pair_rtt(n, rtt, orphan[a], orphan[b]) < 0)
+                    with[(size_t)orphan[a] * (size_t)n + (size_t)orphan[b]] = 1;
+        }
+    } else if (m > 2 * k) {
+        spread(orphan, m, k, fresh);
+        for (int a = 0; a < m; a++)
+            for (int b = 0; b < m; b++) {
+                int i = orphan[a], j = orphan[b];
+                if (i != j && (fresh[i] || fresh[j]) && pair_rtt(n, rtt, i, j) < 0)
+                    with[(size_t)i * (size_t)n + (size_t)j] = 1;
+            }
+        for (int i = 0; i < n; i++)
+            landmark[i] |= fresh[i];
+    }
+    for (size_t x = 0; x < (size_t)n * (size_t)n; x++)
+        pairs += with[x];
+    free(orphan);
+    free(fresh);
+    return pairs / 2;
 }

@@ -42,6 +42,36 @@
 int topoClusterRtt(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
                    double min_ratio, int *region, double *cut);
 
+/* The cut of rule step 3 over the measured pairs of rtt (the same
+ * arguments as topoClusterRtt); -1 when out of memory. */
+double topoRttCut(int n, const double *rtt, double min_wan_rtt, double max_lan_rtt,
+                  double min_ratio);
+
+/* Which node pairs the probe measures, for many nodes (GEOCCL_PROBE_LANDMARKS
+ * = k0): instead of all n(n-1)/2 pairs, rounds of landmarks.
+ *  round 0: k0 landmarks evenly spaced over the nodes (ranks are usually
+ *           placed region by region, so they land in different regions);
+ *           every node measures every landmark.  A node whose region holds
+ *           a landmark is settled: its round trip to it is below the cut.
+ *  round r: the nodes still unsettled (regions no landmark fell in; with
+ *           the cut of topoRttCut over everything measured so far) measure
+ *           k0 * 2^r new landmarks taken evenly among them.
+ * A round with at most twice its landmark count of nodes left (round 0:
+ * n <= 2 k0) measures every pair of them instead, and settles them all.
+ * So every node pair in one region is joined through a landmark of it (its
+ * members all measured that landmark), every pair of regions has a measured
+ * pair, single linkage (topoClusterRtt over the sparse matrix) finds the
+ * regions as with every pair, and the pairs measured are about n k0 per
+ * round that has unsettled nodes, k doubling so that rounds stay
+ * logarithmic even when every node is a region of its own.
+ * rtt: what is measured so far (n*n, < 0 unknown; both directions count);
+ * landmark[n]: kept by the caller between rounds (round 0 resets it).
+ * Writes with[i*n+j] = with[j*n+i] = 1 for each pair to measure now and
+ * returns their number: 0 when done, -1 when out of memory.  A pure
+ * function of its inputs, so every node computes the same rounds. */
+int topoRttSampleRound(int n, int k0, int round, const double *rtt, unsigned char *landmark,
+                       unsigned char *with);
+
 /* One-way delay of each of R regions' links from the RTTs between regions
  * (rtt[i*R+j], seconds; < 0 unknown), under the emulator's and most
  * clouds' model RTT(i,j) = d_i + d_j, by least squares over the known

@@ -176,7 +176,8 @@ static void print_human(ncclComm_t comm, const probeView *v)
         }
     }
     if (v->have_rtt) {
-        printf("#\n# round-trip time between nodes, ms (minimum of the samples)\n#       ");
+        printf("#\n# round-trip time between nodes, ms (minimum of the samples; \"?\": not "
+               "measured, GEOCCL_PROBE_LANDMARKS)\n#       ");
         for (int j = 0; j < N; j++)
             printf(" %8d", j);
         printf("\n");
@@ -185,6 +186,8 @@ static void print_human(ncclComm_t comm, const probeView *v)
             for (int j = 0; j < N; j++)
                 if (i == j)
                     printf(" %8s", "-");
+                else if (rtt[i * N + j] < 0)
+                    printf(" %8s", "?");
                 else
                     printf(" %8.3f", rtt[i * N + j]);
             printf("\n");

@@ -16,6 +16,9 @@
 #   c. 2 regions x 2 nodes x 2 ranks (8 ranks, 4 addresses), 100 Mbit/s and
 #      1 Gbit/s, 20 and 10 ms one-way, and up to 15 ms of jitter on every WAN
 #      packet: the 4 nodes form exactly the 2 regions.
+#   c2. the same with GEOCCL_PROBE_LANDMARKS=1 (round trips sampled, as for
+#      many nodes: every node to one landmark, then the nodes it left
+#      unplaced among themselves): the same regions, 4 of the 6 pairs measured.
 #   d. labels win: the same 8 ranks labelled 6 + 2 across the built regions:
 #      the regions are the labels, not the measurement.
 #   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
@@ -234,6 +237,21 @@ if ranks "$WORK/c" 29702 "$LAYOUT" -- --json; then
     fi
 else
     fail "c. geoccl-probe ranks failed"
+fi
+
+echo "== c2. the same, round trips sampled (GEOCCL_PROBE_LANDMARKS=1: 4 nodes > 2 x 1)"
+if ranks "$WORK/c2" 29706 "$LAYOUT" GEOCCL_PROBE_LANDMARKS=1 -- --json; then
+    # Round 0: every node to the landmark, node 0; round 1: the two nodes
+    # it left unplaced (region 1) to each other; 1-2 and 1-3 never.
+    if check "$WORK/c2/rank0.out" 'regions == [[0, 1, 2, 3], [4, 5, 6, 7]]' \
+        'j["regions_measured"]' \
+        'sorted((a, b) for a in range(4) for b in range(a + 1, 4) if j["rtt_ms"][a][b] < 0) == [(1, 2), (1, 3)]'; then
+        pass "c2. sampled round trips find the same regions with 4 of 6 pairs measured"
+    else
+        fail "c2. regions with sampled round trips"
+    fi
+else
+    fail "c2. geoccl-probe ranks failed"
 fi
 
 echo "== d. labels 6 + 2 over the same 8 ranks"
