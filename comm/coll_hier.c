@@ -95,7 +95,8 @@ typedef struct {
     int ntx1, nrx1, ntx2, nrx2;
     hierPart *parts;
     int nparts;
-    char *tmp;
+    char *tmp;          /* X1 receive buffer (slice_tmp), NULL outside */
+    size_t tmp_bytes, es;
 } hierSlice;
 
 /* Where the call's data lives on this host and how a region's slice is cut
@@ -130,7 +131,7 @@ static void msgs_free(hierMsg *m, int n)
             free(m[i].enc);
 }
 
-static void slice_free(hierSlice *sl)
+static void slice_free(struct ncclComm *comm, hierSlice *sl)
 {
     msgs_free(sl->tx1, sl->ntx1);
     msgs_free(sl->rx1, sl->nrx1);
@@ -141,7 +142,7 @@ static void slice_free(hierSlice *sl)
     free(sl->tx2);
     free(sl->rx2);
     free(sl->parts);
-    free(sl->tmp);
+    geoScratchPut(&comm->scratch, sl->tmp);
     memset(sl, 0, sizeof(*sl));
 }
 
@@ -166,7 +167,37 @@ static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataTy
     return ncclSuccess;
 }
 
-/* Lay out the messages of one slice for this rank. */
+/* The X1 receive buffer of a slice (where the other regions' partials
+ * land), from the communicator's scratch (scratch.h): the all-reduce takes
+ * it when the slice starts and gives it back once the partials are summed,
+ * so only the slices in flight hold one and the pages stay mapped from one
+ * call to the next. */
+static ncclResult_t slice_tmp(struct ncclComm *comm, hierSlice *sl)
+{
+    sl->tmp = geoScratchGet(&comm->scratch, sl->tmp_bytes);
+    if (sl->tmp == NULL) {
+        geoCommSetError(comm, "%s: out of memory for %zu receive bytes", comm->op_desc,
+                        sl->tmp_bytes);
+        return ncclSystemError;
+    }
+    size_t t = 0;
+    for (int i = 0; i < sl->nrx1; i++) {
+        sl->rx1[i].tmp = sl->tmp + t * sl->es;
+        t += sl->rx1[i].n;
+    }
+    return ncclSuccess;
+}
+
+static void slice_tmp_put(struct ncclComm *comm, hierSlice *sl)
+{
+    geoScratchPut(&comm->scratch, sl->tmp);
+    sl->tmp = NULL;
+    for (int i = 0; i < sl->nrx1; i++)
+        sl->rx1[i].tmp = NULL;
+}
+
+/* Lay out the messages of one slice for this rank (slice_tmp gives the
+ * receive buffer). */
 static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
                                const hierCodec *hc, ncclDataType_t dt, hierSegFn seg)
 {
@@ -241,14 +272,8 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
         }
     }
     free(bounds);
-    sl->tmp = malloc(tmp_elems * es + 1);
-    if (sl->tmp == NULL)
-        return ncclSystemError;
-    size_t t = 0;
-    for (int i = 0; i < sl->nrx1; i++) {
-        sl->rx1[i].tmp = sl->tmp + t * es;
-        t += sl->rx1[i].n;
-    }
+    sl->es = es;
+    sl->tmp_bytes = tmp_elems * es + 1;
     if (hc->codec) {
         /* X2 sends one chunk per part to k-1 owners: one buffer per part,
          * shared by its messages (allocated for the first, k-1 in a row). */
@@ -598,7 +623,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             if (sl[s].parts[p].n > maxpart)
                 maxpart = sl[s].parts[p].n;
     }
-    scratch = malloc(maxpart * es + 1);
+    scratch = geoScratchGet(&comm->scratch, maxpart * es + 1);
     if (scratch == NULL) {
         res = ncclSystemError;
         goto out;
@@ -614,6 +639,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 GEO_CHECK_GOTO(encode_x1(comm, op, &sl[it], &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
+            GEO_CHECK_GOTO(slice_tmp(comm, &sl[it]), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, v, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, v, es), res, out);
         }
@@ -634,6 +660,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 }
                 reduce_parts(comm, op, x, es, scratch, v);
             }
+            slice_tmp_put(comm, x);
             if (hc.codec) {
                 t0 = geoNow();
                 GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc, v), res, out);
@@ -663,9 +690,9 @@ out:
     if (res != ncclSuccess)
         comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
     for (size_t s = 0; s < M; s++)
-        slice_free(&sl[s]);
+        slice_free(comm, &sl[s]);
     free(sl);
-    free(scratch);
+    geoScratchPut(&comm->scratch, scratch);
     return res;
 }
 
@@ -688,11 +715,12 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
         res = ncclSystemError;
         goto out;
     }
+    GEO_CHECK_GOTO(slice_tmp(comm, &sl), res, out);
     size_t maxpart = 0;
     for (int p = 0; p < sl.nparts; p++)
         if (sl.parts[p].n > maxpart)
             maxpart = sl.parts[p].n;
-    scratch = malloc(maxpart * es + 1);
+    scratch = geoScratchGet(&comm->scratch, maxpart * es + 1);
     if (scratch == NULL) {
         geoCommSetError(comm, "%s: out of memory for the exchange", comm->op_desc);
         res = ncclSystemError;
@@ -724,8 +752,8 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 out:
     if (res != ncclSuccess)
         comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
-    slice_free(&sl);
-    free(scratch);
+    slice_free(comm, &sl);
+    geoScratchPut(&comm->scratch, scratch);
     return res;
 }
 
@@ -768,7 +796,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
             plan->parts[p] = (geoXPart){.off = sl.parts[p].off, .n = sl.parts[p].n,
                                         .first_rx = sl.parts[p].first_rx};
     }
-    slice_free(&sl);
+    slice_free(comm, &sl);
     if (r != ncclSuccess)
         geoHierExchangePlanFree(plan);
     return r;

@@ -93,7 +93,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
     geoNetRequest *rreq = calloc(nitems, sizeof(*rreq));
     unsigned char *sposted = calloc(nitems, 1), *rposted = calloc(nitems, 1);
     geoNetRequest **slot_send = calloc((size_t)nslots, sizeof(*slot_send));
-    char *slots = malloc((size_t)nslots * ce * es);
+    char *slots = geoScratchGet(&comm->scratch, (size_t)nslots * ce * es);
     if (!sreq || !rreq || !sposted || !rposted || !slot_send || !slots) {
         geoCommSetError(comm, "%s: out of memory for %zu chunk requests", comm->op_desc, nitems);
         res = ncclSystemError;
@@ -207,7 +207,7 @@ out:
     free(sposted);
     free(rposted);
     free(slot_send);
-    free(slots);
+    geoScratchPut(&comm->scratch, slots);
     return res;
 #undef SEND_SEG
 #undef RECV_SEG
@@ -278,7 +278,7 @@ static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const g
     geoNetRequest *sreq = calloc(nc ? nc : 1, sizeof(*sreq));
     geoNetRequest *rreq = calloc(nc ? nc : 1, sizeof(*rreq));
     unsigned char *sp = calloc(nc ? nc : 1, 1), *rp = calloc(nc ? nc : 1, 1);
-    char *slots = malloc((size_t)nslots * ce * es);
+    char *slots = geoScratchGet(&comm->scratch, (size_t)nslots * ce * es);
 
     if (!sreq || !rreq || !sp || !rp || !slots) {
         res = ncclSystemError;
@@ -323,7 +323,7 @@ out:
     free(rreq);
     free(sp);
     free(rp);
-    free(slots);
+    geoScratchPut(&comm->scratch, slots);
     return res;
 }
 

@@ -18,6 +18,7 @@
 #include "topology/model.h"
 #include "topology/regions.h"
 #include "topology/topofile.h"
+#include "comm/scratch.h"
 
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
 #define GEO_MAX_REDOPS 64
@@ -94,6 +95,7 @@ struct ncclComm {
     volatile int abort_flag;
     ncclResult_t async_error;   /* atomic; ncclInProgress during init */
     pthread_mutex_t lock;       /* last_error, redops */
+    geoScratch scratch;         /* receive buffers kept between calls */
     char last_error[1024];
 
     uint64_t op_seq;            /* collective calls issued */

@@ -256,6 +256,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     comm->net_state = NULL;
     free(comm->peers);
     comm->magic = 0;
+    geoScratchFree(&comm->scratch);
     pthread_mutex_destroy(&comm->lock);
     free(comm);
 }
@@ -517,10 +518,12 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm = calloc(1, sizeof(*comm));
     GEO_RETURN_IF(comm == NULL, ncclSystemError, "out of memory");
     pthread_mutex_init(&comm->lock, NULL);
+    geoScratchInit(&comm->scratch);
     comm->magic = GEO_COMM_MAGIC;
     comm->rank = rank;
     comm->nranks = nranks;
     if (geoInitParent != NULL && geoTopoInheritFrom(geoInitParent, &comm->inherit) != 0) {
+        geoScratchFree(&comm->scratch);
         pthread_mutex_destroy(&comm->lock);
         free(comm);
         GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");
