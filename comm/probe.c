@@ -308,7 +308,10 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
 {
     int L = t->nnodes, me = -1, K = comm->peers[0].landmarks;
     size_t LL = (size_t)L * (size_t)L;
-    double *share = malloc(sizeof(double) * (LL + (size_t)L));
+    /* What a leader hands its node: the matrix, the NIC rates, the pairs
+     * measured and the rounds. */
+    size_t share_bytes = sizeof(double) * (LL + (size_t)L + 2);
+    double *share = malloc(share_bytes);
     ncclResult_t res = ncclSuccess;
 
     t->rtt = malloc(sizeof(double) * LL);
@@ -397,6 +400,8 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
         free(cnt);
         memcpy(share, t->rtt, sizeof(double) * LL);
         memcpy(share + LL, t->nic_gbit, sizeof(double) * (size_t)L);
+        share[LL + (size_t)L] = t->rtt_pairs;
+        share[LL + (size_t)L + 1] = t->rtt_rounds;
     }
     /* Each leader hands the matrix to the other ranks of its node. */
     if (res == ncclSuccess) {
@@ -410,13 +415,14 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
             if (t->node_of[r] == node)
                 members[m++] = r;
         if (m > 1)
-            res = fan_out(comm, t->leader[node], members, m, share,
-                          sizeof(double) * (LL + (size_t)L));
+            res = fan_out(comm, t->leader[node], members, m, share, share_bytes);
         free(members);
     }
     if (res == ncclSuccess && me < 0) {
         memcpy(t->rtt, share, sizeof(double) * LL);
         memcpy(t->nic_gbit, share + LL, sizeof(double) * (size_t)L);
+        t->rtt_pairs = (int)share[LL + (size_t)L];
+        t->rtt_rounds = (int)share[LL + (size_t)L + 1];
     }
     free(share);
     t->rtt_measured = res == ncclSuccess;
