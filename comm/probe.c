@@ -1001,7 +1001,8 @@ static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
     ncclResult_t res;
 
     t->warm_pairs = 0;
-    if (mode == 0 || R < 2 || t->nnodes < 2 || t->region_rtt == NULL)
+    /* More than 64 regions: no hierarchical exchange (coll_hier.c), no pairs. */
+    if (mode == 0 || R < 2 || R > 64 || t->nnodes < 2 || t->region_rtt == NULL)
         return ncclSuccess;
     unsigned char *warm = calloc((size_t)R * (size_t)R, 1);
     if (warm == NULL)
