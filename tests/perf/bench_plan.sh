@@ -18,6 +18,10 @@
 # and prints, per size, predicted and measured time for flat and hier with
 # their ratio, and auto beside the better forced plan. All in one run on the
 # same links; the machine is shared, so read ratios, not absolute times.
+#
+# A topology may also be uneven and asymmetric: SIZES@RATES@DELAYS, e.g.
+# 2+3+1@100mbit/1gbit/1gbit@25/10/5 (region sizes, each region's egress
+# rate and one-way delay in ms); -r and -d do not apply to it.
 # Everything (outputs, the topology file, the commands) is kept in the
 # directory printed at the end.
 set -uo pipefail
@@ -47,18 +51,18 @@ trap '"$WAN" down -n "$NAME" -q >/dev/null 2>&1' EXIT
 trap 'exit 130' INT TERM
 PORT=29800
 
-# run_ranks R P OUTFILE ENV... -- CMD...: rank r in region r / P.
+# run_ranks OUTFILE ENV... -- CMD...: rank r in region ${REG[r]}.
 run_ranks() {
-    local R=$1 P=$2 out=$3 r n
-    shift 3
+    local out=$1 r n
+    shift 1
     local -a env=()
     while [ "$1" != -- ]; do env+=("$1"); shift; done
     shift
-    n=$((R * P))
+    n=${#REG[@]}
     PORT=$((PORT + 1))
     local -a pids=()
     for ((r = 0; r < n; r++)); do
-        "$WAN" exec -n "$NAME" -i $((r / P)) --no-label -- env RANK=$r NRANKS=$n \
+        "$WAN" exec -n "$NAME" -i "${REG[$r]}" --no-label -- env RANK=$r NRANKS=$n \
             GEOCCL_COMM_ID=10.231.0.10:$PORT "${env[@]}" "$@" \
             > "$out.$r" 2> "$out.$r.err" &
         pids+=($!)
@@ -70,22 +74,37 @@ run_ranks() {
     return $bad
 }
 
-echo "# bench_plan.sh $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; one-way delay $DELAY ms"
+echo "# bench_plan.sh $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; one-way delay $DELAY ms (RxP topologies)"
 for topo in ${TOPOS//,/ }; do
-    R=${topo%x*} P=${topo#*x}
-    for rate in ${RATES//,/ }; do
-        cfg=$topo-$rate
+    REG=()
+    if [[ $topo == *@* ]]; then
+        # SIZES@RATES@DELAYS: one configuration, its own rates and delays.
+        IFS=@ read -r sizes rates delays <<< "$topo"
+        IFS=+ read -r -a sz <<< "$sizes"
+        for ((g = 0; g < ${#sz[@]}; g++)); do
+            for ((k = 0; k < sz[g]; k++)); do REG+=("$g"); done
+        done
+        up=(-r "${#sz[@]}" --rates "${rates//\//,}" --delays "${delays//\//,}")
+        cfgs=("$sizes-${rates//\//-}")
+    else
+        R=${topo%x*} P=${topo#*x}
+        for ((r = 0; r < R * P; r++)); do REG+=($((r / P))); done
+        cfgs=()
+        for rate in ${RATES//,/ }; do cfgs+=("$topo-$rate"); done
+    fi
+    for cfg in "${cfgs[@]}"; do
+        [[ $topo == *@* ]] || up=(-r "$R" --rate "${cfg##*-}" --delay "${DELAY}ms")
         "$WAN" down -n "$NAME" -q >/dev/null 2>&1
-        "$WAN" up -n "$NAME" -q -r "$R" --rate "$rate" --delay "${DELAY}ms" || exit 1
+        "$WAN" up -n "$NAME" -q "${up[@]}" || exit 1
         echo "== $cfg" >> "$OUT/commands.txt"
-        run_ranks "$R" "$P" "$OUT/$cfg.probe" -- "$BUILD/geoccl-probe" --json -o "$OUT/$cfg.topo"
+        run_ranks "$OUT/$cfg.probe" -- "$BUILD/geoccl-probe" --json -o "$OUT/$cfg.topo"
         "$BUILD/geoccl-probe" --simulate "$OUT/$cfg.topo" --json > "$OUT/$cfg.sim" 2>&1
         perf=("$BUILD/geoccl-perf" -b 64K -e 256M -f 4 -n "$ITERS" -w 1 -c 1)
-        run_ranks "$R" "$P" "$OUT/$cfg.flat" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=flat \
+        run_ranks "$OUT/$cfg.flat" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=flat \
             GEOCCL_CHUNK_SIZE=512K GEOCCL_HIER_SLICE=4M -- "${perf[@]}"
-        run_ranks "$R" "$P" "$OUT/$cfg.hier" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=hier \
+        run_ranks "$OUT/$cfg.hier" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=hier \
             GEOCCL_CHUNK_SIZE=512K GEOCCL_HIER_SLICE=4M -- "${perf[@]}"
-        run_ranks "$R" "$P" "$OUT/$cfg.auto" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" -- "${perf[@]}"
+        run_ranks "$OUT/$cfg.auto" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" -- "${perf[@]}"
         "$WAN" down -n "$NAME" -q >/dev/null 2>&1
         python3 "$SRC/tests/perf/plan_table.py" "$OUT" "$cfg"
     done
