@@ -445,15 +445,17 @@ typedef struct {
     double *tt, *tb;            /* completion times and sizes */
 } bwPeer;
 
-/* One region leader's side of the all-pairs transfer.  It sends to every
- * other region leader for `dur` seconds, then END (carrying how many data
+/* One side of an all-pairs transfer among peers[0..R) (skipping peers[me];
+ * me = -1: none is me): region leaders measuring bandwidth (measure_bw), or
+ * the exchange's WAN pairs warming their connections (warm_wan).  It sends
+ * to every peer for `dur` seconds, then END (carrying how many data
  * messages it sent) and PROBE_BW_SLOTS - 1 pads.  The receiver keeps
  * at most PROBE_BW_SLOTS + (data messages seen) receives posted, so when
  * END arrives it has posted at most data + PROBE_BW_SLOTS receives, which
  * the pads are there to meet; from END on it posts up to exactly that
  * total.  Every receive is matched and none is left for later operations.
  * in[q]: the steady rate from peer q to me. */
-static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R, int me,
+static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, int me,
                                 double dur, double *in)
 {
     bwPeer *p = calloc((size_t)R, sizeof(bwPeer));
@@ -468,6 +470,10 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
         return ncclSystemError;
     }
     ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
+    /* What a socket holds unsent when the transfer stops must drain at the
+     * link's rate before the next message. */
+    if (comm->net->limitQueued)
+        comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
     for (int q = 0; q < R && res == ncclSuccess; q++) {
         in[q] = 0;
         if (q == me)
@@ -481,7 +487,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
             break;
         }
         for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
-            res = geoNetIrecvV(comm, leaders[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
+            res = geoNetIrecvV(comm, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
                                PROBE_BW_MSG, &p[q].rreq[s]);
             p[q].rslot_live[s] = 1;
             p[q].posted++;
@@ -509,7 +515,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
                     moved = 1;
                 }
                 if (!b->send_end && now - start < dur) {
-                    res = geoNetIsendV(comm, leaders[q], sbuf, PROBE_BW_MSG, r);
+                    res = geoNetIsendV(comm, peers[q], sbuf, PROBE_BW_MSG, r);
                     b->spending++;
                     b->ndata++;
                 }
@@ -518,7 +524,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
                     b->ctl[s][0] = s == 0 ? MSG_END : MSG_PAD;
                     b->ctl[s][1] = b->ndata;
-                    res = geoNetIsendV(comm, leaders[q], b->ctl[s], sizeof(b->ctl[s]),
+                    res = geoNetIsendV(comm, peers[q], b->ctl[s], sizeof(b->ctl[s]),
                                        &b->creq[s]);
                 }
                 b->send_end = 1;
@@ -558,7 +564,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
                     b->total = w[1] + PROBE_BW_SLOTS;
                 } else if (type != MSG_PAD) {
                     geoCommSetError(comm, "init: probe: unexpected bandwidth message %llu from "
-                                    "rank %d", (unsigned long long)type, leaders[q]);
+                                    "rank %d", (unsigned long long)type, peers[q]);
                     res = ncclInternalError;
                     break;
                 }
@@ -569,7 +575,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
             uint64_t limit = b->got_end ? b->total : (uint64_t)b->nt + PROBE_BW_SLOTS;
             for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess && b->posted < limit; s++)
                 if (!b->rslot_live[s]) {
-                    res = geoNetIrecvV(comm, leaders[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
+                    res = geoNetIrecvV(comm, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
                                        PROBE_BW_MSG, &b->rreq[s]);
                     b->rslot_live[s] = 1;
                     b->posted++;
@@ -595,6 +601,8 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *leaders, int R
         free(p[q].tt);
         free(p[q].tb);
     }
+    if (comm->net->limitQueued)
+        comm->net->limitQueued(comm->net_state, 0);
     free(p);
     free(sbuf);
     return res;
@@ -1046,11 +1054,7 @@ static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
     if (res == ncclSuccess && n > 0) {
         double dur = 10 * maxrtt;
         dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
-        if (comm->net->limitQueued)
-            comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
         res = bw_transfer(comm, peers, n, -1, dur, in);
-        if (comm->net->limitQueued)
-            comm->net->limitQueued(comm->net_state, 0);
     }
     if (res == ncclSuccess && n > 0) {
         double sum = 0;
@@ -1179,12 +1183,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
      * have no link to measure), unless the topology file gave it. */
     if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file && !t->inherited))) {
         double t0 = geoNow();
-        if (comm->net->limitQueued)
-            comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
-        ncclResult_t rbw = measure_bw(comm, t);
-        if (comm->net->limitQueued)
-            comm->net->limitQueued(comm->net_state, 0);
-        GEO_CHECK(rbw);
+        GEO_CHECK(measure_bw(comm, t));
         GEO_CHECK(measure_intra(comm, t));
         t->t_bw = geoNow() - t0;
         double worst = 1;

@@ -132,7 +132,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
         force.algo = TOPO_ALGO_HIER;
     if (!comm->codec_auto)
         force.codec = (int)comm->codec;
-    force.nstreams = m.wan_streams; /* connections are made; the probe may use fewer */
+    force.nstreams = m.wan_streams;
     comm->plan_chunks = !geoParamIsSet(GEO_PARAM_CHUNK_SIZE) &&
                         !geoParamIsSet(GEO_PARAM_HIER_SLICE);
     topoPlan *p = malloc(sizeof(*p));
