@@ -36,6 +36,8 @@
 #                          default 3x2,2x4
 #   -r, --rates LIST       egress rate per region, tc units; default 100mbit,1gbit
 #   -d, --delay D          one-way delay per region (default 25ms)
+#   --cc ALGO              TCP congestion control inside the regions, for every
+#                          tool (geoccl-wan up --cc; default: the host's)
 #   -s, --sizes MIN-MAX    size range in MiB, stepped by -f (default 1-256)
 #   -f, --factor N         size step factor (default 4)
 #   -a, --algos LIST       what to run (default hier,flat,ompi,ompiring,gloochunked,gloo)
@@ -97,6 +99,7 @@ slow_algos=hier,ompiring
 slow_min=256
 gloo_ring_max=
 wname=gbench
+cc=
 outdir=
 port=29600
 wait_max=3600
@@ -108,6 +111,7 @@ while [ $# -gt 0 ]; do
     -t|--topos) topos=${2:?}; shift 2;;
     -r|--rates) rates=${2:?}; shift 2;;
     -d|--delay) delay=${2:?}; shift 2;;
+    --cc) cc=${2:?}; shift 2;;
     -s|--sizes) sizes=${2:?}; shift 2;;
     -f|--factor) factor=${2:?}; shift 2;;
     -a|--algos) algos=${2:?}; shift 2;;
@@ -147,7 +151,7 @@ done
 report() {
   local bps=$1
   echo
-  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way"
+  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}"
   echo
   awk -v R="$R" -v P="$P" -v bps="$bps" -v dir="$cdir" -v sizes="${size_list[*]}" '
     function load(kind,   f, line, a, n, grp) {
@@ -259,7 +263,7 @@ if [ -n "$report_dir" ]; then
   for cdir in "$report_dir"/*/; do
     cdir=${cdir%/}
     [ -f "$cdir/config" ] || continue
-    R='' P='' rate='' bps='' delay='' sizes=''
+    R='' P='' rate='' bps='' delay='' sizes='' cc=''
     # shellcheck disable=SC1091 # written by this script
     . "$cdir/config"
     read -r -a size_list <<< "$sizes"
@@ -359,9 +363,9 @@ wan_up_wait() {  # R RATE
       waited=$((waited + 20))
       continue
     fi
-    if "$wan" up -n "$wname" -r "$1" --rate "$2" --delay "$delay" -q 2>"$cdir/wan-up.err"; then
+    if "$wan" up -n "$wname" -r "$1" --rate "$2" --delay "$delay" ${cc:+--cc "$cc"} -q 2>"$cdir/wan-up.err"; then
       wan_up=1
-      log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay"
+      log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay, TCP ${cc:-of the host}"
       return 0
     fi
     local rc=$?
@@ -493,7 +497,7 @@ measure() {
 
 echo "# bench_wan.sh, $(date -u '+%F %T') UTC, $(nproc) cores," \
   "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
-echo "# topologies $topos; rates $rates; delay $delay; sizes ${size_list[*]} MiB;" \
+echo "# topologies $topos; rates $rates; delay $delay; TCP congestion control ${cc:-of the host ($(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null))}; sizes ${size_list[*]} MiB;" \
   "-n $iters -w $warmup below $big MiB, -n $big_iters -w $big_warmup from $big MiB;" \
   "sizes >= $slow_min MiB below 1 Gbit/s only for: $slow_algos; algorithms: $algos"
 echo "# raw outputs in $outdir"
@@ -509,7 +513,7 @@ for tp in ${topos//,/ }; do
     : > "$cdir/runs.txt"
     : > "$cdir/monitor.txt"
     : > "$cdir/commands.txt"
-    echo "R=$R P=$P rate=$rate bps=$bps delay=$delay sizes='${size_list[*]}'" > "$cdir/config"
+    echo "R=$R P=$P rate=$rate bps=$bps delay=$delay sizes='${size_list[*]}' cc='$cc'" > "$cdir/config"
     wan_up_wait "$R" "$rate" || { status=1; continue; }
     {
       echo "== $cfg: $(date -u +%T) uptime: $(uptime)"

@@ -186,6 +186,9 @@ static void usage(FILE *f, const char *tool, unsigned accepted)
                "                           (default 0: no limit)\n");
     if (accepted & PERF_OPT_NPROCS)
         fprintf(f, "  -N, --nprocs N           fork N local ranks (default 1)\n");
+    fprintf(f, "  -G, --gap MS             idle MS milliseconds before each timed iteration, as a\n"
+               "                           training step's compute leaves the links idle; the\n"
+               "                           time columns count the collectives only (default 0)\n");
     fprintf(f, "  -h, --help               this text\n");
 }
 
@@ -198,9 +201,10 @@ int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, pe
         {"warmup_iters", required_argument, NULL, 'w'}, {"check", required_argument, NULL, 'c'},
         {"datatype", required_argument, NULL, 'd'},   {"op", required_argument, NULL, 'o'},
         {"root", required_argument, NULL, 'r'},       {"timeout", required_argument, NULL, 'T'},
-        {"nprocs", required_argument, NULL, 'N'},     {"help", no_argument, NULL, 'h'},
+        {"nprocs", required_argument, NULL, 'N'},     {"gap", required_argument, NULL, 'G'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    char optstring[64] = ":b:e:f:i:n:w:c:d:o:T:h";
+    char optstring[64] = ":b:e:f:i:n:w:c:d:o:T:G:h";
     int c, v, bad = 0;
 
     if (accepted & PERF_OPT_COLL)
@@ -256,6 +260,7 @@ int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, pe
             break;
         case 'r': if (parse_int(optarg, 0, INT_MAX, &o->root)) what = "root rank"; break;
         case 'T': if (parse_int(optarg, 0, INT_MAX, &o->timeout)) what = "timeout"; break;
+        case 'G': if (parse_int(optarg, 0, 3600000, &o->gapMs)) what = "gap (0..3600000 ms)"; break;
         case 'N': if (parse_int(optarg, 1, 4096, &o->nprocs)) what = "process count (1..4096)"; break;
         case 'h':
             usage(stdout, tool, accepted);
@@ -659,11 +664,20 @@ static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, s
     if (be->barrier(b->ctx))
         return -1;
     double wan0 = be->wanBytes ? be->wanBytes(b->ctx) : 0;
-    double t0 = perfNow();
-    for (int i = 0; i < b->o->iters; i++)
+    double t0 = perfNow(), busy = 0;
+    for (int i = 0; i < b->o->iters; i++) {
+        if (b->o->gapMs > 0) {
+            struct timespec ts = {b->o->gapMs / 1000, (long)(b->o->gapMs % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+                ;
+            t0 = perfNow();
+        }
         if (be->coll(b->ctx, &call))
             return -1;
-    *usec = (perfNow() - t0) * 1e6 / b->o->iters;
+        if (b->o->gapMs > 0)
+            busy += perfNow() - t0;
+    }
+    *usec = (b->o->gapMs > 0 ? busy : perfNow() - t0) * 1e6 / b->o->iters;
     *wan = be->wanBytes ? (be->wanBytes(b->ctx) - wan0) / b->o->iters : 0;
 
     *wrong = *oob = 0;
@@ -695,8 +709,11 @@ static void print_header(perfBench *b, const char *launch, const char *ranklist,
         printf("%zu(bytes)", o->stepBytes);
     else
         printf("%zu(factor)", o->stepFactor);
-    printf(" warmup iters: %d iters: %d validation: %d timeout: %d\n", o->warmup, o->iters,
+    printf(" warmup iters: %d iters: %d validation: %d timeout: %d", o->warmup, o->iters,
            o->check, o->timeout);
+    if (o->gapMs > 0)
+        printf(" gap: %d ms", o->gapMs);
+    printf("\n");
     if (b->be->describe)
         b->be->describe(b->ctx, stdout);
     printf("#\n# Using ranks\n");

@@ -62,6 +62,7 @@ typedef struct {
     int warmup;        /* -w; default 5 */
     int check;         /* -c; default 1 */
     int timeout;       /* -T seconds per size, 0 = none; default 0 */
+    int gapMs;         /* -G idle milliseconds before each timed iteration; default 0 */
     int nprocs;        /* -N; 0 when not given */
 } perfOptions;
 
