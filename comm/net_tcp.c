@@ -56,6 +56,7 @@
 #include "comm/shm_ring.h"
 #include "comm/transport.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1609,6 +1610,22 @@ static void tcp_set_streams(void *state, int peer, int n)
     pthread_mutex_unlock(&st->lock);
 }
 
+static int tcp_set_congestion(void *state, int peer, const char *cc)
+{
+    tcpState *st = state;
+    int err = 0;
+    if (st->peers == NULL || peer < 0 || peer >= st->comm->nranks || peer == st->comm->rank)
+        return EINVAL;
+    for (int s = 0; s < st->nstreams; s++) {
+        tcpConn *c = &st->peers[peer].conns[s];
+        if (c->fd >= 0 && !c->local &&
+            setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 &&
+            err == 0)
+            err = errno;
+    }
+    return err;
+}
+
 const geoNetTransport geoNetTcp = {
     .name = "tcp",
     .canConnect = tcp_can_connect,
@@ -1620,4 +1637,5 @@ const geoNetTransport geoNetTcp = {
     .destroy = tcp_destroy,
     .limitQueued = tcp_limit_queued,
     .setStreams = tcp_set_streams,
+    .setCongestion = tcp_set_congestion,
 };

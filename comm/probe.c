@@ -980,6 +980,57 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
     return t->egress != NULL && t->egress[g] > 0 ? t->egress[g] / (R - 1) : 0;
 }
 
+/* The congestion control of the connections to other regions
+ * (GEOCCL_WAN_CC, default cubic), set before the warm-up so that it is the
+ * one warmed.  Why not the host's: on the emulated 3 x 2 regions at
+ * 1 Gbit/s, 25 ms (BENCHMARKS.md, session 6), a 256 MiB hierarchical
+ * all-reduce took 3.02-3.05 s with cubic and 3.2-3.3 s with BBR (the bound is
+ * 2.86 s).  The exchange's WAN flows carry fixed shares and the slowest one
+ * sets the pace; when some finish early, cubic's windows fill the link at
+ * once, while BBR paces each remaining flow at the share it measured and
+ * widens it by a quarter every eight round trips.  What cubic costs: after
+ * more than a retransmission timeout of idle (~0.25 s at 50 ms), Linux
+ * restarts its window (net.ipv4.tcp_slow_start_after_idle), so a 1 MiB
+ * all-reduce after 0.5 s of idle took 132 ms against BBR's 74 ms; and on
+ * paths with random loss BBR holds its rate where cubic backs off.
+ * GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own sending
+ * side; the peer's choice is the peer's. */
+static ncclResult_t wan_congestion(struct ncclComm *comm)
+{
+    const topoRegionMap *m = &comm->regions;
+    const char *cc = geoSocketWanCc();
+    int g = m->region_of[comm->rank], n = 0, err = 0;
+
+    comm->wan_cc[0] = '\0';
+    if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
+        return ncclSuccess;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (r == comm->rank || m->region_of[r] == g)
+            continue;
+        int e = comm->net->setCongestion(comm->net_state, r, cc);
+        if (e != 0 && err == 0)
+            err = e;
+        n++;
+    }
+    if (n == 0)
+        return ncclSuccess;
+    if (err != 0) {
+        /* Checked at init when the user named it; the default may simply
+         * not be in this kernel. */
+        if (geoParamIsSet(GEO_PARAM_WAN_CC))
+            geoWarn(GEO_LOG_NET, "GEOCCL_WAN_CC=%s: a connection refused it (%s); those keep "
+                    "their congestion control", cc, strerror(err));
+        else
+            geoInfo(GEO_LOG_NET, "WAN connections keep the host's congestion control (%s "
+                    "refused: %s; GEOCCL_WAN_CC)", cc, strerror(err));
+        return ncclSuccess;
+    }
+    snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);
+    geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN connections to %d peer%s use congestion control %s "
+            "(GEOCCL_WAN_CC)", n, n == 1 ? "" : "s", cc);
+    return ncclSuccess;
+}
+
 /* Congestion control learns a connection's rate only from traffic that
  * fills it: BBR paces every connection at its own estimate of the
  * bottleneck and never raises it from an application-limited burst, and
@@ -1211,6 +1262,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     }
     t->t_total = geoNow() - t_start;
     apply_streams(comm, t);
+    GEO_CHECK(wan_congestion(comm));
     GEO_CHECK(warm_wan(comm, t));
     if (t->rtt_measured || t->bw_measured) {
         log_matrix(t, R);

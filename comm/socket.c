@@ -139,14 +139,11 @@ static void pre_tune(int fd)
                 (long long)bufsize, (long long)rmax, (long long)wmax);
 }
 
-int geoSocketCheckParams(char *err, size_t len)
+int geoSocketCcAllowed(const char *var, const char *cc, char *err, size_t len)
 {
-    const char *cc = geoParamStr(GEO_PARAM_TCP_CC);
-    if (cc == NULL || cc[0] == '\0')
-        return 0;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        snprintf(err, len, "GEOCCL_TCP_CC=%s: cannot open a socket to check it: %s", cc,
+        snprintf(err, len, "%s=%s: cannot open a socket to check it: %s", var, cc,
                  strerror(errno));
         return -1;
     }
@@ -163,9 +160,29 @@ int geoSocketCheckParams(char *err, size_t len)
         allowed[strcspn(allowed, "\n")] = '\0';
         fclose(f);
     }
-    snprintf(err, len, "GEOCCL_TCP_CC=%s: the kernel refuses it (%s); allowed here: %s", cc,
+    snprintf(err, len, "%s=%s: the kernel refuses it (%s); allowed here: %s", var, cc,
              strerror(e), allowed[0] ? allowed : "unknown");
     return -1;
+}
+
+const char *geoSocketWanCc(void)
+{
+    const char *cc = geoParamStr(GEO_PARAM_WAN_CC);
+    return cc == NULL || cc[0] == '\0' || strcmp(cc, "host") == 0 ? NULL : cc;
+}
+
+int geoSocketCheckParams(char *err, size_t len)
+{
+    const char *cc = geoParamStr(GEO_PARAM_TCP_CC);
+    if (cc != NULL && cc[0] != '\0' && geoSocketCcAllowed("GEOCCL_TCP_CC", cc, err, len) != 0)
+        return -1;
+    /* The default WAN choice may be missing from a kernel: then the WAN
+     * connections keep what the others have (wan_congestion, probe.c). */
+    cc = geoSocketWanCc();
+    if (cc != NULL && geoParamIsSet(GEO_PARAM_WAN_CC) &&
+        geoSocketCcAllowed("GEOCCL_WAN_CC", cc, err, len) != 0)
+        return -1;
+    return 0;
 }
 
 void geoSocketTune(int fd)

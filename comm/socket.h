@@ -69,9 +69,16 @@ int geoSocketStep(int fd, void *buf, size_t len, size_t *done, int send, const c
 /* TCP_NODELAY and keepalive on a connected socket (buffer sizes, from
  * GEOCCL_SOCKET_BUFSIZE, are set before connect/listen). */
 void geoSocketTune(int fd);
-/* 0 when the socket parameters can be applied here (GEOCCL_TCP_CC names a
- * congestion control this process may set); else -1 with why in err. */
+/* 0 when the socket parameters can be applied here (GEOCCL_TCP_CC, and
+ * GEOCCL_WAN_CC when the user set it, name a congestion control this
+ * process may set); else -1 with why in err. */
 int geoSocketCheckParams(char *err, size_t len);
+/* 0 when this process may set congestion control cc on a TCP socket; else
+ * -1 with why in err (naming the variable var and what is allowed). */
+int geoSocketCcAllowed(const char *var, const char *cc, char *err, size_t len);
+/* GEOCCL_WAN_CC: the congestion control for connections between regions,
+ * or NULL to leave them as the others ("host" or empty). */
+const char *geoSocketWanCc(void);
 int geoSocketSetNonBlocking(int fd, int on);
 
 #endif

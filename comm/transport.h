@@ -86,6 +86,10 @@ typedef struct geoNetTransport {
      * their message sequence with that peer: the probe does it at its end,
      * where every message between every pair has been matched. */
     void (*setStreams)(void *state, int peer, int n);
+    /* Optional (may be NULL): the TCP congestion control (TCP_CONGESTION)
+     * of every network connection to peer, from now on (same-host ones are
+     * left alone).  0, or the errno of the first connection that refused. */
+    int (*setCongestion)(void *state, int peer, const char *cc);
 } geoNetTransport;
 
 extern const geoNetTransport geoNetTcp;

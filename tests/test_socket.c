@@ -3,10 +3,13 @@
 #include "comm/socket.h"
 #include "comm/param.h"
 #include "geoccl.h"
+#include "harness.h"
 #include "topology/ifaces.h"
 
 #include <CUnit/Basic.h>
 #include <netinet/in.h>
+#include <stdio.h>
+#include <sys/socket.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -155,6 +158,121 @@ static void test_tcp_cc(void)
     geoParamReload();
 }
 
+/* GEOCCL_WAN_CC: once the regions are known, the TCP connections to ranks
+ * in other regions, and only those, carry the named congestion control.
+ * Three forked ranks on loopback labelled "a a b", TCP only (GEOCCL_SHM=0:
+ * the same-host fast path would replace the sockets), two streams per
+ * pair. Counted from outside the library: the connected TCP sockets of the
+ * process whose TCP_CONGESTION is the name. */
+struct wan_cc_arg {
+    const char *set;    /* GEOCCL_WAN_CC, NULL: unset */
+    const char *name;   /* what the WAN sockets must say */
+    int exact;          /* no other socket may say it */
+};
+
+static int count_cc(const char *name)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int type = 0;
+        socklen_t tl = sizeof(type);
+        char got[32] = "";
+        socklen_t gl = sizeof(got);
+        if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+            (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) ||
+            getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
+            continue;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, got, &gl) == 0 && strcmp(got, name) == 0)
+            n++;
+    }
+    return n;
+}
+
+static int wan_cc_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    const struct wan_cc_arg *a = arg;
+    int fails = 0;
+    setenv("GEOCCL_REGION", rank < 2 ? "a" : "b", 1);
+    setenv("GEOCCL_SHM", "0", 1);
+    setenv("GEOCCL_NSTREAMS", "2", 1);
+    if (a->set)
+        setenv("GEOCCL_WAN_CC", a->set, 1);
+    else
+        unsetenv("GEOCCL_WAN_CC");
+    geoParamReload();
+    ncclComm_t c = NULL;
+    ncclResult_t r = ncclCommInitRank(&c, nranks, *id, rank);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "[rank %d] init: %s\n", rank, ncclGetLastError(NULL));
+        return 1;
+    }
+    /* rank 0 and 1 (region a) each have one peer in region b; rank 2 two */
+    int want = a->name ? 2 * (rank < 2 ? 1 : 2) : 0;
+    int got = count_cc(a->name ? a->name : "reno");
+    if (a->exact ? got != want : got < want) {
+        fprintf(stderr, "[rank %d] GEOCCL_WAN_CC=%s: %d connected TCP sockets say %s, want %s%d\n",
+                rank, a->set ? a->set : "(unset)", got, a->name ? a->name : "reno",
+                a->exact ? "" : ">= ", want);
+        fails++;
+    }
+    /* The connections still carry an all-reduce. */
+    float v[3] = {1.0f + (float)rank, 2, 3};
+    if (ncclAllReduce(v, v, 3, ncclFloat32, ncclSum, c, NULL) != ncclSuccess ||
+        v[0] != 6.0f || v[1] != 6.0f || v[2] != 9.0f) {
+        fprintf(stderr, "[rank %d] all-reduce after GEOCCL_WAN_CC: %g %g %g\n", rank, v[0], v[1],
+                v[2]);
+        fails++;
+    }
+    if (ncclCommDestroy(c) != ncclSuccess)
+        fails++;
+    return fails;
+}
+
+static void host_cc(char *buf, size_t len)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+    buf[0] = '\0';
+    if (f != NULL) {
+        if (fgets(buf, (int)len, f) == NULL)
+            buf[0] = '\0';
+        buf[strcspn(buf, "\n")] = '\0';
+        fclose(f);
+    }
+}
+
+static void test_wan_cc(void)
+{
+    char host[32], err[400];
+    host_cc(host, sizeof(host));
+    /* A name nothing else uses here: reno, unless the host runs reno. */
+    const char *named = strcmp(host, "reno") == 0 ? "cubic" : "reno";
+    struct wan_cc_arg set = {named, named, 1};
+    CU_ASSERT_EQUAL(harness_run_noinit(3, wan_cc_body, &set, 60), 0);
+    /* host: the WAN connections are left alone */
+    struct wan_cc_arg keep = {"host", NULL, 1};
+    CU_ASSERT_EQUAL(harness_run_noinit(3, wan_cc_body, &keep, 60), 0);
+    /* The default is cubic (when this kernel has it); other sockets say
+     * cubic too when it is also the host's. */
+    if (geoSocketCcAllowed("GEOCCL_WAN_CC", "cubic", err, sizeof(err)) == 0) {
+        struct wan_cc_arg def = {NULL, "cubic", strcmp(host, "cubic") != 0};
+        CU_ASSERT_EQUAL(harness_run_noinit(3, wan_cc_body, &def, 60), 0);
+    }
+    /* A name the kernel refuses fails init before anything is sent. */
+    setenv("GEOCCL_WAN_CC", "no-such-cc", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "GEOCCL_WAN_CC=no-such-cc"));
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), "GEOCCL_WAN_CC"));
+    unsetenv("GEOCCL_WAN_CC");
+    geoParamReload();
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -164,6 +282,7 @@ int main(void)
     CU_add_test(s, "connect retries until deadline", test_connect_refused_until_deadline);
     CU_add_test(s, "interface filter and choice", test_iface_filter);
     CU_add_test(s, "GEOCCL_TCP_CC on every socket, refused names an error", test_tcp_cc);
+    CU_add_test(s, "GEOCCL_WAN_CC on the connections between regions only", test_wan_cc);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
