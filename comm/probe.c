@@ -990,9 +990,10 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
  * once, while BBR paces each remaining flow at the share it measured and
  * widens it by a quarter every eight round trips.  What cubic costs: after
  * more than a retransmission timeout of idle (~0.25 s at 50 ms), Linux
- * restarts its window (net.ipv4.tcp_slow_start_after_idle), so a 1 MiB
- * all-reduce after 0.5 s of idle took 132 ms against BBR's 74 ms; and on
- * paths with random loss BBR holds its rate where cubic backs off.
+ * restarts its window (net.ipv4.tcp_slow_start_after_idle; BBR is exempt),
+ * so a 1 MiB all-reduce after 0.5 s of idle took 120-135 ms against BBR's
+ * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
+ * off.
  * GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own sending
  * side; the peer's choice is the peer's. */
 static ncclResult_t wan_congestion(struct ncclComm *comm)
