@@ -993,16 +993,14 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
  * restarts its window (net.ipv4.tcp_slow_start_after_idle; BBR is exempt),
  * so a 1 MiB all-reduce after 0.5 s of idle took 120-135 ms against BBR's
  * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
- * off.
- * GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own sending
- * side; the peer's choice is the peer's. */
+ * off: GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own
+ * sending side; the peer's choice is the peer's. */
 static ncclResult_t wan_congestion(struct ncclComm *comm)
 {
     const topoRegionMap *m = &comm->regions;
     const char *cc = geoSocketWanCc();
     int g = m->region_of[comm->rank], n = 0, err = 0;
 
-    comm->wan_cc[0] = '\0';
     if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
         return ncclSuccess;
     for (int r = 0; r < comm->nranks; r++) {
@@ -1026,7 +1024,6 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
                     "refused: %s; GEOCCL_WAN_CC)", cc, strerror(err));
         return ncclSuccess;
     }
-    snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);
     geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN connections to %d peer%s use congestion control %s "
             "(GEOCCL_WAN_CC)", n, n == 1 ? "" : "s", cc);
     return ncclSuccess;
