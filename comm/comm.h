@@ -100,6 +100,7 @@ struct ncclComm {
 
     uint64_t op_seq;            /* collective calls issued */
     char op_desc[96];           /* current operation, for error text */
+    char wan_cc[16];            /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
 
     geoRedOp redops[GEO_MAX_REDOPS];
 

@@ -162,6 +162,14 @@ ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWanCongestion") != ncclSuccess || name == NULL,
+                  ncclInvalidArgument, "geocclCommGetWanCongestion: NULL or dead comm, or NULL name");
+    *name = comm->wan_cc;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
                                int *region, double *nicGbit)
 {

@@ -1001,6 +1001,7 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
     const char *cc = geoSocketWanCc();
     int g = m->region_of[comm->rank], n = 0, err = 0;
 
+    comm->wan_cc[0] = '\0';
     if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
         return ncclSuccess;
     for (int r = 0; r < comm->nranks; r++) {
@@ -1024,6 +1025,7 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
                     "refused: %s; GEOCCL_WAN_CC)", cc, strerror(err));
         return ncclSuccess;
     }
+    snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);
     geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN connections to %d peer%s use congestion control %s "
             "(GEOCCL_WAN_CC)", n, n == 1 ? "" : "s", cc);
     return ncclSuccess;

@@ -132,6 +132,12 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo);
  * ncclInvalidArgument for a NULL/dead comm. */
 ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec);
 
+/* [out] name: the TCP congestion control this rank set on its connections
+ * to other regions (GEOCCL_WAN_CC), or "" when they kept the others' (one
+ * region, GEOCCL_WAN_CC=host, or a kernel that refused it).  Valid while
+ * comm lives.  ncclInvalidArgument for a NULL/dead comm or NULL name. */
+ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
+
 /* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
  * lives), [out] leaderRank (its lowest rank), [out] region, [out] nicGbit
  * (nominal rate of the node's data interface as its kernel reports it; -1

@@ -217,6 +217,13 @@ static int wan_cc_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
                 a->exact ? "" : ">= ", want);
         fails++;
     }
+    const char *said = NULL;
+    if (geocclCommGetWanCongestion(c, &said) != ncclSuccess || said == NULL ||
+        strcmp(said, a->name ? a->name : "") != 0) {
+        fprintf(stderr, "[rank %d] geocclCommGetWanCongestion says '%s', want '%s'\n", rank,
+                said ? said : "(null)", a->name ? a->name : "");
+        fails++;
+    }
     /* The connections still carry an all-reduce. */
     float v[3] = {1.0f + (float)rank, 2, 3};
     if (ncclAllReduce(v, v, 3, ncclFloat32, ncclSum, c, NULL) != ncclSuccess ||

@@ -117,6 +117,7 @@ typedef struct {
     double *bw, *rrtt;      /* [R*R] Mbit/s, ms */
     double *eg, *ow;        /* [R] Mbit/s, ms */
     int warm_pairs;         /* geocclCommGetWarmup */
+    const char *wan_cc;     /* geocclCommGetWanCongestion, rank 0's */
     double warm_s;          /* the slowest rank's warm-up */
 } probeView;
 
@@ -158,6 +159,9 @@ static void print_human(ncclComm_t comm, const probeView *v)
                                : "(no gap in the RTTs, or one node)");
     printf("# probe time %.3f s (round trips %.3f s, bandwidth %.3f s), after waiting %.3f s "
            "for the other nodes to start\n", t->secProbe, t->secRtt, t->secBw, t->secWait);
+    if (v->wan_cc && v->wan_cc[0])
+        printf("# connections between regions: congestion control %s (GEOCCL_WAN_CC)\n",
+               v->wan_cc);
     if (v->warm_pairs > 0)
         printf("# then %.3f s warming the WAN connections of %d pair%s of regions "
                "(GEOCCL_WAN_WARMUP)\n", v->warm_s, v->warm_pairs, v->warm_pairs == 1 ? "" : "s");
@@ -309,7 +313,8 @@ static void print_json(ncclComm_t comm, const probeView *v)
            t->windowBytes);
     printf(" \"probe_s\": %.4f, \"rtt_s\": %.4f, \"bw_s\": %.4f, \"wait_s\": %.4f,\n",
            t->secProbe, t->secRtt, t->secBw, t->secWait);
-    printf(" \"warm_pairs\": %d, \"warm_s\": %.4f,\n", v->warm_pairs, v->warm_s);
+    printf(" \"warm_pairs\": %d, \"warm_s\": %.4f, \"wan_cc\": \"%s\",\n", v->warm_pairs,
+           v->warm_s, v->wan_cc ? v->wan_cc : "");
     printf(" \"plan\": ");
     fflush(stdout);
     geocclCommPrintPlan(comm, stdout, 1);
@@ -364,6 +369,7 @@ static int run(const probeOptions *o, int rank, int nranks, ncclUniqueId id)
     if (rank == 0) {
         probeView v = {.t = &t, .nranks = nranks, .region_of = region_of, .names = names,
                        .warm_pairs = warm_pairs, .warm_s = warm_s};
+        geocclCommGetWanCongestion(comm, &v.wan_cc);
         if (view_read(comm, &v) != 0) {
             fprintf(stderr, "%s: cannot read the topology: %s\n", TOOL, ncclGetLastError(comm));
             status = 1;
