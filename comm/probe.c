@@ -999,7 +999,7 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
 {
     const topoRegionMap *m = &comm->regions;
     const char *cc = geoSocketWanCc();
-    int g = m->region_of[comm->rank], n = 0, err = 0;
+    int g = m->region_of[comm->rank], n = 0, err = 0, who = -1;
 
     comm->wan_cc[0] = '\0';
     if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
@@ -1008,8 +1008,10 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
         if (r == comm->rank || m->region_of[r] == g)
             continue;
         int e = comm->net->setCongestion(comm->net_state, r, cc);
-        if (e != 0 && err == 0)
+        if (e != 0 && err == 0) {
             err = e;
+            who = r;
+        }
         n++;
     }
     if (n == 0)
@@ -1018,11 +1020,12 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
         /* Checked at init when the user named it; the default may simply
          * not be in this kernel. */
         if (geoParamIsSet(GEO_PARAM_WAN_CC))
-            geoWarn(GEO_LOG_NET, "GEOCCL_WAN_CC=%s: a connection refused it (%s); those keep "
-                    "their congestion control", cc, strerror(err));
+            geoWarn(GEO_LOG_NET, "GEOCCL_WAN_CC=%s: a connection to rank %d refused it (%s); "
+                    "those keep their congestion control", cc, who, strerror(err));
         else
             geoInfo(GEO_LOG_NET, "WAN connections keep the host's congestion control (%s "
-                    "refused: %s; GEOCCL_WAN_CC)", cc, strerror(err));
+                    "refused on the connection to rank %d: %s; GEOCCL_WAN_CC)", cc, who,
+                    strerror(err));
         return ncclSuccess;
     }
     snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);

@@ -118,6 +118,27 @@ static void test_iface_filter(void)
     CU_ASSERT_EQUAL(topoFindIfaces("=no-such-if", NULL, ifs, 8), 0);
 }
 
+/* var naming a congestion control the kernel refuses: the check says so,
+ * and an init fails with ncclInvalidArgument naming var, before anything
+ * is sent. */
+static void refused_cc_fails_init(const char *var)
+{
+    char err[400];
+    setenv(var, "no-such-cc", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
+    char want[64];
+    snprintf(want, sizeof(want), "%s=no-such-cc", var);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), var));
+    unsetenv(var);
+    geoParamReload();
+}
+
 /* GEOCCL_TCP_CC: listening, connecting and accepted sockets get it (reno is
  * built into every Linux and allowed for any process); a name the kernel
  * refuses is reported before anything is sent, and an init fails with
@@ -145,17 +166,7 @@ static void test_tcp_cc(void)
         close(fds[i]);
     }
 
-    setenv("GEOCCL_TCP_CC", "no-such-cc", 1);
-    geoParamReload();
-    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "GEOCCL_TCP_CC=no-such-cc"));
-    ncclUniqueId id;
-    ncclComm_t c = NULL;
-    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
-    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
-    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), "GEOCCL_TCP_CC"));
-    unsetenv("GEOCCL_TCP_CC");
-    geoParamReload();
+    refused_cc_fails_init("GEOCCL_TCP_CC");
 }
 
 /* GEOCCL_WAN_CC: once the regions are known, the TCP connections to ranks
@@ -266,18 +277,7 @@ static void test_wan_cc(void)
         struct wan_cc_arg def = {NULL, "cubic", strcmp(host, "cubic") != 0};
         CU_ASSERT_EQUAL(harness_run_noinit(3, wan_cc_body, &def, 60), 0);
     }
-    /* A name the kernel refuses fails init before anything is sent. */
-    setenv("GEOCCL_WAN_CC", "no-such-cc", 1);
-    geoParamReload();
-    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "GEOCCL_WAN_CC=no-such-cc"));
-    ncclUniqueId id;
-    ncclComm_t c = NULL;
-    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
-    CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
-    CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), "GEOCCL_WAN_CC"));
-    unsetenv("GEOCCL_WAN_CC");
-    geoParamReload();
+    refused_cc_fails_init("GEOCCL_WAN_CC");
 }
 
 int main(void)
