@@ -629,6 +629,12 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         goto out;
     }
     const size_t D = (size_t)geoHierDepth(comm, M);
+    /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
+     * left for other regions, when the first and the last came in, when the
+     * last finished parts came back.  Against the link's time for the bytes
+     * it shows where the WAN waited (BENCHMARKS.md, session 7). */
+    const double tstart = geoNow();
+    double tl[4] = {0, 0, 0, 0};
     for (size_t it = 0; it < M + 2 * D; it++) {
         if (it < M) {
             t0 = geoNow();
@@ -642,12 +648,16 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             GEO_CHECK_GOTO(slice_tmp(comm, &sl[it]), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, v, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, v, es), res, out);
+            if (it == 0)
+                tl[0] = geoNow();
         }
         if (it >= D && it - D < M) {
             hierSlice *x = &sl[it - D];
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
             comm->stats.t_inter += geoNow() - t0;
+            if (it - D == 0 || it - D == M - 1)
+                tl[it - D == 0 ? 1 : 2] = geoNow();
             if (fused_decode(op, &hc)) {
                 t0 = geoNow();
                 GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, &hc, (float *)scratch, v), res, out);
@@ -676,6 +686,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             GEO_CHECK_GOTO(wait_msgs(comm, x->tx1, x->ntx1), res, out);
             GEO_CHECK_GOTO(wait_msgs(comm, x->tx2, x->ntx2), res, out);
             comm->stats.t_inter += geoNow() - t0;
+            if (it - 2 * D == M - 1)
+                tl[3] = geoNow();
             if (hc.codec) {
                 t0 = geoNow();
                 GEO_CHECK_GOTO(decode_x2(comm, op, x, &hc, v), res, out);
@@ -686,6 +698,10 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_intra_ag += geoNow() - t0;
         }
     }
+    geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes, %zu in flight: first partials sent at "
+             "%.1f ms, first in at %.1f, last in at %.1f, last results in at %.1f, done at %.1f",
+             comm->op_desc, M, se * es, D, (tl[0] - tstart) * 1e3, (tl[1] - tstart) * 1e3,
+             (tl[2] - tstart) * 1e3, (tl[3] - tstart) * 1e3, (geoNow() - tstart) * 1e3);
 out:
     if (res != ncclSuccess)
         comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */

@@ -151,6 +151,63 @@ static void test_int_wrap_avg_scale(void)
     CU_ASSERT_EQUAL(big[999], 999);
 }
 
+
+/* The vector loops (sum and prod of the native types) against one scalar
+ * operation per element, bit for bit: lengths around the vector block,
+ * unaligned starts, and in place (dst == a, dst == b). */
+#define REF_CHECK(T, EXPR)                                                             \
+    do {                                                                               \
+        T *A = (T *)(abuf + off), *B = (T *)(bbuf + off), *D = (T *)(dbuf + off);      \
+        for (size_t i = 0; i < n; i++) {                                               \
+            A[i] = (T)(seed * (i + 3) % 251) / (T)7 - (T)9;                            \
+            B[i] = (T)(seed * (i + 11) % 241) / (T)3 + (T)1;                           \
+        }                                                                              \
+        T *dst = place == 0 ? D : place == 1 ? A : B;                                  \
+        T ref[300];                                                                    \
+        for (size_t i = 0; i < n; i++) {                                               \
+            T x = A[i], y = B[i];                                                      \
+            ref[i] = EXPR;                                                             \
+        }                                                                              \
+        geoReduce(dst, A, B, n, dt, op);                                               \
+        if (memcmp(dst, ref, n * sizeof(T)) != 0) {                                    \
+            fprintf(stderr, "%s %s n %zu off %zu place %d differs\n", geoTypeName(dt),  \
+                    geoOpName(op), n, off, place);                                     \
+            bad++;                                                                     \
+        }                                                                              \
+    } while (0)
+
+static void test_vector_loops_match_scalar(void)
+{
+    static unsigned char abuf[4096], bbuf[4096], dbuf[4096];
+    const ncclDataType_t types[] = {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64,
+                                    ncclUint64, ncclFloat32, ncclFloat64};
+    const size_t lens[] = {1, 15, 16, 17, 63, 64, 65, 129, 257};
+    int bad = 0, checked = 0;
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+        for (int o = 0; o < 2; o++)
+            for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+                for (size_t off = 0; off < 8; off += 3)
+                    for (int place = 0; place < 3; place++) {
+                        ncclDataType_t dt = types[t];
+                        ncclRedOp_t op = o ? ncclProd : ncclSum;
+                        size_t n = lens[li], seed = 7 + li + off;
+                        switch (dt) {
+                        case ncclInt8: REF_CHECK(int8_t, op ? (int8_t)(uint8_t)((uint8_t)x * (uint8_t)y) : (int8_t)(uint8_t)((uint8_t)x + (uint8_t)y)); break;
+                        case ncclUint8: REF_CHECK(uint8_t, op ? (uint8_t)(x * y) : (uint8_t)(x + y)); break;
+                        case ncclInt32: REF_CHECK(int32_t, op ? (int32_t)((uint32_t)x * (uint32_t)y) : (int32_t)((uint32_t)x + (uint32_t)y)); break;
+                        case ncclUint32: REF_CHECK(uint32_t, op ? x * y : x + y); break;
+                        case ncclInt64: REF_CHECK(int64_t, op ? (int64_t)((uint64_t)x * (uint64_t)y) : (int64_t)((uint64_t)x + (uint64_t)y)); break;
+                        case ncclUint64: REF_CHECK(uint64_t, op ? x * y : x + y); break;
+                        case ncclFloat32: REF_CHECK(float, op ? x * y : x + y); break;
+                        case ncclFloat64: REF_CHECK(double, op ? x * y : x + y); break;
+                        default: break;
+                        }
+                        checked++;
+                    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(checked == 8 * 2 * 9 * 3 * 3);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -161,6 +218,7 @@ int main(void)
     CU_add_test(s, "fp8 e4m3 and e5m2", test_fp8);
     CU_add_test(s, "every op on every type", test_reduce_ops_all_types);
     CU_add_test(s, "integer wrap, avg, scale", test_int_wrap_avg_scale);
+    CU_add_test(s, "vector sum and prod loops match the scalar ones", test_vector_loops_match_scalar);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
