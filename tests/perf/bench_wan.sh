@@ -38,6 +38,7 @@
 #   -d, --delay D          one-way delay per region (default 25ms)
 #   --cc ALGO              TCP congestion control inside the regions, for every
 #                          tool (geoccl-wan up --cc; default: the host's)
+#   --mtu BYTES            MTU between regions (geoccl-wan up --mtu; default 1500)
 #   -s, --sizes MIN-MAX    size range in MiB, stepped by -f (default 1-256)
 #   -f, --factor N         size step factor (default 4)
 #   -a, --algos LIST       what to run (default hier,flat,ompi,ompiring,gloochunked,gloo)
@@ -100,6 +101,7 @@ slow_min=256
 gloo_ring_max=
 wname=gbench
 cc=
+mtu=1500
 outdir=
 port=29600
 wait_max=3600
@@ -112,6 +114,7 @@ while [ $# -gt 0 ]; do
     -r|--rates) rates=${2:?}; shift 2;;
     -d|--delay) delay=${2:?}; shift 2;;
     --cc) cc=${2:?}; shift 2;;
+    --mtu) mtu=${2:?}; shift 2;;
     -s|--sizes) sizes=${2:?}; shift 2;;
     -f|--factor) factor=${2:?}; shift 2;;
     -a|--algos) algos=${2:?}; shift 2;;
@@ -151,7 +154,7 @@ done
 report() {
   local bps=$1
   echo
-  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}"
+  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}$([ "${mtu:-1500}" = 1500 ] || echo ", MTU $mtu")"
   echo
   awk -v R="$R" -v P="$P" -v bps="$bps" -v dir="$cdir" -v sizes="${size_list[*]}" '
     function load(kind,   f, line, a, n, grp) {
@@ -263,7 +266,7 @@ if [ -n "$report_dir" ]; then
   for cdir in "$report_dir"/*/; do
     cdir=${cdir%/}
     [ -f "$cdir/config" ] || continue
-    R='' P='' rate='' bps='' delay='' sizes='' cc=''
+    R='' P='' rate='' bps='' delay='' sizes='' cc='' mtu=1500
     # shellcheck disable=SC1091 # written by this script
     . "$cdir/config"
     read -r -a size_list <<< "$sizes"
@@ -363,7 +366,7 @@ wan_up_wait() {  # R RATE
       waited=$((waited + 20))
       continue
     fi
-    if "$wan" up -n "$wname" -r "$1" --rate "$2" --delay "$delay" ${cc:+--cc "$cc"} -q 2>"$cdir/wan-up.err"; then
+    if "$wan" up -n "$wname" -r "$1" --rate "$2" --delay "$delay" ${cc:+--cc "$cc"} --mtu "$mtu" -q 2>"$cdir/wan-up.err"; then
       wan_up=1
       log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay, TCP ${cc:-of the host}"
       return 0
@@ -497,7 +500,7 @@ measure() {
 
 echo "# bench_wan.sh, $(date -u '+%F %T') UTC, $(nproc) cores," \
   "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
-echo "# topologies $topos; rates $rates; delay $delay; TCP congestion control ${cc:-of the host ($(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null))}; sizes ${size_list[*]} MiB;" \
+echo "# topologies $topos; rates $rates; delay $delay; TCP congestion control ${cc:-of the host ($(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null))}; sizes ${size_list[*]} MiB; MTU between regions $mtu;" \
   "-n $iters -w $warmup below $big MiB, -n $big_iters -w $big_warmup from $big MiB;" \
   "sizes >= $slow_min MiB below 1 Gbit/s only for: $slow_algos; algorithms: $algos"
 echo "# raw outputs in $outdir"
@@ -513,7 +516,7 @@ for tp in ${topos//,/ }; do
     : > "$cdir/runs.txt"
     : > "$cdir/monitor.txt"
     : > "$cdir/commands.txt"
-    echo "R=$R P=$P rate=$rate bps=$bps delay=$delay sizes='${size_list[*]}' cc='$cc'" > "$cdir/config"
+    echo "R=$R P=$P rate=$rate bps=$bps delay=$delay sizes='${size_list[*]}' cc='$cc' mtu=$mtu" > "$cdir/config"
     wan_up_wait "$R" "$rate" || { status=1; continue; }
     {
       echo "== $cfg: $(date -u +%T) uptime: $(uptime)"

@@ -6,7 +6,9 @@
 #       r0->r1 gets 90..100 Mbit/s; inside r0 (loopback, own address) the
 #       RTT is under 2 ms; GEOCCL_REGION is set by exec.
 #   2 regions, 1 Gbit/s, 25 ms:    one TCP stream gets >= 850 Mbit/s.
-#   2 regions, delays 30,10 ms:    RTT is 40 +- 5 ms (RTT = D_i + D_j).
+#   2 regions, delays 30,10 ms:    RTT is 40 +- 5 ms (RTT = D_i + D_j);
+#       with --mtu 9000 every hop has that MTU and 9000-byte packets cross
+#       whole; --mtu 70000 is refused.
 #   run -- false:                  status 1 comes back and nothing is left.
 #   after down:                    no namespace, link, state or delay line of
 #       ours is left, and the root sysctls have their old values.
@@ -191,13 +193,31 @@ grep -h 'late avg' /run/geoccl-wan/$NAME/dl*.log 2>/dev/null |
 
 # ---- different delays per region ------------------------------------------
 
-echo "== 2 regions, delays 30ms and 10ms"
-up -r 2 --rate 1gbit --delays 30ms,10ms
+echo "== 2 regions, delays 30ms and 10ms, --mtu 9000"
+up -r 2 --rate 1gbit --delays 30ms,10ms --mtu 9000
 pids+=$(cat /run/geoccl-wan/$NAME/dl*.pid 2>/dev/null | tr '\n' ' ')
 v=$(rtt 0 10.231.0.11)
 if within "$v" 35 45; then pass "RTT r0->r1 with delays 30,10 ms: $v ms (want 40 +- 5)"
 else fail "RTT r0->r1 with delays 30,10 ms: ${v:-none} ms (want 40 +- 5)"; fi
+v=$(for d in "-n $NAME-r0 link show wan0" "-n $NAME-r0 link show dl0" "-n $NAME-r1 link show dl0" \
+             "link show $NAME-br"; do ip $d | sed -n 's/.* mtu \([0-9]*\) .*/\1/p'; done | tr '\n' ' ')
+if [ "$v" = "9000 9000 9000 9000 " ]; then pass "--mtu 9000 on wan0, dl0 and the bridge"
+else fail "--mtu 9000 on wan0, dl0 and the bridge: got '$v'"; fi
+if [ -n "$have_ping" ]; then
+    # 8972 bytes of ICMP payload + 28 of headers = 9000, not to be fragmented
+    if inr 0 ping -n -c 1 -W 3 -M do -s 8972 10.231.0.11 >/dev/null 2>&1; then
+        pass "a 9000-byte packet crosses r0 -> r1 whole (ping -M do)"
+    else fail "a 9000-byte packet crosses r0 -> r1 whole (ping -M do)"; fi
+fi
 "$WAN" down -n "$NAME" -q
+
+if out=$("$WAN" up -n "$NAME" -r 2 --mtu 70000 -q 2>&1); then
+    fail "up --mtu 70000 is refused"
+    "$WAN" down -n "$NAME" -q
+else
+    case $out in *"--mtu 70000"*) pass "up --mtu 70000 is refused: $out";;
+                 *) fail "up --mtu 70000: unclear message '$out'";; esac
+fi
 
 # ---- run: teardown after a failing command --------------------------------
 
