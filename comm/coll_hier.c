@@ -656,8 +656,10 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             t0 = geoNow();
             GEO_CHECK_GOTO(wait_msgs(comm, x->rx1, x->nrx1), res, out);
             comm->stats.t_inter += geoNow() - t0;
-            if (it - D == 0 || it - D == M - 1)
-                tl[it - D == 0 ? 1 : 2] = geoNow();
+            if (it - D == 0)
+                tl[1] = geoNow();
+            if (it - D == M - 1) /* the same slice when there is one */
+                tl[2] = geoNow();
             if (fused_decode(op, &hc)) {
                 t0 = geoNow();
                 GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, &hc, (float *)scratch, v), res, out);
