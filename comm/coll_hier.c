@@ -34,6 +34,7 @@
  * intra-region phases stay exact. */
 #include "config.h"
 #include "comm/checks.h"
+#include "comm/cma.h"
 #include "comm/coll.h"
 #include "comm/comm.h"
 #include "comm/reduce.h"
@@ -329,12 +330,92 @@ static ncclResult_t wait_msgs(struct ncclComm *comm, hierMsg *msgs, int n)
     return ncclSuccess;
 }
 
+/* Reduce-scatter of one slice with single-copy reads (cma.h): my segment
+ * of every other local rank's input (their addresses: comm->cma_peer_buf,
+ * exchanged at the start of the call) comes straight from its memory, a
+ * block at a time into a small buffer that stays in cache, and is summed
+ * into my output, mine first, then the others in local order from mine
+ * (each segment is summed by its owner only, so a fixed order is all that
+ * bit-identical results need).  Nothing is sent: the others read mine. */
+#define HIER_CMA_BLOCK ((size_t)64 << 10)
+static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const hierSlice *sl,
+                                 size_t es)
+{
+    const geoRing *ring = &comm->region_ring;
+    const int n = ring->n, me = ring->me;
+    char *out = (char *)op->recvbuff + sl->s0 * es;
+    const char *local = (const char *)op->sendbuff + sl->s0 * es;
+    size_t moff, mlen;
+    geoSegRange(sl->len, n, me, &moff, &mlen);
+    if (mlen == 0)
+        return ncclSuccess;
+    const size_t be = HIER_CMA_BLOCK / es;
+    char *tmp = geoScratchGet(&comm->scratch, be * es);
+    if (tmp == NULL) {
+        geoCommSetError(comm, "%s: out of memory for a reduce-scatter", comm->op_desc);
+        return ncclSystemError;
+    }
+    ncclResult_t res = ncclSuccess;
+    for (size_t c = 0; c < mlen && res == ncclSuccess; c += be) {
+        const size_t m = mlen - c < be ? mlen - c : be, at_el = sl->s0 + moff + c;
+        char *dst = out + (moff + c) * es;
+        const char *acc = local + (moff + c) * es; /* in place: dst itself (dst == a is fine) */
+        for (int k = 1; k < n && res == ncclSuccess; k++) {
+            const int j = (me + k) % n;
+            res = geoCmaRead(comm, ring->ranks[j], tmp, comm->cma_peer_buf[j] + at_el * es,
+                             m * es);
+            if (res == ncclSuccess)
+                geoReduce(dst, acc, tmp, m, op->dt, op->op);
+            acc = dst;
+        }
+    }
+    geoScratchPut(&comm->scratch, tmp);
+    return res;
+}
+
+/* All-gather of one slice when the reduce-scatter read the inputs: I send
+ * my finished segment to every other local rank at once and receive
+ * theirs in place (one step where the ring takes n - 1; the same bytes).
+ * It also tells me when the others are done reading my input: a rank
+ * sends its segment of a slice only after it has read that slice, so once
+ * the last slice's segments are in, no one reads my buffers any more. */
+static ncclResult_t intra_direct_ag(struct ncclComm *comm, const hierSlice *sl, char *out,
+                                    size_t es)
+{
+    const geoRing *ring = &comm->region_ring;
+    const int n = ring->n, me = ring->me;
+    geoNetRequest *req = calloc(2 * (size_t)n, sizeof(*req));
+    size_t moff, mlen;
+    ncclResult_t res = ncclSuccess;
+    if (req == NULL) {
+        geoCommSetError(comm, "%s: out of memory for an all-gather", comm->op_desc);
+        return ncclSystemError;
+    }
+    geoSegRange(sl->len, n, me, &moff, &mlen);
+    for (int k = 1; k < n && res == ncclSuccess; k++) {
+        const int j = (me + k) % n;
+        size_t off, len;
+        geoSegRange(sl->len, n, j, &off, &len);
+        res = geoNetIrecv(comm, ring->ranks[j], out + off * es, len * es, &req[2 * j]);
+        if (res == ncclSuccess)
+            res = geoNetIsend(comm, ring->ranks[j], out + moff * es, mlen * es, &req[2 * j + 1]);
+    }
+    for (int i = 0; i < 2 * n && res == ncclSuccess; i++)
+        res = geoNetWait(comm, &req[i]);
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* requests in flight point at out */
+    free(req);
+    return res;
+}
+
 /* RS or AG of one slice over my region. */
 static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlice *sl, int ag,
                           size_t es)
 {
     const geoRing *ring = &comm->region_ring;
     char *out = (char *)op->recvbuff + sl->s0 * es;
+    if (comm->cma && ring->n > 1)
+        return ag ? intra_direct_ag(comm, sl, out, es) : intra_cma_rs(comm, op, sl, es);
     if (ring->n == 1) {
         if (!ag && op->sendbuff != op->recvbuff)
             memmove(out, (const char *)op->sendbuff + sl->s0 * es, sl->len * es);
@@ -628,6 +709,9 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         res = ncclSystemError;
         goto out;
     }
+    /* Single-copy reduce-scatter: the others need my input's address. */
+    if (comm->cma && comm->region_ring.n > 1 && M > 0)
+        GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, comm->cma_peer_buf), res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the

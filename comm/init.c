@@ -3,6 +3,7 @@
 #include "config.h"
 #include "comm/bootstrap.h"
 #include "comm/checks.h"
+#include "comm/cma.h"
 #include "comm/coll.h"
 #include "comm/coll_device.h"
 #include "comm/comm.h"
@@ -244,6 +245,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     geoDevFree(comm, abort); /* before the transport: its thread uses it */
     ring_free(&comm->ring);
     ring_free(&comm->region_ring);
+    free(comm->cma_peer_buf);
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
@@ -474,6 +476,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     if (res != ncclSuccess)
         return res;
     GEO_CHECK(geoProbeRun(comm));
+    GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */
     if (comm->topo_file_missing && comm->rank == 0)
         write_topo_file(comm);
     GEO_CHECK(geoTuningInit(comm));

@@ -102,6 +102,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "namespace (other namespaces, e.g. emulated regions, always use TCP): "
                        "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
                        "sockets only, 0 off (TCP)"},
+    [GEO_PARAM_CMA] = {"GEOCCL_CMA", GEO_PARAM_INT, "1",
+                       "1: ranks of one region on one host read each other's inputs with "
+                       "process_vm_readv in the hierarchical all-reduce (checked at init; "
+                       "where the kernel refuses, the ring is used); 0: never"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -37,6 +37,7 @@ typedef enum {
     GEO_PARAM_WAN_CC,
     GEO_PARAM_WAN_WARMUP,
     GEO_PARAM_PROBE_LANDMARKS,
+    GEO_PARAM_CMA,
     GEO_PARAM_COUNT
 } geoParamId;
 

@@ -45,6 +45,12 @@ ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_
     return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
 }
 
+ncclResult_t geoNetIsendCtl(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                            geoNetRequest *req)
+{
+    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
+}
+
 ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
                          geoNetRequest *req)
 {

@@ -100,6 +100,10 @@ ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_
                          geoNetRequest *req);
 ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
                          geoNetRequest *req);
+/* A control message (buffer addresses, flags): like geoNetIsend, but not
+ * counted in the byte statistics, which count the collectives' data. */
+ncclResult_t geoNetIsendCtl(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                            geoNetRequest *req);
 /* Variable-length messages (both sides must use these for a message). */
 ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
                           geoNetRequest *req);

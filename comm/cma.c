@@ -1,0 +1,154 @@
+/* Single-copy reads between same-host ranks of a region (cma.h). */
+#define _GNU_SOURCE
+#include "config.h"
+#include "comm/cma.h"
+#include "comm/checks.h"
+#include "comm/comm.h"
+#include "comm/param.h"
+#include "comm/transport.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* What a rank tells the others of its region at set-up. */
+typedef struct {
+    int64_t pid;
+    uint64_t addr;              /* of its token */
+    uint8_t token[16];
+} cmaHello;
+
+#define CMA_MAX_REGION 256
+
+/* Post to every other rank of my region a send of sbuf (sbytes) and a
+ * receive into rbuf + j * rbytes from local rank j; wait for all. */
+static ncclResult_t region_exchange(struct ncclComm *comm, const void *sbuf, size_t sbytes,
+                                    void *rbuf, size_t rbytes)
+{
+    const geoRing *ring = &comm->region_ring;
+    geoNetRequest *req = calloc(2 * (size_t)ring->n, sizeof(*req));
+    ncclResult_t res = ncclSuccess;
+    if (req == NULL) {
+        geoCommSetError(comm, "out of memory exchanging with %d local ranks", ring->n);
+        return ncclSystemError;
+    }
+    for (int k = 1; k < ring->n && res == ncclSuccess; k++) {
+        int j = (ring->me + k) % ring->n;
+        res = geoNetIrecv(comm, ring->ranks[j], (char *)rbuf + (size_t)j * rbytes, rbytes,
+                          &req[2 * j]);
+        if (res == ncclSuccess)
+            res = geoNetIsendCtl(comm, ring->ranks[j], sbuf, sbytes, &req[2 * j + 1]);
+    }
+    for (int i = 0; i < 2 * ring->n && res == ncclSuccess; i++)
+        res = geoNetWait(comm, &req[i]);
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* requests in flight point at our buffers */
+    free(req);
+    return res;
+}
+
+ncclResult_t geoCmaSetup(struct ncclComm *comm)
+{
+    const geoRing *ring = &comm->region_ring;
+    const int n = ring->n, me = ring->me;
+    comm->cma = 0;
+    if (n < 2 || geoParamInt(GEO_PARAM_CMA) == 0)
+        return ncclSuccess;
+    /* Decided from what every rank knows alike: no message unless all of
+     * the region is on my host. */
+    if (n > CMA_MAX_REGION)
+        return ncclSuccess;
+    for (int i = 0; i < n; i++)
+        if (strcmp(comm->peers[ring->ranks[i]].host, comm->peers[comm->rank].host) != 0)
+            return ncclSuccess;
+
+    cmaHello mine = {.pid = getpid(), .addr = (uint64_t)(uintptr_t)comm->cma_token};
+    if (getrandom(comm->cma_token, sizeof(comm->cma_token), 0) != (ssize_t)sizeof(comm->cma_token))
+        for (size_t i = 0; i < sizeof(comm->cma_token); i++) /* unlikely; still unpredictable enough to tell processes apart */
+            comm->cma_token[i] = (uint8_t)((uint64_t)mine.pid * 131 + i * 29 + (uint64_t)(uintptr_t)comm);
+    memcpy(mine.token, comm->cma_token, sizeof(mine.token));
+    cmaHello *all = calloc((size_t)n, sizeof(*all));
+    int64_t *ok = calloc((size_t)n, sizeof(*ok));
+    ncclResult_t res = ncclSuccess;
+    if (all == NULL || ok == NULL) {
+        geoCommSetError(comm, "init: out of memory for %d local ranks", n);
+        res = ncclSystemError;
+        goto out;
+    }
+    GEO_CHECK_GOTO(region_exchange(comm, &mine, sizeof(mine), all, sizeof(*all)), res, out);
+    /* My verdict: I read every other rank's token where it said. */
+    int64_t verdict = 1;
+    int bad = -1, bad_errno = 0;
+    for (int j = 0; j < n && verdict; j++) {
+        if (j == me)
+            continue;
+        uint8_t got[16];
+        struct iovec li = {got, sizeof(got)};
+        struct iovec ri = {(void *)(uintptr_t)all[j].addr, sizeof(got)};
+        errno = 0;
+        ssize_t r = process_vm_readv((pid_t)all[j].pid, &li, 1, &ri, 1, 0);
+        if (r != (ssize_t)sizeof(got) || memcmp(got, all[j].token, sizeof(got)) != 0) {
+            verdict = 0;
+            bad = ring->ranks[j];
+            bad_errno = r < 0 ? errno : 0;
+        }
+    }
+    free(comm->cma_peer_buf);
+    comm->cma_peer_buf = calloc((size_t)n, sizeof(*comm->cma_peer_buf));
+    if (comm->cma_peer_buf == NULL)
+        verdict = 0; /* told to the others like a failed read */
+    GEO_CHECK_GOTO(region_exchange(comm, &verdict, sizeof(verdict), ok, sizeof(*ok)), res, out);
+    ok[me] = verdict;
+    int all_ok = 1;
+    for (int j = 0; j < n; j++)
+        all_ok &= ok[j] != 0;
+    comm->cma = all_ok;
+    if (all_ok)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: its %d ranks read each other's inputs "
+                "directly (process_vm_readv; GEOCCL_CMA=0 turns it off)",
+                comm->regions.region_of[comm->rank], n);
+    else if (!verdict)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads between its ranks: "
+                "rank %d could not read rank %d's memory (%s); the ring carries the data",
+                comm->regions.region_of[comm->rank], comm->rank, bad,
+                bad < 0 ? "out of memory" : bad_errno ? strerror(bad_errno)
+                                                     : "another process answered");
+out:
+    free(all);
+    free(ok);
+    return res;
+}
+
+ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *mine, uint64_t *peer_buf)
+{
+    uint64_t a = (uint64_t)(uintptr_t)mine;
+    peer_buf[comm->region_ring.me] = a;
+    return region_exchange(comm, &a, sizeof(a), peer_buf, sizeof(*peer_buf));
+}
+
+ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src, size_t bytes)
+{
+    size_t done = 0;
+    while (done < bytes) {
+        struct iovec li = {(char *)dst + done, bytes - done};
+        struct iovec ri = {(void *)(uintptr_t)(src + done), bytes - done};
+        ssize_t r = process_vm_readv((pid_t)comm->peers[peer].pid, &li, 1, &ri, 1, 0);
+        if (r > 0) {
+            done += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        int e = r < 0 ? errno : EIO;
+        geoCommSetError(comm, "%s: reading rank %d's input (host %s, pid %d): %s%s", comm->op_desc,
+                        peer, comm->peers[peer].host, (int)comm->peers[peer].pid, strerror(e),
+                        e == ESRCH ? " (the process is gone)" : "");
+        geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+        return e == ESRCH ? ncclRemoteError : ncclSystemError;
+    }
+    comm->stats.bytes_intra += bytes;
+    return ncclSuccess;
+}
