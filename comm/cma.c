@@ -55,7 +55,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     const geoRing *ring = &comm->region_ring;
     const int n = ring->n, me = ring->me;
     comm->cma = 0;
-    if (n < 2 || geoParamInt(GEO_PARAM_CMA) == 0)
+    if (n < 2)
         return ncclSuccess;
     /* Decided from what every rank knows alike: no message unless all of
      * the region is on my host. */
@@ -66,9 +66,10 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
             return ncclSuccess;
 
     cmaHello mine = {.pid = getpid(), .addr = (uint64_t)(uintptr_t)comm->cma_token};
+    /* Without getrandom (unlikely), pid and address still tell processes apart. */
     if (getrandom(comm->cma_token, sizeof(comm->cma_token), 0) != (ssize_t)sizeof(comm->cma_token))
-        for (size_t i = 0; i < sizeof(comm->cma_token); i++) /* unlikely; still unpredictable enough to tell processes apart */
-            comm->cma_token[i] = (uint8_t)((uint64_t)mine.pid * 131 + i * 29 + (uint64_t)(uintptr_t)comm);
+        for (size_t i = 0; i < sizeof(comm->cma_token); i++)
+            comm->cma_token[i] = (uint8_t)(((uint64_t)mine.pid ^ mine.addr) >> (8 * (i % 8)));
     memcpy(mine.token, comm->cma_token, sizeof(mine.token));
     cmaHello *all = calloc((size_t)n, sizeof(*all));
     int64_t *ok = calloc((size_t)n, sizeof(*ok));
@@ -79,8 +80,11 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
         goto out;
     }
     GEO_CHECK_GOTO(region_exchange(comm, &mine, sizeof(mine), all, sizeof(*all)), res, out);
-    /* My verdict: I read every other rank's token where it said. */
-    int64_t verdict = 1;
+    /* My verdict: I read every other rank's token where it said.  A rank
+     * with GEOCCL_CMA=0 still takes part (the others cannot know) and
+     * votes no. */
+    const int wanted = geoParamInt(GEO_PARAM_CMA) != 0;
+    int64_t verdict = wanted;
     int bad = -1, bad_errno = 0;
     for (int j = 0; j < n && verdict; j++) {
         if (j == me)
@@ -106,16 +110,21 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     for (int j = 0; j < n; j++)
         all_ok &= ok[j] != 0;
     comm->cma = all_ok;
+    const int g = comm->regions.region_of[comm->rank];
     if (all_ok)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: its %d ranks read each other's inputs "
-                "directly (process_vm_readv; GEOCCL_CMA=0 turns it off)",
-                comm->regions.region_of[comm->rank], n);
+                "directly (process_vm_readv; GEOCCL_CMA=0 turns it off)", g, n);
+    else if (!wanted)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads (GEOCCL_CMA=0 here)",
+                g);
     else if (!verdict)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads between its ranks: "
-                "rank %d could not read rank %d's memory (%s); the ring carries the data",
-                comm->regions.region_of[comm->rank], comm->rank, bad,
-                bad < 0 ? "out of memory" : bad_errno ? strerror(bad_errno)
-                                                     : "another process answered");
+                "rank %d could not read rank %d's memory (%s); the ring carries the data", g,
+                comm->rank, bad, bad < 0 ? "out of memory" : bad_errno ? strerror(bad_errno)
+                                                                       : "another process answered");
+    else
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads: another rank of the "
+                "region could not read (its log says why) or has GEOCCL_CMA=0", g);
 out:
     free(all);
     free(ok);

@@ -53,6 +53,16 @@ ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetSingleCopy") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetSingleCopy: NULL or dead comm");
+    GEO_RETURN_IF(singleCopy == NULL, ncclInvalidArgument,
+                  "geocclCommGetSingleCopy: NULL singleCopy");
+    *singleCopy = comm->cma;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
                                  int *regionSize, const char **name)
 {

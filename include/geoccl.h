@@ -50,6 +50,14 @@ ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *
  * comm or a NULL localPeers. */
 ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers);
 
+/* [out] singleCopy: 1 when the ranks of this rank's region, all on one
+ * host, read each other's inputs directly (process_vm_readv) in the
+ * hierarchical all-reduce's reduce-scatter; 0 when they pass them round
+ * the ring (GEOCCL_CMA=0 on any of them, other hosts, or a kernel that
+ * refused the check at init).  The same on every rank of a region.
+ * ncclInvalidArgument for a NULL or dead comm or a NULL singleCopy. */
+ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy);
+
 /* Where this rank sits.  [out] nregions: regions in the communicator;
  * [out] region: this rank's region (0-based, numbered by lowest rank);
  * [out] localRank / regionSize: index and count within its region;

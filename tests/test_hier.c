@@ -597,6 +597,13 @@ struct hier_arg {
   const char *spec;   /* region labels, one per rank */
   int what;           /* RUN_* bits */
   size_t slice_bytes; /* GEOCCL_HIER_SLICE to set; 0 leaves the default */
+  int cma;            /* CMA_*: GEOCCL_CMA for the ranks */
+};
+
+enum {
+  CMA_DEFAULT = 0, /* unset: regions of forked ranks read each other (cma.h) */
+  CMA_OFF = 1,     /* GEOCCL_CMA=0 on every rank: the ring */
+  CMA_ONE_OFF = 2  /* GEOCCL_CMA=0 on rank 1 only: its region agrees on the ring */
 };
 
 /* Sets GEOCCL_REGION (and GEOCCL_HIER_SLICE) for this rank and creates the
@@ -611,8 +618,11 @@ static ncclComm_t init_rank(const struct layout *l, const struct hier_arg *a,
     char v[32];
     snprintf(v, sizeof(v), "%zu", a->slice_bytes);
     setenv("GEOCCL_HIER_SLICE", v, 1);
-    ncclResetDebugInit();
   }
+  if (a->cma == CMA_OFF || (a->cma == CMA_ONE_OFF && rank == 1))
+    setenv("GEOCCL_CMA", "0", 1);
+  if (a->slice_bytes != 0 || a->cma != CMA_DEFAULT)
+    ncclResetDebugInit();
   ncclResult_t r = ncclCommInitRank(&comm, l->nranks, *id, rank);
   if (r != ncclSuccess) {
     fprintf(stderr, "[rank %d %s] ncclCommInitRank: %s: %s\n", rank, tag,
@@ -805,6 +815,29 @@ static int slices_body(ncclComm_t comm, const struct layout *l, int rank,
   return fails;
 }
 
+/* Whether my region reads inputs directly: forked ranks share a host, so
+ * yes when the region has several ranks and none set GEOCCL_CMA=0 (rank
+ * 1's region in CMA_ONE_OFF). */
+static int check_single_copy(ncclComm_t comm, const struct layout *l,
+                             const struct hier_arg *a, int rank, const char *tag)
+{
+  int single = -1;
+  ncclResult_t r = geocclCommGetSingleCopy(comm, &single);
+  int want = l->size[l->region_of[rank]] > 1 && a->cma != CMA_OFF &&
+             !(a->cma == CMA_ONE_OFF && l->region_of[rank] == l->region_of[1]);
+  if (r != ncclSuccess || single != want) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetSingleCopy: %s, %d; expected %d\n", rank,
+            tag, ncclGetErrorString(r), single, want);
+    return 1;
+  }
+  if (geocclCommGetSingleCopy(comm, NULL) != ncclInvalidArgument) {
+    fprintf(stderr, "[rank %d %s] geocclCommGetSingleCopy(comm, NULL) accepted\n", rank,
+            tag);
+    return 1;
+  }
+  return 0;
+}
+
 static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
   const struct hier_arg *a = arg;
@@ -819,6 +852,7 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   ncclComm_t comm = init_rank(&l, a, rank, id, tag);
   if (comm == NULL) return 1;
   fails += check_region(comm, &l, rank, tag);
+  fails += check_single_copy(comm, &l, a, rank, tag);
 
   if (a->what & RUN_MATRIX) {
     size_t ncases = make_cases(NULL);
@@ -854,17 +888,22 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 /* CUnit tests                                                              */
 /* ------------------------------------------------------------------------ */
 
-static void run_layout(const char *spec, int what, size_t slice_bytes)
+static void run_layout_cma(const char *spec, int what, size_t slice_bytes, int cma)
 {
   struct layout l;
   CU_ASSERT_FATAL(layout_parse(spec, &l) == 0);
-  struct hier_arg a = {spec, what, slice_bytes};
+  struct hier_arg a = {spec, what, slice_bytes, cma};
   double t0 = harness_now();
   int rc = harness_run_noinit(l.nranks, hier_body, &a, TIMEOUT_S);
   printf("\n  '%s': %d ranks in %d regions %s (%.1f s)\n", spec, l.nranks,
          l.nregions, rc == 0 ? "ok" : "FAILED", harness_now() - t0);
   fflush(stdout);
   CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void run_layout(const char *spec, int what, size_t slice_bytes)
+{
+  run_layout_cma(spec, what, slice_bytes, CMA_DEFAULT);
 }
 
 static void test_2x2(void) { run_layout("a a b b", RUN_MATRIX, 0); }
@@ -876,6 +915,17 @@ static void test_2x1(void) { run_layout("a b", RUN_MATRIX, 0); }
 static void test_4x1(void) { run_layout("a b c d", RUN_MATRIX, 0); }
 static void test_2x4(void) { run_layout("a a a a b b b b", RUN_MATRIX, 0); }
 static void test_flat(void) { run_layout("a a b b c c", RUN_FLAT_COMPARE, 0); }
+
+/* The ring reduce-scatter, which the defaults above no longer take on one
+ * host: every rank off (the matrix, and hundreds of small slices), and one
+ * rank off (its region agrees on the ring, the other region keeps the
+ * single-copy reads; the flat comparison and byte counts hold for both). */
+static void test_cma_off(void)
+{
+  run_layout_cma("a a a b b b b", RUN_MATRIX, 0, CMA_OFF);
+  run_layout_cma("a a a b b b b", 0, 4100, CMA_OFF);
+  run_layout_cma("a a a b b b b", RUN_FLAT_COMPARE, 0, CMA_ONE_OFF);
+}
 
 /* 4096 bytes, and 4100, which is no multiple of the element size (1025
  * floats, 512 doubles, 2050 bfloat16 per slice) */
@@ -917,6 +967,7 @@ int main(void)
   unsetenv("GEOCCL_TOPO_FILE");
   unsetenv("GEOCCL_ALGO");
   unsetenv("GEOCCL_HIER_SLICE");
+  unsetenv("GEOCCL_CMA");
   /* Small all-reduces would take the direct exchange (GEOCCL_DIRECT_MAX):
    * this file tests the hierarchical algorithm at every size. */
   setenv("GEOCCL_DIRECT_MAX", "0", 1);
@@ -938,6 +989,7 @@ int main(void)
   CU_add_test(s, "2x4 'a a a a b b b b'", test_2x4);
   CU_add_test(s, "GEOCCL_ALGO=flat on 3x2: same bits, more WAN bytes", test_flat);
   CU_add_test(s, "GEOCCL_HIER_SLICE=4096 and 4100: hundreds of slices", test_small_slices);
+  CU_add_test(s, "GEOCCL_CMA=0 on every rank, and on one: the ring, same results", test_cma_off);
 
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();

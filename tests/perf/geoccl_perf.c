@@ -151,6 +151,9 @@ static void geo_describe(void *ctx, FILE *out)
         ncclCommCount(c->comm, &nranks) == ncclSuccess)
         fprintf(out, "# same-host fast path (GEOCCL_SHM) to %d of %d peers of this rank\n", local,
                 nranks - 1);
+    int single = 0;
+    if (geocclCommGetSingleCopy(c->comm, &single) == ncclSuccess && single)
+        fprintf(out, "# region's ranks read each other's inputs directly (GEOCCL_CMA)\n");
     /* The settings that were not left at their defaults; a secret is
      * named, never printed. */
     int n = geocclParamCount(), shown = 0;
