@@ -101,7 +101,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
         }
     }
     free(comm->cma_peer_buf);
-    comm->cma_peer_buf = calloc((size_t)n, sizeof(*comm->cma_peer_buf));
+    comm->cma_peer_buf = calloc(2 * (size_t)n, sizeof(*comm->cma_peer_buf));
     if (comm->cma_peer_buf == NULL)
         verdict = 0; /* told to the others like a failed read */
     GEO_CHECK_GOTO(region_exchange(comm, &verdict, sizeof(verdict), ok, sizeof(*ok)), res, out);
@@ -131,11 +131,37 @@ out:
     return res;
 }
 
-ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *mine, uint64_t *peer_buf)
+ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv)
 {
-    uint64_t a = (uint64_t)(uintptr_t)mine;
-    peer_buf[comm->region_ring.me] = a;
-    return region_exchange(comm, &a, sizeof(a), peer_buf, sizeof(*peer_buf));
+    uint64_t a[2] = {(uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv};
+    uint64_t *all = comm->cma_peer_buf;
+    all[2 * comm->region_ring.me] = a[0];
+    all[2 * comm->region_ring.me + 1] = a[1];
+    return region_exchange(comm, a, sizeof(a), all, sizeof(a));
+}
+
+ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
+{
+    const geoRing *ring = &comm->region_ring;
+    uint64_t *got = calloc((size_t)ring->n, sizeof(*got));
+    if (got == NULL) {
+        geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+        return ncclSystemError;
+    }
+    got[ring->me] = token;
+    ncclResult_t res = region_exchange(comm, &token, sizeof(token), got, sizeof(*got));
+    for (int j = 0; j < ring->n && res == ncclSuccess; j++)
+        if (got[j] != token) {
+            geoCommSetError(comm, "%s: rank %d (host %s) is out of step: signal %llu where %llu "
+                            "was due", comm->op_desc, ring->ranks[j],
+                            comm->peers[ring->ranks[j]].host, (unsigned long long)got[j],
+                            (unsigned long long)token);
+            geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+            comm->net->breakAll(comm->net_state);
+            res = ncclInternalError;
+        }
+    free(got);
+    return res;
 }
 
 ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src, size_t bytes)

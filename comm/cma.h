@@ -2,10 +2,11 @@
  * process_vm_readv(2) ("cross-memory attach", as Open MPI's CMA support
  * calls it) copies straight from another process's buffer into ours.
  *
- * The hierarchical all-reduce's intra-region reduce-scatter uses it: each
- * rank reads its segment of every other local rank's input and sums it,
- * instead of the ring passing partial sums through the shared-memory rings
- * (two copies per piece, a wake-up per message).  Whether a region uses it
+ * The hierarchical all-reduce's intra-region phases use it: in the
+ * reduce-scatter each rank reads its segment of every other local rank's
+ * input and sums it, in the all-gather it reads the finished segments from
+ * the others' outputs, instead of the ring passing pieces through the
+ * shared-memory rings (two copies per piece, a wake-up per message).  Whether a region uses it
  * is decided once, at init, by every rank of the region together
  * (geoCmaSetup): all on one host, GEOCCL_CMA=1, and each rank could read a
  * random token from every other one at the address that rank gave (which
@@ -26,10 +27,15 @@ struct ncclComm;
  * comm->cma to 1 when every rank of the region can read every other. */
 ncclResult_t geoCmaSetup(struct ncclComm *comm);
 
-/* Exchange, with the other ranks of my region, the address of this call's
- * input: peer_buf[j] is local rank j's (mine at my index).  Only when
- * comm->cma. */
-ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *mine, uint64_t *peer_buf);
+/* Exchange, with the other ranks of my region, the addresses of this
+ * call's input and output: comm->cma_peer_buf[2j] and [2j + 1] are local
+ * rank j's (mine at my index).  Only when comm->cma. */
+ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv);
+
+/* Send token to every other rank of my region and wait for theirs, which
+ * must be the same (else the call fails: a rank is out of step).  Each
+ * rank has then reached the point the token names. */
+ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token);
 
 /* Copy bytes at address src in global rank peer's memory to dst. */
 ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src, size_t bytes);

@@ -362,7 +362,7 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
         const char *acc = local + (moff + c) * es; /* in place: dst itself (dst == a is fine) */
         for (int k = 1; k < n && res == ncclSuccess; k++) {
             const int j = (me + k) % n;
-            res = geoCmaRead(comm, ring->ranks[j], tmp, comm->cma_peer_buf[j] + at_el * es,
+            res = geoCmaRead(comm, ring->ranks[j], tmp, comm->cma_peer_buf[2 * j] + at_el * es,
                              m * es);
             if (res == ncclSuccess)
                 geoReduce(dst, acc, tmp, m, op->dt, op->op);
@@ -373,39 +373,29 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
     return res;
 }
 
-/* All-gather of one slice when the reduce-scatter read the inputs: I send
- * my finished segment to every other local rank at once and receive
- * theirs in place (one step where the ring takes n - 1; the same bytes).
- * It also tells me when the others are done reading my input: a rank
- * sends its segment of a slice only after it has read that slice, so once
- * the last slice's segments are in, no one reads my buffers any more. */
-static ncclResult_t intra_direct_ag(struct ncclComm *comm, const hierSlice *sl, char *out,
-                                    size_t es)
+/* All-gather of one slice with single-copy reads: once every local rank
+ * has finished its segment of the slice (geoCmaSignal with the slice's
+ * token), I read theirs from their outputs into mine.  A rank signals a
+ * slice only after it has read that slice's inputs, and it writes into its
+ * output only its own segment (reduce-scatter and the exchange between
+ * regions) until its all-gather: so no one reads a byte that is still to
+ * change, and in place my input segments are read before the all-gather
+ * overwrites them. */
+static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, char *out,
+                                 size_t es)
 {
     const geoRing *ring = &comm->region_ring;
     const int n = ring->n, me = ring->me;
-    geoNetRequest *req = calloc(2 * (size_t)n, sizeof(*req));
-    size_t moff, mlen;
-    ncclResult_t res = ncclSuccess;
-    if (req == NULL) {
-        geoCommSetError(comm, "%s: out of memory for an all-gather", comm->op_desc);
-        return ncclSystemError;
-    }
-    geoSegRange(sl->len, n, me, &moff, &mlen);
-    for (int k = 1; k < n && res == ncclSuccess; k++) {
+    GEO_CHECK(geoCmaSignal(comm, (uint64_t)sl->s0 + 1));
+    for (int k = 1; k < n; k++) {
         const int j = (me + k) % n;
         size_t off, len;
         geoSegRange(sl->len, n, j, &off, &len);
-        res = geoNetIrecv(comm, ring->ranks[j], out + off * es, len * es, &req[2 * j]);
-        if (res == ncclSuccess)
-            res = geoNetIsend(comm, ring->ranks[j], out + moff * es, mlen * es, &req[2 * j + 1]);
+        if (len > 0)
+            GEO_CHECK(geoCmaRead(comm, ring->ranks[j], out + off * es,
+                                 comm->cma_peer_buf[2 * j + 1] + (sl->s0 + off) * es, len * es));
     }
-    for (int i = 0; i < 2 * n && res == ncclSuccess; i++)
-        res = geoNetWait(comm, &req[i]);
-    if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* requests in flight point at out */
-    free(req);
-    return res;
+    return ncclSuccess;
 }
 
 /* RS or AG of one slice over my region. */
@@ -415,7 +405,7 @@ static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlic
     const geoRing *ring = &comm->region_ring;
     char *out = (char *)op->recvbuff + sl->s0 * es;
     if (comm->cma && ring->n > 1)
-        return ag ? intra_direct_ag(comm, sl, out, es) : intra_cma_rs(comm, op, sl, es);
+        return ag ? intra_cma_ag(comm, sl, out, es) : intra_cma_rs(comm, op, sl, es);
     if (ring->n == 1) {
         if (!ag && op->sendbuff != op->recvbuff)
             memmove(out, (const char *)op->sendbuff + sl->s0 * es, sl->len * es);
@@ -709,9 +699,10 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         res = ncclSystemError;
         goto out;
     }
-    /* Single-copy reduce-scatter: the others need my input's address. */
-    if (comm->cma && comm->region_ring.n > 1 && M > 0)
-        GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, comm->cma_peer_buf), res, out);
+    /* Single-copy reads: the others need my input's and output's addresses. */
+    const int cma = comm->cma && comm->region_ring.n > 1 && M > 0;
+    if (cma)
+        GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, op->recvbuff), res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
@@ -784,6 +775,9 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_intra_ag += geoNow() - t0;
         }
     }
+    /* No one may read my buffers once I return: all have read everything. */
+    if (cma)
+        GEO_CHECK_GOTO(geoCmaSignal(comm, UINT64_MAX), res, out);
     geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes, %zu in flight: first partials sent at "
              "%.1f ms, first in at %.1f, last in at %.1f, last results in at %.1f, done at %.1f",
              comm->op_desc, M, se * es, D, (tl[0] - tstart) * 1e3, (tl[1] - tstart) * 1e3,
