@@ -13,6 +13,11 @@
  *  X2  and sends the result back to the other k-1 owners.
  *  AG  intra-region ring all-gather of the finished segments.
  *
+ * When the region's ranks share a host (comm->cma, cma.h), RS and AG are
+ * single-copy reads instead of the ring: each rank reads its segment of the
+ * others' inputs and sums it, then reads their finished segments from
+ * their outputs (intra_cma_rs, intra_cma_ag).
+ *
  * Every byte of a region's partial crosses its WAN link once out and once
  * back: 2(k-1)/k of the data per region, the minimum, spread over all the
  * region's ranks whatever the region sizes (3 + 1 works: the lone rank owns

@@ -25,6 +25,14 @@
  * GEOCCL_HIER_SLICE=4096 (and 4100) cuts a 1000003-element all-reduce into
  * hundreds of pipelined slices, still exact and with the bytes the slice
  * arithmetic implies.
+ *
+ * Forked ranks share a host, so by default every region of several ranks
+ * reads its members' buffers directly (GEOCCL_CMA, comm/cma.h; each rank
+ * checks geocclCommGetSingleCopy, and the bytes read count as intra bytes,
+ * so the 2(n-1) rule holds either way). The last test runs the ring
+ * instead: GEOCCL_CMA=0 on every rank (the matrix and small slices), and on
+ * rank 1 alone, whose region must then agree on the ring while the other
+ * keeps the reads.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
