@@ -101,7 +101,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
         }
     }
     free(comm->cma_peer_buf);
-    comm->cma_peer_buf = calloc(2 * (size_t)n, sizeof(*comm->cma_peer_buf));
+    comm->cma_peer_buf = calloc(3 * (size_t)n, sizeof(*comm->cma_peer_buf));
     if (comm->cma_peer_buf == NULL)
         verdict = 0; /* told to the others like a failed read */
     GEO_CHECK_GOTO(region_exchange(comm, &verdict, sizeof(verdict), ok, sizeof(*ok)), res, out);
@@ -131,13 +131,49 @@ out:
     return res;
 }
 
-ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv)
+/* 1 when process_vm_readv can read this process's [p, p + bytes): its
+ * first and last byte.  Not every mapping can be read that way, though the
+ * process itself reads it: secret memory (memfd_secret), or memory that a
+ * device driver mapped (VM_IO, VM_PFNMAP), fail with EFAULT. */
+static int self_readable(const void *p, size_t bytes)
 {
-    uint64_t a[2] = {(uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv};
+    if (bytes == 0)
+        return 1;
+    const char *at[2] = {p, (const char *)p + bytes - 1};
+    for (int i = 0; i < 2; i++) {
+        char b;
+        struct iovec li = {&b, 1};
+        struct iovec ri = {(void *)at[i], 1};
+        if (process_vm_readv(getpid(), &li, 1, &ri, 1, 0) != 1)
+            return 0;
+    }
+    return 1;
+}
+
+ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv,
+                            size_t bytes, int *use)
+{
+    const int me = comm->region_ring.me, n = comm->region_ring.n;
+    uint64_t a[3] = {(uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv,
+                     (uint64_t)(self_readable(send, bytes) && self_readable(recv, bytes))};
     uint64_t *all = comm->cma_peer_buf;
-    all[2 * comm->region_ring.me] = a[0];
-    all[2 * comm->region_ring.me + 1] = a[1];
-    return region_exchange(comm, a, sizeof(a), all, sizeof(a));
+    memcpy(all + 3 * me, a, sizeof(a));
+    *use = 0;
+    GEO_CHECK(region_exchange(comm, a, sizeof(a), all, sizeof(a)));
+    int ok = 1, who = -1;
+    for (int j = 0; j < n; j++)
+        if (!all[3 * j + 2] && ok) {
+            ok = 0;
+            who = comm->region_ring.ranks[j];
+        }
+    *use = ok;
+    if (!ok && !comm->cma_refused_noted) {
+        comm->cma_refused_noted = 1;
+        geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be read with "
+                "process_vm_readv (secret memory, or memory a device driver mapped); such calls "
+                "pass them round the region's ring", comm->op_desc, who);
+    }
+    return ncclSuccess;
 }
 
 ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
@@ -178,7 +214,7 @@ ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src
         if (r < 0 && errno == EINTR)
             continue;
         int e = r < 0 ? errno : EIO;
-        geoCommSetError(comm, "%s: reading rank %d's input (host %s, pid %d): %s%s", comm->op_desc,
+        geoCommSetError(comm, "%s: reading rank %d's buffer (host %s, pid %d): %s%s", comm->op_desc,
                         peer, comm->peers[peer].host, (int)comm->peers[peer].pid, strerror(e),
                         e == ESRCH ? " (the process is gone)" : "");
         geoWarn(GEO_LOG_NET, "%s", comm->last_error);

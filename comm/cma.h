@@ -28,9 +28,13 @@ struct ncclComm;
 ncclResult_t geoCmaSetup(struct ncclComm *comm);
 
 /* Exchange, with the other ranks of my region, the addresses of this
- * call's input and output: comm->cma_peer_buf[2j] and [2j + 1] are local
- * rank j's (mine at my index).  Only when comm->cma. */
-ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv);
+ * call's input and output (bytes each): comm->cma_peer_buf[3j] and
+ * [3j + 1] are local rank j's (mine at my index).  *use: 1 when every
+ * rank's buffers can be read with process_vm_readv (each checks its own
+ * first and last byte), the same on every rank; 0: this call keeps the
+ * ring.  Only when comm->cma. */
+ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void *recv,
+                            size_t bytes, int *use);
 
 /* Send token to every other rank of my region and wait for theirs, which
  * must be the same (else the call fails: a rank is out of step).  Each

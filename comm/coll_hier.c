@@ -367,7 +367,7 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
         const char *acc = local + (moff + c) * es; /* in place: dst itself (dst == a is fine) */
         for (int k = 1; k < n && res == ncclSuccess; k++) {
             const int j = (me + k) % n;
-            res = geoCmaRead(comm, ring->ranks[j], tmp, comm->cma_peer_buf[2 * j] + at_el * es,
+            res = geoCmaRead(comm, ring->ranks[j], tmp, comm->cma_peer_buf[3 * j] + at_el * es,
                              m * es);
             if (res == ncclSuccess)
                 geoReduce(dst, acc, tmp, m, op->dt, op->op);
@@ -398,18 +398,18 @@ static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, cha
         geoSegRange(sl->len, n, j, &off, &len);
         if (len > 0)
             GEO_CHECK(geoCmaRead(comm, ring->ranks[j], out + off * es,
-                                 comm->cma_peer_buf[2 * j + 1] + (sl->s0 + off) * es, len * es));
+                                 comm->cma_peer_buf[3 * j + 1] + (sl->s0 + off) * es, len * es));
     }
     return ncclSuccess;
 }
 
 /* RS or AG of one slice over my region. */
 static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlice *sl, int ag,
-                          size_t es)
+                          size_t es, int cma)
 {
     const geoRing *ring = &comm->region_ring;
     char *out = (char *)op->recvbuff + sl->s0 * es;
-    if (comm->cma && ring->n > 1)
+    if (cma)
         return ag ? intra_cma_ag(comm, sl, out, es) : intra_cma_rs(comm, op, sl, es);
     if (ring->n == 1) {
         if (!ag && op->sendbuff != op->recvbuff)
@@ -704,10 +704,12 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         res = ncclSystemError;
         goto out;
     }
-    /* Single-copy reads: the others need my input's and output's addresses. */
-    const int cma = comm->cma && comm->region_ring.n > 1 && M > 0;
+    /* Single-copy reads: the others need my input's and output's addresses
+     * (and whether they can be read that way). */
+    int cma = comm->cma && comm->region_ring.n > 1 && M > 0;
     if (cma)
-        GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, op->recvbuff), res, out);
+        GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, op->recvbuff, op->count * es, &cma),
+                       res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
@@ -718,7 +720,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     for (size_t it = 0; it < M + 2 * D; it++) {
         if (it < M) {
             t0 = geoNow();
-            GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es), res, out);
+            GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es, cma), res, out);
             comm->stats.t_intra_rs += geoNow() - t0;
             if (hc.codec) {
                 t0 = geoNow();
@@ -776,7 +778,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 comm->stats.t_codec += geoNow() - t0;
             }
             t0 = geoNow();
-            GEO_CHECK_GOTO(intra(comm, op, x, 1, es), res, out);
+            GEO_CHECK_GOTO(intra(comm, op, x, 1, es, cma), res, out);
             comm->stats.t_intra_ag += geoNow() - t0;
         }
     }

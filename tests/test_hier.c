@@ -32,15 +32,21 @@
  * so the 2(n-1) rule holds either way). The last test runs the ring
  * instead: GEOCCL_CMA=0 on every rank (the matrix and small slices), and on
  * rank 1 alone, whose region must then agree on the ring while the other
- * keeps the reads.
+ * keeps the reads. And one rank's input, then another's in-place buffer, in
+ * secret memory (memfd_secret), which process_vm_readv cannot read: those
+ * calls must take the ring and still be right.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <geoccl.h>
 
@@ -597,8 +603,9 @@ out:
 /* ------------------------------------------------------------------------ */
 
 enum {
-  RUN_MATRIX = 1,      /* the type x op x place x count matrix, premulsum */
-  RUN_FLAT_COMPARE = 2 /* the same exact cases again under GEOCCL_ALGO=flat */
+  RUN_MATRIX = 1,       /* the type x op x place x count matrix, premulsum */
+  RUN_FLAT_COMPARE = 2, /* the same exact cases again under GEOCCL_ALGO=flat */
+  RUN_SECRET = 4        /* buffers process_vm_readv cannot read (secret_body) */
 };
 
 struct hier_arg {
@@ -846,6 +853,75 @@ static int check_single_copy(ncclComm_t comm, const struct layout *l,
   return 0;
 }
 
+/* bytes of secret memory (memfd_secret(2)): this process reads and writes
+ * it, the kernel will not read it for anyone else, so process_vm_readv
+ * fails on it with EFAULT, as on memory a device driver mapped. NULL (errno
+ * set) where the kernel has no secret memory. */
+#ifndef SYS_memfd_secret
+#define SYS_memfd_secret 447
+#endif
+static void *secret_alloc(size_t bytes)
+{
+  int fd = (int)syscall(SYS_memfd_secret, 0);
+  if (fd < 0) return NULL;
+  void *p = NULL;
+  if (ftruncate(fd, (off_t)bytes) == 0) {
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) p = NULL;
+  }
+  int e = errno;
+  close(fd);
+  errno = e;
+  return p;
+}
+
+/* Rank 1's input and rank 2's output (in place) in secret memory, the
+ * others' on the heap: each such call must see that a buffer of its region
+ * cannot be read directly and pass it round the ring, with the right
+ * result, where reading it would fail the call. */
+static int secret_body(ncclComm_t comm, const struct layout *l, int rank, const char *tag)
+{
+  const size_t count = BIG_COUNT, nb = count * sizeof(float);
+  const int n = l->nranks;
+  int fails = 0;
+  char m[256];
+  for (int v = 0; v < 2; v++) {
+    const int secret_rank = v == 0 ? 1 : 2, inplace = v == 1;
+    int secret = rank == secret_rank;
+    void *in = secret ? secret_alloc(nb) : malloc(nb);
+    void *out = inplace ? in : malloc(nb), *exp = malloc(nb);
+    if (secret && in == NULL) {
+      /* all ranks must make the call: fall back to the heap and say so */
+      printf("\n  (rank %d: memfd_secret: %s; its buffer is ordinary memory)", rank,
+             strerror(errno));
+      in = malloc(nb);
+      out = inplace ? in : out;
+      secret = 0;
+    }
+    if (in == NULL || out == NULL || exp == NULL) return fails + 1;
+    harness_fill_input(in, ncclFloat32, ncclSum, n, rank, 0, count, 77 + v);
+    harness_fill_expected(exp, ncclFloat32, ncclSum, n, 0, count, 77 + v);
+    ncclResult_t r = ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, NULL);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "[rank %d %s] all-reduce with rank %d's %s in secret memory: %s: %s\n",
+              rank, tag, secret_rank, inplace ? "buffer" : "input", ncclGetErrorString(r),
+              ncclGetLastError(comm));
+      fails++;
+    } else if (harness_check(out, exp, ncclFloat32, ncclSum, n, count, m, sizeof(m))) {
+      fprintf(stderr, "[rank %d %s] all-reduce with rank %d's buffer in secret memory: %s\n",
+              rank, tag, secret_rank, m);
+      fails++;
+    }
+    if (secret)
+      munmap(in, nb);
+    else
+      free(in);
+    if (!inplace) free(out);
+    free(exp);
+  }
+  return fails;
+}
+
 static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
   const struct hier_arg *a = arg;
@@ -882,6 +958,8 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     fails += flat_compare(comm, &l, rank, tag);
   if (fails == 0 && a->slice_bytes != 0)
     fails += slices_body(comm, &l, rank, a->slice_bytes, tag);
+  if (fails == 0 && (a->what & RUN_SECRET))
+    fails += secret_body(comm, &l, rank, tag);
 
   ncclResult_t r = ncclCommDestroy(comm);
   if (r != ncclSuccess) {
@@ -933,6 +1011,14 @@ static void test_cma_off(void)
   run_layout_cma("a a a b b b b", RUN_MATRIX, 0, CMA_OFF);
   run_layout_cma("a a a b b b b", 0, 4100, CMA_OFF);
   run_layout_cma("a a a b b b b", RUN_FLAT_COMPARE, 0, CMA_ONE_OFF);
+}
+
+/* 2x2: rank 1's region, then rank 2's, takes the ring while the other
+ * keeps reading; 3+1: both in the region of three. */
+static void test_secret(void)
+{
+  run_layout("a a b b", RUN_SECRET, 0);
+  run_layout("a a a b", RUN_SECRET, 0);
 }
 
 /* 4096 bytes, and 4100, which is no multiple of the element size (1025
@@ -998,6 +1084,7 @@ int main(void)
   CU_add_test(s, "GEOCCL_ALGO=flat on 3x2: same bits, more WAN bytes", test_flat);
   CU_add_test(s, "GEOCCL_HIER_SLICE=4096 and 4100: hundreds of slices", test_small_slices);
   CU_add_test(s, "GEOCCL_CMA=0 on every rank, and on one: the ring, same results", test_cma_off);
+  CU_add_test(s, "a rank's buffer in secret memory: that call takes the ring", test_secret);
 
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
