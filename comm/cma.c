@@ -21,8 +21,6 @@ typedef struct {
     uint8_t token[16];
 } cmaHello;
 
-#define CMA_MAX_REGION 256
-
 /* Post to every other rank of my region a send of sbuf (sbytes) and a
  * receive into rbuf + j * rbytes from local rank j; wait for all. */
 static ncclResult_t region_exchange(struct ncclComm *comm, const void *sbuf, size_t sbytes,
@@ -59,8 +57,6 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
         return ncclSuccess;
     /* Decided from what every rank knows alike: no message unless all of
      * the region is on my host. */
-    if (n > CMA_MAX_REGION)
-        return ncclSuccess;
     for (int i = 0; i < n; i++)
         if (strcmp(comm->peers[ring->ranks[i]].host, comm->peers[comm->rank].host) != 0)
             return ncclSuccess;
