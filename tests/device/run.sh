@@ -145,6 +145,53 @@ else
 fi
 
 # ---------------------------------------------------------------------------
+section "NCCL"
+# NVIDIA's NCCL may sit in the toolkit, in /usr, or only inside a Python
+# package (PyTorch's nvidia-nccl wheel: include/nccl.h and lib/libnccl.so.2,
+# often without the libnccl.so link).  configure wants <dir>/include/nccl.h
+# and a libnccl.so; GeoCCL dlopens libnccl.so.2 at run time.  A wheel's copy
+# is given to both through a directory of links under the build folder.
+NCCL_DIR=
+find_nccl() {
+    local d
+    for d in "$CUDA_HOME" /usr /usr/local; do
+        if [ -r "$d/include/nccl.h" ] && ls "$d"/lib*/libnccl.so* "$d"/lib/*/libnccl.so* >/dev/null 2>&1; then
+            echo "$d"; return 0
+        fi
+    done
+    local lib
+    lib=$(find /opt /usr/local /usr/lib /root -name 'libnccl.so.2' -path '*nvidia*' 2>/dev/null | head -n1)
+    [ -n "$lib" ] || lib=$(find /opt /usr/local /usr/lib /root -name 'libnccl.so.2' 2>/dev/null | head -n1)
+    [ -n "$lib" ] || return 1
+    local libdir hdr
+    libdir=$(dirname "$(readlink -f "$lib")")
+    hdr=$(find "$(dirname "$libdir")" -maxdepth 3 -name nccl.h 2>/dev/null | head -n1)
+    [ -n "$hdr" ] || return 1
+    local link=$BUILD/nccl
+    mkdir -p "$link/include" "$link/lib"
+    ln -sf "$hdr" "$link/include/nccl.h"
+    ln -sf "$libdir/libnccl.so.2" "$link/lib/libnccl.so.2"
+    ln -sf "$libdir/libnccl.so.2" "$link/lib/libnccl.so"
+    echo "$link"
+}
+if NCCL_DIR=$(find_nccl); then
+    echo "  NCCL: $NCCL_DIR ($(readlink -f "$NCCL_DIR/include/nccl.h"))"
+    grep -m3 -E '^#define NCCL_(MAJOR|MINOR|PATCH)' "$(readlink -f "$NCCL_DIR/include/nccl.h")" | sed 's/^/    /'
+    for l in "$NCCL_DIR"/lib*/libnccl.so.2 "$NCCL_DIR"/lib/*/libnccl.so.2; do
+        if [ -e "$l" ]; then
+            # Found by GeoCCL's dlopen and by passthrough_bench alone.
+            export GEOCCL_NCCL_LIB=$(readlink -f "$l")
+            export LD_LIBRARY_PATH=$(dirname "$GEOCCL_NCCL_LIB")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            echo "  GEOCCL_NCCL_LIB=$GEOCCL_NCCL_LIB"
+            break
+        fi
+    done
+else
+    NCCL_DIR=
+    echo "  NCCL not found (no nccl.h with libnccl.so.2): device stages will fail to find it"
+fi
+
+# ---------------------------------------------------------------------------
 section "codec check: direct build"
 DIRECT=$BUILD/direct
 mkdir -p "$DIRECT"
@@ -203,6 +250,7 @@ full_build() {
             { echo "  autogen.sh failed (see $BUILD/autogen.log)"; tail -5 "$BUILD/autogen.log"; return 1; }
     fi
     local opts=(--with-cuda="$CUDA_HOME")
+    [ -n "$NCCL_DIR" ] && opts+=(--with-nccl="$NCCL_DIR")
     [ -n "$ARCH" ] && opts+=(--with-cuda-arch="$ARCH")
     have_header zstd.h || opts+=(--without-zstd)
     have_header CUnit/CUnit.h || opts+=(--without-cunit)
@@ -248,6 +296,24 @@ if [ -n "$CHECK_BIN" ]; then
     esac
 else
     stage_result "codec_check" skip "not built"
+fi
+
+# ---------------------------------------------------------------------------
+section "single-copy reads of CUDA host memory"
+# Which path a host all-reduce on pinned buffers takes inside a region
+# (comm/cma.c reads peers' buffers with process_vm_readv when it can).
+libdir=$CUDA_HOME/lib64
+[ -d "$libdir" ] || libdir=$CUDA_HOME/lib
+if gcc -std=gnu11 -O2 -Wall -I"$CUDA_HOME/include" "$ROOT/tests/device/pinned_cma.c" \
+       -L"$libdir" -Wl,-rpath,"$libdir" -lcudart -o "$BUILD/pinned_cma" 2>&1; then
+    timeout 30 "$BUILD/pinned_cma"
+    case $? in
+        0) stage_result "pinned memory reads" pass "$(grep -a 'pinned_cma: .* readable$' "$LOG" | grep -vc 'device pointer') of 4 host kinds readable" ;;
+        77) stage_result "pinned memory reads" skip "no GPU visible" ;;
+        *) stage_result "pinned memory reads" fail ;;
+    esac
+else
+    stage_result "pinned memory reads" fail "build"
 fi
 
 # ---------------------------------------------------------------------------
