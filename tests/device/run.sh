@@ -155,7 +155,8 @@ NCCL_DIR=
 find_nccl() {
     local d
     for d in "$CUDA_HOME" /usr /usr/local; do
-        if [ -r "$d/include/nccl.h" ] && ls "$d"/lib*/libnccl.so* "$d"/lib/*/libnccl.so* >/dev/null 2>&1; then
+        if [ -r "$d/include/nccl.h" ] && { compgen -G "$d/lib*/libnccl.so" ||
+                compgen -G "$d/lib/*/libnccl.so"; } >/dev/null; then
             echo "$d"; return 0
         fi
     done
