@@ -55,13 +55,16 @@
  * sign all-reduce in 1 MiB slices waiting a one-way delay every two slices.
  * But the all-gather of slice s runs only at iteration s + 2D, so a large
  * D pushes the all-gathers to the end, where nothing hides them: a quarter
- * of the slices, 2 to 8.  Every rank computes the same D. */
+ * of the slices, 2 to 16.  Up to 16 because 8 left 2 x 4 regions at 1 Gbit/s
+ * (1 MiB slices, 8.4 ms of link time each) short of partials now and then;
+ * 3 x 2 ran the same at 8, 12 and 16 (BENCHMARKS.md, session 9).  Every
+ * rank computes the same D. */
 int geoHierDepth(const struct ncclComm *comm, size_t nslices)
 {
     if (comm->hier_depth > 0)
         return comm->hier_depth;
     size_t d = nslices / 4;
-    return d < 2 ? 2 : d > 8 ? 8 : (int)d;
+    return d < 2 ? 2 : d > 16 ? 16 : (int)d;
 }
 
 typedef struct {

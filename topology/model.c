@@ -57,7 +57,7 @@
  * them on the progress thread.  So per slice the caller needs
  * K = max_q (RS_q + AG_q + C_q), the WAN needs W = max_q W_q, and a slice's
  * round trip must fit in the pipeline depth D (X1 of slice s is reduced
- * D iterations later; D = a quarter of the slices, 2 to 8, as the library
+ * D iterations later; D = a quarter of the slices, 2 to 16, as the library
  * takes it): period = max(K, W, (ow + W/2) / D).  The first slice
  * goes through all stages; each further one adds a period:
  *     T = K + W + 2 ow + (n - 1) * period
@@ -135,11 +135,11 @@
 _Static_assert(SIZE_MAX >= UINT64_MAX, "the plan's size buckets need a 64-bit size_t");
 
 /* Slices in flight, as comm/coll_hier.c's geoHierDepth (auto): a quarter
- * of the slices, 2 to 8. */
+ * of the slices, 2 to 16. */
 static double hier_depth(double nslices)
 {
     double d = floor(nslices / 4);
-    return d < 2 ? 2 : d > 8 ? 8 : d;
+    return d < 2 ? 2 : d > 16 ? 16 : d;
 }
 #define TCP_GOODPUT (1448.0 / 1500.0)
 #define PREFER_MARGIN 0.01
