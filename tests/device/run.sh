@@ -17,12 +17,18 @@
 #   1. environment: the GPU (nvidia-smi), its compute capability, nvcc.
 #   2. packages: if build tools are missing and apt-get works, installs them;
 #      never fails the run (there is usually no network).
+#      NCCL: nccl.h and libnccl.so.2 from the toolkit, /usr, or a Python
+#      wheel (PyTorch's nvidia-nccl: then links under build-device/nccl
+#      give configure its include/ and lib/, and GEOCCL_NCCL_LIB and
+#      LD_LIBRARY_PATH point at the wheel's library).
 #   3. codec check, direct build: nvcc compiles cuda/codec_kernels.cu for
 #      this GPU's architecture only, gcc the CPU codecs (compress/) and
 #      tests/device/codec_check.c; no autotools needed.
 #   4. codec check, run: GPU chunks vs CPU chunks byte for byte, residuals,
 #      decoders, corrupt chunks; then each kernel's throughput beside the
-#      GPU's memory bandwidth.
+#      GPU's memory bandwidth.  Then tests/device/pinned_cma.c: can
+#      process_vm_readv read cudaHostAlloc'd and registered host memory
+#      (which path a host all-reduce on such buffers takes in a region).
 #   5. full build: configure (--with-cuda-arch=<this GPU>, --without-X for
 #      packages that are missing) and make, if configure is there or
 #      autoreconf can make it; it runs in the background while stage 4
