@@ -156,14 +156,12 @@ ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void 
     memcpy(all + 3 * me, a, sizeof(a));
     *use = 0;
     GEO_CHECK(region_exchange(comm, a, sizeof(a), all, sizeof(a)));
-    int ok = 1, who = -1;
-    for (int j = 0; j < n; j++)
-        if (!all[3 * j + 2] && ok) {
-            ok = 0;
+    int who = -1; /* the first rank whose buffers cannot be read */
+    for (int j = 0; j < n && who < 0; j++)
+        if (!all[3 * j + 2])
             who = comm->region_ring.ranks[j];
-        }
-    *use = ok;
-    if (!ok && !comm->cma_refused_noted) {
+    *use = who < 0;
+    if (who >= 0 && !comm->cma_refused_noted) {
         comm->cma_refused_noted = 1;
         geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be read with "
                 "process_vm_readv (secret memory, or memory a device driver mapped); such calls "

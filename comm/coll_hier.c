@@ -45,6 +45,7 @@
 #include "comm/reduce.h"
 #include "compress/codec.h"
 #include "compress/ef.h"
+#include "topology/model.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,10 +62,7 @@
  * rank computes the same D. */
 int geoHierDepth(const struct ncclComm *comm, size_t nslices)
 {
-    if (comm->hier_depth > 0)
-        return comm->hier_depth;
-    size_t d = nslices / 4;
-    return d < 2 ? 2 : d > 16 ? 16 : (int)d;
+    return comm->hier_depth > 0 ? comm->hier_depth : topoHierDepthAuto(nslices);
 }
 
 typedef struct {

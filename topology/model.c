@@ -57,9 +57,9 @@
  * them on the progress thread.  So per slice the caller needs
  * K = max_q (RS_q + AG_q + C_q), the WAN needs W = max_q W_q, and a slice's
  * round trip must fit in the pipeline depth D (X1 of slice s is reduced
- * D iterations later; D = a quarter of the slices, 2 to 16, as the library
- * takes it): period = max(K, W, (ow + W/2) / D).  The first slice
- * goes through all stages; each further one adds a period:
+ * D iterations later; D = topoHierDepthAuto, a quarter of the slices, 2
+ * to 16, as the library takes it): period = max(K, W, (ow + W/2) / D).
+ * The first slice goes through all stages; each further one adds a period:
  *     T = K + W + 2 ow + (n - 1) * period
  * (one slice: RS + X1 + X2 + AG back to back; many: the slower of the
  * caller and the WAN, the faster one hidden, which is how compression's
@@ -134,12 +134,10 @@
 /* The buckets go up to 4 GiB. */
 _Static_assert(SIZE_MAX >= UINT64_MAX, "the plan's size buckets need a 64-bit size_t");
 
-/* Slices in flight, as comm/coll_hier.c's geoHierDepth (auto): a quarter
- * of the slices, 2 to 16. */
-static double hier_depth(double nslices)
+int topoHierDepthAuto(size_t nslices)
 {
-    double d = floor(nslices / 4);
-    return d < 2 ? 2 : d > 16 ? 16 : d;
+    size_t d = nslices / 4;
+    return d < 2 ? 2 : d > 16 ? 16 : (int)d;
 }
 #define TCP_GOODPUT (1448.0 / 1500.0)
 #define PREFER_MARGIN 0.01
@@ -360,7 +358,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
         W = fmax(W, 2 * share * L / ratio / wan_rate(m, q, P * (R - 1) * ns));
     }
     double ow = max_oneway(m);
-    double period = fmax(fmax(K, W), (ow + W / 2) / hier_depth(ceil(S / fmax(L, 1))));
+    double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));
     return K + W + 2 * ow + more * period;
 }
 

@@ -175,6 +175,11 @@ void topoPlanPrint(const topoPlan *plan, FILE *f);
 /* The same as one JSON object (no trailing newline). */
 void topoPlanJson(const topoPlan *plan, FILE *f);
 
+/* Slices in flight of the hierarchical all-reduce when GEOCCL_HIER_DEPTH
+ * is 0 (comm/coll_hier.c geoHierDepth, and the prediction here): a quarter
+ * of the slices, 2 to 16.  Why: coll_hier.c's comment on geoHierDepth. */
+int topoHierDepthAuto(size_t nslices);
+
 const char *topoCollName(int coll);
 const char *topoAlgoName(int algo);
 
