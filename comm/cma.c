@@ -127,20 +127,23 @@ out:
     return res;
 }
 
-/* 1 when process_vm_readv can read this process's [p, p + bytes): its
- * first and last byte.  Not every mapping can be read that way, though the
- * process itself reads it: secret memory (memfd_secret), or memory that a
- * device driver mapped (VM_IO, VM_PFNMAP), fail with EFAULT. */
-static int self_readable(const void *p, size_t bytes)
+/* 1 when process_vm_readv can read this process's [p, p + bytes) (and,
+ * with write, process_vm_writev can write it): its first and last byte.
+ * Not every mapping can be reached that way, though the process itself
+ * reads and writes it: secret memory (memfd_secret), or memory that a
+ * device driver mapped (VM_IO, VM_PFNMAP), fail with EFAULT.  The write
+ * puts back the byte just read, before any other rank knows the address. */
+static int self_reachable(const void *p, size_t bytes, int write)
 {
     if (bytes == 0)
         return 1;
-    const char *at[2] = {p, (const char *)p + bytes - 1};
+    char *at[2] = {(char *)p, (char *)p + bytes - 1};
     for (int i = 0; i < 2; i++) {
         char b;
         struct iovec li = {&b, 1};
-        struct iovec ri = {(void *)at[i], 1};
-        if (process_vm_readv(getpid(), &li, 1, &ri, 1, 0) != 1)
+        struct iovec ri = {at[i], 1};
+        if (process_vm_readv(getpid(), &li, 1, &ri, 1, 0) != 1 ||
+            (write && process_vm_writev(getpid(), &li, 1, &ri, 1, 0) != 1))
             return 0;
     }
     return 1;
@@ -151,7 +154,7 @@ ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void 
 {
     const int me = comm->region_ring.me, n = comm->region_ring.n;
     uint64_t a[3] = {(uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv,
-                     (uint64_t)(self_readable(send, bytes) && self_readable(recv, bytes))};
+                     (uint64_t)(self_reachable(send, bytes, 0) && self_reachable(recv, bytes, 1))};
     uint64_t *all = comm->cma_peer_buf;
     memcpy(all + 3 * me, a, sizeof(a));
     *use = 0;
@@ -163,8 +166,8 @@ ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void 
     *use = who < 0;
     if (who >= 0 && !comm->cma_refused_noted) {
         comm->cma_refused_noted = 1;
-        geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be read with "
-                "process_vm_readv (secret memory, or memory a device driver mapped); such calls "
+        geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be reached with "
+                "process_vm_readv/writev (secret memory, or memory a device driver mapped); such calls "
                 "pass them round the region's ring", comm->op_desc, who);
     }
     return ncclSuccess;
@@ -194,13 +197,18 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
     return res;
 }
 
-ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src, size_t bytes)
+/* process_vm_readv (write 0) or process_vm_writev (1) of bytes between my
+ * local and remote in global rank peer's memory, to the last byte. */
+static ncclResult_t cma_copy(struct ncclComm *comm, int peer, void *local, uint64_t remote,
+                             size_t bytes, int write)
 {
     size_t done = 0;
     while (done < bytes) {
-        struct iovec li = {(char *)dst + done, bytes - done};
-        struct iovec ri = {(void *)(uintptr_t)(src + done), bytes - done};
-        ssize_t r = process_vm_readv((pid_t)comm->peers[peer].pid, &li, 1, &ri, 1, 0);
+        struct iovec li = {(char *)local + done, bytes - done};
+        struct iovec ri = {(void *)(uintptr_t)(remote + done), bytes - done};
+        const pid_t pid = (pid_t)comm->peers[peer].pid;
+        ssize_t r = write ? process_vm_writev(pid, &li, 1, &ri, 1, 0)
+                          : process_vm_readv(pid, &li, 1, &ri, 1, 0);
         if (r > 0) {
             done += (size_t)r;
             continue;
@@ -208,12 +216,23 @@ ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src
         if (r < 0 && errno == EINTR)
             continue;
         int e = r < 0 ? errno : EIO;
-        geoCommSetError(comm, "%s: reading rank %d's buffer (host %s, pid %d): %s%s", comm->op_desc,
-                        peer, comm->peers[peer].host, (int)comm->peers[peer].pid, strerror(e),
-                        e == ESRCH ? " (the process is gone)" : "");
+        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", comm->op_desc,
+                        write ? "writing into" : "reading", peer, comm->peers[peer].host,
+                        (int)pid, strerror(e), e == ESRCH ? " (the process is gone)" : "");
         geoWarn(GEO_LOG_NET, "%s", comm->last_error);
         return e == ESRCH ? ncclRemoteError : ncclSystemError;
     }
     comm->stats.bytes_intra += bytes;
     return ncclSuccess;
+}
+
+ncclResult_t geoCmaRead(struct ncclComm *comm, int peer, void *dst, uint64_t src, size_t bytes)
+{
+    return cma_copy(comm, peer, dst, src, bytes, 0);
+}
+
+ncclResult_t geoCmaWrite(struct ncclComm *comm, int peer, uint64_t dst, const void *src,
+                         size_t bytes)
+{
+    return cma_copy(comm, peer, (void *)src, dst, bytes, 1);
 }

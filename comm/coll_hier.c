@@ -14,9 +14,9 @@
  *  AG  intra-region ring all-gather of the finished segments.
  *
  * When the region's ranks share a host (comm->cma, cma.h), RS and AG are
- * single-copy reads instead of the ring: each rank reads its segment of the
- * others' inputs and sums it, then reads their finished segments from
- * their outputs (intra_cma_rs, intra_cma_ag).
+ * single-copy transfers instead of the ring: each rank reads its segment of
+ * the others' inputs and sums it, then writes it, finished, into their
+ * outputs (intra_cma_rs, intra_cma_ag).
  *
  * Every byte of a region's partial crosses its WAN link once out and once
  * back: 2(k-1)/k of the data per region, the minimum, spread over all the
@@ -379,27 +379,29 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
     return res;
 }
 
-/* All-gather of one slice with single-copy reads: once every local rank
- * has finished its segment of the slice (geoCmaSignal with the slice's
- * token), I read theirs from their outputs into mine.  A rank signals a
- * slice only after it has read that slice's inputs, and it writes into its
- * output only its own segment (reduce-scatter and the exchange between
- * regions) until its all-gather: so no one reads a byte that is still to
- * change, and in place my input segments are read before the all-gather
- * overwrites them. */
-static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, char *out,
+/* All-gather of one slice with single-copy writes: once my segment of the
+ * slice is final, I write it into every other local rank's output, and
+ * wait for no one.  Only its owner writes a segment of anyone's output,
+ * and no one else reads it there: the owner itself read it (in place, as
+ * input) in the reduce-scatter, before.  So the slices need no signal
+ * between the ranks; the one at the end of the call (each has written
+ * everything it had to write and read everything it had to read) is
+ * enough for everyone to return.  Pulling instead (read the others'
+ * segments once each has signalled the slice) cost a wake-up round per
+ * slice, and one more at the end, on hosts with fewer cores than ranks
+ * (BENCHMARKS.md, session 10). */
+static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, const char *out,
                                  size_t es)
 {
     const geoRing *ring = &comm->region_ring;
     const int n = ring->n, me = ring->me;
-    GEO_CHECK(geoCmaSignal(comm, (uint64_t)sl->s0 + 1));
-    for (int k = 1; k < n; k++) {
+    size_t off, len;
+    geoSegRange(sl->len, n, me, &off, &len);
+    for (int k = 1; k < n && len > 0; k++) {
         const int j = (me + k) % n;
-        size_t off, len;
-        geoSegRange(sl->len, n, j, &off, &len);
-        if (len > 0)
-            GEO_CHECK(geoCmaRead(comm, ring->ranks[j], out + off * es,
-                                 comm->cma_peer_buf[3 * j + 1] + (sl->s0 + off) * es, len * es));
+        GEO_CHECK(geoCmaWrite(comm, ring->ranks[j],
+                              comm->cma_peer_buf[3 * j + 1] + (sl->s0 + off) * es,
+                              out + off * es, len * es));
     }
     return ncclSuccess;
 }
@@ -783,7 +785,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_intra_ag += geoNow() - t0;
         }
     }
-    /* No one may read my buffers once I return: all have read everything. */
+    /* No one may touch my buffers once I return: all have read and written
+     * everything. */
     if (cma)
         GEO_CHECK_GOTO(geoCmaSignal(comm, UINT64_MAX), res, out);
     geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes, %zu in flight: first partials sent at "
