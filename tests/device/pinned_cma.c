@@ -1,13 +1,14 @@
-/* Can the single-copy reads inside a region (comm/cma.c) read host memory
- * that CUDA allocated or registered?  Run by tests/device/run.sh on a GPU
- * machine; prints one line per kind of buffer:
+/* Can the single-copy transfers inside a region (comm/cma.c) read and
+ * write host memory that CUDA allocated or registered?  Run by
+ * tests/device/run.sh on a GPU machine; prints one line per kind of buffer:
  *
- *   pinned_cma: cudaHostAlloc(default): readable
+ *   pinned_cma: cudaHostAlloc(default): readable and writable
  *
  * GeoCCL checks each call's buffers the same way (process_vm_readv of the
- * first and last byte, by their owner) and sends a call whose buffers fail
- * round the ring, so either answer is correct; this says which path such
- * buffers take.  Exit 77 without a GPU, 1 if a CUDA call fails. */
+ * first and last byte by their owner, and process_vm_writev of the output's)
+ * and sends a call whose buffers fail round the ring, so either answer is
+ * correct; this says which path such buffers take.  Exit 77 without a GPU,
+ * 1 if a CUDA call fails. */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -20,8 +21,10 @@
 #define SIZE (4u << 20)
 
 /* Reads the first and last byte of buf through process_vm_readv on this
- * process, as cma.c's per-call check does. Returns 0 or an errno. */
-static int self_read(const void *buf, size_t len, int host)
+ * process, as cma.c's per-call check does (with write: then writes them
+ * back changed through process_vm_writev, checks, and restores them).
+ * Returns 0 or an errno. */
+static int self_reach(void *buf, size_t len, int host, int write)
 {
     unsigned char got[2];
     struct iovec local[2] = { { &got[0], 1 }, { &got[1], 1 } };
@@ -31,15 +34,30 @@ static int self_read(const void *buf, size_t len, int host)
         return n < 0 ? errno : EIO;
     if (!host)
         return 0;
-    const unsigned char *b = buf;
-    return (got[0] == b[0] && got[1] == b[len - 1]) ? 0 : EIO;
+    unsigned char *b = buf;
+    if (got[0] != b[0] || got[1] != b[len - 1])
+        return EIO;
+    if (!write)
+        return 0;
+    unsigned char old[2] = { got[0], got[1] };
+    got[0] ^= 0xff;
+    got[1] ^= 0xff;
+    n = process_vm_writev(getpid(), local, 2, remote, 2, 0);
+    int e = n != 2 ? (n < 0 ? errno : EIO) : (b[0] != got[0] || b[len - 1] != got[1]) ? EIO : 0;
+    b[0] = old[0];
+    b[len - 1] = old[1];
+    return e;
 }
 
-static void report(const char *what, const void *buf, int host)
+static void report(const char *what, void *buf, int host)
 {
-    int e = self_read(buf, SIZE, host);
-    printf("pinned_cma: %-34s %s%s%s\n", what, e ? "not readable (" : "readable",
-           e ? strerror(e) : "", e ? "): such calls take the ring" : "");
+    int e = self_reach(buf, SIZE, host, 0);
+    /* a device pointer is never written through the host (nor here) */
+    int w = e || !host ? e : self_reach(buf, SIZE, host, 1);
+    printf("pinned_cma: %-34s %s%s%s\n", what,
+           e ? "not readable (" : w ? "readable, not writable ("
+                                    : host ? "readable and writable" : "readable",
+           w ? strerror(w) : "", w ? "): such calls take the ring" : "");
 }
 
 #define CK(call)                                                          \

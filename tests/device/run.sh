@@ -27,8 +27,9 @@
 #   4. codec check, run: GPU chunks vs CPU chunks byte for byte, residuals,
 #      decoders, corrupt chunks; then each kernel's throughput beside the
 #      GPU's memory bandwidth.  Then tests/device/pinned_cma.c: can
-#      process_vm_readv read cudaHostAlloc'd and registered host memory
-#      (which path a host all-reduce on such buffers takes in a region).
+#      process_vm_readv/writev read and write cudaHostAlloc'd and registered
+#      host memory (which path a host all-reduce on such buffers takes in a
+#      region).
 #   5. full build: configure (--with-cuda-arch=<this GPU>, --without-X for
 #      packages that are missing) and make, if configure is there or
 #      autoreconf can make it; it runs in the background while stage 4
@@ -308,19 +309,20 @@ fi
 # ---------------------------------------------------------------------------
 section "single-copy reads of CUDA host memory"
 # Which path a host all-reduce on pinned buffers takes inside a region
-# (comm/cma.c reads peers' buffers with process_vm_readv when it can).
+# (comm/cma.c reads and writes peers' buffers with process_vm_readv/writev
+# when it can).
 libdir=$CUDA_HOME/lib64
 [ -d "$libdir" ] || libdir=$CUDA_HOME/lib
 if gcc -std=gnu11 -O2 -Wall -I"$CUDA_HOME/include" "$ROOT/tests/device/pinned_cma.c" \
        -L"$libdir" -Wl,-rpath,"$libdir" -lcudart -o "$BUILD/pinned_cma" 2>&1; then
     timeout 30 "$BUILD/pinned_cma"
     case $? in
-        0) stage_result "pinned memory reads" pass "$(grep -a 'pinned_cma: .* readable$' "$LOG" | grep -vc 'device pointer') of 4 host kinds readable" ;;
-        77) stage_result "pinned memory reads" skip "no GPU visible" ;;
-        *) stage_result "pinned memory reads" fail ;;
+        0) stage_result "pinned memory CMA" pass "$(grep -ac 'pinned_cma: .* readable and writable$' "$LOG") of 4 host kinds readable and writable" ;;
+        77) stage_result "pinned memory CMA" skip "no GPU visible" ;;
+        *) stage_result "pinned memory CMA" fail ;;
     esac
 else
-    stage_result "pinned memory reads" fail "build"
+    stage_result "pinned memory CMA" fail "build"
 fi
 
 # ---------------------------------------------------------------------------
