@@ -120,6 +120,7 @@ typedef struct {
     geoShmRing tx, rx;
     void *seg;             /* the mapped segment holding tx and rx */
     uint64_t seg_cap;
+    int connector;         /* this end made the segment: its ring and mailbox 0 go out */
     int kick;              /* bytes moved through a ring: ring the peer's doorbell */
     int closed;            /* peer closed or reset: no more polling */
     /* send cursor */
@@ -1235,6 +1236,7 @@ static void ring_attach(tcpConn *c, void *seg, uint64_t cap, int connector)
 {
     c->seg = seg;
     c->seg_cap = cap;
+    c->connector = connector != 0;
     geoShmSegmentRing(seg, cap, connector ? 0 : 1, &c->tx);
     geoShmSegmentRing(seg, cap, connector ? 1 : 0, &c->rx);
     c->ring = 1;
@@ -1553,6 +1555,72 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
     return res;
 }
 
+/* The pair's mailbox: stream 0's segment, when that connection is a ring
+ * (both ends agree on that in the handshake). */
+static int tcp_has_mailbox(void *state, int peer)
+{
+    tcpState *st = state;
+    return st->peers != NULL && peer >= 0 && peer < st->comm->nranks &&
+           peer != st->comm->rank && st->peers[peer].conns != NULL &&
+           st->peers[peer].conns[0].ring;
+}
+
+_Static_assert(GEO_NET_MAIL_BYTES == GEO_SHM_MAIL_BYTES, "one mailbox size");
+
+static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int send)
+{
+    tcpState *st = state;
+    struct ncclComm *comm = st->comm;
+    char pa[GEO_ADDR_STRLEN];
+    tcpConn *c = &st->peers[peer].conns[0];
+    /* the connector's puts go through mailbox 0, the acceptor's through 1 */
+    geoShmMailbox *b = geoShmSegmentMailbox(c->seg, (send != 0) == c->connector ? 0 : 1);
+    const double start = geoNow();
+    ncclResult_t res = ncclSuccess;
+
+    if (len > GEO_SHM_MAIL_BYTES) {
+        geoCommSetError(comm, "%s: a %zu-byte signal does not fit a mailbox", comm->op_desc, len);
+        return ncclInternalError;
+    }
+    for (;;) {
+        int r = send ? geoShmMailPut(b, buf, len) : geoShmMailTake(b, buf, len);
+        if (r > 0)
+            return ncclSuccess;
+        pthread_mutex_lock(&st->lock);
+        if (st->broken) {
+            res = st->broken_res;
+        } else if (r < 0) {
+            geoCommSetError(comm, "%s: malformed signal from rank %d (%s, host %s)",
+                            comm->op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+            res = ncclRemoteError;
+        } else if (comm->abort_flag) {
+            geoCommSetError(comm, "%s: communicator aborted", comm->op_desc);
+            res = ncclRemoteError;
+        } else if (c->closed) {
+            geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections",
+                            comm->op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+            res = ncclRemoteError;
+        } else if (geoNow() - start > comm->timeout) {
+            geoCommSetError(comm, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
+                            comm->op_desc, geoNow() - start,
+                            send ? "signalling" : "waiting for a signal from", peer,
+                            peer_str(st, peer, pa), comm->peers[peer].host);
+            res = ncclRemoteError;
+        }
+        if (res != ncclSuccess) {
+            if (!st->broken) {
+                geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+                break_locked(st, res);
+            }
+            pthread_mutex_unlock(&st->lock);
+            wake(st);
+            return res;
+        }
+        pthread_mutex_unlock(&st->lock);
+        geoShmMailWait(b, send, 20);
+    }
+}
+
 static void tcp_break(void *state)
 {
     tcpState *st = state;
@@ -1651,4 +1719,6 @@ const geoNetTransport geoNetTcp = {
     .limitQueued = tcp_limit_queued,
     .setStreams = tcp_set_streams,
     .setCongestion = tcp_set_congestion,
+    .hasMailbox = tcp_has_mailbox,
+    .mail = tcp_mail,
 };

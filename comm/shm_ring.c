@@ -3,10 +3,14 @@
 #include "comm/shm_ring.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define GEO_SHM_MAGIC 0x47454f52494e4731ULL /* "GEORING1" */
@@ -17,11 +21,22 @@ struct geoShmRingCtl {
     _Alignas(GEO_CACHELINE) _Atomic uint64_t tail; /* consumer's */
 };
 
-/* Segment: header, two controls, then the two data arrays (page aligned). */
+/* One direction's mailbox: posted and taken count messages (the futex
+ * words: shared, so the futex key is the memfd's page, not an address). */
+struct geoShmMailbox {
+    _Alignas(GEO_CACHELINE) _Atomic uint32_t posted; /* producer's */
+    uint32_t len;
+    unsigned char data[GEO_SHM_MAIL_BYTES];
+    _Alignas(GEO_CACHELINE) _Atomic uint32_t taken;  /* consumer's */
+};
+
+/* Segment: header, two controls, two mailboxes, then the two data arrays
+ * (page aligned). */
 typedef struct {
     _Alignas(GEO_CACHELINE) uint64_t magic;
     uint64_t capacity;
     struct geoShmRingCtl ctl[2];
+    struct geoShmMailbox mail[2];
 } geoShmHeader;
 
 #define GEO_SHM_DATA_OFF 4096
@@ -49,6 +64,8 @@ int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base)
     for (int i = 0; i < 2; i++) {
         atomic_init(&h->ctl[i].head, 0);
         atomic_init(&h->ctl[i].tail, 0);
+        atomic_init(&h->mail[i].posted, 0);
+        atomic_init(&h->mail[i].taken, 0);
     }
     *fd = f;
     *base = p;
@@ -142,4 +159,54 @@ size_t geoShmRingRead(geoShmRing *r, void *dst, size_t len)
     memcpy((char *)dst + first, r->data, len - first);
     atomic_store_explicit(&r->ctl->tail, tail + len, memory_order_release);
     return len;
+}
+
+geoShmMailbox *geoShmSegmentMailbox(void *base, int i)
+{
+    return &((geoShmHeader *)base)->mail[i];
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+int geoShmMailPut(geoShmMailbox *b, const void *buf, size_t len)
+{
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_relaxed);
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_acquire);
+    if (p != t || len > GEO_SHM_MAIL_BYTES)
+        return 0;
+    memcpy(b->data, buf, len);
+    b->len = (uint32_t)len;
+    atomic_store_explicit(&b->posted, p + 1, memory_order_release);
+    futex_wake_all(&b->posted);
+    return 1;
+}
+
+int geoShmMailTake(geoShmMailbox *b, void *buf, size_t len)
+{
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_relaxed);
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_acquire);
+    if (p == t)
+        return 0;
+    if (p != t + 1 || b->len != len)
+        return -1;
+    memcpy(buf, b->data, len);
+    atomic_store_explicit(&b->taken, t + 1, memory_order_release);
+    futex_wake_all(&b->taken);
+    return 1;
+}
+
+void geoShmMailWait(geoShmMailbox *b, int put, int ms)
+{
+    /* Asleep only while the state is what made the caller wait: empty
+     * (posted == taken) for a take, full (posted != taken) for a put. */
+    _Atomic uint32_t *word = put ? &b->taken : &b->posted;
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_acquire);
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_acquire);
+    if (put ? p == t : p != t)
+        return;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, word, FUTEX_WAIT, put ? t : p, &ts, NULL, 0);
 }

@@ -15,13 +15,21 @@
  * the capacity reads as a broken peer (see geoShmRingRead).
  *
  * Waking the other side is not the ring's business: net_tcp.c sends a
- * one-byte doorbell on the socket after it moved bytes. */
+ * one-byte doorbell on the socket after it moved bytes.
+ *
+ * The segment also holds a mailbox per direction: one small message (up to
+ * GEO_SHM_MAIL_BYTES) at a time, which the threads at both ends put and
+ * take themselves, waiting on futex words in the segment.  It carries the
+ * region's signals (cma.h) in microseconds, where a message goes through
+ * both ends' progress threads and the doorbell (four wake-ups). */
 #ifndef GEOCCL_SHM_RING_H_
 #define GEOCCL_SHM_RING_H_
 
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+
+#define GEO_SHM_MAIL_BYTES 48
 
 /* One direction, as seen by this process. */
 typedef struct {
@@ -46,6 +54,18 @@ void geoShmSegmentRing(void *base, uint64_t capacity, int i, geoShmRing *ring);
 /* Producer: copy as much of iov[0..n) as there is room for.  Returns the
  * bytes written (0: full). */
 size_t geoShmRingWrite(geoShmRing *r, const struct iovec *iov, int n);
+/* Mailbox i (0: connector to acceptor, 1: back) of a mapped segment. */
+typedef struct geoShmMailbox geoShmMailbox;
+geoShmMailbox *geoShmSegmentMailbox(void *base, int i);
+/* Producer: post len (<= GEO_SHM_MAIL_BYTES) bytes and wake the consumer.
+ * 1: posted; 0: the previous message is still there (or len too big). */
+int geoShmMailPut(geoShmMailbox *b, const void *buf, size_t len);
+/* Consumer: take the message, which must be len bytes.  1: taken; 0: none
+ * yet; -1: counters or length impossible (a corrupt or hostile peer). */
+int geoShmMailTake(geoShmMailbox *b, void *buf, size_t len);
+/* Sleep until a put (put = 1) or a take (0) may succeed, at most ms. */
+void geoShmMailWait(geoShmMailbox *b, int put, int ms);
+
 /* Consumer: copy up to len bytes.  Returns the bytes read (0: empty);
  * (size_t)-1 when the producer's counter is impossible (more than the
  * capacity ahead: a corrupt or hostile peer). */

@@ -90,7 +90,19 @@ typedef struct geoNetTransport {
      * of every network connection to peer, from now on (same-host ones are
      * left alone).  0, or the errno of the first connection that refused. */
     int (*setCongestion)(void *state, int peer, const char *cc);
+    /* Optional (may be NULL): a mailbox per pair of same-host ranks, one
+     * message of at most GEO_NET_MAIL_BYTES at a time each way, outside
+     * the ordered stream above, put and taken by the calling threads
+     * themselves (no progress thread in between).  hasMailbox: whether
+     * the pair has one (the same answer at both ends).  mail: put (send)
+     * or take len bytes, waiting while the previous message is still
+     * there or none has come; fails like wait (broken, aborted, the peer
+     * gone, or comm->timeout). */
+    int (*hasMailbox)(void *state, int peer);
+    ncclResult_t (*mail)(void *state, int peer, void *buf, size_t len, int send);
 } geoNetTransport;
+
+#define GEO_NET_MAIL_BYTES 48
 
 extern const geoNetTransport geoNetTcp;
 extern const geoNetTransport *const geoNetTransports[];

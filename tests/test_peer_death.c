@@ -18,6 +18,11 @@
  * sockets); each test checks that every rank reached all its peers that
  * way, and the SIGKILL case runs once more with GEOCCL_SHM=0 (TCP only,
  * every rank must report no fast-path peer).
+ *
+ * Two more cases split the ranks into two regions ('a a b b', GEOCCL_ALGO=
+ * hier): the victim's region partner then waits on it inside the region's
+ * single-copy phases and their signals, which go through the pair's
+ * shared-memory mailbox (comm/transport.h), not through a socket.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -61,6 +66,7 @@ struct death_arg {
   enum death how;
   int shm;                     /* GEOCCL_SHM for the ranks */
   struct shared *sh;
+  int regions;                 /* 1: regions a a b b, hierarchical all-reduce */
 };
 
 static void *executioner(void *p)
@@ -84,6 +90,10 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   struct shared *sh = a->sh;
   ncclComm_t comm = NULL;
   setenv("GEOCCL_SHM", a->shm ? "1" : "0", 1);
+  if (a->regions) {
+    setenv("GEOCCL_REGION", rank < NRANKS / 2 ? "a" : "b", 1);
+    setenv("GEOCCL_ALGO", "hier", 1);
+  }
   ncclResetDebugInit(); /* the parent may have read the parameters already */
   ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
   if (r != ncclSuccess) {
@@ -164,11 +174,11 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   return fails;
 }
 
-static void run_death(enum death how, int shm)
+static void run_death_in(enum death how, int shm, int regions)
 {
   struct shared *sh = harness_shared_alloc(sizeof(*sh));
   CU_ASSERT_FATAL(sh != NULL);
-  struct death_arg a = {how, shm, sh};
+  struct death_arg a = {how, shm, sh, regions};
   harness_status st[NRANKS];
   harness_opts o;
   memset(&o, 0, sizeof(o));
@@ -178,7 +188,8 @@ static void run_death(enum death how, int shm)
   o.status = st;
   int rc = harness_run_opts(NRANKS, death_body, &a, &o);
 
-  printf("\n  rank %d %s (GEOCCL_SHM=%d):", VICTIM, death_names[how], shm);
+  printf("\n  rank %d %s (GEOCCL_SHM=%d%s):", VICTIM, death_names[how], shm,
+         regions ? ", regions a a b b" : "");
   for (int r = 0; r < NRANKS; r++) {
     if (r == VICTIM) continue;
     if (sh->took[r] != 0 || sh->result[r] != 0)
@@ -211,10 +222,13 @@ static void run_death(enum death how, int shm)
   harness_shared_free(sh, sizeof(*sh));
 }
 
+static void run_death(enum death how, int shm) { run_death_in(how, shm, 0); }
 static void test_sigkill(void) { run_death(DIE_SIGKILL, 1); }
 static void test_exit(void) { run_death(DIE_EXIT, 1); }
 static void test_sigstop(void) { run_death(DIE_SIGSTOP, 1); }
 static void test_sigkill_tcp(void) { run_death(DIE_SIGKILL, 0); }
+static void test_sigkill_regions(void) { run_death_in(DIE_SIGKILL, 1, 1); }
+static void test_sigstop_regions(void) { run_death_in(DIE_SIGSTOP, 1, 1); }
 
 int main(void)
 {
@@ -233,6 +247,10 @@ int main(void)
   CU_add_test(s, "rank 2 SIGKILLed during all-reduce", test_sigkill);
   CU_add_test(s, "rank 2 calls _exit(0) during all-reduce", test_exit);
   CU_add_test(s, "rank 2 SIGSTOPped during all-reduce", test_sigstop);
+  CU_add_test(s, "regions a a b b: rank 2 SIGKILLed during a hierarchical all-reduce",
+              test_sigkill_regions);
+  CU_add_test(s, "regions a a b b: rank 2 SIGSTOPped during a hierarchical all-reduce",
+              test_sigstop_regions);
   CU_add_test(s, "rank 2 SIGKILLed during all-reduce, TCP only (GEOCCL_SHM=0)",
               test_sigkill_tcp);
   CU_basic_set_mode(CU_BRM_VERBOSE);

@@ -2,7 +2,9 @@
  * writes and reads that wrap around the end, full and empty rings, a
  * segment that is not ours, counters a broken peer could leave, and a
  * producer and a consumer in two threads moving 64 MiB through a small ring
- * in odd-sized pieces, checked byte for byte. */
+ * in odd-sized pieces, checked byte for byte; and the segment's mailboxes:
+ * one message at a time each way, wrong lengths refused, two threads
+ * passing numbered messages with futex waits. */
 #include "config.h"
 #include "comm/shm_ring.h"
 
@@ -13,9 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CAP 4096u
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void test_wrap_full_empty(void)
 {
@@ -162,6 +172,80 @@ static void test_two_threads(void)
     free(dst);
 }
 
+static void test_mailbox(void)
+{
+    int fd;
+    void *base;
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    close(fd);
+    geoShmMailbox *to = geoShmSegmentMailbox(base, 0), *back = geoShmSegmentMailbox(base, 1);
+    uint64_t v = 42, w = 0;
+    char big[GEO_SHM_MAIL_BYTES + 1] = {0};
+    CU_ASSERT_EQUAL(geoShmMailTake(to, &w, sizeof(w)), 0);      /* empty */
+    CU_ASSERT_EQUAL(geoShmMailPut(to, big, sizeof(big)), 0);    /* too long */
+    CU_ASSERT_EQUAL(geoShmMailPut(to, &v, sizeof(v)), 1);
+    v = 43;
+    CU_ASSERT_EQUAL(geoShmMailPut(to, &v, sizeof(v)), 0);       /* full */
+    CU_ASSERT_EQUAL(geoShmMailTake(back, &w, sizeof(w)), 0);    /* the other way is apart */
+    uint32_t small;
+    CU_ASSERT_EQUAL(geoShmMailTake(to, &small, sizeof(small)), -1); /* not the length sent */
+    CU_ASSERT_EQUAL(geoShmMailTake(to, &w, sizeof(w)), 1);
+    CU_ASSERT_EQUAL(w, 42);
+    CU_ASSERT_EQUAL(geoShmMailTake(to, &w, sizeof(w)), 0);
+    CU_ASSERT_EQUAL(geoShmMailPut(to, &v, sizeof(v)), 1);
+    CU_ASSERT_EQUAL(geoShmMailTake(to, &w, sizeof(w)), 1);
+    CU_ASSERT_EQUAL(w, 43);
+    /* a waiter on an empty mailbox sleeps its time out and comes back */
+    double t0 = now_s();
+    geoShmMailWait(to, 0, 30);
+    CU_ASSERT(now_s() - t0 > 0.02);
+    geoShmSegmentUnmap(base, CAP);
+}
+
+#define PINGS 20000
+static void *ponger(void *p)
+{
+    void *base = p;
+    geoShmMailbox *in = geoShmSegmentMailbox(base, 0), *out = geoShmSegmentMailbox(base, 1);
+    for (uint64_t i = 0; i < PINGS; i++) {
+        uint64_t got;
+        int r;
+        while ((r = geoShmMailTake(in, &got, sizeof(got))) == 0)
+            geoShmMailWait(in, 0, 1000);
+        if (r < 0 || got != i)
+            return (void *)1;
+        got = ~got;
+        while (geoShmMailPut(out, &got, sizeof(got)) == 0)
+            geoShmMailWait(out, 1, 1000);
+    }
+    return NULL;
+}
+
+static void test_mailbox_two_threads(void)
+{
+    int fd;
+    void *base, *ret = (void *)1;
+    pthread_t t;
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    close(fd);
+    geoShmMailbox *out = geoShmSegmentMailbox(base, 0), *in = geoShmSegmentMailbox(base, 1);
+    pthread_create(&t, NULL, ponger, base);
+    int bad = 0;
+    for (uint64_t i = 0; i < PINGS && !bad; i++) {
+        uint64_t got;
+        int r;
+        while (geoShmMailPut(out, &i, sizeof(i)) == 0)
+            geoShmMailWait(out, 1, 1000);
+        while ((r = geoShmMailTake(in, &got, sizeof(got))) == 0)
+            geoShmMailWait(in, 0, 1000);
+        bad = r < 0 || got != ~i;
+    }
+    CU_ASSERT_FALSE(bad);
+    pthread_join(t, &ret);
+    CU_ASSERT_PTR_NULL(ret);
+    geoShmSegmentUnmap(base, CAP);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS)
@@ -171,6 +255,8 @@ int main(void)
     CU_add_test(s, "impossible counters are an error", test_impossible_counters);
     CU_add_test(s, "a memfd that is not a ring segment is refused", test_foreign_segment_refused);
     CU_add_test(s, "64 MiB through a 4 KiB ring, two threads, odd pieces", test_two_threads);
+    CU_add_test(s, "mailbox: one message each way, full, empty, wrong length", test_mailbox);
+    CU_add_test(s, "mailbox: 20000 round trips between two threads", test_mailbox_two_threads);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();
