@@ -131,19 +131,20 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     comm->cma = all_ok;
     const int g = comm->regions.region_of[comm->rank];
     if (all_ok)
-        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: its %d ranks read each other's inputs "
-                "directly (process_vm_readv; GEOCCL_CMA=0 turns it off)", g, n);
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: its %d ranks read each other's inputs and "
+                "write each other's outputs directly (process_vm_readv/writev; GEOCCL_CMA=0 turns "
+                "it off)", g, n);
     else if (!wanted)
-        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads (GEOCCL_CMA=0 here)",
-                g);
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy transfers (GEOCCL_CMA=0 "
+                "here)", g);
     else if (!verdict)
-        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads between its ranks: "
-                "rank %d could not read rank %d's memory (%s); the ring carries the data", g,
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy transfers between its "
+                "ranks: rank %d could not read rank %d's memory (%s); the ring carries the data", g,
                 comm->rank, bad, bad < 0 ? "out of memory" : bad_errno ? strerror(bad_errno)
                                                                        : "another process answered");
     else
-        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy reads: another rank of the "
-                "region could not read (its log says why) or has GEOCCL_CMA=0", g);
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "region %d: no single-copy transfers: another rank of "
+                "the region could not read (its log says why) or has GEOCCL_CMA=0", g);
 out:
     free(all);
     free(ok);

@@ -109,7 +109,7 @@ struct ncclComm {
     geoRing region_ring;        /* my region's ranks, local order */
     int cma;                    /* my region's ranks read each other's memory (cma.h) */
     uint8_t cma_token[16];      /* what they read to check it */
-    uint64_t *cma_peer_buf;     /* per call: each local rank's input, output, readable */
+    uint64_t *cma_peer_buf;     /* per call: each local rank's input, output, reachable */
     int cma_refused_noted;      /* a call's buffers could not be read: said once */
     int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
     size_t hier_slice;          /* bytes per hierarchical slice */

@@ -104,7 +104,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "sockets only, 0 off (TCP)"},
     [GEO_PARAM_CMA] = {"GEOCCL_CMA", GEO_PARAM_INT, "1",
                        "1: ranks of one region on one host read each other's inputs with "
-                       "process_vm_readv in the hierarchical all-reduce (checked at init; "
+                       "process_vm_readv and write each other's outputs with process_vm_writev "
+                       "in the hierarchical all-reduce (checked at init; "
                        "where the kernel refuses, the ring is used); 0: never"},
 };
 

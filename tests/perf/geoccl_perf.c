@@ -153,7 +153,7 @@ static void geo_describe(void *ctx, FILE *out)
                 nranks - 1);
     int single = 0;
     if (geocclCommGetSingleCopy(c->comm, &single) == ncclSuccess && single)
-        fprintf(out, "# region's ranks read each other's inputs directly (GEOCCL_CMA)\n");
+        fprintf(out, "# region's ranks read and write each other's buffers directly (GEOCCL_CMA)\n");
     /* The settings that were not left at their defaults; a secret is
      * named, never printed. */
     int n = geocclParamCount(), shown = 0;
