@@ -20,8 +20,8 @@
  * The segment also holds a mailbox per direction: one small message (up to
  * GEO_SHM_MAIL_BYTES) at a time, which the threads at both ends put and
  * take themselves, waiting on futex words in the segment.  It carries the
- * region's signals (cma.h) in microseconds, where a message goes through
- * both ends' progress threads and the doorbell (four wake-ups). */
+ * region's signals (cma.h) with one wake-up, where a message goes through
+ * both ends' progress threads and the doorbell (four). */
 #ifndef GEOCCL_SHM_RING_H_
 #define GEOCCL_SHM_RING_H_
 
