@@ -1316,7 +1316,7 @@ GEO_KERNEL void topkScatterKernel(const unsigned char *src, float *dst, const in
 }
 
 /* dst[i] = dst[i] / divisor, binary32 division rounded to nearest (the
- * average of a float all-reduce, as comm/reduce.c's geoDivide). */
+ * average of a float all-reduce, as comm/coll/reduce.c's geoDivide). */
 GEO_KERNEL void divideF32Kernel(float *dst, size_t count, float divisor)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;

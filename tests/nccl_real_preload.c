@@ -4,7 +4,7 @@
  * loaded library and NVIDIA's functions, not GeoCCL's own.  Exit 0 on
  * success; prints what it found. */
 #include "config.h"
-#include "comm/nccl_real.h"
+#include "comm/device/nccl_real.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

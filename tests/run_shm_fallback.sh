@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # The same-host fast path (GEOCCL_SHM) needs proof that a rank can open the
-# other's socket file (comm/net_local.h, rule 3); sharing the kernel and the
+# other's socket file (comm/transport/net_local.h, rule 3); sharing the kernel and the
 # network namespace is not enough. Two ranks of one host and one network
 # namespace, each its own process (env bootstrap on 127.0.0.1):
 #

@@ -1,7 +1,7 @@
 /* Bootstrap: the unique id, the secret, strangers at the root's port. */
 #include "config.h"
-#include "comm/bootstrap.h"
-#include "comm/param.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/base/param.h"
 
 #include <CUnit/Basic.h>
 #include <pthread.h>

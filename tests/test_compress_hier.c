@@ -1,4 +1,4 @@
-/* Compressed hierarchical all-reduce (comm/coll_hier.c with compress/):
+/* Compressed hierarchical all-reduce (comm/coll/coll_hier.c with compress/):
  * for every codec on 2 and 3 regions (even and uneven) the result is
  * bit-identical on every rank, within the codec's error, and error feedback
  * makes the running sum of the results converge to the exact running sum;

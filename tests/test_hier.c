@@ -1,5 +1,5 @@
 /*
- * Hierarchical all-reduce (comm/coll_hier.c) over forked ranks on loopback.
+ * Hierarchical all-reduce (comm/coll/coll_hier.c) over forked ranks on loopback.
  *
  * Each rank sets GEOCCL_REGION to its label before ncclCommInitRank, which
  * gives the communicator more than one region and so routes ncclAllReduce
@@ -27,7 +27,7 @@
  * arithmetic implies.
  *
  * Forked ranks share a host, so by default every region of several ranks
- * reads its members' buffers directly (GEOCCL_CMA, comm/cma.h; each rank
+ * reads its members' buffers directly (GEOCCL_CMA, comm/coll/cma.h; each rank
  * checks geocclCommGetSingleCopy, and the bytes read count as intra bytes,
  * so the 2(n-1) rule holds either way). The last test runs the ring
  * instead: GEOCCL_CMA=0 on every rank (the matrix and small slices), and on

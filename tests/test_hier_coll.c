@@ -1,13 +1,13 @@
-/* Hierarchical all-gather and reduce-scatter (comm/coll_hier.c) on region
+/* Hierarchical all-gather and reduce-scatter (comm/coll/coll_hier.c) on region
  * layouts of even and uneven sizes: exact results for every data type and
  * op, in and out of place, and the WAN bytes each region sends are the
  * minimum (each block crosses into every other region once).  And the
  * inter-region step alone (geoHierExchange), as the device path runs it
  * after NVIDIA's reduce-scatter: shards cut as geoSegPadded. */
 #include "config.h"
-#include "comm/coll.h"
-#include "comm/comm.h"
-#include "comm/reduce.h"
+#include "comm/coll/coll.h"
+#include "comm/core/comm.h"
+#include "comm/coll/reduce.h"
 #include "geoccl.h"
 #include "harness.h"
 #include "nccl.h"

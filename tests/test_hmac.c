@@ -1,7 +1,7 @@
 /* SHA-256 / HMAC-SHA-256 against published test vectors (FIPS 180-4
  * examples, RFC 4231 cases 1, 2 and 6), and the random-bytes helper. */
 #include "config.h"
-#include "comm/hmac.h"
+#include "comm/base/hmac.h"
 
 #include <CUnit/Basic.h>
 #include <stdio.h>

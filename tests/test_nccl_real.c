@@ -1,12 +1,12 @@
-/* Loading NVIDIA's NCCL (comm/nccl_real.c): the default search finds
+/* Loading NVIDIA's NCCL (comm/device/nccl_real.c): the default search finds
  * NVIDIA's library and its functions, never GeoCCL's; GEOCCL_NCCL_LIB
  * naming a missing file or GeoCCL itself gives a clear error; and a trainer
  * linked with NVIDIA's libnccl and run with LD_PRELOAD=libgeoccl.so still
  * gets NVIDIA's functions (tests/nccl_real_preload, run here).  Runs without
  * a GPU: loading and ncclGetVersion need none. */
 #include "config.h"
-#include "comm/nccl_real.h"
-#include "comm/param.h"
+#include "comm/device/nccl_real.h"
+#include "comm/base/param.h"
 #include "harness.h"
 #include "nccl.h"
 

@@ -1,7 +1,7 @@
 /* The environment parameter table and the logger's settings. */
 #include "config.h"
-#include "comm/debug.h"
-#include "comm/param.h"
+#include "comm/base/debug.h"
+#include "comm/base/param.h"
 #include "geoccl.h"
 
 #include <CUnit/Basic.h>

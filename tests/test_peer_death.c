@@ -22,7 +22,7 @@
  * Two more cases split the ranks into two regions ('a a b b', GEOCCL_ALGO=
  * hier): the victim's region partner then waits on it inside the region's
  * single-copy phases and their signals, which go through the pair's
- * shared-memory mailbox (comm/transport.h), not through a socket.
+ * shared-memory mailbox (comm/transport/transport.h), not through a socket.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>

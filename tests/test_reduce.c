@@ -1,6 +1,6 @@
 /* Host reductions and the narrow floating-point conversions. */
 #include "config.h"
-#include "comm/reduce.h"
+#include "comm/coll/reduce.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>

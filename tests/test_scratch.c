@@ -1,9 +1,9 @@
-/* Scratch buffers kept between calls (comm/scratch.h): a buffer given back
+/* Scratch buffers kept between calls (comm/base/scratch.h): a buffer given back
  * is handed out again (the smallest idle one that fits), a busy one never
  * twice, the bytes kept stay within GEO_SCRATCH_MAX_BYTES, and threads
  * sharing one pool never get the same buffer at once. */
 #include "config.h"
-#include "comm/scratch.h"
+#include "comm/base/scratch.h"
 
 #include <CUnit/Basic.h>
 #include <pthread.h>

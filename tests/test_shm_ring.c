@@ -1,4 +1,4 @@
-/* The shared-memory rings of the same-host fast path (comm/shm_ring.c):
+/* The shared-memory rings of the same-host fast path (comm/transport/shm_ring.c):
  * writes and reads that wrap around the end, full and empty rings, a
  * segment that is not ours, counters a broken peer could leave, and a
  * producer and a consumer in two threads moving 64 MiB through a small ring
@@ -6,7 +6,7 @@
  * one message at a time each way, wrong lengths refused, two threads
  * passing numbered messages with futex waits. */
 #include "config.h"
-#include "comm/shm_ring.h"
+#include "comm/transport/shm_ring.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

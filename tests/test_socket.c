@@ -1,7 +1,7 @@
 /* Socket helpers and interface selection. */
 #include "config.h"
-#include "comm/socket.h"
-#include "comm/param.h"
+#include "comm/transport/socket.h"
+#include "comm/base/param.h"
 #include "geoccl.h"
 #include "harness.h"
 #include "topology/ifaces.h"

@@ -4,10 +4,10 @@
  * Connection set-up: many ranks and streams at once, and strangers at the
  * data listeners, who must not delay anyone's init. */
 #include "config.h"
-#include "comm/bootstrap.h"
-#include "comm/comm.h"
-#include "comm/param.h"
-#include "comm/transport.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/core/comm.h"
+#include "comm/base/param.h"
+#include "comm/transport/transport.h"
 #include "geoccl.h"
 
 #include <CUnit/Basic.h>

@@ -373,7 +373,7 @@ static double predict_hier(const topoModel *m, int coll, const topoCodecCost *co
     switch (coll) {
     case TOPO_COLL_ALLREDUCE:
         /* The library takes the direct exchange below direct_max only when
-         * the plan says flat (comm/coll_ring.c), so HIER is always the
+         * the plan says flat (comm/coll/coll_ring.c), so HIER is always the
          * hierarchical algorithm here. */
         return hier_allreduce(m, codec, S, chunk ? chunk : m->hier_slice, ns);
     case TOPO_COLL_ALLGATHER:

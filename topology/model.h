@@ -40,7 +40,7 @@ enum {
 
 /* Algorithms: FLAT is one ring (chain for broadcast) over all ranks in
  * region order, with the direct exchange for small all-reduces; HIER is
- * comm/coll_hier.c. */
+ * comm/coll/coll_hier.c. */
 enum { TOPO_ALGO_FLAT = 0, TOPO_ALGO_HIER = 1, TOPO_ALGO_COUNT = 2 };
 
 /* Codec id of "no compression" (compress/codec.h's GEO_CODEC_NONE). */
@@ -96,7 +96,7 @@ extern const int topoDefaultNCodecs;
 
 /* Fills every field with a default: no regions, intra 20 us / 5 GB/s,
  * 2 streams, no stream cap, goodput 1, chunk 512 KiB, slice 4 MiB, direct
- * 16 KiB (the library's defaults, comm/param.c). */
+ * 16 KiB (the library's defaults, comm/base/param.c). */
 void topoModelInit(topoModel *m);
 
 /* Builds a model from a topology file: regions in file order with their
@@ -176,7 +176,7 @@ void topoPlanPrint(const topoPlan *plan, FILE *f);
 void topoPlanJson(const topoPlan *plan, FILE *f);
 
 /* Slices in flight of the hierarchical all-reduce when GEOCCL_HIER_DEPTH
- * is 0 (comm/coll_hier.c geoHierDepth, and the prediction here): a quarter
+ * is 0 (comm/coll/coll_hier.c geoHierDepth, and the prediction here): a quarter
  * of the slices, 2 to 16.  Why: coll_hier.c's comment on geoHierDepth. */
 int topoHierDepthAuto(size_t nslices);
 

@@ -1,6 +1,6 @@
 /*
  * A CPU emulation of the CUDA runtime and driver subset that
- * comm/coll_device.c, comm/nccl_real.c, tests/device/dev_allreduce.c and
+ * comm/device/coll_device.c, comm/device/nccl_real.c, tests/device/dev_allreduce.c and
  * the emulated NCCL (tests/device/nccl_emu.c) call, so that the device-
  * buffer path of GeoCCL runs end to end in make check without a GPU
  * (tests/device/dev_allreduce-emu, run by tests/device/run_dev_emu.sh).

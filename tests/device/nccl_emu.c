@@ -1,7 +1,7 @@
 /*
  * A stand-in for NVIDIA's libnccl, for the CPU emulation of the device path
  * (tests/device/dev_allreduce-emu): built as tests/device/libnccl_emu.so and
- * loaded by comm/nccl_real.c through GEOCCL_NCCL_LIB.
+ * loaded by comm/device/nccl_real.c through GEOCCL_NCCL_LIB.
  *
  * It exports every function nccl_real.c requires (and the collectives it
  * may use) with NCCL's signatures, and supports communicators of ONE rank:

@@ -1,4 +1,4 @@
-/* Can the single-copy transfers inside a region (comm/cma.c) read and
+/* Can the single-copy transfers inside a region (comm/coll/cma.c) read and
  * write host memory that CUDA allocated or registered?  Run by
  * tests/device/run.sh on a GPU machine; prints one line per kind of buffer:
  *

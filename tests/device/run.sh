@@ -309,7 +309,7 @@ fi
 # ---------------------------------------------------------------------------
 section "single-copy reads of CUDA host memory"
 # Which path a host all-reduce on pinned buffers takes inside a region
-# (comm/cma.c reads and writes peers' buffers with process_vm_readv/writev
+# (comm/coll/cma.c reads and writes peers' buffers with process_vm_readv/writev
 # when it can).
 libdir=$CUDA_HOME/lib64
 [ -d "$libdir" ] || libdir=$CUDA_HOME/lib

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# The device-buffer path (comm/coll_device.c, comm/nccl_real.c, the codec
+# The device-buffer path (comm/device/coll_device.c, comm/device/nccl_real.c, the codec
 # kernels) run end to end without a GPU: tests/device/dev_allreduce, built
 # as dev_allreduce-emu against the emulated CUDA runtime and kernels, with
 # the one-rank emulated NCCL as "NVIDIA's" (see Makefile.am).  Every rank is

@@ -8,7 +8,7 @@
  *   ... hier_rank loop SECONDS BYTES
  *
  * The region comes from GEOCCL_REGION (geoccl-wan exec sets it); with more
- * than one region ncclAllReduce runs hierarchically (comm/coll_hier.c).
+ * than one region ncclAllReduce runs hierarchically (comm/coll/coll_hier.c).
  *
  * matrix: every data type x every op x in-place/out-of-place x counts
  *   {1, 2, 7, 4099}, then 262147 elements for float sum and int8 max, then a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# The hierarchical all-reduce (comm/coll_hier.c) across emulated regions:
+# The hierarchical all-reduce (comm/coll/coll_hier.c) across emulated regions:
 # real network namespaces joined by shaped, delayed links
 # (examples/wan/geoccl-wan), one process per rank (tests/wan/hier_rank.c),
 # env bootstrap at rank 0 in region r0 (GEOCCL_COMM_ID=10.231.0.10:PORT),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# The topology probe (comm/probe.c, topology/cluster.c) and geoccl-probe on
+# The topology probe (topology/probe.c, topology/cluster.c) and geoccl-probe on
 # emulated regions (examples/wan/geoccl-wan), with no region labels given:
 #
 #   a. 3 regions of 2 + 3 + 1 ranks, asymmetric links: 100 Mbit/s, 1 Gbit/s,

@@ -1,0 +1,277 @@
+/* geoccl.h entry points. */
+#include "config.h"
+#include "geoccl.h"
+#include "comm/base/checks.h"
+#include "comm/core/comm.h"
+#include "comm/device/coll_device.h"
+#include "comm/base/param.h"
+#include "comm/coll/tuning.h"
+#include "topology/model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+int geocclParamCount(void) { return GEO_PARAM_COUNT; }
+
+ncclResult_t geocclParamGet(int i, geocclParamInfo *info)
+{
+    GEO_RETURN_IF(info == NULL || i < 0 || i >= GEO_PARAM_COUNT, ncclInvalidArgument,
+                  "geocclParamGet: index %d outside [0, %d) or NULL info", i, GEO_PARAM_COUNT);
+    const geoParamDesc *d = geoParamDescribe((geoParamId)i);
+    info->name = d->name;
+    info->value = geoParamStr((geoParamId)i);
+    info->dflt = d->dflt;
+    info->help = d->help;
+    info->is_set = geoParamIsSet((geoParamId)i);
+    return ncclSuccess;
+}
+
+const char *geocclVersionString(void) { return GEOCCL_VERSION_STRING; }
+
+ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *chunkBytes,
+                                        double *timeoutSec)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetTransportInfo") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetTransportInfo: NULL or dead comm");
+    if (nstreams)
+        *nstreams = comm->nstreams;
+    if (chunkBytes)
+        *chunkBytes = comm->chunk_size;
+    if (timeoutSec)
+        *timeoutSec = comm->timeout;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetLocalPeers") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetLocalPeers: NULL or dead comm");
+    GEO_RETURN_IF(localPeers == NULL, ncclInvalidArgument,
+                  "geocclCommGetLocalPeers: NULL localPeers");
+    *localPeers = comm->local_peers;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetSingleCopy") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetSingleCopy: NULL or dead comm");
+    GEO_RETURN_IF(singleCopy == NULL, ncclInvalidArgument,
+                  "geocclCommGetSingleCopy: NULL singleCopy");
+    *singleCopy = comm->cma;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
+                                 int *regionSize, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetRegion") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetRegion: NULL or dead comm");
+    const topoRegionMap *m = &comm->regions;
+    int g = m->region_of[comm->rank];
+    if (nregions)
+        *nregions = m->nregions;
+    if (region)
+        *region = g;
+    if (localRank)
+        *localRank = m->local_rank[comm->rank];
+    if (regionSize)
+        *regionSize = m->size[g];
+    if (name)
+        *name = m->names[g];
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetStats") != ncclSuccess || stats == NULL,
+                  ncclInvalidArgument, "geocclCommGetStats: NULL or dead comm, or NULL stats");
+    stats->bytesIntra = comm->stats.bytes_intra;
+    stats->bytesWan = comm->stats.bytes_wan;
+    stats->bytesWanRaw = comm->stats.bytes_wan_raw;
+    stats->secCodec = comm->stats.t_codec;
+    stats->callsFlat = comm->stats.calls_flat;
+    stats->callsHier = comm->stats.calls_hier;
+    stats->secIntraReduceScatter = comm->stats.t_intra_rs;
+    stats->secInter = comm->stats.t_inter;
+    stats->secIntraAllGather = comm->stats.t_intra_ag;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommResetStats(ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetStats") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommResetStats: NULL or dead comm");
+    memset(&comm->stats, 0, sizeof(comm->stats));
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommSetCompression(ncclComm_t comm, const char *spec)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommSetCompression") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommSetCompression: NULL or dead comm");
+    /* Device all-reduces still queued on the exchange thread read the
+     * codec parameters when they run: they keep the ones they were issued
+     * with. */
+    GEO_CHECK(geoDevDrain(comm));
+    return geoCommSetCodec(comm, spec);
+}
+
+ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetCompression") != ncclSuccess || name == NULL,
+                  ncclInvalidArgument, "geocclCommGetCompression: NULL or dead comm, or NULL name");
+    *name = comm->codec_auto ? "auto"
+            : geoCodecGet(comm->codec) ? geoCodecGet(comm->codec)->name : "none";
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetErrorFeedback") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommResetErrorFeedback: NULL or dead comm");
+    /* queued device exchanges hold residuals of comm->ef */
+    GEO_CHECK(geoDevDrain(comm));
+    geoEfReset(&comm->ef);
+    geoDevResetErrorFeedback(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetTopology") != ncclSuccess || topo == NULL,
+                  ncclInvalidArgument, "geocclCommGetTopology: NULL or dead comm, or NULL topo");
+    const geoTopo *t = &comm->topo;
+    memset(topo, 0, sizeof(*topo));
+    topo->nnodes = t->nnodes;
+    topo->nregions = comm->regions.nregions;
+    topo->rttMeasured = t->rtt_measured;
+    topo->regionsMeasured = t->regions_measured;
+    topo->bwMeasured = t->bw_measured;
+    topo->fromFile = t->from_file;
+    topo->inherited = comm->inherit.valid;
+    topo->rttCutMs = t->cut * 1e3;
+    topo->streamsNeeded = t->streams_needed;
+    topo->windowBytes = t->window_bytes;
+    topo->secProbe = t->t_total;
+    topo->secRtt = t->t_rtt;
+    topo->secBw = t->t_bw;
+    topo->secWait = t->t_wait;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWarmup") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetWarmup: NULL or dead comm");
+    if (regionPairs)
+        *regionPairs = comm->topo.warm_pairs;
+    if (sec)
+        *sec = comm->topo.t_warm;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWanCongestion") != ncclSuccess || name == NULL,
+                  ncclInvalidArgument, "geocclCommGetWanCongestion: NULL or dead comm, or NULL name");
+    *name = comm->wan_cc;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
+                               int *region, double *nicGbit)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetNode") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetNode: NULL or dead comm");
+    const geoTopo *t = &comm->topo;
+    GEO_RETURN_IF(node < 0 || node >= t->nnodes, ncclInvalidArgument,
+                  "geocclCommGetNode: node %d outside [0, %d)", node, t->nnodes);
+    if (addr)
+        *addr = t->node_addr[node];
+    if (leaderRank)
+        *leaderRank = t->leader[node];
+    if (region)
+        *region = comm->regions.region_of[t->leader[node]];
+    if (nicGbit)
+        *nicGbit = t->nic_gbit ? t->nic_gbit[node] : -1;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetRtt(ncclComm_t comm, double *rttMs)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetRtt") != ncclSuccess || rttMs == NULL,
+                  ncclInvalidArgument, "geocclCommGetRtt: NULL or dead comm, or NULL rttMs");
+    const geoTopo *t = &comm->topo;
+    GEO_RETURN_IF(!t->rtt_measured, ncclInvalidUsage,
+                  "geocclCommGetRtt: no round trips were measured (one node, labels given "
+                  "with GEOCCL_PROBE=1, or GEOCCL_PROBE=0)");
+    for (int i = 0; i < t->nnodes * t->nnodes; i++)
+        rttMs[i] = t->rtt[i] >= 0 ? t->rtt[i] * 1e3 : -1;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
+                                double *egressMbit, double *onewayMs)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetLinks") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetLinks: NULL or dead comm");
+    const geoTopo *t = &comm->topo;
+    int R = comm->regions.nregions;
+    for (int i = 0; i < R; i++) {
+        for (int j = 0; j < R; j++) {
+            if (bwMbit)
+                bwMbit[i * R + j] = t->bw ? t->bw[i * R + j] * 8e-6 : 0;
+            if (rttMs)
+                rttMs[i * R + j] = t->region_rtt && t->region_rtt[i * R + j] >= 0
+                                       ? t->region_rtt[i * R + j] * 1e3
+                                       : -1;
+        }
+        if (egressMbit)
+            egressMbit[i] = t->egress ? t->egress[i] * 8e-6 : 0;
+        if (onewayMs)
+            onewayMs[i] = t->oneway ? t->oneway[i] * 1e3 : 0;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommWriteTopology") != ncclSuccess || path == NULL,
+                  ncclInvalidArgument, "geocclCommWriteTopology: NULL or dead comm, or NULL "
+                  "path");
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        geoCommSetError(comm, "geocclCommWriteTopology: cannot open %s: %s", path,
+                        strerror(errno));
+        return ncclSystemError;
+    }
+    int bad = geoTopoWrite(comm, f);
+    if (fclose(f) != 0 || bad) {
+        geoCommSetError(comm, "geocclCommWriteTopology: cannot write %s: %s", path,
+                        strerror(errno));
+        return ncclSystemError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommPrintPlan(ncclComm_t comm, FILE *out, int json)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommPrintPlan") != ncclSuccess || out == NULL,
+                  ncclInvalidArgument, "geocclCommPrintPlan: NULL or dead comm, or NULL out");
+    geoTuningPrint(comm, out, json);
+    return ncclSuccess;
+}
+
+ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out)
+{
+    char err[512] = "";
+    GEO_RETURN_IF(topoFile == NULL || out == NULL, ncclInvalidArgument,
+                  "geocclSimulate: NULL topology file or output");
+    if (topoSimulate(topoFile, json, NULL, 0, out, err, sizeof(err)) != 0) {
+        geoSetThreadError("geocclSimulate: %s", err);
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}

@@ -1,0 +1,132 @@
+#include "config.h"
+#include "comm/base/debug.h"
+#include "comm/base/param.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_level = -1; /* -1: not read yet */
+static unsigned log_subsys = GEO_LOG_ALL;
+static char log_host[64];
+static __thread int log_rank = -1;
+static __thread char thread_error[1024];
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} subsys_names[] = {
+    {"INIT", GEO_LOG_INIT},         {"NET", GEO_LOG_NET},   {"TOPO", GEO_LOG_TOPO},
+    {"TUNING", GEO_LOG_TUNING},     {"COMPRESS", GEO_LOG_COMPRESS},
+    {"CUDA", GEO_LOG_CUDA},         {"COLL", GEO_LOG_COLL}, {"ENV", GEO_LOG_ENV},
+    {"ALL", (unsigned)GEO_LOG_ALL},
+};
+
+/* GEOCCL_DEBUG_SUBSYS: comma list; a leading ^ inverts the whole list. */
+static unsigned parse_subsys(const char *s)
+{
+    int invert = 0;
+    unsigned mask = 0;
+    char buf[256], *tok, *save = NULL;
+
+    if (s == NULL || *s == '\0')
+        return GEO_LOG_ALL;
+    if (*s == '^') {
+        invert = 1;
+        s++;
+    }
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof(subsys_names) / sizeof(subsys_names[0]); i++)
+            if (strcasecmp(tok, subsys_names[i].name) == 0)
+                mask |= subsys_names[i].bit;
+    return invert ? ~mask : mask;
+}
+
+/* A fork while another thread logs must not leave the child's logger
+ * locked (programs fork ranks after ncclGetUniqueId started the root
+ * thread). */
+static void log_atfork_prepare(void) { pthread_mutex_lock(&log_lock); }
+static void log_atfork_release(void) { pthread_mutex_unlock(&log_lock); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void)
+{
+    pthread_atfork(log_atfork_prepare, log_atfork_release, log_atfork_release);
+}
+
+void geoDebugInit(void)
+{
+    pthread_once(&atfork_once, register_atfork);
+    const char *lv = geoParamStr(GEO_PARAM_DEBUG);
+    const char *ss = geoParamStr(GEO_PARAM_DEBUG_SUBSYS);
+    int level = GEO_LEVEL_WARN;
+
+    if (lv != NULL) {
+        if (strcasecmp(lv, "NONE") == 0)
+            level = GEO_LEVEL_NONE;
+        else if (strcasecmp(lv, "INFO") == 0)
+            level = GEO_LEVEL_INFO;
+        else if (strcasecmp(lv, "TRACE") == 0)
+            level = GEO_LEVEL_TRACE;
+    }
+    pthread_mutex_lock(&log_lock);
+    gethostname(log_host, sizeof(log_host) - 1);
+    log_subsys = parse_subsys(ss);
+    __atomic_store_n(&log_level, level, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&log_lock);
+}
+
+int geoDebugLevel(void)
+{
+    int lv = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
+    if (lv < 0) {
+        geoDebugInit();
+        lv = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
+    }
+    return lv;
+}
+
+void geoDebugSetRank(int rank) { log_rank = rank; }
+
+static const char *level_name(int level)
+{
+    switch (level) {
+    case GEO_LEVEL_WARN: return "WARN";
+    case GEO_LEVEL_INFO: return "INFO";
+    default: return "TRACE";
+    }
+}
+
+void geoLog(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+
+    if (geoDebugLevel() < level || (level > GEO_LEVEL_WARN && !(subsys & log_subsys)))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&log_lock);
+    if (level == GEO_LEVEL_TRACE)
+        fprintf(stderr, "%s:%d:%d [geoccl] %s %s:%d %s\n", log_host, (int)getpid(), log_rank,
+                level_name(level), file, line, msg);
+    else
+        fprintf(stderr, "%s:%d:%d [geoccl] %s %s\n", log_host, (int)getpid(), log_rank,
+                level_name(level), msg);
+    pthread_mutex_unlock(&log_lock);
+}
+
+void geoSetThreadError(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+    va_end(ap);
+}
+
+const char *geoThreadError(void) { return thread_error; }

@@ -1,0 +1,226 @@
+#include "config.h"
+#include "comm/base/param.h"
+#include "comm/base/debug.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const geoParamDesc table[GEO_PARAM_COUNT] = {
+    [GEO_PARAM_DEBUG] = {"GEOCCL_DEBUG", GEO_PARAM_STR, "WARN",
+                         "log level: NONE, WARN, INFO or TRACE"},
+    [GEO_PARAM_DEBUG_SUBSYS] = {"GEOCCL_DEBUG_SUBSYS", GEO_PARAM_STR, "ALL",
+                                "subsystems logged at INFO/TRACE: INIT,NET,TOPO,TUNING,"
+                                "COMPRESS,CUDA,COLL,ENV,ALL; ^ in front excludes"},
+    [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
+                           "seconds an operation may wait without progress before it fails"},
+    [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",
+                            "TCP connections per peer pair (1..64)"},
+    [GEO_PARAM_SOCKET_IFNAME] = {"GEOCCL_SOCKET_IFNAME", GEO_PARAM_STR, NULL,
+                                 "interfaces to use: prefixes, =exact, ^ excludes (as NCCL)"},
+    [GEO_PARAM_COMM_ID] = {"GEOCCL_COMM_ID", GEO_PARAM_STR, NULL,
+                           "host:port of the bootstrap root; rank 0 listens there"},
+    [GEO_PARAM_COMM_SECRET] = {"GEOCCL_COMM_SECRET", GEO_PARAM_STR, NULL,
+                               "shared secret for GEOCCL_COMM_ID bootstrap (else none)"},
+    [GEO_PARAM_CHUNK_SIZE] = {"GEOCCL_CHUNK_SIZE", GEO_PARAM_INT, "512K",
+                              "bytes per pipelined chunk in ring algorithms"},
+    [GEO_PARAM_WINDOW] = {"GEOCCL_WINDOW", GEO_PARAM_INT, "8",
+                          "chunks in flight per ring step"},
+    [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "0",
+                                  "SO_SNDBUF/SO_RCVBUF per connection (set before connect, if "
+                                  "net.core.*mem_max allows); 0: the kernel's autotuning"},
+    [GEO_PARAM_TCP_CC] = {"GEOCCL_TCP_CC", GEO_PARAM_STR, NULL,
+                          "TCP congestion control of GeoCCL's connections (TCP_CONGESTION, "
+                          "e.g. cubic; one the kernel allows); unset: the host's default"},
+    [GEO_PARAM_WAN_CC] = {"GEOCCL_WAN_CC", GEO_PARAM_STR, "cubic",
+                          "TCP congestion control of the connections between regions, set "
+                          "once the regions are known (before the warm-up); host: leave them "
+                          "as the others (GEOCCL_TCP_CC or the host's default)"},
+    [GEO_PARAM_WAN_WARMUP] = {"GEOCCL_WAN_WARMUP", GEO_PARAM_INT, "2",
+                              "at init, the WAN connections of the hierarchical exchange carry "
+                              "a short transfer (10 RTTs) so that their congestion control "
+                              "starts at the link's rate: 2 on pairs of regions whose "
+                              "connections each carry 50 Mbit/s or more, 1 on every pair, 0 "
+                              "never; rank 0's value is used by all"},
+    [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
+                          "this process's region label (wins over the topology file)"},
+    [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,
+                             "topology file mapping ranks/hosts to regions, with link rates; when "
+                             "the file does not exist, rank 0 writes what the probe found "
+                             "there, and the next start loads it instead of probing"},
+    [GEO_PARAM_ALGO] = {"GEOCCL_ALGO", GEO_PARAM_STR, "auto",
+                        "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)"},
+    [GEO_PARAM_HIER_SLICE] = {"GEOCCL_HIER_SLICE", GEO_PARAM_INT, "4M",
+                              "bytes per pipelined slice of the hierarchical all-reduce"},
+    [GEO_PARAM_DIRECT_MAX] = {"GEOCCL_DIRECT_MAX", GEO_PARAM_INT, "16K",
+                              "all-reduces up to this many bytes (and <= 32 ranks) send every "
+                              "input to every rank: one message latency, unless the plan "
+                              "chose the hierarchical algorithm; 0 turns it off"},
+    [GEO_PARAM_COMPRESS] = {"GEOCCL_COMPRESS", GEO_PARAM_STR, "none",
+                            "codec between regions: none, lossless, fp16, bf16, int8, int4, "
+                            "sign, topk:<k>; lossy ones only on float sum/avg"},
+    [GEO_PARAM_EF] = {"GEOCCL_EF", GEO_PARAM_INT, "1",
+                      "error feedback for lossy codecs: 1 both trips, 0 off, 2 only the "
+                      "return trip, 3 only the first trip; unset: 3 for sign, 1 for the "
+                      "others"},
+    [GEO_PARAM_EF_MAX_BYTES] = {"GEOCCL_EF_MAX_BYTES", GEO_PARAM_INT, "1G",
+                                "bound on error-feedback residuals per communicator; least "
+                                "recently used ones are dropped beyond it"},
+    [GEO_PARAM_COMPRESS_BLOCK] = {"GEOCCL_COMPRESS_BLOCK", GEO_PARAM_INT, "256",
+                                  "elements per scale for int8, int4 and sign (multiple of 8)"},
+    [GEO_PARAM_COMPRESS_STOCHASTIC] = {"GEOCCL_COMPRESS_STOCHASTIC", GEO_PARAM_INT, "0",
+                                       "int8/int4: 0 rounds to nearest; any other value is the "
+                                       "seed of reproducible stochastic rounding"},
+    [GEO_PARAM_PROBE] = {"GEOCCL_PROBE", GEO_PARAM_INT, "1",
+                         "topology probe at init: 1 finds regions by RTT when no labels are "
+                         "given and measures WAN bandwidth unless a topology file gives it; "
+                         "2 always measures; 0 never"},
+    [GEO_PARAM_PROBE_ROUNDS] = {"GEOCCL_PROBE_ROUNDS", GEO_PARAM_INT, "5",
+                                "round trips per node pair in the probe (the minimum is kept)"},
+    [GEO_PARAM_PROBE_LANDMARKS] = {"GEOCCL_PROBE_LANDMARKS", GEO_PARAM_INT, "16",
+                                   "probe: with more than twice this many nodes, round trips "
+                                   "are measured from every node to this many landmarks, then "
+                                   "among the nodes they left unplaced, not between every pair "
+                                   "(topology/cluster.h); rank 0's value is used by all"},
+    [GEO_PARAM_NCCL_LIB] = {"GEOCCL_NCCL_LIB", GEO_PARAM_STR, NULL,
+                            "NVIDIA's libnccl.so used inside a region for device buffers; "
+                            "unset: libnccl.so.2, libnccl.so, then configure's NCCL directory"},
+    [GEO_PARAM_CUDA_CODECS] = {"GEOCCL_CUDA_CODECS", GEO_PARAM_INT, "1",
+                               "device buffers across regions: 1 encodes and decodes on the "
+                               "GPU (cuda/, every codec but lossless); 0 copies the shard to "
+                               "the host and compresses there; the same on every rank"},
+    [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
+                              "slices of the hierarchical all-reduce in flight between regions "
+                              "(a slice's partials are reduced this many slices after they are "
+                              "sent); 0: a quarter of the slices, at least 2, at most 8; the "
+                              "same on every rank"},
+    [GEO_PARAM_SHM] = {"GEOCCL_SHM", GEO_PARAM_INT, "1",
+                       "same-host fast path between ranks of one host AND one network "
+                       "namespace (other namespaces, e.g. emulated regions, always use TCP): "
+                       "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
+                       "sockets only, 0 off (TCP)"},
+    [GEO_PARAM_CMA] = {"GEOCCL_CMA", GEO_PARAM_INT, "1",
+                       "1: ranks of one region on one host read each other's inputs with "
+                       "process_vm_readv and write each other's outputs with process_vm_writev "
+                       "in the hierarchical all-reduce (checked at init; "
+                       "where the kernel refuses, the ring is used); 0: never"},
+};
+
+static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
+static int loaded;
+static int64_t int_values[GEO_PARAM_COUNT];
+static char *str_values[GEO_PARAM_COUNT];
+static int is_set[GEO_PARAM_COUNT];
+
+int geoParseSize(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+
+    if (s == NULL)
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 0);
+    if (errno != 0 || end == s)
+        return -1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': v <<= 10; end++; break;
+    case 'M': v <<= 20; end++; break;
+    case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (toupper((unsigned char)*end) == 'I')
+        end++;
+    if (toupper((unsigned char)*end) == 'B')
+        end++;
+    if (*end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void load_locked(void)
+{
+    if (loaded)
+        return;
+    for (int i = 0; i < GEO_PARAM_COUNT; i++) {
+        const char *env = getenv(table[i].name);
+        const char *txt = env ? env : table[i].dflt;
+        free(str_values[i]);
+        str_values[i] = txt ? strdup(txt) : NULL;
+        is_set[i] = env != NULL;
+        int_values[i] = 0;
+        if (table[i].type == GEO_PARAM_INT) {
+            if (geoParseSize(txt, &int_values[i]) != 0) {
+                /* The default always parses. */
+                geoParseSize(table[i].dflt, &int_values[i]);
+                if (env)
+                    fprintf(stderr, "[geoccl] WARN %s=%s is not a number; using %s\n",
+                            table[i].name, env, table[i].dflt);
+            }
+        }
+    }
+    loaded = 1;
+}
+
+static void log_set_values(void)
+{
+    /* Logged outside the lock: geoLog reads GEOCCL_DEBUG through this table. */
+    for (int i = 0; i < GEO_PARAM_COUNT; i++)
+        if (is_set[i] && i != GEO_PARAM_COMM_SECRET)
+            geoInfo(GEO_LOG_ENV, "%s set by environment to %s", table[i].name, str_values[i]);
+}
+
+static void ensure_loaded(void)
+{
+    int fresh = 0;
+    pthread_mutex_lock(&param_lock);
+    if (!loaded) {
+        load_locked();
+        fresh = 1;
+    }
+    pthread_mutex_unlock(&param_lock);
+    if (fresh)
+        log_set_values();
+}
+
+int64_t geoParamInt(geoParamId id)
+{
+    ensure_loaded();
+    return int_values[id];
+}
+
+const char *geoParamStr(geoParamId id)
+{
+    ensure_loaded();
+    return str_values[id];
+}
+
+const char *geoParamStrLive(geoParamId id)
+{
+    const char *v = getenv(table[id].name);
+    return v ? v : table[id].dflt;
+}
+
+int geoParamIsSet(geoParamId id)
+{
+    ensure_loaded();
+    return is_set[id];
+}
+
+const geoParamDesc *geoParamDescribe(geoParamId id)
+{
+    return (id >= 0 && id < GEO_PARAM_COUNT) ? &table[id] : NULL;
+}
+
+void geoParamReload(void)
+{
+    pthread_mutex_lock(&param_lock);
+    loaded = 0;
+    load_locked();
+    pthread_mutex_unlock(&param_lock);
+    geoDebugInit();
+}

@@ -1,0 +1,669 @@
+#include "config.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/base/checks.h"
+#include "comm/base/param.h"
+#include "topology/ifaces.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GEO_JOIN_MAGIC 0x47454f4au /* "GEOJ" */
+#define GEO_TABLE_MAGIC 0x47454f54u /* "GEOT" */
+#define GEO_REFUSED_MAGIC 0x47454f52u /* "GEOR": wrong proof, or rank taken */
+#define GEO_EXPIRED_MAGIC 0x47454f58u /* "GEOX": the root gave up waiting */
+#define GEO_CHALLENGE_BYTES 16
+
+typedef struct {
+    uint32_t magic;
+    int32_t rank;
+    int32_t nranks;
+    uint32_t pad;
+    uint8_t proof[GEO_SHA256_BYTES];
+    geoPeerInfo info;
+} geoJoinMsg;
+
+typedef struct {
+    geoUniqueIdInternal id;
+    int listen_fd;
+    double timeout;
+    int nranks_hint;            /* 0: learn from the first join */
+} rootArgs;
+
+static void join_proof(const geoUniqueIdInternal *id, const uint8_t *challenge, int rank,
+                       int nranks, uint8_t out[GEO_SHA256_BYTES])
+{
+    uint8_t msg[GEO_CHALLENGE_BYTES + 16];
+    int32_t r = rank, n = nranks;
+    memcpy(msg, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(msg + GEO_CHALLENGE_BYTES, &r, 4);
+    memcpy(msg + GEO_CHALLENGE_BYTES + 4, &n, 4);
+    memcpy(msg + GEO_CHALLENGE_BYTES + 8, &id->nonce, 8);
+    geoHmacSha256(id->secret, sizeof(id->secret), msg, sizeof(msg), out);
+}
+
+/* The root: collects one join per rank, then sends everyone the table.
+ * All joiners are handled at once in one poll() loop: each accepted
+ * connection runs its own handshake (challenge out, join message in) with
+ * its own deadline, so a WAN costs one round trip in all rather than one
+ * per rank, and a stranger that never answers holds only its own slot. */
+#define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
+#define GEO_ROOT_SPARE_PENDING 64 /* unproven connections beyond the ranks still
+                                   * expected; more wait in the backlog */
+
+typedef struct {
+    int fd;
+    int stage;        /* 0: sending the challenge; 1: receiving the join */
+    size_t off;
+    double deadline;
+    char from[GEO_ADDR_STRLEN];
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+} rootJoiner;
+
+typedef struct {
+    int nranks;       /* 0 until the first valid join */
+    int joined;
+    int *fds;         /* per rank, -1 until it joined */
+    geoPeerInfo *table;
+} rootState;
+
+static void root_refuse(rootJoiner *j)
+{
+    uint32_t no = GEO_REFUSED_MAGIC;
+    const char *why;
+    geoSocketSendAll(j->fd, &no, sizeof(no), geoNow() + 1.0, &why);
+    close(j->fd);
+    j->fd = -1;
+}
+
+/* Advance one joiner without blocking.  1: it joined (its fd is in
+ * rs->fds); 0: waiting; -1: dropped (logged, closed); -2: out of memory. */
+static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
+{
+    uint8_t expect[GEO_SHA256_BYTES];
+    const char *why = NULL;
+    int rc;
+
+    if (j->stage == 0) {
+        rc = geoSocketStep(j->fd, j->challenge, sizeof(j->challenge), &j->off, 1, &why);
+        if (rc <= 0)
+            goto wait_or_drop;
+        j->stage = 1;
+        j->off = 0;
+    }
+    rc = geoSocketStep(j->fd, &j->m, sizeof(j->m), &j->off, 0, &why);
+    if (rc <= 0)
+        goto wait_or_drop;
+    join_proof(&a->id, j->challenge, j->m.rank, j->m.nranks, expect);
+    if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
+                "hold the communicator's secret", j->from);
+        root_refuse(j);
+        return -1;
+    }
+    if (rs->nranks == 0) {
+        if (j->m.nranks < 1 || j->m.nranks > (1 << 20)) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it claims "
+                    "%d ranks", j->from, j->m.nranks);
+            close(j->fd);
+            j->fd = -1;
+            return -1;
+        }
+        rs->fds = malloc(sizeof(int) * (size_t)j->m.nranks);
+        rs->table = calloc((size_t)j->m.nranks, sizeof(*rs->table));
+        if (rs->fds == NULL || rs->table == NULL)
+            return -2;
+        rs->nranks = j->m.nranks;
+        for (int i = 0; i < rs->nranks; i++)
+            rs->fds[i] = -1;
+    }
+    if (j->m.nranks != rs->nranks || j->m.rank < 0 || j->m.rank >= rs->nranks ||
+        rs->fds[j->m.rank] >= 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d of %d from %s conflicts with the "
+                "communicator being formed (%d ranks); dropped", j->m.rank, j->m.nranks,
+                j->from, rs->nranks);
+        root_refuse(j);
+        return -1;
+    }
+    rs->fds[j->m.rank] = j->fd;
+    rs->table[j->m.rank] = j->m.info;
+    rs->joined++;
+    j->fd = -1;
+    return 1;
+wait_or_drop:
+    if (rc == 0)
+        return 0;
+    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (%s)", j->from, why);
+    close(j->fd);
+    j->fd = -1;
+    return -1;
+}
+
+/* Send [magic][table] to every rank at once; a rank that does not take it
+ * within 10 s is logged and left to its own timeout. */
+static void root_send_tables(rootState *rs)
+{
+    size_t len = sizeof(uint32_t) + sizeof(*rs->table) * (size_t)rs->nranks;
+    char *msg = malloc(len);
+    size_t *off = calloc((size_t)rs->nranks, sizeof(size_t));
+    struct pollfd *pfd = calloc((size_t)rs->nranks, sizeof(*pfd));
+    int *rank_of = calloc((size_t)rs->nranks, sizeof(int));
+    double deadline = geoNow() + 10.0;
+    int left = rs->nranks;
+    uint32_t magic = GEO_TABLE_MAGIC;
+
+    if (msg == NULL || off == NULL || pfd == NULL || rank_of == NULL) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory for the table");
+        goto out;
+    }
+    memcpy(msg, &magic, sizeof(magic));
+    memcpy(msg + sizeof(magic), rs->table, len - sizeof(magic));
+    while (left > 0) {
+        int n = 0;
+        for (int r = 0; r < rs->nranks; r++) {
+            const char *why = NULL;
+            if (rs->fds[r] < 0 || off[r] == len)
+                continue;
+            int rc = geoSocketStep(rs->fds[r], msg, len, &off[r], 1, &why);
+            if (rc == 0) {
+                pfd[n] = (struct pollfd){.fd = rs->fds[r], .events = POLLOUT};
+                rank_of[n++] = r;
+                continue;
+            }
+            if (rc < 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
+                        "%s", r, why);
+            off[r] = len;
+            left--;
+        }
+        if (n == 0)
+            break;
+        double ms = (deadline - geoNow()) * 1000.0;
+        if (ms <= 0) {
+            for (int i = 0; i < n; i++)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
+                        "timed out", rank_of[i]);
+            break;
+        }
+        if (poll(pfd, (nfds_t)n, ms > 100 ? 100 : (int)ms + 1) < 0 && errno != EINTR) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
+            break;
+        }
+    }
+out:
+    free(msg);
+    free(off);
+    free(pfd);
+    free(rank_of);
+}
+
+static void *root_main(void *arg)
+{
+    rootArgs *a = arg;
+    double deadline = geoNow() + a->timeout;
+    rootState rs = {0};
+    rootJoiner *pend = NULL;
+    struct pollfd *pfd = NULL;
+    int npend = 0, cap = 0;
+
+    if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: cannot make the listener non-blocking: %s",
+                strerror(errno));
+        goto out;
+    }
+    while (rs.nranks == 0 || rs.joined < rs.nranks) {
+        double now = geoNow(), wake = deadline;
+        int expected = rs.nranks ? rs.nranks - rs.joined : 1;
+        int listening = npend < expected + GEO_ROOT_SPARE_PENDING;
+
+        if (now >= deadline) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
+                    "giving up", rs.joined, rs.nranks, a->timeout);
+            /* Tell the ranks that did join why they get no table. */
+            for (int r = 0; r < rs.nranks; r++)
+                if (rs.fds[r] >= 0) {
+                    uint32_t x = GEO_EXPIRED_MAGIC;
+                    const char *w;
+                    geoSocketSendAll(rs.fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
+                }
+            goto out;
+        }
+        if (cap < npend + 1) {
+            int ncap = 2 * (npend + 1) + 16;
+            rootJoiner *np = realloc(pend, sizeof(*pend) * (size_t)ncap);
+            struct pollfd *nf = np ? realloc(pfd, sizeof(*pfd) * (size_t)(ncap + 1)) : NULL;
+            if (np)
+                pend = np;
+            if (nf == NULL) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            pfd = nf;
+            cap = ncap;
+        }
+        for (int i = 0; i < npend; i++) {
+            pfd[i] = (struct pollfd){.fd = pend[i].fd,
+                                     .events = pend[i].stage == 0 ? POLLOUT : POLLIN};
+            if (pend[i].deadline < wake)
+                wake = pend[i].deadline;
+        }
+        pfd[npend] = (struct pollfd){.fd = listening ? a->listen_fd : -1, .events = POLLIN};
+        double ms = (wake - now) * 1000.0;
+        int rc = poll(pfd, (nfds_t)npend + 1, ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
+        if (rc < 0 && errno != EINTR) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
+            goto out;
+        }
+        now = geoNow();
+        for (int i = 0; i < npend; i++) {
+            int r = 0;
+            if (pfd[i].revents)
+                r = root_step(a, &rs, &pend[i]);
+            if (r == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            if (r == 0 && now >= pend[i].deadline) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (timed out)",
+                        pend[i].from);
+                close(pend[i].fd);
+                pend[i].fd = -1;
+            }
+        }
+        /* Take what arrived; each new joiner gets its challenge at once. */
+        while (pfd[npend].revents & POLLIN && npend < cap) {
+            rootJoiner *j = &pend[npend];
+            geoSockAddr from;
+            int got = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
+            if (got < 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: accept failed: %s", strerror(errno));
+            if (got <= 0)
+                break;
+            geoAddrToString(&from, j->from);
+            j->stage = 0;
+            j->off = 0;
+            j->deadline = now + GEO_ROOT_HANDSHAKE_S;
+            if (geoRandomBytes(j->challenge, sizeof(j->challenge)) != 0) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (no "
+                        "randomness)", j->from);
+                close(j->fd);
+                continue;
+            }
+            npend++;
+            if (root_step(a, &rs, j) == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+        }
+        int keep = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].fd >= 0)
+                pend[keep++] = pend[i];
+        npend = keep;
+    }
+    for (int i = 0; i < npend; i++) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (handshake "
+                "unfinished when every rank had joined)", pend[i].from);
+        close(pend[i].fd);
+    }
+    npend = 0;
+    root_send_tables(&rs);
+out:
+    for (int i = 0; i < npend; i++)
+        if (pend[i].fd >= 0)
+            close(pend[i].fd);
+    if (rs.fds)
+        for (int r = 0; r < rs.nranks; r++)
+            if (rs.fds[r] >= 0)
+                close(rs.fds[r]);
+    free(rs.fds);
+    free(rs.table);
+    free(pend);
+    free(pfd);
+    close(a->listen_fd);
+    free(a);
+    return NULL;
+}
+
+static ncclResult_t start_root_thread(const geoUniqueIdInternal *id, int fd, double timeout)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    rootArgs *a = calloc(1, sizeof(*a));
+    GEO_RETURN_IF(a == NULL, ncclSystemError, "out of memory");
+    a->id = *id;
+    a->listen_fd = fd;
+    a->timeout = timeout;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, root_main, a) != 0) {
+        pthread_attr_destroy(&attr);
+        free(a);
+        close(fd);
+        GEO_RETURN_IF(1, ncclSystemError, "cannot start the bootstrap root thread");
+    }
+    pthread_attr_destroy(&attr);
+    return ncclSuccess;
+}
+
+static ncclResult_t env_id(geoUniqueIdInternal *id)
+{
+    const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+    const char *secret = geoParamStrLive(GEO_PARAM_COMM_SECRET);
+    geoSha256 s;
+
+    memset(id, 0, sizeof(*id));
+    id->magic = GEO_ID_MAGIC;
+    id->flags = GEO_ID_ENV;
+    GEO_CHECK(geoAddrFromString(cid, &id->root));
+    /* Without GEOCCL_COMM_SECRET every rank derives the same key from the
+     * address: connections are still checked for consistency, but anyone
+     * who knows the address can join. */
+    geoSha256Init(&s);
+    geoSha256Update(&s, "geoccl-env-secret:", 18);
+    if (secret)
+        geoSha256Update(&s, secret, strlen(secret));
+    else
+        geoSha256Update(&s, cid, strlen(cid));
+    geoSha256Final(&s, id->secret);
+    id->nonce = 0;
+    return ncclSuccess;
+}
+
+ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
+{
+    geoUniqueIdInternal id;
+    topoIface ifs[1];
+    geoSockAddr addr;
+    int fd;
+
+    memset(&id, 0, sizeof(id));
+    id.magic = GEO_ID_MAGIC;
+    if (topoFindIfaces(geoParamStr(GEO_PARAM_SOCKET_IFNAME), NULL, ifs, 1) < 1) {
+        GEO_RETURN_IF(1, ncclSystemError, "no usable network interface (GEOCCL_SOCKET_IFNAME=%s)",
+                      geoParamStr(GEO_PARAM_SOCKET_IFNAME) ? geoParamStr(GEO_PARAM_SOCKET_IFNAME)
+                                                           : "unset");
+    }
+    memset(&addr, 0, sizeof(addr));
+    memcpy(&addr, &ifs[0].addr, ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6)
+                                                                  : sizeof(addr.sin));
+    GEO_CHECK(geoSocketListen(&addr, &fd, &id.root));
+    if (geoRandomBytes(id.secret, sizeof(id.secret)) != 0 ||
+        geoRandomBytes(&id.nonce, sizeof(id.nonce)) != 0) {
+        close(fd);
+        GEO_RETURN_IF(1, ncclSystemError, "getrandom failed: %s", strerror(errno));
+    }
+    GEO_CHECK(start_root_thread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT)));
+    memset(out, 0, sizeof(*out));
+    memcpy(out->internal, &id, sizeof(id));
+    char a[GEO_ADDR_STRLEN];
+    geoInfo(GEO_LOG_INIT, "bootstrap root listening on %s (%s)", geoAddrToString(&id.root, a),
+            ifs[0].name);
+    return ncclSuccess;
+}
+
+ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *out)
+{
+    if (geoParamStrLive(GEO_PARAM_COMM_ID) != NULL) {
+        geoUniqueIdInternal id;
+        GEO_CHECK(env_id(&id));
+        memset(out, 0, sizeof(*out));
+        memcpy(out->internal, &id, sizeof(id));
+        return ncclSuccess;
+    }
+    return geoBootstrapNewRoot(out);
+}
+
+ncclResult_t geoBootstrapDecode(const ncclUniqueId *in, geoUniqueIdInternal *out)
+{
+    memcpy(out, in->internal, sizeof(*out));
+    GEO_RETURN_IF(out->magic != GEO_ID_MAGIC ||
+                      (out->root.sa.sa_family != AF_INET && out->root.sa.sa_family != AF_INET6),
+                  ncclInvalidArgument,
+                  "the ncclUniqueId was not made by ncclGetUniqueId of GeoCCL (bad magic)");
+    return ncclSuccess;
+}
+
+void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *out)
+{
+    *out = id->root;
+    if (k == 0)
+        return;
+    uint8_t msg[24] = "geoccl-shrink-port", h[GEO_SHA256_BYTES];
+    int32_t kk = k;
+    uint32_t v;
+    memcpy(msg + 19, &kk, 4);
+    geoHmacSha256(id->secret, sizeof(id->secret), msg, sizeof(msg), h);
+    memcpy(&v, h, sizeof(v));
+    /* Below Linux's ephemeral range (32768-60999), so that no outgoing
+     * connection of the leader's host holds it. */
+    uint16_t port = htons((uint16_t)(20000 + v % 12768));
+    if (out->sa.sa_family == AF_INET6)
+        out->sin6.sin6_port = port;
+    else
+        out->sin.sin_port = port;
+}
+
+void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
+                          uint32_t counter, int leader, ncclUniqueId *out)
+{
+    geoUniqueIdInternal id;
+    size_t n = (size_t)parent->nranks, len = 16 + 8 + 4 + 4 + n;
+    uint8_t *msg = calloc(1, len), h[GEO_SHA256_BYTES];
+    int32_t nr = parent->nranks;
+
+    memset(&id, 0, sizeof(id));
+    id.magic = GEO_ID_MAGIC;
+    id.flags = GEO_ID_SHRINK;
+    id.root = parent->peers[leader].addr;
+    if (msg != NULL) {
+        memcpy(msg, "geoccl-shrink-v1", 16);
+        memcpy(msg + 16, &parent->comm_hash, 8);
+        memcpy(msg + 24, &counter, 4);
+        memcpy(msg + 28, &nr, 4);
+        for (size_t r = 0; r < n; r++)
+            msg[32 + r] = excluded[r] ? 1 : 0;
+        geoHmacSha256(parent->secret, sizeof(parent->secret), msg, len, id.secret);
+        free(msg);
+    } else {
+        /* Without memory for the set, the counter alone separates shrinks;
+         * every survivor takes this path only if all are out of memory,
+         * and a mismatch fails as a refused join, not silently. */
+        uint8_t small[32];
+        memcpy(small, "geoccl-shrink-v1", 16);
+        memcpy(small + 16, &parent->comm_hash, 8);
+        memcpy(small + 24, &counter, 4);
+        memcpy(small + 28, &nr, 4);
+        geoHmacSha256(parent->secret, sizeof(parent->secret), small, sizeof(small), id.secret);
+    }
+    geoHmacSha256(id.secret, sizeof(id.secret), "geoccl-shrink-nonce", 19, h);
+    memcpy(&id.nonce, h, sizeof(id.nonce));
+    memset(out, 0, sizeof(*out));
+    memcpy(out->internal, &id, sizeof(id));
+}
+
+ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout)
+{
+    int fd;
+    geoSockAddr bound, cand;
+    char a[GEO_ADDR_STRLEN];
+    (void)nranks;
+    if (!(id->flags & GEO_ID_SHRINK)) {
+        GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
+        return start_root_thread(id, fd, timeout);
+    }
+    for (int k = 0; k < GEO_SHRINK_PORTS; k++) {
+        geoBootstrapCandidate(id, k, &cand);
+        if (geoSocketListen(&cand, &fd, &bound) == ncclSuccess) {
+            geoInfo(GEO_LOG_INIT, "shrink: bootstrap root listening on %s (candidate %d)",
+                    geoAddrToString(&bound, a), k);
+            return start_root_thread(id, fd, timeout);
+        }
+    }
+    char last[256];
+    snprintf(last, sizeof(last), "%s", geoThreadError());
+    GEO_RETURN_IF(1, ncclSystemError, "cannot listen on any of the %d candidate ports of "
+                  "the shrunk communicator's root at %s (the last error: %s)",
+                  GEO_SHRINK_PORTS, geoAddrToString(&id->root, a), last);
+}
+
+/* One try at the root behind fd: challenge (by hs_deadline), proof and my
+ * info, then the table.  *magic: the root's last word; *proved: the proof
+ * went out. */
+static ncclResult_t join_on(struct ncclComm *comm, const geoUniqueIdInternal *id, int fd,
+                            const geoPeerInfo *mine, geoPeerInfo *all, double hs_deadline,
+                            double deadline, uint32_t *magic, int *proved, const char **why)
+{
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+
+    *magic = 0;
+    *proved = 0;
+    memset(&m, 0, sizeof(m));
+    m.magic = GEO_JOIN_MAGIC;
+    m.rank = comm->rank;
+    m.nranks = comm->nranks;
+    m.info = *mine;
+    if (geoSocketRecvAll(fd, challenge, sizeof(challenge), hs_deadline, why) != ncclSuccess)
+        return ncclRemoteError;
+    join_proof(id, challenge, comm->rank, comm->nranks, m.proof);
+    if (geoSocketSendAll(fd, &m, sizeof(m), deadline, why) != ncclSuccess)
+        return ncclRemoteError;
+    *proved = 1;
+    if (geoSocketRecvAll(fd, magic, sizeof(*magic), deadline, why) != ncclSuccess ||
+        *magic != GEO_TABLE_MAGIC)
+        return ncclRemoteError;
+    return geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)comm->nranks, deadline, why);
+}
+
+/* One connection attempt, quiet (a refused candidate is expected), bounded
+ * by limit seconds.  -1 when nothing answers. */
+static int connect_once(const geoSockAddr *addr, double limit)
+{
+    int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), err = 0;
+    socklen_t len = sizeof(err);
+    struct pollfd p = {.fd = s, .events = POLLOUT};
+    if (s < 0)
+        return -1;
+    if (connect(s, &addr->sa, geoAddrLen(addr)) != 0 &&
+        (errno != EINPROGRESS || poll(&p, 1, (int)(limit * 1000)) != 1 ||
+         getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* A GEO_ID_SHRINK id: the survivors agreed on the candidates but not on
+ * which one the leader could bind, so try each in turn until one answers
+ * as our root: it sends a challenge within a few seconds and does not
+ * refuse our proof (another root, e.g. of an earlier shrink, refuses it). */
+static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInternal *id,
+                                    const geoPeerInfo *mine, geoPeerInfo *all, double deadline)
+{
+    char ra[GEO_ADDR_STRLEN];
+    const char *why = "no candidate answered";
+    int refused[GEO_SHRINK_PORTS] = {0}, tried = 0;
+    useconds_t backoff = 10000;
+
+    while (geoNow() < deadline) {
+        for (int k = 0; k < GEO_SHRINK_PORTS && geoNow() < deadline; k++) {
+            geoSockAddr cand;
+            uint32_t magic = 0;
+            int proved = 0, fd;
+            if (refused[k])
+                continue;
+            geoBootstrapCandidate(id, k, &cand);
+            if ((fd = connect_once(&cand, 1.0)) < 0)
+                continue;
+            tried++;
+            double hs = geoNow() + 5.0 < deadline ? geoNow() + 5.0 : deadline;
+            ncclResult_t r = join_on(comm, id, fd, mine, all, hs, deadline, &magic, &proved,
+                                     &why);
+            close(fd);
+            if (r == ncclSuccess) {
+                geoInfo(GEO_LOG_INIT, "shrink: joined the root at %s (candidate %d)",
+                        geoAddrToString(&cand, ra), k);
+                return ncclSuccess;
+            }
+            if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
+                                               strcmp(why, "connection closed by peer") != 0)) {
+                geoCommSetError(comm, "shrink: the bootstrap root at %s gave up or stopped "
+                                "answering (%s): not all %d survivors joined within %.0f s",
+                                geoAddrToString(&cand, ra), magic == GEO_EXPIRED_MAGIC
+                                                                ? "expired" : why,
+                                comm->nranks, comm->timeout);
+                return ncclRemoteError;
+            }
+            /* Not our root: it refused the proof.  One that hung up on
+             * it may be the parent's data listener of a survivor still in
+             * the parent's connection set-up, on the very port its shrink
+             * root will take once that set-up is over (candidate 0); a
+             * silent one may be ours, busy with a rank that died in its
+             * handshake: both are tried again next round. */
+            if (proved && magic == GEO_REFUSED_MAGIC)
+                refused[k] = 1;
+        }
+        usleep(backoff);
+        if (backoff < 200000)
+            backoff *= 2;
+    }
+    geoCommSetError(comm, "shrink: no bootstrap root of the shrunk communicator answered at "
+                    "%s or its %d other candidate ports within %.0f s (%d answered but were "
+                    "not ours; last cause: %s): the lowest surviving rank did not call "
+                    "ncclCommShrink with the same exclude list, or could not listen",
+                    geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, comm->timeout, tried,
+                    why);
+    return ncclRemoteError;
+}
+
+ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
+                              const geoPeerInfo *mine, geoPeerInfo *all)
+{
+    double deadline = geoNow() + comm->timeout;
+    char ra[GEO_ADDR_STRLEN];
+    const char *why = "unknown";
+    uint32_t magic = 0;
+    int proved = 0;
+    int fd;
+
+    if (id->flags & GEO_ID_SHRINK)
+        return join_candidates(comm, id, mine, all, deadline);
+    geoAddrToString(&id->root, ra);
+    if (geoSocketConnect(&id->root, deadline, &fd) != ncclSuccess) {
+        geoCommSetError(comm, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
+                        comm->timeout);
+        return ncclRemoteError;
+    }
+    ncclResult_t r = join_on(comm, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
+    close(fd);
+    if (r == ncclSuccess)
+        return ncclSuccess;
+    if (magic == GEO_REFUSED_MAGIC)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
+                        "not carry the root's secret, or rank %d of %d is already taken",
+                        ra, comm->rank, comm->rank, comm->nranks);
+    else if (magic == GEO_EXPIRED_MAGIC)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s gave up: not all %d ranks joined within "
+                        "its timeout (GEOCCL_TIMEOUT of the process that made the id)",
+                        ra, comm->nranks);
+    else if (proved && strcmp(why, "connection closed by peer") == 0)
+        geoCommSetError(comm,
+                        "init: the bootstrap root at %s closed the connection after rank %d "
+                        "joined (the root's process ended, or it refused us)",
+                        ra, comm->rank);
+    else
+        geoCommSetError(comm,
+                        "init: bootstrap with the root at %s failed (%s): not all %d ranks "
+                        "joined within %.0f s",
+                        ra, why, comm->nranks, comm->timeout);
+    return ncclRemoteError;
+}

@@ -1,0 +1,65 @@
+/* Bootstrap: forms a communicator from a unique id.
+ *
+ * The id carries the root's address and a 32-byte random secret.  The root
+ * (a thread in the process that called ncclGetUniqueId, or rank 0 under
+ * GEOCCL_COMM_ID) sends each connecting rank a random challenge; the rank
+ * answers HMAC-SHA256(secret, challenge | rank | nranks) and its peer info.
+ * Connections that cannot prove the secret are logged and dropped; when all
+ * nranks ranks have proved it, each receives the table of all peer infos. */
+#ifndef GEOCCL_BOOTSTRAP_H_
+#define GEOCCL_BOOTSTRAP_H_
+
+#include "nccl.h"
+#include "comm/core/comm.h"
+
+#define GEO_ID_MAGIC 0x47454f49u /* "GEOI" */
+
+typedef struct {
+    uint32_t magic;
+    uint32_t flags;             /* GEO_ID_ENV: root is started by rank 0 */
+    geoSockAddr root;
+    uint8_t secret[GEO_SHA256_BYTES];
+    uint64_t nonce;             /* distinguishes communicators of one root */
+} geoUniqueIdInternal;
+
+#define GEO_ID_ENV 1u
+/* Made by ncclCommShrink(NCCL_SHRINK_ABORT) on every survivor alike, with
+ * no message: the root listens on the first of GEO_SHRINK_PORTS candidate
+ * addresses that its process could bind (geoBootstrapCandidate), and a
+ * joining rank tries them in turn until one answers as the root. */
+#define GEO_ID_SHRINK 2u
+#define GEO_SHRINK_PORTS 32
+
+_Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
+
+/* Fill id for a new root; starts the root thread unless GEOCCL_COMM_ID is
+ * set (then only encodes it). */
+ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
+/* Same with an explicit choice (split uses a fresh root even under env). */
+ncclResult_t geoBootstrapNewRoot(ncclUniqueId *id);
+/* Decode and validate an id; ncclInvalidArgument when it is not one. */
+ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
+/* Start serving the root of id in this process (rank 0 under env; the
+ * lowest survivor for a GEO_ID_SHRINK id, at the first candidate it can
+ * bind).  ncclSystemError when no address can be bound. */
+ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout);
+/* Candidate k (0 <= k < GEO_SHRINK_PORTS) of a GEO_ID_SHRINK id's root:
+ * id->root for k = 0, then the same host at ports derived from the id's
+ * secret (so every holder of the id computes the same sequence). */
+void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *out);
+/* The id of the communicator that ncclCommShrink(NCCL_SHRINK_ABORT) makes
+ * of parent without the ranks marked in excluded[] (nranks bytes, 1 =
+ * excluded), computed alike by every survivor from what they share: root
+ * at the data address of the lowest survivor `leader`; secret
+ * HMAC(parent secret, comm hash | counter | exclusion set), so only the
+ * parent's members can join; counter distinguishes successive shrinks. */
+void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
+                          uint32_t counter, int leader, ncclUniqueId *out);
+/* Join: prove the secret, send my info, receive everyone's (nranks
+ * entries, caller-allocated).  Blocks until all joined or timeout.  For a
+ * GEO_ID_SHRINK id, tries the candidate roots in turn until one sends a
+ * challenge and does not refuse our proof. */
+ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
+                              const geoPeerInfo *mine, geoPeerInfo *all);
+
+#endif

@@ -1,0 +1,203 @@
+#include "config.h"
+#include "comm/coll/tuning.h"
+#include "comm/core/comm.h"
+#include "comm/base/debug.h"
+#include "comm/base/param.h"
+#include "topology/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define TCP_GOODPUT (1448.0 / 1500.0)
+
+void geoTuningFree(struct ncclComm *comm)
+{
+    free(comm->plan);
+    comm->plan = NULL;
+}
+
+static int coll_of(geoOpType t)
+{
+    switch (t) {
+    case GEO_OP_ALLREDUCE: return TOPO_COLL_ALLREDUCE;
+    case GEO_OP_ALLGATHER: return TOPO_COLL_ALLGATHER;
+    case GEO_OP_REDUCESCATTER: return TOPO_COLL_REDUCESCATTER;
+    case GEO_OP_BROADCAST: return TOPO_COLL_BROADCAST;
+    default: return -1;
+    }
+}
+
+/* The model from the probe's figures or the topology file; 0, or -1 with
+ * the reason in why. */
+static int build_model(const struct ncclComm *comm, topoModel *m, const char **why)
+{
+    const geoTopo *t = &comm->topo;
+    const topoRegionMap *rm = &comm->regions;
+    int R = rm->nregions;
+
+    topoModelInit(m);
+    if (R > TOPO_MODEL_MAX_REGIONS) {
+        *why = "more regions than the model takes";
+        return -1;
+    }
+    if (t->egress == NULL || t->oneway == NULL) {
+        *why = "the probe did not run";
+        return -1;
+    }
+    m->nregions = R;
+    for (int g = 0; g < R; g++) {
+        snprintf(m->names[g], sizeof(m->names[g]), "%s", rm->names[g][0] ? rm->names[g]
+                                                                          : "default");
+        m->ranks[g] = rm->size[g];
+        m->egress_Bps[g] = t->egress[g];
+        m->lat_s[g] = t->oneway[g];
+        if (!(t->egress[g] > 0)) {
+            *why = "no WAN rate known (labels on one host, GEOCCL_PROBE=0, or a topology file "
+                   "without bw=)";
+            return -1;
+        }
+        for (int h = 0; h < R; h++)
+            if (g != h && t->region_rtt && t->region_rtt[g * R + h] > 0)
+                m->rtt_s[g][h] = t->region_rtt[g * R + h];
+    }
+    /* Measured rates are goodput; a file's are link rates. */
+    m->wan_goodput = t->bw_measured || (t->inherited && comm->inherit.bw_measured)
+                         ? 1.0
+                         : TCP_GOODPUT;
+    if (t->intra_Bps > 0) {
+        m->intra_Bps = t->intra_Bps;
+        m->intra_alpha_s = t->intra_alpha;
+        m->intra_shared = 1;
+    }
+    if (comm->topo_file_loaded) {
+        if (comm->topo_file.intra_bw_bytes > 0)
+            m->intra_Bps = comm->topo_file.intra_bw_bytes, m->intra_shared = 1;
+        if (comm->topo_file.intra_delay_ms >= 0 && comm->topo_file.intra_bw_bytes > 0)
+            m->intra_alpha_s = comm->topo_file.intra_delay_ms * 1e-3;
+    }
+    /* Ranks per CPU on the most crowded host: the same on every rank (from
+     * the bootstrap's boot ids and CPU counts), so every rank plans alike. */
+    double share = 1;
+    for (int i = 0; i < comm->nranks; i++) {
+        const geoPeerInfo *p = &comm->peers[i];
+        if (p->local.boot_id[0] == '\0' || p->ncpu < 1)
+            continue;
+        int same = 0;
+        for (int j = 0; j < comm->nranks; j++)
+            same += strcmp(comm->peers[j].local.boot_id, p->local.boot_id) == 0;
+        if ((double)same / p->ncpu > share)
+            share = (double)same / p->ncpu;
+    }
+    m->cpu_share = share;
+    /* Connections are made; the probe may have told WAN pairs to use fewer. */
+    m->wan_streams = t->streams_used > 0 ? t->streams_used : comm->nstreams;
+    m->chunk = comm->chunk_size;
+    m->hier_slice = comm->hier_slice;
+    m->direct_max = comm->direct_max;
+    return 0;
+}
+
+ncclResult_t geoTuningInit(struct ncclComm *comm)
+{
+    topoModel m;
+    topoCodecCost costs[16];
+    int n = topoDefaultNCodecs < 16 ? topoDefaultNCodecs : 16;
+    const char *why = NULL;
+    topoPlanForce force = TOPO_PLAN_FORCE_NONE;
+
+    geoTuningFree(comm);
+    comm->plan_why[0] = '\0';
+    if (comm->regions.nregions < 2) {
+        snprintf(comm->plan_why, sizeof(comm->plan_why), "one region: flat, uncompressed");
+        return ncclSuccess;
+    }
+    if (build_model(comm, &m, &why) != 0) {
+        snprintf(comm->plan_why, sizeof(comm->plan_why), "no plan: %s; hierarchical between "
+                 "regions, compression as GEOCCL_COMPRESS says", why);
+        geoInfo(GEO_LOG_TUNING, "%s", comm->plan_why);
+        return ncclSuccess;
+    }
+    memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {
+            /* (index, value) pairs for a fraction k of the elements on the
+             * first trip, R k on the return trip (coll_hier.c): the mean of
+             * the two trips' ratios. */
+            double R = comm->regions.nregions;
+            costs[i].ratio = 0.5 / comm->auto_params.topkFraction * 2.0 / (1.0 + R);
+        }
+    if (comm->algo == GEO_ALGO_FLAT)
+        force.algo = TOPO_ALGO_FLAT;
+    else if (comm->algo == GEO_ALGO_HIER)
+        force.algo = TOPO_ALGO_HIER;
+    if (!comm->codec_auto)
+        force.codec = (int)comm->codec;
+    force.nstreams = m.wan_streams;
+    comm->plan_chunks = !geoParamIsSet(GEO_PARAM_CHUNK_SIZE) &&
+                        !geoParamIsSet(GEO_PARAM_HIER_SLICE);
+    topoPlan *p = malloc(sizeof(*p));
+    if (p == NULL)
+        return ncclSystemError;
+    if (topoPlanBuild(&m, costs, n, comm->codec_auto ? comm->auto_mask : 0, &force, p) != 0) {
+        free(p);
+        snprintf(comm->plan_why, sizeof(comm->plan_why), "no plan: the model rejected the "
+                 "measured figures; hierarchical between regions");
+        geoWarn(GEO_LOG_TUNING, "%s", comm->plan_why);
+        return ncclSuccess;
+    }
+    comm->plan = p;
+    if (comm->rank == 0 && geoDebugLevel() >= GEO_LEVEL_INFO) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f != NULL) {
+            topoPlanPrint(p, f);
+            fclose(f);
+            for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+                geoInfo(GEO_LOG_TUNING, "plan: %s", line);
+            free(text);
+        }
+    }
+    return ncclSuccess;
+}
+
+int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
+                    size_t *chunk)
+{
+    int several = comm->regions.nregions > 1;
+    *hier = several && comm->algo != GEO_ALGO_FLAT;
+    *codec = comm->codec_auto ? GEO_CODEC_NONE : (int)comm->codec;
+    *chunk = 0;
+    int c = coll_of(type);
+    if (!several || comm->plan == NULL || c < 0)
+        return 0;
+    const topoPlanEntry *e = topoPlanLookup(comm->plan, c, bytes);
+    if (e == NULL)
+        return 0;
+    if (comm->algo == GEO_ALGO_AUTO)
+        *hier = e->algo == TOPO_ALGO_HIER;
+    if (comm->codec_auto)
+        *codec = e->codec;
+    if (comm->plan_chunks)
+        *chunk = e->chunk;
+    return 1;
+}
+
+void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json)
+{
+    if (comm->plan == NULL) {
+        if (json) {
+            fprintf(f, "{\"plan\": null, \"why\": \"");
+            for (const char *s = comm->plan_why; *s; s++)
+                fputc(*s == '"' ? '\'' : *s, f);
+            fprintf(f, "\"}");
+        } else {
+            fprintf(f, "%s\n", comm->plan_why);
+        }
+        return;
+    }
+    if (json)
+        topoPlanJson(comm->plan, f);
+    else
+        topoPlanPrint(comm->plan, f);
+}

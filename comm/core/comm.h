@@ -1,0 +1,173 @@
+/* The communicator: what every module of comm/ shares.  Statistics,
+ * reduction ops and error text belong to the communicator, never to
+ * globals (STYLE.md rule 7). */
+#ifndef GEOCCL_COMM_H_
+#define GEOCCL_COMM_H_
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "comm/coll/coll.h"
+#include "comm/base/hmac.h"
+#include "comm/transport/socket.h"
+#include "comm/transport/transport.h"
+#include "compress/codec.h"
+#include "compress/ef.h"
+#include "topology/probe.h"
+#include "topology/model.h"
+#include "topology/regions.h"
+#include "topology/topofile.h"
+#include "comm/base/scratch.h"
+
+#define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
+#define GEO_MAX_REDOPS 64
+#define GEO_HOSTNAME_LEN 64
+
+/* What each rank tells the others at bootstrap. */
+typedef struct {
+    geoSockAddr addr;           /* data listener */
+    geoLocalInfo local;         /* same-host fast path listener (net_local.h) */
+    char host[GEO_HOSTNAME_LEN];
+    int32_t pid;
+    int32_t nstreams;           /* rank 0's value is used by all */
+    int64_t chunk_size;         /* rank 0's value is used by all */
+    char region[TOPO_REGION_LABEL_LEN]; /* GEOCCL_REGION or topology file; "" */
+    int32_t probe;              /* GEOCCL_PROBE; rank 0's value is used by all */
+    int32_t ncpu;               /* CPUs online on this rank's host */
+    int32_t streams_set;        /* GEOCCL_NSTREAMS given; rank 0's value is used by all */
+    double window;              /* largest TCP window one stream can reach here (bytes) */
+    int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
+    int32_t landmarks;          /* GEOCCL_PROBE_LANDMARKS; rank 0's value is used by all */
+} geoPeerInfo;
+
+/* Per-communicator statistics (geocclCommGetStats). */
+typedef struct {
+    uint64_t bytes_intra;       /* sent to ranks of my region */
+    uint64_t bytes_wan;         /* sent to ranks of other regions */
+    uint64_t bytes_wan_raw;     /* what that would have been uncompressed */
+    uint64_t calls_flat;
+    uint64_t calls_hier;
+    double t_intra_rs;          /* seconds in hierarchical phases */
+    double t_inter;
+    double t_intra_ag;
+    double t_codec;             /* encoding and decoding */
+} geoStats;
+
+enum { GEO_ALGO_AUTO = 0, GEO_ALGO_FLAT, GEO_ALGO_HIER };
+
+typedef struct {
+    int used;
+    ncclDataType_t datatype;
+    ncclScalarResidence_t residence;
+    unsigned char scalar[8];    /* host-immediate copy */
+    const void *ptr;            /* ncclScalarDevice: read at each call */
+    int real_valid;             /* real_op is its twin in the real NCCL */
+    ncclRedOp_t real_op;
+} geoRedOp;
+
+struct geoDevState;             /* coll_device.c */
+
+struct ncclComm {
+    uint64_t magic;
+    int rank;
+    int nranks;
+    int cuda_dev;               /* CUDA device current at init; -1: no GPU */
+    char if_name[32];           /* the network interface of the data listener */
+    ncclConfig_t real_cfg;      /* GPU tuning the user gave, for the real NCCL */
+    struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
+    uint8_t secret[GEO_SHA256_BYTES];
+    uint64_t comm_hash;         /* identifies the communicator in logs */
+    geoPeerInfo *peers;
+
+    const geoNetTransport *net;
+    void *net_state;
+    int nstreams;
+    size_t chunk_size;
+    int window;
+    double timeout;             /* seconds without progress */
+    int local_peers;            /* peers reached over the same-host fast path */
+    int ring_peers;             /* of those, with shared-memory rings on every stream */
+
+    int blocking;
+    char name[64];
+
+    volatile int abort_flag;
+    ncclResult_t async_error;   /* atomic; ncclInProgress during init */
+    pthread_mutex_t lock;       /* last_error, redops */
+    geoScratch scratch;         /* receive buffers kept between calls */
+    char last_error[1024];
+
+    uint64_t op_seq;            /* collective calls issued */
+    char op_desc[96];           /* current operation, for error text */
+    char wan_cc[16];            /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
+
+    geoRedOp redops[GEO_MAX_REDOPS];
+
+    topoRegionMap regions;
+    geoRing ring;               /* all ranks in region order */
+    geoRing region_ring;        /* my region's ranks, local order */
+    int cma;                    /* my region's ranks read each other's memory (cma.h) */
+    uint8_t cma_token[16];      /* what they read to check it */
+    uint64_t *cma_peer_buf;     /* per call: each local rank's input, output, reachable */
+    int cma_refused_noted;      /* a call's buffers could not be read: said once */
+    int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
+    size_t hier_slice;          /* bytes per hierarchical slice */
+    int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
+    size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
+    geoStats stats;
+    geoTopo topo;               /* what the probe measured (probe.h) */
+    geoTopoInherit inherit;     /* a split/shrink child: the parent's topology */
+    topoFile topo_file;         /* GEOCCL_TOPO_FILE as loaded */
+    int topo_file_loaded;
+    int topo_file_missing;      /* GEOCCL_TOPO_FILE names no file: rank 0 writes it */
+
+    /* Compression between regions (GEOCCL_COMPRESS, geocclCommSetCompression). */
+    geoCodecId codec;
+    geoCodecParams codec_params;
+    int ef_enabled;             /* GEOCCL_EF != 0 */
+    int ef_mode;                /* GEOCCL_EF: 1 both trips, 2 return only, 3 first only */
+    geoEfStore ef;
+    int codec_auto;             /* GEOCCL_COMPRESS=auto[:list]: the plan chooses */
+    unsigned auto_mask;         /* codec ids (bits) auto may choose besides none */
+    geoCodecParams auto_params; /* topk's fraction for auto */
+    int call_codec;             /* the codec of the hierarchical call in progress */
+    topoPlan *plan;             /* comm/coll/tuning.h; NULL: no link figures */
+    char plan_why[256];
+    int plan_chunks;            /* the plan sets chunk/slice per call */
+    int compress_fallback_noted;
+    int ef_full_noted;
+
+    pthread_t init_thread;      /* non-blocking init */
+    int init_thread_live;
+    int finalized;
+    int active_calls;           /* API calls in flight (abort waits) */
+    uint32_t shrink_count;      /* ncclCommShrink calls past validation: every
+                                 * survivor of a shrink has made the same ones */
+};
+
+/* Validate a handle: ncclInvalidArgument for NULL or a freed/foreign one. */
+ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn);
+/* Record the text ncclGetLastError(comm) returns (and the thread's). */
+void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Mark the communicator broken with res (first error wins). */
+void geoCommFail(struct ncclComm *comm, ncclResult_t res);
+ncclResult_t geoCommAsyncError(struct ncclComm *comm);
+
+/* Compression settings from the environment (init) or geoccl.h. */
+void geoCommCompressionInit(struct ncclComm *comm);
+ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec);
+
+/* (Re)build the region map and rings from comm->peers[].region. */
+ncclResult_t geoCommBuildRegions(struct ncclComm *comm);
+
+/* Set by split/shrink around their geoCommInitInternal call (same thread):
+ * the parent whose topology the child takes over. */
+extern __thread const struct ncclComm *geoInitParent;
+
+/* Bootstrap-level helpers used by split/shrink. */
+ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,
+                                 int rank, const ncclConfig_t *config, int allow_env_root);
+
+#endif

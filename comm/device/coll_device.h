@@ -1,0 +1,46 @@
+/* Device (GPU) buffers: NVIDIA's NCCL inside a region, GeoCCL between
+ * regions, stream-ordered on the user's stream (coll_device.c).  Without
+ * CUDA at configure time these report "no GPU" and never see a device
+ * buffer. */
+#ifndef GEOCCL_COLL_DEVICE_H_
+#define GEOCCL_COLL_DEVICE_H_
+
+#include "nccl.h"
+#include "comm/coll/coll.h"
+
+struct ncclComm;
+
+/* The calling thread's CUDA device, or -1 when there is no GPU (no driver,
+ * no device, or a build without CUDA). */
+int geoDevCurrent(void);
+/* 1 when p is device or managed memory (which the host path must not
+ * touch), 0 for host memory or without a GPU. */
+int geoDevIsDevicePtr(const void *p);
+/* Arguments the device path cannot serve, checked before anything is sent:
+ * ncclInvalidUsage with the reason in the communicator's error text. */
+ncclResult_t geoDevCheck(struct ncclComm *comm, const geoOp *op, const char *fn);
+/* Issue a validated device-buffer operation on op->stream (inside a group:
+ * within the real group this thread opened).  Returns once the work is
+ * queued on the stream, as NCCL does. */
+ncclResult_t geoDevEnqueue(geoOp *op, const char *fn);
+/* Wait until every queued cross-region device job of comm has finished its
+ * host exchange: host-path operations share the transport and must not
+ * interleave with them.  Bounded by the communicator's timeout. */
+ncclResult_t geoDevDrain(struct ncclComm *comm);
+/* Drop the residuals the device path keeps (geocclCommResetErrorFeedback). */
+void geoDevResetErrorFeedback(struct ncclComm *comm);
+/* The real communicator's asynchronous error (ncclSuccess without one). */
+ncclResult_t geoDevAsyncError(struct ncclComm *comm);
+/* ncclCommFinalize: drain, then finalize the real communicator. */
+ncclResult_t geoDevFinalize(struct ncclComm *comm);
+/* Free the device state: abort != 0 fails queued jobs and aborts the real
+ * communicator, else waits for them and destroys it. */
+void geoDevFree(struct ncclComm *comm, int abort);
+/* Forget the real twin of PreMulSum handle index i (ncclRedOpDestroy). */
+void geoDevRedOpDestroy(struct ncclComm *comm, int i);
+/* The real communicator of a single-region communicator on a GPU, created
+ * now if needed (collective over the region, so only from calls every rank
+ * makes).  ncclInvalidUsage with the reason otherwise. */
+ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real);
+
+#endif

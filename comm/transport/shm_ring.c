@@ -1,0 +1,212 @@
+/* SPSC byte rings in a shared memfd; see shm_ring.h. */
+#include "config.h"
+#include "comm/transport/shm_ring.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GEO_SHM_MAGIC 0x47454f52494e4731ULL /* "GEORING1" */
+#define GEO_CACHELINE 64
+
+struct geoShmRingCtl {
+    _Alignas(GEO_CACHELINE) _Atomic uint64_t head; /* producer's */
+    _Alignas(GEO_CACHELINE) _Atomic uint64_t tail; /* consumer's */
+};
+
+/* One direction's mailbox: posted and taken count messages (the futex
+ * words: shared, so the futex key is the memfd's page, not an address). */
+struct geoShmMailbox {
+    _Alignas(GEO_CACHELINE) _Atomic uint32_t posted; /* producer's */
+    uint32_t len;
+    unsigned char data[GEO_SHM_MAIL_BYTES];
+    _Alignas(GEO_CACHELINE) _Atomic uint32_t taken;  /* consumer's */
+};
+
+/* Segment: header, two controls, two mailboxes, then the two data arrays
+ * (page aligned). */
+typedef struct {
+    _Alignas(GEO_CACHELINE) uint64_t magic;
+    uint64_t capacity;
+    struct geoShmRingCtl ctl[2];
+    struct geoShmMailbox mail[2];
+} geoShmHeader;
+
+#define GEO_SHM_DATA_OFF 4096
+
+size_t geoShmSegmentSize(uint64_t capacity)
+{
+    return GEO_SHM_DATA_OFF + 2 * (size_t)capacity;
+}
+
+int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base)
+{
+    _Static_assert(sizeof(geoShmHeader) <= GEO_SHM_DATA_OFF, "header fits its page");
+    size_t size = geoShmSegmentSize(capacity);
+    int err, f = memfd_create("geoccl-ring", MFD_CLOEXEC);
+    if (f < 0)
+        return -1;
+    if (ftruncate(f, (off_t)size) != 0)
+        goto err_close;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    if (p == MAP_FAILED)
+        goto err_close;
+    geoShmHeader *h = p;
+    h->magic = GEO_SHM_MAGIC;
+    h->capacity = capacity;
+    for (int i = 0; i < 2; i++) {
+        atomic_init(&h->ctl[i].head, 0);
+        atomic_init(&h->ctl[i].tail, 0);
+        atomic_init(&h->mail[i].posted, 0);
+        atomic_init(&h->mail[i].taken, 0);
+    }
+    *fd = f;
+    *base = p;
+    return 0;
+err_close:
+    err = errno;
+    close(f);
+    errno = err;
+    return -1;
+}
+
+int geoShmSegmentMap(int fd, void **base, uint64_t *capacity)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return -1;
+    if ((size_t)sb.st_size < GEO_SHM_DATA_OFF) {
+        errno = EINVAL;
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    const geoShmHeader *h = p;
+    uint64_t cap = h->capacity;
+    if (h->magic != GEO_SHM_MAGIC || cap == 0 || (cap & (cap - 1)) != 0 ||
+        geoShmSegmentSize(cap) != (size_t)sb.st_size) {
+        munmap(p, (size_t)sb.st_size);
+        errno = EINVAL;
+        return -1;
+    }
+    *base = p;
+    *capacity = cap;
+    return 0;
+}
+
+void geoShmSegmentUnmap(void *base, uint64_t capacity)
+{
+    if (base != NULL)
+        munmap(base, geoShmSegmentSize(capacity));
+}
+
+void geoShmSegmentRing(void *base, uint64_t capacity, int i, geoShmRing *ring)
+{
+    geoShmHeader *h = base;
+    ring->ctl = &h->ctl[i];
+    ring->data = (char *)base + GEO_SHM_DATA_OFF + (size_t)i * capacity;
+    ring->capacity = capacity;
+}
+
+size_t geoShmRingWrite(geoShmRing *r, const struct iovec *iov, int n)
+{
+    uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+    uint64_t room = r->capacity - (head - tail), done = 0;
+
+    if (head - tail > r->capacity) /* the consumer's counter is garbage */
+        return 0;
+    for (int i = 0; i < n && room > 0; i++) {
+        const char *src = iov[i].iov_base;
+        size_t len = iov[i].iov_len < room ? iov[i].iov_len : (size_t)room;
+        size_t pos = (size_t)((head + done) & (r->capacity - 1));
+        size_t first = len < r->capacity - pos ? len : (size_t)(r->capacity - pos);
+        memcpy(r->data + pos, src, first);
+        memcpy(r->data, src + first, len - first);
+        done += len;
+        room -= len;
+        if (len < iov[i].iov_len)
+            break;
+    }
+    if (done > 0)
+        atomic_store_explicit(&r->ctl->head, head + done, memory_order_release);
+    return (size_t)done;
+}
+
+size_t geoShmRingRead(geoShmRing *r, void *dst, size_t len)
+{
+    uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+    uint64_t avail = head - tail;
+
+    if (avail > r->capacity)
+        return (size_t)-1;
+    if (len > avail)
+        len = (size_t)avail;
+    if (len == 0)
+        return 0;
+    size_t pos = (size_t)(tail & (r->capacity - 1));
+    size_t first = len < r->capacity - pos ? len : (size_t)(r->capacity - pos);
+    memcpy(dst, r->data + pos, first);
+    memcpy((char *)dst + first, r->data, len - first);
+    atomic_store_explicit(&r->ctl->tail, tail + len, memory_order_release);
+    return len;
+}
+
+geoShmMailbox *geoShmSegmentMailbox(void *base, int i)
+{
+    return &((geoShmHeader *)base)->mail[i];
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+int geoShmMailPut(geoShmMailbox *b, const void *buf, size_t len)
+{
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_relaxed);
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_acquire);
+    if (p != t || len > GEO_SHM_MAIL_BYTES)
+        return 0;
+    memcpy(b->data, buf, len);
+    b->len = (uint32_t)len;
+    atomic_store_explicit(&b->posted, p + 1, memory_order_release);
+    futex_wake_all(&b->posted);
+    return 1;
+}
+
+int geoShmMailTake(geoShmMailbox *b, void *buf, size_t len)
+{
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_relaxed);
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_acquire);
+    if (p == t)
+        return 0;
+    if (p != t + 1 || b->len != len)
+        return -1;
+    memcpy(buf, b->data, len);
+    atomic_store_explicit(&b->taken, t + 1, memory_order_release);
+    futex_wake_all(&b->taken);
+    return 1;
+}
+
+void geoShmMailWait(geoShmMailbox *b, int put, int ms)
+{
+    /* Asleep only while the state is what made the caller wait: empty
+     * (posted == taken) for a take, full (posted != taken) for a put. */
+    _Atomic uint32_t *word = put ? &b->taken : &b->posted;
+    uint32_t p = atomic_load_explicit(&b->posted, memory_order_acquire);
+    uint32_t t = atomic_load_explicit(&b->taken, memory_order_acquire);
+    if (put ? p == t : p != t)
+        return;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, word, FUTEX_WAIT, put ? t : p, &ts, NULL, 0);
+}

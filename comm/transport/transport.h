@@ -1,0 +1,127 @@
+/* Transports between ranks.  A transport is a table of function pointers;
+ * geoNetTransports[] lists them in order of preference and the first whose
+ * canConnect() says yes carries the communicator (TCP always can; ibverbs
+ * joins here later).
+ *
+ * Matching rule: messages between two ranks are matched in the order they
+ * were posted, separately per direction: the k-th send posted from A to B
+ * meets the k-th receive posted on B from A, and both must have the same
+ * size (a mismatch is a malformed-frame error, not silent truncation).
+ * Zero-byte messages are never posted, except variable-length ones: a
+ * variable-length send (vlen) meets a variable-length receive whose buffer
+ * is at least as large; the receive learns the size from the first frame
+ * (compressed chunks whose size only the sender knows). */
+#ifndef GEOCCL_TRANSPORT_H_
+#define GEOCCL_TRANSPORT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "comm/transport/net_local.h"
+#include "comm/transport/socket.h"
+
+struct ncclComm;
+
+/* Where a rank's transport listens: what peers need to connect to it. */
+typedef struct {
+    geoSockAddr addr;           /* TCP: every peer can use it */
+    geoLocalInfo local;         /* same-host fast path (net_local.h); local.path
+                                 * "" when this rank offers none */
+} geoNetAddr;
+
+enum { GEO_NET_SEND = 0, GEO_NET_RECV = 1 };
+
+/* One posted message.  Owned by the caller, who must keep it (and its
+ * buffer) alive until wait() returns for it. */
+typedef struct geoNetRequest {
+    struct geoNetRequest *next; /* transport's queue link */
+    int peer;
+    int dir;                    /* GEO_NET_SEND / GEO_NET_RECV */
+    char *buf;
+    size_t size;                /* bytes; a vlen receive: the size that arrived */
+    size_t capacity;            /* vlen receive: room in buf */
+    int vlen;                   /* variable-length message (see above) */
+    uint64_t seq;               /* set by post(): per (peer, dir) order */
+    int streams;                /* set by post(): connections it spreads over */
+    size_t nframes;
+    size_t frames_done;
+    int done;                   /* 1 once complete or failed */
+    ncclResult_t result;
+    double last_progress;       /* geoNow() of the last byte moved */
+} geoNetRequest;
+
+typedef struct geoNetTransport {
+    const char *name;
+    /* 1 if this transport can connect every pair of comm's ranks. */
+    int (*canConnect)(struct ncclComm *comm);
+    /* Open this rank's listeners before the bootstrap exchange.  On entry
+     * listen_addr->addr is the interface address to bind (port 0: any); on
+     * success it holds what peers must use (bound TCP address and, if
+     * offered, the same-host listener). */
+    ncclResult_t (*listen)(struct ncclComm *comm, void **state, geoNetAddr *listen_addr);
+    /* Connect to every peer (addresses in comm->peers) and start the
+     * progress thread.  Collective; bounded by comm->timeout. */
+    ncclResult_t (*connect)(struct ncclComm *comm, void *state);
+    /* Queue req; never blocks on the network.  Fails at once with the
+     * communicator's error if it is broken. */
+    ncclResult_t (*post)(void *state, geoNetRequest *req);
+    /* Block until req completes, the communicator breaks, it is aborted,
+     * or no byte of req moved for comm->timeout seconds (then the
+     * communicator is broken with a message naming peer and operation). */
+    ncclResult_t (*wait)(void *state, geoNetRequest *req);
+    /* Fail everything in flight and shut the connections (peers see it at
+     * once).  Any thread; idempotent. */
+    void (*breakAll)(void *state);
+    /* Stop the progress thread, close and free.  Local. */
+    void (*destroy)(void *state);
+    /* Optional (may be NULL): bound the bytes queued in the kernel but not
+     * yet sent on every connection (0: the system's default).  The probe
+     * sets it while it measures, so that what is queued when a transfer
+     * stops drains quickly. */
+    void (*limitQueued)(void *state, int bytes);
+    /* Optional (may be NULL): messages to and from peer posted from now on
+     * use only the first n of the pair's connections (1..connected; all of
+     * them until set).  Both ends must set the same n at the same point of
+     * their message sequence with that peer: the probe does it at its end,
+     * where every message between every pair has been matched. */
+    void (*setStreams)(void *state, int peer, int n);
+    /* Optional (may be NULL): the TCP congestion control (TCP_CONGESTION)
+     * of every network connection to peer, from now on (same-host ones are
+     * left alone).  0, or the errno of the first connection that refused. */
+    int (*setCongestion)(void *state, int peer, const char *cc);
+    /* Optional (may be NULL): a mailbox per pair of same-host ranks, one
+     * message of at most GEO_NET_MAIL_BYTES at a time each way, outside
+     * the ordered stream above, put and taken by the calling threads
+     * themselves (no progress thread in between).  hasMailbox: whether
+     * the pair has one (the same answer at both ends).  mail: put (send)
+     * or take len bytes, waiting while the previous message is still
+     * there or none has come; fails like wait (broken, aborted, the peer
+     * gone, or comm->timeout). */
+    int (*hasMailbox)(void *state, int peer);
+    ncclResult_t (*mail)(void *state, int peer, void *buf, size_t len, int send);
+} geoNetTransport;
+
+#define GEO_NET_MAIL_BYTES 48
+
+extern const geoNetTransport geoNetTcp;
+extern const geoNetTransport *const geoNetTransports[];
+
+/* Convenience wrappers on comm's transport. */
+ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                         geoNetRequest *req);
+ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
+                         geoNetRequest *req);
+/* A control message (buffer addresses, flags): like geoNetIsend, but not
+ * counted in the byte statistics, which count the collectives' data. */
+ncclResult_t geoNetIsendCtl(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                            geoNetRequest *req);
+/* Variable-length messages (both sides must use these for a message). */
+ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
+                          geoNetRequest *req);
+ncclResult_t geoNetIrecvV(struct ncclComm *comm, int peer, void *buf, size_t capacity,
+                          geoNetRequest *req);
+/* Wait; a NULL-size request (never posted) returns at once. */
+ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req);
+
+#endif

@@ -1,0 +1,1342 @@
+#include "config.h"
+#include "topology/probe.h"
+#include "comm/base/checks.h"
+#include "comm/coll/coll.h"
+#include "comm/core/comm.h"
+#include "comm/base/param.h"
+#include "topology/cluster.h"
+#include "topology/nics.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PROBE_MSG 16                 /* ping/pong size */
+#define PROBE_BW_MSG (256 * 1024)    /* bandwidth message: one frame */
+#define PROBE_BW_SLOTS 4             /* messages in flight per direction and peer */
+/* Unsent bytes a socket may hold during the transfer: what is queued when
+ * it stops must still drain at the link's rate before the next message. */
+#define PROBE_QUEUED_BYTES (512 * 1024)
+
+enum { MSG_PING = 1, MSG_PONG = 2, MSG_DATA = 3, MSG_END = 4, MSG_PAD = 5 };
+
+void geoTopoFree(geoTopo *t)
+{
+    free(t->node_of);
+    free(t->leader);
+    free(t->node_addr);
+    free(t->rtt);
+    free(t->nic_gbit);
+    free(t->bw);
+    free(t->egress);
+    free(t->region_rtt);
+    free(t->oneway);
+    memset(t, 0, sizeof(*t));
+}
+
+static int req_done(const geoNetRequest *r)
+{
+    return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+}
+
+static void pause_us(long us)
+{
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* A poll loop's deadline: the communicator's timeout, as for every wait. */
+static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const char *what)
+{
+    if (comm->abort_flag) {
+        geoCommSetError(comm, "init: probe %s: communicator aborted", what);
+        comm->net->breakAll(comm->net_state);
+        return ncclRemoteError;
+    }
+    if (geoNow() > deadline) {
+        geoCommSetError(comm, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
+                        comm->timeout);
+        comm->net->breakAll(comm->net_state);
+        return ncclRemoteError;
+    }
+    return ncclSuccess;
+}
+
+/* ---- nodes -------------------------------------------------------------- */
+
+static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
+{
+    int n = comm->nranks;
+    t->node_of = malloc(sizeof(int) * (size_t)n);
+    t->leader = malloc(sizeof(int) * (size_t)n);
+    t->node_addr = malloc(sizeof(*t->node_addr) * (size_t)n);
+    t->nic_gbit = malloc(sizeof(double) * (size_t)n);
+    if (!t->node_of || !t->leader || !t->node_addr || !t->nic_gbit)
+        return ncclSystemError;
+    for (int k = 0; k < n; k++)
+        t->nic_gbit[k] = -1;
+    t->nnodes = 0;
+    for (int r = 0; r < n; r++) {
+        char a[GEO_ADDR_STRLEN];
+        geoAddrHost(&comm->peers[r].addr, a);
+        int k;
+        for (k = 0; k < t->nnodes; k++)
+            if (strcmp(t->node_addr[k], a) == 0)
+                break;
+        if (k == t->nnodes) {
+            memcpy(t->node_addr[k], a, 64);
+            t->leader[k] = r;
+            t->nnodes++;
+        }
+        t->node_of[r] = k;
+    }
+    t->nic_gbit[t->node_of[comm->rank]] = topoNicSpeed(comm->if_name);
+    return ncclSuccess;
+}
+
+/* ---- small exchanges ---------------------------------------------------- */
+
+/* Every rank in ranks[] sends its len bytes to every other; all[i*len] gets
+ * ranks[i]'s.  Only members call it. */
+static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int n, int me,
+                                   const void *mine, size_t len, void *all)
+{
+    geoNetRequest *rq = calloc((size_t)2 * (size_t)n, sizeof(geoNetRequest));
+    ncclResult_t res = ncclSuccess;
+    if (rq == NULL)
+        return ncclSystemError;
+    memcpy((char *)all + (size_t)me * len, mine, len);
+    for (int i = 0; i < n && res == ncclSuccess; i++) {
+        if (i == me)
+            continue;
+        res = geoNetIrecv(comm, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
+        if (res == ncclSuccess)
+            res = geoNetIsend(comm, ranks[i], mine, len, &rq[2 * i + 1]);
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        if (i / 2 == me || rq[i].buf == NULL)
+            continue;
+        ncclResult_t r = geoNetWait(comm, &rq[i]);
+        if (res == ncclSuccess)
+            res = r;
+    }
+    free(rq);
+    return res;
+}
+
+/* src sends len bytes to each of dst[] (src itself skipped). */
+static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int n, void *buf,
+                            size_t len)
+{
+    if (comm->rank != src) {
+        geoNetRequest r;
+        GEO_CHECK(geoNetIrecv(comm, src, buf, len, &r));
+        return geoNetWait(comm, &r);
+    }
+    geoNetRequest *rq = calloc((size_t)(n > 0 ? n : 1), sizeof(geoNetRequest));
+    ncclResult_t res = ncclSuccess;
+    if (rq == NULL)
+        return ncclSystemError;
+    for (int i = 0; i < n && res == ncclSuccess; i++)
+        if (dst[i] != src)
+            res = geoNetIsend(comm, dst[i], buf, len, &rq[i]);
+    for (int i = 0; i < n; i++)
+        if (dst[i] != src && rq[i].buf != NULL) {
+            ncclResult_t r = geoNetWait(comm, &rq[i]);
+            if (res == ncclSuccess)
+                res = r;
+        }
+    free(rq);
+    return res;
+}
+
+/* ---- round-trip times --------------------------------------------------- */
+
+/* One leader's side: rounds of pings to every leader p with with[p] set
+ * (the pairs are symmetric: p has me in its own set), each answered as soon
+ * as it arrives.  Every pair runs its own rounds: when my ping of round k
+ * to p is answered and p's ping of round k to me has arrived, I post the
+ * two receives of round k + 1 and send its ping at once.  So a node with
+ * few peers never waits for a landmark's slowest peer before it can ping
+ * again: in lock-step rounds its next ping sat unread until the landmark
+ * had heard from every far peer, and a same-region pair measured a WAN
+ * round trip.  Per pair, p sends its ping of round k + 1 only after my
+ * ping and pong of round k reached it, and it sent its own ping and pong
+ * of round k before that, so the two receives of round k match p's two
+ * messages of round k, in either order; the type word tells which. */
+static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L, int me,
+                                const unsigned char *with, int rounds, double *row,
+                                double *warm_end)
+{
+    size_t n2 = (size_t)L * 2;
+    geoNetRequest *rr = calloc(n2, sizeof(geoNetRequest)), *sr = calloc(n2, sizeof(geoNetRequest));
+    uint64_t(*in)[2] = calloc(n2, sizeof(*in));
+    uint64_t(*out)[2] = calloc(n2, sizeof(*out));
+    double *t0 = calloc((size_t)L, sizeof(double));
+    unsigned char *st = calloc(n2, 1);
+    int *round = calloc((size_t)L, sizeof(int));
+    ncclResult_t res = ncclSuccess;
+    double deadline = geoNow() + comm->timeout;
+    int posted = 0, live = 0, warm_left = 0;
+
+    if (!rr || !sr || !in || !out || !t0 || !st || !round) {
+        res = ncclSystemError;
+        goto out;
+    }
+    *warm_end = geoNow();
+    for (int i = 0; i < L; i++)
+        row[i] = i == me ? 0 : -1;
+    /* Round 0 of every pair: the warm-up (its time is not kept). */
+    for (int p = 0; p < L && res == ncclSuccess; p++) {
+        if (p == me || !with[p])
+            continue;
+        posted = 1;
+        live++;
+        warm_left++;
+        res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+        if (res == ncclSuccess)
+            res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+        out[2 * p][0] = MSG_PING;
+        out[2 * p][1] = 0;
+        t0[p] = geoNow();
+        if (res == ncclSuccess)
+            res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+    }
+    while (live > 0 && res == ncclSuccess) {
+        int moved = 0;
+        for (int p = 0; p < L && res == ncclSuccess; p++) {
+            if (p == me || !with[p] || round[p] > rounds)
+                continue;
+            for (int k = 0; k < 2 && res == ncclSuccess; k++) {
+                geoNetRequest *r = &rr[2 * p + k];
+                if (st[2 * p + k] || !req_done(r))
+                    continue;
+                st[2 * p + k] = 1;
+                moved = 1;
+                if (r->result != ncclSuccess) {
+                    res = r->result;
+                    break;
+                }
+                if (in[2 * p + k][0] == MSG_PING) {
+                    if (sr[2 * p + 1].buf != NULL) {
+                        res = geoNetWait(comm, &sr[2 * p + 1]);
+                        sr[2 * p + 1].buf = NULL;
+                    }
+                    out[2 * p + 1][0] = MSG_PONG;
+                    out[2 * p + 1][1] = in[2 * p + k][1];
+                    if (res == ncclSuccess)
+                        res = geoNetIsend(comm, leaders[p], out[2 * p + 1], PROBE_MSG,
+                                          &sr[2 * p + 1]);
+                } else if (in[2 * p + k][0] == MSG_PONG &&
+                           in[2 * p + k][1] == (uint64_t)round[p]) {
+                    double rtt = geoNow() - t0[p];
+                    if (round[p] > 0 && (row[p] < 0 || rtt < row[p]))
+                        row[p] = rtt;
+                } else {
+                    geoCommSetError(comm, "init: probe: unexpected message %llu from rank %d",
+                                    (unsigned long long)in[2 * p + k][0], leaders[p]);
+                    res = ncclInternalError;
+                }
+            }
+            if (res != ncclSuccess || !st[2 * p] || !st[2 * p + 1])
+                continue;
+            /* Both messages of this round are in: the pair's next round. */
+            if (round[p] == 0 && --warm_left == 0)
+                *warm_end = geoNow(); /* every peer has arrived */
+            if (++round[p] > rounds) {
+                live--;
+                continue;
+            }
+            st[2 * p] = st[2 * p + 1] = 0;
+            res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+            if (res == ncclSuccess)
+                res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+            if (res == ncclSuccess && sr[2 * p].buf != NULL) {
+                res = geoNetWait(comm, &sr[2 * p]);
+                sr[2 * p].buf = NULL;
+            }
+            out[2 * p][0] = MSG_PING;
+            out[2 * p][1] = (uint64_t)round[p];
+            t0[p] = geoNow();
+            if (res == ncclSuccess)
+                res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+        }
+        if (!moved && res == ncclSuccess) {
+            res = check_deadline(comm, deadline, "round trips");
+            pause_us(10);
+        }
+    }
+    for (size_t i = 0; i < n2; i++)
+        if (sr[i].buf != NULL) {
+            ncclResult_t r = geoNetWait(comm, &sr[i]);
+            if (res == ncclSuccess)
+                res = r;
+            sr[i].buf = NULL;
+        }
+out:
+    /* Receives may still be posted into these buffers: fail them first. */
+    if (res != ncclSuccess && posted)
+        comm->net->breakAll(comm->net_state);
+    free(rr);
+    free(sr);
+    free(in);
+    free(out);
+    free(t0);
+    free(st);
+    free(round);
+    return res;
+}
+
+/* Who reports a measured pair in the exchange: the end that measured fewer
+ * pairs this round (a landmark measures many), the lower index on a tie.
+ * Both ends measured it; one value is enough. */
+static int reports(const int *cnt, int a, int j)
+{
+    return cnt[a] < cnt[j] || (cnt[a] == cnt[j] && a < j);
+}
+
+/* Round trips between node leaders, in rounds (topoRttSampleRound): with
+ * up to 2 GEOCCL_PROBE_LANDMARKS nodes, every pair at once; with more,
+ * every node and a few landmarks, then the nodes no landmark settled.
+ * After each round the leaders exchange what they measured (per node only
+ * the pairs it reports, so rows stay short), and every leader holds the same
+ * sparse matrix to plan the next round from.  Then each leader hands the
+ * matrix and the NIC rates to the other ranks of its node. */
+static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
+{
+    int L = t->nnodes, me = -1, K = comm->peers[0].landmarks;
+    size_t LL = (size_t)L * (size_t)L;
+    /* What a leader hands its node: the matrix, the NIC rates, the pairs
+     * measured and the rounds. */
+    size_t share_bytes = sizeof(double) * (LL + (size_t)L + 2);
+    double *share = malloc(share_bytes);
+    ncclResult_t res = ncclSuccess;
+
+    t->rtt = malloc(sizeof(double) * LL);
+    if (share == NULL || t->rtt == NULL) {
+        free(share);
+        return ncclSystemError;
+    }
+    for (size_t x = 0; x < LL; x++)
+        t->rtt[x] = x % ((size_t)L + 1) == 0 ? 0 : -1;
+    for (int k = 0; k < L; k++)
+        if (t->leader[k] == comm->rank)
+            me = k;
+    t->rtt_pairs = 0;
+    t->rtt_rounds = 0;
+    if (me >= 0) {
+        int rounds = (int)geoParamInt(GEO_PARAM_PROBE_ROUNDS);
+        unsigned char *landmark = calloc((size_t)L, 1), *with = malloc(LL);
+        double *row = malloc(sizeof(double) * (size_t)(L + 1)), *all = NULL;
+        int *cnt = malloc(sizeof(int) * (size_t)L);
+        if (!landmark || !with || !row || !cnt)
+            res = ncclSystemError;
+        for (int round = 0; res == ncclSuccess; round++) {
+            int npairs = topoRttSampleRound(L, K, round, t->rtt, landmark, with);
+            if (npairs < 0)
+                res = ncclSystemError;
+            if (npairs <= 0)
+                break;
+            t->rtt_pairs += npairs;
+            t->rtt_rounds++;
+            double warm = 0;
+            res = ping_rounds(comm, t->leader, L, me, &with[(size_t)me * (size_t)L],
+                              rounds < 1 ? 1 : rounds, row, &warm);
+            if (round == 0)
+                t->t_arrived = warm;
+            /* Row: my NIC's rate, then the pairs I report, ascending. */
+            int cap = 0;
+            for (int a = 0; a < L; a++) {
+                cnt[a] = 0;
+                for (int j = 0; j < L; j++)
+                    cnt[a] += with[(size_t)a * (size_t)L + (size_t)j];
+            }
+            for (int a = 0; a < L; a++) {
+                int c = 0;
+                for (int j = 0; j < L; j++)
+                    c += with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j);
+                cap = c > cap ? c : cap;
+            }
+            size_t row_bytes = sizeof(double) * (size_t)(cap + 1);
+            double *na = realloc(all, row_bytes * (size_t)L);
+            if (res == ncclSuccess && na == NULL)
+                res = ncclSystemError;
+            all = na ? na : all;
+            if (res != ncclSuccess)
+                break;
+            double *mine = malloc(row_bytes);
+            if (mine == NULL) {
+                res = ncclSystemError;
+                break;
+            }
+            int c = 1;
+            mine[0] = t->nic_gbit[me];
+            for (int j = 0; j < L; j++)
+                if (with[(size_t)me * (size_t)L + (size_t)j] && reports(cnt, me, j))
+                    mine[c++] = row[j];
+            for (; c <= cap; c++)
+                mine[c] = -1;
+            res = exchange_among(comm, t->leader, L, me, mine, row_bytes, all);
+            free(mine);
+            for (int a = 0; a < L && res == ncclSuccess; a++) {
+                const double *ra = all + (size_t)a * (size_t)(cap + 1);
+                if (round == 0)
+                    t->nic_gbit[a] = ra[0];
+                int i = 1;
+                for (int j = 0; j < L; j++)
+                    if (with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j)) {
+                        t->rtt[(size_t)a * (size_t)L + (size_t)j] = ra[i];
+                        t->rtt[(size_t)j * (size_t)L + (size_t)a] = ra[i];
+                        i++;
+                    }
+            }
+        }
+        free(landmark);
+        free(with);
+        free(row);
+        free(all);
+        free(cnt);
+        memcpy(share, t->rtt, sizeof(double) * LL);
+        memcpy(share + LL, t->nic_gbit, sizeof(double) * (size_t)L);
+        share[LL + (size_t)L] = t->rtt_pairs;
+        share[LL + (size_t)L + 1] = t->rtt_rounds;
+    }
+    /* Each leader hands the matrix to the other ranks of its node. */
+    if (res == ncclSuccess) {
+        int node = t->node_of[comm->rank], *members = malloc(sizeof(int) * (size_t)comm->nranks);
+        int m = 0;
+        if (members == NULL) {
+            free(share);
+            return ncclSystemError;
+        }
+        for (int r = 0; r < comm->nranks; r++)
+            if (t->node_of[r] == node)
+                members[m++] = r;
+        if (m > 1)
+            res = fan_out(comm, t->leader[node], members, m, share, share_bytes);
+        free(members);
+    }
+    if (res == ncclSuccess && me < 0) {
+        memcpy(t->rtt, share, sizeof(double) * LL);
+        memcpy(t->nic_gbit, share + LL, sizeof(double) * (size_t)L);
+        t->rtt_pairs = (int)share[LL + (size_t)L];
+        t->rtt_rounds = (int)share[LL + (size_t)L + 1];
+    }
+    free(share);
+    t->rtt_measured = res == ncclSuccess;
+    return res;
+}
+
+/* ---- bandwidth between regions ----------------------------------------- */
+
+typedef struct {
+    geoNetRequest sreq[PROBE_BW_SLOTS], rreq[PROBE_BW_SLOTS], creq[PROBE_BW_SLOTS];
+    uint64_t ctl[PROBE_BW_SLOTS][2];
+    char *rbuf;                 /* PROBE_BW_SLOTS receive buffers */
+    int spending;               /* data sends in flight */
+    int send_end;               /* END and pads posted */
+    uint64_t ndata;             /* data messages sent */
+    int rslot_live[PROBE_BW_SLOTS];
+    uint64_t posted, processed, total; /* receives; total known at END */
+    int got_end, finished;
+    int nt, cap;
+    double *tt, *tb;            /* completion times and sizes */
+} bwPeer;
+
+/* One side of an all-pairs transfer among peers[0..R) (skipping peers[me];
+ * me = -1: none is me): region leaders measuring bandwidth (measure_bw), or
+ * the exchange's WAN pairs warming their connections (warm_wan).  It sends
+ * to every peer for `dur` seconds, then END (carrying how many data
+ * messages it sent) and PROBE_BW_SLOTS - 1 pads.  The receiver keeps
+ * at most PROBE_BW_SLOTS + (data messages seen) receives posted, so when
+ * END arrives it has posted at most data + PROBE_BW_SLOTS receives, which
+ * the pads are there to meet; from END on it posts up to exactly that
+ * total.  Every receive is matched and none is left for later operations.
+ * in[q]: the steady rate from peer q to me. */
+static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, int me,
+                                double dur, double *in)
+{
+    bwPeer *p = calloc((size_t)R, sizeof(bwPeer));
+    char *sbuf = calloc(1, PROBE_BW_MSG);
+    ncclResult_t res = ncclSuccess;
+    double start, deadline = geoNow() + comm->timeout + dur;
+    int live = 0;
+
+    if (p == NULL || sbuf == NULL) {
+        free(p);
+        free(sbuf);
+        return ncclSystemError;
+    }
+    ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
+    /* What a socket holds unsent when the transfer stops must drain at the
+     * link's rate before the next message. */
+    if (comm->net->limitQueued)
+        comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
+    for (int q = 0; q < R && res == ncclSuccess; q++) {
+        in[q] = 0;
+        if (q == me)
+            continue;
+        p[q].rbuf = malloc((size_t)PROBE_BW_SLOTS * PROBE_BW_MSG);
+        p[q].cap = 1024;
+        p[q].tt = malloc(sizeof(double) * (size_t)p[q].cap);
+        p[q].tb = malloc(sizeof(double) * (size_t)p[q].cap);
+        if (!p[q].rbuf || !p[q].tt || !p[q].tb) {
+            res = ncclSystemError;
+            break;
+        }
+        for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+            res = geoNetIrecvV(comm, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
+                               PROBE_BW_MSG, &p[q].rreq[s]);
+            p[q].rslot_live[s] = 1;
+            p[q].posted++;
+        }
+        live++;
+    }
+    start = geoNow();
+    while (live > 0 && res == ncclSuccess) {
+        int moved = 0;
+        double now = geoNow();
+        for (int q = 0; q < R && res == ncclSuccess; q++) {
+            bwPeer *b = &p[q];
+            if (q == me || b->finished)
+                continue;
+            /* Sending side: keep the slots full until dur, then END + pads. */
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                geoNetRequest *r = &b->sreq[s];
+                if (r->buf != NULL && !req_done(r))
+                    continue;
+                if (r->buf != NULL) {
+                    if ((res = r->result) != ncclSuccess)
+                        break;
+                    r->buf = NULL;
+                    b->spending--;
+                    moved = 1;
+                }
+                if (!b->send_end && now - start < dur) {
+                    res = geoNetIsendV(comm, peers[q], sbuf, PROBE_BW_MSG, r);
+                    b->spending++;
+                    b->ndata++;
+                }
+            }
+            if (!b->send_end && now - start >= dur && res == ncclSuccess) {
+                for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                    b->ctl[s][0] = s == 0 ? MSG_END : MSG_PAD;
+                    b->ctl[s][1] = b->ndata;
+                    res = geoNetIsendV(comm, peers[q], b->ctl[s], sizeof(b->ctl[s]),
+                                       &b->creq[s]);
+                }
+                b->send_end = 1;
+                moved = 1;
+            }
+            /* Receiving side. */
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
+                geoNetRequest *r = &b->rreq[s];
+                if (!b->rslot_live[s] || !req_done(r))
+                    continue;
+                if ((res = r->result) != ncclSuccess)
+                    break;
+                b->rslot_live[s] = 0;
+                b->processed++;
+                moved = 1;
+                uint64_t *w = (uint64_t *)(void *)r->buf;
+                uint64_t type = r->size >= 16 ? w[0] : 0;
+                if (type == MSG_DATA) {
+                    if (b->nt == b->cap) {
+                        int nc = b->cap * 2;
+                        double *x = realloc(b->tt, sizeof(double) * (size_t)nc);
+                        if (x)
+                            b->tt = x;
+                        double *y = realloc(b->tb, sizeof(double) * (size_t)nc);
+                        if (y)
+                            b->tb = y;
+                        if (!x || !y) {
+                            res = ncclSystemError;
+                            break;
+                        }
+                        b->cap = nc;
+                    }
+                    b->tt[b->nt] = geoNow();
+                    b->tb[b->nt++] = (double)r->size;
+                } else if (type == MSG_END && !b->got_end) {
+                    b->got_end = 1;
+                    b->total = w[1] + PROBE_BW_SLOTS;
+                } else if (type != MSG_PAD) {
+                    geoCommSetError(comm, "init: probe: unexpected bandwidth message %llu from "
+                                    "rank %d", (unsigned long long)type, peers[q]);
+                    res = ncclInternalError;
+                    break;
+                }
+            }
+            /* Refill free slots up to what the sender can still send: before
+             * END, one receive for each data message seen (never more than it
+             * sends, since END and pads follow); after END, the total. */
+            uint64_t limit = b->got_end ? b->total : (uint64_t)b->nt + PROBE_BW_SLOTS;
+            for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess && b->posted < limit; s++)
+                if (!b->rslot_live[s]) {
+                    res = geoNetIrecvV(comm, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
+                                       PROBE_BW_MSG, &b->rreq[s]);
+                    b->rslot_live[s] = 1;
+                    b->posted++;
+                }
+            if (res == ncclSuccess && b->send_end && b->spending == 0 && b->got_end &&
+                b->processed == b->total) {
+                for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++)
+                    res = geoNetWait(comm, &b->creq[s]);
+                in[q] = topoSteadyRate(b->nt, b->tt, b->tb, 0.3, 0.8);
+                b->finished = 1;
+                live--;
+            }
+        }
+        if (!moved && res == ncclSuccess) {
+            res = check_deadline(comm, deadline, "bandwidth");
+            pause_us(20);
+        }
+    }
+    if (res != ncclSuccess)
+        comm->net->breakAll(comm->net_state); /* requests in flight point at our buffers */
+    for (int q = 0; q < R; q++) {
+        free(p[q].rbuf);
+        free(p[q].tt);
+        free(p[q].tb);
+    }
+    if (comm->net->limitQueued)
+        comm->net->limitQueued(comm->net_state, 0);
+    free(p);
+    free(sbuf);
+    return res;
+}
+
+/* The largest window one TCP stream may reach: the receive side's
+ * autotuning limit (tcp_rmem max, of which the kernel advertises about
+ * half by default), or the fixed GEOCCL_SOCKET_BUFSIZE. */
+double geoProbeStreamWindow(void)
+{
+    int64_t fixed = geoParamInt(GEO_PARAM_SOCKET_BUFSIZE);
+    if (fixed > 0)
+        return (double)fixed / 2;
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_rmem", "r");
+    long a = 0, b = 0, c = 0;
+    if (f != NULL) {
+        if (fscanf(f, "%ld %ld %ld", &a, &b, &c) != 3)
+            c = 0;
+        fclose(f);
+    }
+    return c > 0 ? (double)c / 2 : 3 * 1024 * 1024;
+}
+
+static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
+{
+    topoRegionMap *m = &comm->regions;
+    int R = m->nregions, me = -1;
+    int *leaders = malloc(sizeof(int) * (size_t)R);
+    double *in = malloc(sizeof(double) * (size_t)R), maxrtt = 0;
+    ncclResult_t res = ncclSuccess;
+
+    if (leaders == NULL || in == NULL) {
+        free(leaders);
+        free(in);
+        return ncclSystemError;
+    }
+    for (int g = 0; g < R; g++) {
+        leaders[g] = m->members[g][0];
+        if (leaders[g] == comm->rank)
+            me = g;
+        for (int h = 0; h < R; h++)
+            if (t->region_rtt[g * R + h] > maxrtt)
+                maxrtt = t->region_rtt[g * R + h];
+    }
+    /* Slow start needs about log2(BDP / 14 KiB) round trips (9 for 1 Gbit/s
+     * at 50 ms); the rate is taken over the second half of the transfer,
+     * when HyStart has usually left slow start. */
+    double dur = 12 * maxrtt;
+    dur = dur < 0.25 ? 0.25 : dur > 1.5 ? 1.5 : dur;
+    if (me >= 0) {
+        double *col = malloc(sizeof(double) * (size_t)R * (size_t)R);
+        if (col == NULL)
+            res = ncclSystemError;
+        if (res == ncclSuccess)
+            res = bw_transfer(comm, leaders, R, me, dur, in);
+        /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
+        if (res == ncclSuccess)
+            res = exchange_among(comm, leaders, R, me, in, sizeof(double) * (size_t)R, col);
+        if (res == ncclSuccess)
+            for (int g = 0; g < R; g++)
+                for (int q = 0; q < R; q++)
+                    t->bw[q * R + g] = col[g * R + q];
+        free(col);
+    }
+    if (res == ncclSuccess) {
+        int g = m->region_of[comm->rank];
+        res = fan_out(comm, leaders[g], m->members[g], m->size[g], t->bw,
+                      sizeof(double) * (size_t)R * (size_t)R);
+    }
+    free(leaders);
+    free(in);
+    t->bw_measured = res == ncclSuccess;
+    return res;
+}
+
+/* ---- inside a region ----------------------------------------------------- */
+
+#define PROBE_INTRA_BYTES (4 << 20)
+
+/* Local ranks 0 and 1 of every region with two or more ranks: a few round
+ * trips (alpha = half the smallest) and one 4 MiB message acknowledged
+ * (bandwidth = bytes / (time - one round trip)); the other pairs of local
+ * ranks do the same alongside.  All regions at once; the model gets the
+ * slowest region's figures, which every rank learns through the region
+ * leaders. */
+static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
+{
+    topoRegionMap *m = &comm->regions;
+    int R = m->nregions, g = m->region_of[comm->rank], lr = m->local_rank[comm->rank];
+    double mine[2] = {0, 0}, *all = calloc((size_t)R * 2, sizeof(double));
+    uint64_t msg[2] = {0, 0};
+    ncclResult_t res = ncclSuccess;
+    char *buf = NULL;
+
+    if (all == NULL)
+        return ncclSystemError;
+    /* Every pair of local ranks (0-1, 2-3, ...) moves the same bytes at the
+     * same time, in every region at once, so that the figure pair 0-1
+     * reports is what a rank gets while all ranks of the host work, as in a
+     * collective (on a host of many ranks and few cores, that is much less
+     * than one pair alone gets). */
+    int sender = (lr & 1) == 0;
+    if ((lr ^ 1) < m->size[g]) {
+        int peer = m->members[g][lr ^ 1];
+        double best = -1;
+        geoNetRequest a, b;
+        buf = malloc(PROBE_INTRA_BYTES);
+        if (buf == NULL)
+            res = ncclSystemError;
+        for (int k = 0; k < 5 && res == ncclSuccess; k++) {
+            double t0 = geoNow();
+            if (sender) {
+                res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                if (res == ncclSuccess)
+                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+            } else {
+                res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                if (res == ncclSuccess)
+                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+            }
+            if (res == ncclSuccess)
+                res = geoNetWait(comm, &a);
+            if (res == ncclSuccess)
+                res = geoNetWait(comm, &b);
+            double rtt = geoNow() - t0;
+            if (best < 0 || rtt < best)
+                best = rtt;
+        }
+        if (res == ncclSuccess) {
+            double t0 = geoNow();
+            if (sender) {
+                memset(buf, 0, PROBE_INTRA_BYTES);
+                res = geoNetIsend(comm, peer, buf, PROBE_INTRA_BYTES, &a);
+                if (res == ncclSuccess)
+                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &a);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                double dt = geoNow() - t0 - best;
+                mine[0] = best / 2;
+                mine[1] = dt > 0 ? PROBE_INTRA_BYTES / dt : 0;
+            } else {
+                res = geoNetIrecv(comm, peer, buf, PROBE_INTRA_BYTES, &b);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &b);
+                if (res == ncclSuccess)
+                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                if (res == ncclSuccess)
+                    res = geoNetWait(comm, &a);
+            }
+        }
+    }
+    free(buf);
+    /* Region leaders share their figures, then tell their regions. */
+    if (res == ncclSuccess) {
+        int *leaders = malloc(sizeof(int) * (size_t)R);
+        if (leaders == NULL)
+            res = ncclSystemError;
+        for (int q = 0; leaders && q < R; q++)
+            leaders[q] = m->members[q][0];
+        if (res == ncclSuccess && lr == 0)
+            res = exchange_among(comm, leaders, R, g, mine, sizeof(mine), all);
+        if (res == ncclSuccess)
+            res = fan_out(comm, leaders[g], m->members[g], m->size[g], all,
+                          sizeof(double) * 2 * (size_t)R);
+        free(leaders);
+    }
+    if (res == ncclSuccess)
+        for (int q = 0; q < R; q++)
+            if (all[2 * q + 1] > 0) {
+                if (t->intra_Bps == 0 || all[2 * q + 1] < t->intra_Bps)
+                    t->intra_Bps = all[2 * q + 1];
+                if (all[2 * q] > t->intra_alpha)
+                    t->intra_alpha = all[2 * q];
+            }
+    free(all);
+    return res;
+}
+
+/* ---- a parent's topology ------------------------------------------------ */
+
+void geoTopoInheritFree(geoTopoInherit *inh)
+{
+    free(inh->names);
+    free(inh->egress);
+    free(inh->oneway);
+    free(inh->rtt);
+    memset(inh, 0, sizeof(*inh));
+}
+
+int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
+{
+    const topoRegionMap *m = &parent->regions;
+    const geoTopo *t = &parent->topo;
+    int R = m->nregions;
+    memset(inh, 0, sizeof(*inh));
+    if (R < 1)
+        return 0;
+    inh->names = calloc((size_t)R, sizeof(*inh->names));
+    inh->egress = calloc((size_t)R, sizeof(double));
+    inh->oneway = calloc((size_t)R, sizeof(double));
+    inh->rtt = calloc((size_t)R * (size_t)R, sizeof(double));
+    if (!inh->names || !inh->egress || !inh->oneway || !inh->rtt) {
+        geoTopoInheritFree(inh);
+        return -1;
+    }
+    inh->nregions = R;
+    snprintf(inh->label, sizeof(inh->label), "%s", m->names[m->region_of[parent->rank]]);
+    for (int g = 0; g < R; g++) {
+        snprintf(inh->names[g], sizeof(inh->names[g]), "%s", m->names[g]);
+        inh->egress[g] = t->egress ? t->egress[g] : 0;
+        inh->oneway[g] = t->oneway ? t->oneway[g] : 0;
+        for (int h = 0; h < R; h++)
+            inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * R + h] : -1;
+    }
+    inh->bw_known = t->bw_measured || t->from_file || t->inherited;
+    inh->bw_measured = t->bw_measured || (t->inherited && parent->inherit.bw_measured);
+    inh->intra_Bps = t->intra_Bps;
+    inh->intra_alpha = t->intra_alpha;
+    inh->valid = 1;
+    return 0;
+}
+
+/* The parent's figures for the regions this child has (matched by name). */
+static void apply_inherit(const struct ncclComm *comm, geoTopo *t)
+{
+    const geoTopoInherit *inh = &comm->inherit;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, found = 0, idx[256];
+    if (R > 256)
+        return;
+    for (int g = 0; g < R; g++) {
+        idx[g] = -1;
+        for (int k = 0; k < inh->nregions; k++)
+            if (strncmp(inh->names[k], m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                idx[g] = k;
+        if (idx[g] >= 0 && inh->egress[idx[g]] > 0) {
+            t->egress[g] = inh->egress[idx[g]];
+            found++;
+        }
+        if (idx[g] >= 0)
+            t->oneway[g] = inh->oneway[idx[g]];
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < R; b++)
+            if (a != b && idx[a] >= 0 && idx[b] >= 0)
+                t->region_rtt[a * R + b] = inh->rtt[idx[a] * inh->nregions + idx[b]];
+    t->intra_Bps = inh->intra_Bps;
+    t->intra_alpha = inh->intra_alpha;
+    t->inherited = inh->bw_known && found == R;
+}
+
+/* ---- the whole probe ---------------------------------------------------- */
+
+/* Link figures a topology file gives for the regions in use; from_file when
+ * it gives every region's rate (then there is nothing left to measure). */
+static void apply_file(const struct ncclComm *comm, geoTopo *t)
+{
+    const topoFile *tf = &comm->topo_file;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, rates = 0;
+    for (int g = 0; g < R; g++)
+        for (int k = 0; k < tf->nregions; k++) {
+            if (strncmp(tf->regions[k].name, m->names[g], TOPO_REGION_LABEL_LEN) != 0)
+                continue;
+            if (tf->regions[k].bw_bytes > 0 && !t->bw_measured) {
+                t->egress[g] = tf->regions[k].bw_bytes;
+                rates++;
+            }
+            if (tf->regions[k].delay_ms >= 0 && !t->rtt_measured)
+                t->oneway[g] = tf->regions[k].delay_ms * 1e-3;
+        }
+    if (!t->rtt_measured) {
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < R; b++)
+                t->region_rtt[a * R + b] = a == b ? 0 : t->oneway[a] + t->oneway[b];
+        /* Measured RTTs the file kept win over the sums of delays. */
+        for (int k = 0; k < tf->nrtts; k++) {
+            int a = -1, b = -1;
+            for (int g = 0; g < R; g++) {
+                if (strncmp(tf->rtts[k].a, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                    a = g;
+                if (strncmp(tf->rtts[k].b, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                    b = g;
+            }
+            if (a >= 0 && b >= 0 && a != b)
+                t->region_rtt[a * R + b] = t->region_rtt[b * R + a] = tf->rtts[k].ms * 1e-3;
+        }
+    }
+    t->from_file = R > 1 && rates == R;
+}
+
+static void log_matrix(const geoTopo *t, int R)
+{
+    if (geoDebugLevel() < GEO_LEVEL_INFO)
+        return;
+    char line[512];
+    for (int i = 0; i < R; i++) {
+        int len = snprintf(line, sizeof(line), "probe: region %d ->", i);
+        for (int j = 0; j < R && len < (int)sizeof(line) - 40; j++)
+            len += snprintf(line + len, sizeof(line) - (size_t)len, " %d:%.1fms/%.0fMbit", j,
+                            t->region_rtt[i * R + j] * 1e3,
+                            t->bw ? t->bw[i * R + j] * 8e-6 : 0.0);
+        geoInfo(GEO_LOG_TOPO, "%s", line);
+    }
+}
+
+/* Connections each WAN pair uses: as many as its link's bandwidth-delay
+ * product needs at the smallest window (topoStreamsNeeded, the larger of
+ * the two directions), at most the number connected, but only on links fast
+ * enough that more streams than needed cost something.  TCP sizes its
+ * segmentation-offload packets at about 1 ms of a stream's rate (2 segments
+ * at least): where each connection of a hierarchical exchange would carry
+ * 50 Mbit/s or more (a region's rate over its ranks and the connections),
+ * fewer streams mean larger packets and fewer of them through every stack
+ * on the way (measured, 3 emulated regions x 2 ranks at 1 Gbit/s, 256 MiB
+ * all-reduce: 2 streams 4.1 s, 1 stream 3.2-3.3 s); on slower links the
+ * packets are minimal either way, and two streams per pair kept a 100 Mbit/s
+ * link fuller (64 MiB: 7.70 s against 8.00-8.04 s with one, twice each).
+ * Computed from figures every rank holds (the link rates and round trips
+ * the probe shared, or the topology file's), so both ends of a pair agree;
+ * set at the end of the probe, where every pair's messages are matched.
+ * GEOCCL_NSTREAMS given by hand: all of them, always. */
+#define PROBE_BUSY_STREAM_BPS (50e6 / 8) /* 1 ms of it: 4 segments */
+
+/* Whether each connection of a hierarchical exchange between regions g and
+ * h would carry PROBE_BUSY_STREAM_BPS or more (rates g -> h and h -> g). */
+static int pair_busy(const struct ncclComm *comm, double bgh, double bhg, int g, int h)
+{
+    double per_conn =
+        fmin(bgh / comm->regions.size[g], bhg / comm->regions.size[h]) / comm->nstreams;
+    return per_conn >= PROBE_BUSY_STREAM_BPS;
+}
+
+static void apply_streams(struct ncclComm *comm, geoTopo *t)
+{
+    int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
+    t->streams_used = comm->nstreams;
+    if (comm->net->setStreams == NULL || R < 2 || comm->peers[0].streams_set || t->bw == NULL ||
+        t->region_rtt == NULL || comm->nstreams < 2)
+        return;
+    int used = 0;
+    for (int g = 0; g < R; g++)
+        for (int h = g + 1; h < R; h++) {
+            int n = comm->nstreams;
+            double bgh = t->bw[g * R + h], bhg = t->bw[h * R + g];
+            double rtt = t->region_rtt[g * R + h];
+            if (bgh > 0 && bhg > 0 && rtt > 0 && pair_busy(comm, bgh, bhg, g, h)) {
+                int a = topoStreamsNeeded(bgh * (R - 1), rtt, t->window_bytes, 64);
+                int b = topoStreamsNeeded(bhg * (R - 1), rtt, t->window_bytes, 64);
+                n = a > b ? a : b;
+                n = n > comm->nstreams ? comm->nstreams : n;
+            }
+            used = n > used ? n : used;
+            if (g != mine && h != mine)
+                continue;
+            for (int p = 0; p < comm->nranks; p++)
+                if (comm->regions.region_of[p] == (g == mine ? h : g))
+                    comm->net->setStreams(comm->net_state, p, n);
+        }
+    t->streams_used = used;
+}
+
+/* ---- warming the WAN connections ---------------------------------------- */
+
+/* The rate from region g to h: measured, or the region's egress (a topology
+ * file's rate) shared by the other regions; 0 unknown. */
+static double pair_rate(const geoTopo *t, int R, int g, int h)
+{
+    if (t->bw != NULL && t->bw[g * R + h] > 0)
+        return t->bw[g * R + h];
+    return t->egress != NULL && t->egress[g] > 0 ? t->egress[g] / (R - 1) : 0;
+}
+
+/* The congestion control of the connections to other regions
+ * (GEOCCL_WAN_CC, default cubic), set before the warm-up so that it is the
+ * one warmed.  Why not the host's: on the emulated 3 x 2 regions at
+ * 1 Gbit/s, 25 ms (BENCHMARKS.md, session 6), a 256 MiB hierarchical
+ * all-reduce took 3.02-3.05 s with cubic and 3.2-3.3 s with BBR (the bound is
+ * 2.86 s).  The exchange's WAN flows carry fixed shares and the slowest one
+ * sets the pace; when some finish early, cubic's windows fill the link at
+ * once, while BBR paces each remaining flow at the share it measured and
+ * widens it by a quarter every eight round trips.  What cubic costs: after
+ * more than a retransmission timeout of idle (~0.25 s at 50 ms), Linux
+ * restarts its window (net.ipv4.tcp_slow_start_after_idle; BBR is exempt),
+ * so a 1 MiB all-reduce after 0.5 s of idle took 120-135 ms against BBR's
+ * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
+ * off: GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own
+ * sending side; the peer's choice is the peer's. */
+static ncclResult_t wan_congestion(struct ncclComm *comm)
+{
+    const topoRegionMap *m = &comm->regions;
+    const char *cc = geoSocketWanCc();
+    int g = m->region_of[comm->rank], n = 0, err = 0, who = -1;
+
+    comm->wan_cc[0] = '\0';
+    if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
+        return ncclSuccess;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (r == comm->rank || m->region_of[r] == g)
+            continue;
+        int e = comm->net->setCongestion(comm->net_state, r, cc);
+        if (e != 0 && err == 0) {
+            err = e;
+            who = r;
+        }
+        n++;
+    }
+    if (n == 0)
+        return ncclSuccess;
+    if (err != 0) {
+        /* Checked at init when the user named it; the default may simply
+         * not be in this kernel. */
+        if (geoParamIsSet(GEO_PARAM_WAN_CC))
+            geoWarn(GEO_LOG_NET, "GEOCCL_WAN_CC=%s: a connection to rank %d refused it (%s); "
+                    "those keep their congestion control", cc, who, strerror(err));
+        else
+            geoInfo(GEO_LOG_NET, "WAN connections keep the host's congestion control (%s "
+                    "refused on the connection to rank %d: %s; GEOCCL_WAN_CC)", cc, who,
+                    strerror(err));
+        return ncclSuccess;
+    }
+    snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);
+    geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN connections to %d peer%s use congestion control %s "
+            "(GEOCCL_WAN_CC)", n, n == 1 ? "" : "s", cc);
+    return ncclSuccess;
+}
+
+/* Congestion control learns a connection's rate only from traffic that
+ * fills it: BBR paces every connection at its own estimate of the
+ * bottleneck and never raises it from an application-limited burst, and
+ * cubic's window stays at its initial ten segments.  A connection that
+ * only ever carries the bursts of small all-reduces therefore sends them
+ * slower than the link allows: on 3 emulated regions x 2 ranks at 1 Gbit/s
+ * under BBR, a 1 MiB hierarchical all-reduce took 75-81 ms where the
+ * region leaders' connections, which the probe's bandwidth transfer had
+ * filled, finished ~20 ms before the others, and 65-67 ms with cubic
+ * (BENCHMARKS.md).  So, once the stream counts are set, every WAN pair of
+ * the hierarchical exchange (geoHierExchangePlan's peers, on the streams
+ * that pair uses) carries the probe's transfer for 10 round trips at once:
+ * about what slow start needs to reach a fair share of a 1 Gbit/s link at
+ * 50 ms, and each connection's share is then what it gets in a
+ * hierarchical all-reduce.  Which pairs (GEOCCL_WAN_WARMUP, rank 0's): 2,
+ * pairs of regions whose connections would each carry 50 Mbit/s or more
+ * (pair_busy; on slower links a burst is a few packets either way); 1,
+ * every pair; 0, none.  Decided from figures every rank holds, so both ends
+ * of a pair agree.  It runs with a topology file too (no measurement), and
+ * its time is reported apart from the probe's (t_warm). */
+static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
+{
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions, mode = comm->peers[0].warmup, g = m->region_of[comm->rank];
+    double maxrtt = 0;
+    geoXPlan plan;
+    ncclResult_t res;
+
+    t->warm_pairs = 0;
+    /* More than 64 regions: no hierarchical exchange (coll_hier.c), no pairs. */
+    if (mode == 0 || R < 2 || R > 64 || t->nnodes < 2 || t->region_rtt == NULL)
+        return ncclSuccess;
+    unsigned char *warm = calloc((size_t)R * (size_t)R, 1);
+    if (warm == NULL)
+        return ncclSystemError;
+    for (int a = 0; a < R; a++)
+        for (int b = a + 1; b < R; b++) {
+            double ab = pair_rate(t, R, a, b), ba = pair_rate(t, R, b, a);
+            double rtt = t->region_rtt[a * R + b];
+            if (rtt <= 0 || (mode == 2 && !(ab > 0 && ba > 0 && pair_busy(comm, ab, ba, a, b))))
+                continue;
+            warm[a * R + b] = warm[b * R + a] = 1;
+            t->warm_pairs++;
+            maxrtt = rtt > maxrtt ? rtt : maxrtt;
+        }
+    if (t->warm_pairs == 0) {
+        free(warm);
+        return ncclSuccess;
+    }
+    /* My partners in the exchange, once each, in the regions warmed with
+     * mine.  The relation is symmetric (a piece's owners in two regions
+     * exchange both ways), so each partner runs the transfer with me. */
+    res = geoHierExchangePlan(comm, (size_t)1 << 22, &plan);
+    if (res != ncclSuccess) {
+        free(warm);
+        return res;
+    }
+    int *peers = malloc(sizeof(int) * (size_t)(plan.ntx1 + 1)), n = 0;
+    if (peers == NULL)
+        res = ncclSystemError;
+    for (int i = 0; peers && i < plan.ntx1; i++) {
+        int p = plan.tx1[i].peer, seen = 0;
+        for (int j = 0; j < n; j++)
+            seen |= peers[j] == p;
+        if (!seen && warm[g * R + m->region_of[p]])
+            peers[n++] = p;
+    }
+    geoHierExchangePlanFree(&plan);
+    double t0 = geoNow(), *in = malloc(sizeof(double) * (size_t)(n + 1));
+    if (in == NULL)
+        res = ncclSystemError;
+    if (res == ncclSuccess && n > 0) {
+        double dur = 10 * maxrtt;
+        dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
+        res = bw_transfer(comm, peers, n, -1, dur, in);
+    }
+    if (res == ncclSuccess && n > 0) {
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            sum += in[i];
+        t->t_warm = geoNow() - t0;
+        geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
+                "probe: warmed the WAN connections to %d peer%s in %d pair%s of regions: "
+                "%.3f s, %.0f Mbit/s received in steady state", n, n == 1 ? "" : "s",
+                t->warm_pairs, t->warm_pairs == 1 ? "" : "s", t->t_warm, sum * 8e-6);
+    }
+    free(in);
+    free(peers);
+    free(warm);
+    return res;
+}
+
+ncclResult_t geoProbeRun(struct ncclComm *comm)
+{
+    geoTopo *t = &comm->topo;
+    int mode = comm->peers[0].probe; /* 0 off, 1 auto, 2 always measure */
+    int labelled = 0;
+    double t_start = geoNow();
+    ncclResult_t res;
+
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].region[0] != '\0')
+            labelled = 1;
+    if (comm->inherit.valid)
+        labelled = 1; /* the parent's regions, whatever they came from */
+    GEO_CHECK(find_nodes(comm, t));
+    snprintf(comm->op_desc, sizeof(comm->op_desc), "init probe");
+    if (t->leader[t->node_of[comm->rank]] == comm->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
+        topoNic nics[16];
+        char line[512] = "none";
+        int n = topoNicList(nics, 16), len = 0;
+        for (int i = 0; i < n && len < (int)sizeof(line) - 64; i++) {
+            char rate[24] = "rate unknown";
+            if (nics[i].gbit > 0)
+                snprintf(rate, sizeof(rate), "%g Gbit/s", nics[i].gbit);
+            len += snprintf(line + len, sizeof(line) - (size_t)len, "%s%s%s %s%s", i ? ", " : "",
+                            nics[i].name, nics[i].rdma ? " (rdma)" : "", rate,
+                            nics[i].up ? "" : " (down)");
+        }
+        geoInfo(GEO_LOG_TOPO, "probe: local NICs: %s; data on %s", line, comm->if_name);
+    }
+
+    /* Round trips: to find regions, because asked to measure, or because the
+     * bandwidth below will be measured between labelled regions: its
+     * transfer lasts 12 round trips, and a guess too short for a long link
+     * (0.25 s is 5 round trips at 50 ms) ends in slow start and reported
+     * 130-160 Mbit/s on a 1 Gbit/s link. */
+    int bw_next = labelled && comm->regions.nregions > 1 && !comm->topo_file_loaded &&
+                  !comm->inherit.valid;
+    if (t->nnodes > 1 && (mode == 2 || (mode == 1 && (!labelled || bw_next)))) {
+        double t0 = geoNow();
+        GEO_CHECK(measure_rtt(comm, t));
+        t->t_rtt = geoNow() - t0;
+        if (!labelled) {
+            int *reg = malloc(sizeof(int) * (size_t)t->nnodes);
+            if (reg == NULL)
+                return ncclSystemError;
+            int nreg = topoClusterRtt(t->nnodes, t->rtt, TOPO_MIN_WAN_RTT, TOPO_MAX_LAN_RTT,
+                                      TOPO_MIN_GAP_RATIO, reg, &t->cut);
+            if (nreg < 0) {
+                free(reg);
+                return ncclSystemError;
+            }
+            if (nreg > 1) {
+                for (int r = 0; r < comm->nranks; r++)
+                    snprintf(comm->peers[r].region, sizeof(comm->peers[r].region), "m%d",
+                             reg[t->node_of[r]]);
+                res = geoCommBuildRegions(comm);
+                if (res != ncclSuccess) {
+                    free(reg);
+                    return res;
+                }
+                t->regions_measured = 1;
+            }
+            geoInfo(GEO_LOG_TOPO, "probe: %d nodes form %d region%s (RTT cut %.2f ms)",
+                    t->nnodes, nreg, nreg == 1 ? "" : "s", t->cut * 1e3);
+            free(reg);
+        }
+    }
+
+    /* Region-level figures. */
+    int R = comm->regions.nregions;
+    t->nregions = R;
+    t->region_rtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    t->oneway = calloc((size_t)R, sizeof(double));
+    t->bw = calloc((size_t)R * (size_t)R, sizeof(double));
+    t->egress = calloc((size_t)R, sizeof(double));
+    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress)
+        return ncclSystemError;
+    for (int i = 0; i < R * R; i++)
+        t->region_rtt[i] = -1;
+    if (t->rtt_measured)
+        for (int a = 0; a < t->nnodes; a++)
+            for (int b = 0; b < t->nnodes; b++) {
+                double x = t->rtt[a * t->nnodes + b];
+                int ga = comm->regions.region_of[t->leader[a]];
+                int gb = comm->regions.region_of[t->leader[b]];
+                double *y = &t->region_rtt[ga * R + gb];
+                if (a != b && x >= 0 && (*y < 0 || x < *y))
+                    *y = x;
+            }
+    for (int g = 0; g < R; g++)
+        t->region_rtt[g * R + g] = 0;
+    if (t->rtt_measured)
+        topoSolveOneWay(R, t->region_rtt, t->oneway);
+    if (comm->topo_file_loaded)
+        apply_file(comm, t);
+    if (comm->inherit.valid)
+        apply_inherit(comm, t);
+    /* The smallest window of any rank, so that every rank computes the same
+     * stream counts (apply_streams). */
+    t->window_bytes = 0;
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].window > 0 &&
+            (t->window_bytes <= 0 || comm->peers[r].window < t->window_bytes))
+            t->window_bytes = comm->peers[r].window;
+    if (t->window_bytes <= 0)
+        t->window_bytes = geoProbeStreamWindow();
+    t->streams_needed = comm->nstreams;
+    /* Bandwidth: between regions on different nodes (labels on one host
+     * have no link to measure), unless the topology file gave it. */
+    if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file && !t->inherited))) {
+        double t0 = geoNow();
+        GEO_CHECK(measure_bw(comm, t));
+        GEO_CHECK(measure_intra(comm, t));
+        t->t_bw = geoNow() - t0;
+        double worst = 1;
+        for (int g = 0; g < R; g++) {
+            t->egress[g] = 0;
+            for (int h = 0; h < R; h++)
+                if (h != g) {
+                    t->egress[g] += t->bw[g * R + h];
+                    /* Streams a pair needs when it has the link to itself. */
+                    double s = (double)topoStreamsNeeded(
+                        t->bw[g * R + h] * (R - 1), t->region_rtt[g * R + h], t->window_bytes,
+                        64);
+                    if (s > worst)
+                        worst = s;
+                }
+        }
+        t->streams_needed = (int)worst;
+    }
+    /* The probe's own cost starts when every leader has arrived (the
+     * warm-up round trip); before that, ranks wait for slower peers. */
+    if (t->t_arrived > t_start) {
+        t->t_wait = t->t_arrived - t_start;
+        t->t_rtt -= t->t_wait;
+        t_start = t->t_arrived;
+    }
+    t->t_total = geoNow() - t_start;
+    apply_streams(comm, t);
+    GEO_CHECK(wan_congestion(comm));
+    GEO_CHECK(warm_wan(comm, t));
+    if (t->rtt_measured || t->bw_measured) {
+        log_matrix(t, R);
+        geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
+                "probe: %d nodes, %d regions, %.3f s (round trips %.3f s over %d node pairs "
+                "in %d round%s, bandwidth %.3f s; "
+                "after %.3f s waiting for peers); %d stream%s per WAN pair needed (window "
+                "%.1f MiB), using at most %d of %d connected; inside regions %.0f us, %.0f MB/s "
+                "per rank",
+                t->nnodes, R, t->t_total, t->t_rtt, t->rtt_pairs, t->rtt_rounds,
+                t->rtt_rounds == 1 ? "" : "s", t->t_bw, t->t_wait, t->streams_needed,
+                t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0,
+                t->streams_used, comm->nstreams,
+                t->intra_alpha * 1e6, t->intra_Bps * 1e-6);
+    }
+    /* The probe's traffic is not the user's. */
+    memset(&comm->stats, 0, sizeof(comm->stats));
+    return ncclSuccess;
+}
+
+static void rate_str(double bps, char *out, size_t len)
+{
+    if (bps >= 1e9)
+        snprintf(out, len, "%.3fgbit", bps * 8e-9);
+    else
+        snprintf(out, len, "%.1fmbit", bps * 8e-6);
+}
+
+int geoTopoWrite(const struct ncclComm *comm, FILE *f)
+{
+    const geoTopo *t = &comm->topo;
+    const topoRegionMap *m = &comm->regions;
+    int R = m->nregions;
+    time_t now = time(NULL);
+    char when[64];
+
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    fprintf(f, "# GeoCCL topology, written by the probe on %s\n", when);
+    fprintf(f, "# %d ranks, %d nodes, %d regions; loaded with GEOCCL_TOPO_FILE, it skips the "
+            "probe\n", comm->nranks, t->nnodes, R);
+    fprintf(f, "# bw: link rate estimated from the measured TCP goodput (x 1500/1448)\n");
+    for (int g = 0; g < R; g++) {
+        char rate[32] = "";
+        if (t->bw_measured && t->egress && t->egress[g] > 0) {
+            char r[24];
+            /* Files hold link rates; what TCP measured is 1448/1500 of it. */
+            rate_str(t->egress[g] * 1500.0 / 1448.0, r, sizeof(r));
+            snprintf(rate, sizeof(rate), " bw=%s", r);
+        }
+        fprintf(f, "region %s ranks=%d%s", m->names[g][0] ? m->names[g] : "default", m->size[g],
+                rate);
+        if (t->oneway && (t->rtt_measured || t->from_file))
+            fprintf(f, " delay=%.3f", t->oneway[g] * 1e3);
+        fprintf(f, "\n");
+    }
+    for (int k = 0; k < t->nnodes; k++) {
+        const char *name = m->names[m->region_of[t->leader[k]]];
+        fprintf(f, "host %s %s\n", t->node_addr[k], name[0] ? name : "default");
+    }
+    if (t->rtt_measured)
+        for (int a = 0; a < R; a++)
+            for (int b = a + 1; b < R; b++)
+                if (t->region_rtt[a * R + b] >= 0)
+                    fprintf(f, "rtt %s %s %.3f\n", m->names[a], m->names[b],
+                            t->region_rtt[a * R + b] * 1e3);
+    if (t->bw_measured)
+        /* The connections to make next time: as many as needed, or those
+         * kept in use on links slow enough that extra ones cost nothing. */
+        fprintf(f, "streams %d\n",
+                t->streams_used > t->streams_needed ? t->streams_used : t->streams_needed);
+    if (t->intra_Bps > 0)
+        fprintf(f, "intra bw=%.0f delay=%.4f\n", t->intra_Bps, t->intra_alpha * 1e3);
+    return ferror(f) ? -1 : 0;
+}
