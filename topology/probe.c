@@ -50,7 +50,7 @@ static void pause_us(long us)
 /* A poll loop's deadline: the communicator's timeout, as for every wait. */
 static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const char *what)
 {
-    if (comm->abort_flag) {
+    if (comm->err.abort_flag) {
         geoCommSetError(comm, "init: probe %s: communicator aborted", what);
         comm->net->breakAll(comm->net_state);
         return ncclRemoteError;
@@ -1140,7 +1140,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     if (comm->inherit.valid)
         labelled = 1; /* the parent's regions, whatever they came from */
     GEO_CHECK(find_nodes(comm, t));
-    snprintf(comm->op_desc, sizeof(comm->op_desc), "init probe");
+    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "init probe");
     if (t->leader[t->node_of[comm->rank]] == comm->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
         topoNic nics[16];
         char line[512] = "none";

@@ -94,7 +94,7 @@ static ncclResult_t validate(geoOp *op, const char *fn)
     }
     op->device = op->count > 0 &&
                  (geoDevIsDevicePtr(op->sendbuff) || geoDevIsDevicePtr(op->recvbuff));
-    if (__atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE) == ncclInProgress) {
+    if (__atomic_load_n(&comm->err.async_error, __ATOMIC_ACQUIRE) == ncclInProgress) {
         geoCommSetError(comm, "%s: the communicator is still initialising (non-blocking init); "
                         "poll ncclCommGetAsyncError until it returns ncclSuccess", fn);
         return ncclInvalidUsage;
@@ -105,13 +105,13 @@ static ncclResult_t validate(geoOp *op, const char *fn)
     }
     ncclResult_t broken = geoCommAsyncError(comm);
     if (broken != ncclSuccess) {
-        geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, comm->last_error);
+        geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, comm->err.last_error);
         return broken;
     }
     if (op->device) {
         ncclResult_t r = geoDevCheck(comm, op, fn);
         if (r != ncclSuccess) {
-            geoWarn(GEO_LOG_COLL, "%s", comm->last_error);
+            geoWarn(GEO_LOG_COLL, "%s", comm->err.last_error);
             return r;
         }
     }

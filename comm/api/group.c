@@ -25,11 +25,10 @@ typedef struct geoInitJob {
     struct geoInitJob *next;
 } geoInitJob;
 
-static __thread int group_depth;
+
 static __thread geoOp *group_ops, *group_ops_tail;
 static __thread geoInitJob *group_inits;
 
-int geoGroupActive(void) { return group_depth > 0; }
 
 ncclResult_t geoGroupAddOp(const geoOp *op)
 {
@@ -65,7 +64,7 @@ ncclResult_t geoGroupAddInit(ncclComm_t *out, int nranks, const ncclUniqueId *id
 
 ncclResult_t ncclGroupStart(void)
 {
-    group_depth++;
+    geoGroupDepth++;
     return ncclSuccess;
 }
 
@@ -81,12 +80,12 @@ ncclResult_t geoRunCommOps(struct ncclComm *comm, geoOp *p2p, geoOp *colls)
         return res;
     }
     if (p2p) {
-        snprintf(comm->op_desc, sizeof(comm->op_desc), "grouped send/recv #%llu",
+        snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "grouped send/recv #%llu",
                  (unsigned long long)++comm->op_seq);
         res = geoP2pRun(comm, p2p);
     }
     for (geoOp *o = colls; o && res == ncclSuccess; o = o->next) {
-        snprintf(comm->op_desc, sizeof(comm->op_desc), "%s #%llu (%zu elements)",
+        snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "%s #%llu (%zu elements)",
                  geoOpTypeName(o->type), (unsigned long long)++comm->op_seq, o->count);
         res = geoCollRun(o);
     }
@@ -157,12 +156,12 @@ static ncclResult_t run_inits(geoInitJob *jobs)
 ncclResult_t ncclGroupEnd(void)
 {
     ncclResult_t res = ncclSuccess;
-    if (group_depth <= 0) {
+    if (geoGroupDepth <= 0) {
         geoSetThreadError("ncclGroupEnd without ncclGroupStart");
         geoWarn(GEO_LOG_ALL, "ncclGroupEnd without ncclGroupStart");
         return ncclInvalidUsage;
     }
-    if (--group_depth > 0)
+    if (--geoGroupDepth > 0)
         return ncclSuccess;
     /* Device operations of single-region communicators went to the real
      * NCCL inside its own group: end it first, so that they are issued
@@ -277,7 +276,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
         free(group_inits);
         group_inits = n;
     }
-    group_depth = 0;
+    geoGroupDepth = 0;
     GEO_RETURN_IF(simInfo == NULL || simInfo->magic != NCCL_SIM_INFO_MAGIC, ncclInvalidArgument,
                   "ncclGroupSimulateEnd: simInfo must start from NCCL_SIM_INFO_INITIALIZER");
     /* A group of device operations of single-region communicators only:

@@ -6,8 +6,6 @@
 #include "nccl.h"
 #include "comm/coll/coll.h"
 
-/* 1 when this thread is inside a group. */
-int geoGroupActive(void);
 /* Record a validated operation (copied). */
 ncclResult_t geoGroupAddOp(const geoOp *op);
 /* Record a communicator init to run at group end. */

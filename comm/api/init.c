@@ -24,41 +24,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- errors ---------------------------------------------------------- */
-
-ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn)
-{
-    (void)fn;
-    if (comm == NULL || comm->magic != GEO_COMM_MAGIC)
-        return ncclInvalidArgument;
-    return ncclSuccess;
-}
-
-void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
-{
-    char buf[sizeof(comm->last_error)];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    pthread_mutex_lock(&comm->lock);
-    memcpy(comm->last_error, buf, sizeof(buf));
-    pthread_mutex_unlock(&comm->lock);
-    geoSetThreadError("%s", buf);
-}
-
-void geoCommFail(struct ncclComm *comm, ncclResult_t res)
-{
-    ncclResult_t expect = ncclSuccess;
-    __atomic_compare_exchange_n(&comm->async_error, &expect, res, 0, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
-}
-
-ncclResult_t geoCommAsyncError(struct ncclComm *comm)
-{
-    return __atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
-}
-
 const char *ncclGetErrorString(ncclResult_t result)
 {
     const geoNcclRealLib *real;
@@ -80,7 +45,7 @@ const char *ncclGetErrorString(ncclResult_t result)
 const char *ncclGetLastError(ncclComm_t comm)
 {
     if (comm != NULL && comm->magic == GEO_COMM_MAGIC)
-        return comm->last_error;
+        return comm->err.last_error;
     return geoThreadError();
 }
 
@@ -189,7 +154,7 @@ void geoCommCompressionInit(struct ncclComm *comm)
     comm->codec = GEO_CODEC_NONE;
     const char *spec = geoParamStr(GEO_PARAM_COMPRESS);
     if (spec && geoCommSetCodec(comm, spec) != ncclSuccess) {
-        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", comm->last_error);
+        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", comm->err.last_error);
         comm->codec = GEO_CODEC_NONE;
     }
 }
@@ -260,6 +225,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
     pthread_mutex_destroy(&comm->lock);
+    geoErrDestroy(&comm->err);
     free(comm);
 }
 
@@ -497,7 +463,7 @@ static void *nonblocking_init_main(void *arg)
 {
     initArgs *a = arg;
     ncclResult_t res = comm_connect(a->comm, &a->id, a->allow_env_root);
-    __atomic_store_n(&a->comm->async_error, res, __ATOMIC_RELEASE);
+    __atomic_store_n(&a->comm->err.async_error, res, __ATOMIC_RELEASE);
     free(a);
     return NULL;
 }
@@ -521,6 +487,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm = calloc(1, sizeof(*comm));
     GEO_RETURN_IF(comm == NULL, ncclSystemError, "out of memory");
     pthread_mutex_init(&comm->lock, NULL);
+    geoErrInit(&comm->err);
     geoScratchInit(&comm->scratch);
     comm->magic = GEO_COMM_MAGIC;
     comm->rank = rank;
@@ -528,6 +495,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     if (geoInitParent != NULL && geoTopoInheritFrom(geoInitParent, &comm->inherit) != 0) {
         geoScratchFree(&comm->scratch);
         pthread_mutex_destroy(&comm->lock);
+        geoErrDestroy(&comm->err);
         free(comm);
         GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");
     }
@@ -576,7 +544,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     geoCommCompressionInit(comm);
     if (config && config->commName)
         snprintf(comm->name, sizeof(comm->name), "%s", config->commName);
-    snprintf(comm->op_desc, sizeof(comm->op_desc), "init");
+    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "init");
 
     if (!comm->blocking) {
         initArgs *a = malloc(sizeof(*a));
@@ -587,7 +555,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         a->comm = comm;
         a->id = id;
         a->allow_env_root = allow_env_root;
-        comm->async_error = ncclInProgress;
+        comm->err.async_error = ncclInProgress;
         if (pthread_create(&comm->init_thread, NULL, nonblocking_init_main, a) != 0) {
             free(a);
             comm_free(comm);
@@ -599,8 +567,8 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     }
     res = comm_connect(comm, &id, allow_env_root);
     if (res != ncclSuccess) {
-        geoWarn(GEO_LOG_INIT, "%s", comm->last_error[0] ? comm->last_error : geoThreadError());
-        geoSetThreadError("%s", comm->last_error[0] ? comm->last_error : geoThreadError());
+        geoWarn(GEO_LOG_INIT, "%s", comm->err.last_error[0] ? comm->err.last_error : geoThreadError());
+        geoSetThreadError("%s", comm->err.last_error[0] ? comm->err.last_error : geoThreadError());
         comm_free(comm);
         return res;
     }
@@ -764,7 +732,7 @@ out:
 #define SHRINK_BAD(comm, ...)                                             \
     do {                                                                  \
         geoCommSetError((comm), "ncclCommShrink: " __VA_ARGS__);          \
-        geoWarn(GEO_LOG_INIT, "%s", (comm)->last_error);                  \
+        geoWarn(GEO_LOG_INIT, "%s", (comm)->err.last_error);                  \
         return ncclInvalidArgument;                                       \
     } while (0)
 
@@ -783,7 +751,7 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     ncclResult_t res = ncclSuccess, made = ncclSuccess;
 
     memset(&msg, 0, sizeof(msg));
-    snprintf(comm->op_desc, sizeof(comm->op_desc), "ncclCommShrink");
+    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "ncclCommShrink");
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     /* Queued device exchanges share the transport: they finish first. */
     GEO_CHECK_GOTO(geoDevDrain(comm), res, out);
@@ -910,7 +878,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         free(excluded);
         geoCommSetError(comm, "ncclCommShrink: the communicator is broken (%s: %s); "
                         "NCCL_SHRINK_ABORT builds the new one without it",
-                        ncclGetErrorString(state), comm->last_error);
+                        ncclGetErrorString(state), comm->err.last_error);
         return state;
     }
 
@@ -932,7 +900,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     } else {
         if (state == ncclSuccess)
             geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
-        comm->abort_flag = 1; /* device exchanges and waits end */
+        comm->err.abort_flag = 1; /* device exchanges and waits end */
         if (comm->net && comm->net_state)
             comm->net->breakAll(comm->net_state);
         geoBootstrapShrinkId(comm, excluded, counter, leader, &id);
@@ -999,7 +967,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         return ncclSuccess;
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommAbort") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommAbort: not a live communicator");
-    comm->abort_flag = 1;
+    comm->err.abort_flag = 1;
     if (comm->net && comm->net_state)
         comm->net->breakAll(comm->net_state);
     join_init(comm);

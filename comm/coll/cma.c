@@ -192,7 +192,7 @@ ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void 
         comm->cma_refused_noted = 1;
         geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be reached with "
                 "process_vm_readv/writev (secret memory, or memory a device driver mapped); such calls "
-                "pass them round the region's ring", comm->op_desc, who);
+                "pass them round the region's ring", comm->err.op_desc, who);
     }
     return ncclSuccess;
 }
@@ -202,7 +202,7 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
     const geoRing *ring = &comm->region_ring;
     uint64_t *got = calloc((size_t)ring->n, sizeof(*got));
     if (got == NULL) {
-        geoCommSetError(comm, "%s: out of memory", comm->op_desc);
+        geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
         return ncclSystemError;
     }
     got[ring->me] = token;
@@ -210,10 +210,10 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
     for (int j = 0; j < ring->n && res == ncclSuccess; j++)
         if (got[j] != token) {
             geoCommSetError(comm, "%s: rank %d (host %s) is out of step: signal %llu where %llu "
-                            "was due", comm->op_desc, ring->ranks[j],
+                            "was due", comm->err.op_desc, ring->ranks[j],
                             comm->peers[ring->ranks[j]].host, (unsigned long long)got[j],
                             (unsigned long long)token);
-            geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+            geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
             comm->net->breakAll(comm->net_state);
             res = ncclInternalError;
         }
@@ -240,10 +240,10 @@ static ncclResult_t cma_copy(struct ncclComm *comm, int peer, void *local, uint6
         if (r < 0 && errno == EINTR)
             continue;
         int e = r < 0 ? errno : EIO;
-        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", comm->op_desc,
+        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", comm->err.op_desc,
                         write ? "writing into" : "reading", peer, comm->peers[peer].host,
                         (int)pid, strerror(e), e == ESRCH ? " (the process is gone)" : "");
-        geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+        geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
         return e == ESRCH ? ncclRemoteError : ncclSystemError;
     }
     comm->stats.bytes_intra += bytes;

@@ -11,6 +11,7 @@
 
 #include "nccl.h"
 #include "compress/codec.h"
+#include "comm/core/comm.h"
 
 struct ncclComm;
 
@@ -43,18 +44,6 @@ typedef struct geoOp {
                               the device exchange thread; 0: comm->op_seq */
     struct geoOp *next;    /* group list */
 } geoOp;
-
-/* A ring over some of the communicator's ranks: position i holds global
- * rank ranks[i] and segment number blk[i] of the buffer (the rank's own
- * block for all-gather/reduce-scatter); me is this rank's position.
- * pos_of[g] is the position of global rank g (full ring only). */
-typedef struct {
-    int n;
-    int me;
-    int *ranks;
-    int *blk;
-    int *pos_of;
-} geoRing;
 
 /* A ring of segments: at step s, position r sends segment (r + a - s) mod N
  * to r+1 and receives (r + a - s - 1) mod N from r-1; the first

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
-#include "comm/coll/coll.h"
+#include "comm/base/error.h"
 #include "comm/base/hmac.h"
 #include "comm/transport/socket.h"
 #include "comm/transport/transport.h"
@@ -23,6 +23,18 @@
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
 #define GEO_MAX_REDOPS 64
 #define GEO_HOSTNAME_LEN 64
+
+/* A ring over some of the communicator's ranks: position i holds global
+ * rank ranks[i] and segment number blk[i] of the buffer (the rank's own
+ * block for all-gather/reduce-scatter); me is this rank's position.
+ * pos_of[g] is the position of global rank g (full ring only). */
+typedef struct {
+    int n;
+    int me;
+    int *ranks;
+    int *blk;
+    int *pos_of;
+} geoRing;
 
 /* What each rank tells the others at bootstrap. */
 typedef struct {
@@ -92,14 +104,12 @@ struct ncclComm {
     int blocking;
     char name[64];
 
-    volatile int abort_flag;
-    ncclResult_t async_error;   /* atomic; ncclInProgress during init */
-    pthread_mutex_t lock;       /* last_error, redops */
+    geoErr err;                 /* abort flag, first error, last error text,
+                                 * operation in progress (base/error.h) */
+    pthread_mutex_t lock;       /* redops, dev */
     geoScratch scratch;         /* receive buffers kept between calls */
-    char last_error[1024];
 
     uint64_t op_seq;            /* collective calls issued */
-    char op_desc[96];           /* current operation, for error text */
     char wan_cc[16];            /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
 
     geoRedOp redops[GEO_MAX_REDOPS];
@@ -154,6 +164,11 @@ void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
 /* Mark the communicator broken with res (first error wins). */
 void geoCommFail(struct ncclComm *comm, ncclResult_t res);
 ncclResult_t geoCommAsyncError(struct ncclComm *comm);
+
+/* ncclGroupStart/End nesting of the calling thread: kept here, below the
+ * API that changes it, so that the device path can ask. */
+extern __thread int geoGroupDepth;
+static inline int geoGroupActive(void) { return geoGroupDepth > 0; }
 
 /* Compression settings from the environment (init) or geoccl.h. */
 void geoCommCompressionInit(struct ncclComm *comm);

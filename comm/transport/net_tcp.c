@@ -249,10 +249,10 @@ static void peer_error(tcpState *st, int peer, int stream, const char *what)
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
-    geoCommSetError(st->comm, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->comm->op_desc,
+    geoCommSetError(st->comm, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->comm->err.op_desc,
                     peer, peer_str(st, peer, a), st->comm->peers[peer].host, what, stream,
                     st->peers[peer].conns[stream].local ? ", same-host socket" : "");
-    geoWarn(GEO_LOG_NET, "%s", st->comm->last_error);
+    geoWarn(GEO_LOG_NET, "%s", st->comm->err.last_error);
     break_locked(st, ncclRemoteError);
 }
 
@@ -1004,7 +1004,7 @@ static ncclResult_t setup_connections(tcpState *st)
         double now = geoNow(), wake = deadline;
         int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
 
-        if (comm->abort_flag) {
+        if (comm->err.abort_flag) {
             geoCommSetError(comm, "init: aborted while connecting to peers (%d of %d outgoing "
                             "and %d of %d incoming connections were up)", out_done, nout,
                             in_done, nin);
@@ -1295,14 +1295,14 @@ static ncclResult_t setup_rings(tcpState *st)
             }
     while (nwait > 0) {
         double now = geoNow();
-        if (comm->abort_flag || now >= deadline) {
+        if (comm->err.abort_flag || now >= deadline) {
             int i = 0;
             while (!waiting[i])
                 i++;
             int p = i / st->nstreams;
             geoCommSetError(comm, "init: %s while waiting for rank %d at %s (host %s) to "
                             "agree on shared-memory rings (stream %d)",
-                            comm->abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
+                            comm->err.abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
                             comm->peers[p].host, i % st->nstreams);
             res = ncclRemoteError;
             goto out;
@@ -1487,7 +1487,7 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (st->broken) {
         res = st->broken_res;
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
-        geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections", comm->op_desc,
+        geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections", comm->err.op_desc,
                         req->peer, peer_str(st, req->peer, pa), comm->peers[req->peer].host);
         break_locked(st, ncclRemoteError);
         res = ncclRemoteError;
@@ -1529,9 +1529,9 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             st->waiting_for = NULL;
         if (req->done)
             break;
-        if (comm->abort_flag) {
+        if (comm->err.abort_flag) {
             if (!st->broken)
-                geoCommSetError(comm, "%s: communicator aborted", comm->op_desc);
+                geoCommSetError(comm, "%s: communicator aborted", comm->err.op_desc);
             break_locked(st, ncclRemoteError);
             break;
         }
@@ -1541,11 +1541,11 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             geoCommSetError(comm,
                             "%s: timed out after %.0f s without progress %s rank %d (%s, host "
                             "%s); %zu of %zu frames done",
-                            comm->op_desc, idle, req->dir == GEO_NET_SEND ? "sending to"
+                            comm->err.op_desc, idle, req->dir == GEO_NET_SEND ? "sending to"
                                                                           : "receiving from",
                             req->peer, peer_str(st, req->peer, pa), comm->peers[req->peer].host,
                             req->frames_done, req->nframes);
-            geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+            geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
             break_locked(st, ncclRemoteError);
             break;
         }
@@ -1579,7 +1579,7 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
     ncclResult_t res = ncclSuccess;
 
     if (len > GEO_SHM_MAIL_BYTES) {
-        geoCommSetError(comm, "%s: a %zu-byte signal does not fit a mailbox", comm->op_desc, len);
+        geoCommSetError(comm, "%s: a %zu-byte signal does not fit a mailbox", comm->err.op_desc, len);
         return ncclInternalError;
     }
     for (;;) {
@@ -1591,25 +1591,25 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
             res = st->broken_res;
         } else if (r < 0) {
             geoCommSetError(comm, "%s: malformed signal from rank %d (%s, host %s)",
-                            comm->op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+                            comm->err.op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
             res = ncclRemoteError;
-        } else if (comm->abort_flag) {
-            geoCommSetError(comm, "%s: communicator aborted", comm->op_desc);
+        } else if (comm->err.abort_flag) {
+            geoCommSetError(comm, "%s: communicator aborted", comm->err.op_desc);
             res = ncclRemoteError;
         } else if (c->closed) {
             geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections",
-                            comm->op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+                            comm->err.op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
             res = ncclRemoteError;
         } else if (geoNow() - start > comm->timeout) {
             geoCommSetError(comm, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
-                            comm->op_desc, geoNow() - start,
+                            comm->err.op_desc, geoNow() - start,
                             send ? "signalling" : "waiting for a signal from", peer,
                             peer_str(st, peer, pa), comm->peers[peer].host);
             res = ncclRemoteError;
         }
         if (res != ncclSuccess) {
             if (!st->broken) {
-                geoWarn(GEO_LOG_NET, "%s", comm->last_error);
+                geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
                 break_locked(st, res);
             }
             pthread_mutex_unlock(&st->lock);

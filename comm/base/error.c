@@ -1,0 +1,44 @@
+/* A communicator's error state (error.h). */
+#include "config.h"
+#include "comm/base/error.h"
+#include "comm/base/debug.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void geoErrInit(geoErr *e)
+{
+    memset(e, 0, sizeof(*e));
+    pthread_mutex_init(&e->lock, NULL);
+}
+
+void geoErrDestroy(geoErr *e)
+{
+    pthread_mutex_destroy(&e->lock);
+}
+
+void geoErrSet(geoErr *e, const char *fmt, ...)
+{
+    char buf[GEO_ERR_TEXT_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&e->lock);
+    memcpy(e->last_error, buf, sizeof(buf));
+    pthread_mutex_unlock(&e->lock);
+    geoSetThreadError("%s", buf);
+}
+
+void geoErrFail(geoErr *e, ncclResult_t res)
+{
+    ncclResult_t expect = ncclSuccess;
+    __atomic_compare_exchange_n(&e->async_error, &expect, res, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
+ncclResult_t geoErrState(const geoErr *e)
+{
+    return __atomic_load_n(&e->async_error, __ATOMIC_ACQUIRE);
+}

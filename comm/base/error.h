@@ -1,0 +1,41 @@
+/* A communicator's error state, in a unit of its own so that every layer
+ * can report an error without knowing the communicator: the transports,
+ * the bootstrap and the probe get a pointer to it, the communicator embeds
+ * one (comm->err).
+ *
+ * Who writes what: last_error is written by any thread that finds an
+ * error, under lock (the first cause is logged where it is found; a later
+ * one overwrites the text, as ncclGetLastError reports the latest);
+ * async_error is set once, first error wins, by compare-and-swap, and read
+ * with acquire loads (geoErrState); abort_flag is set by ncclCommAbort /
+ * ncclCommRevoke and the transports' breakAll from any thread and polled by
+ * every wait.  op_desc names the operation in progress; it is written by
+ * the thread that runs the operation before it starts any transfer. */
+#ifndef GEOCCL_ERROR_H_
+#define GEOCCL_ERROR_H_
+
+#include <pthread.h>
+
+#include "nccl.h"
+
+#define GEO_ERR_TEXT_LEN 1024
+#define GEO_ERR_OP_LEN 96
+
+typedef struct geoErr {
+    pthread_mutex_t lock;               /* last_error */
+    char last_error[GEO_ERR_TEXT_LEN];  /* what ncclGetLastError returns */
+    char op_desc[GEO_ERR_OP_LEN];       /* operation in progress, for messages */
+    volatile int abort_flag;            /* aborted: every wait gives up */
+    ncclResult_t async_error;           /* atomic; first error; ncclInProgress during init */
+} geoErr;
+
+void geoErrInit(geoErr *e);
+void geoErrDestroy(geoErr *e);
+/* Record the text ncclGetLastError returns, here and for the thread. */
+void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Mark the state failed with res (first error wins). */
+void geoErrFail(geoErr *e, ncclResult_t res);
+/* The first error recorded, ncclSuccess, or ncclInProgress during init. */
+ncclResult_t geoErrState(const geoErr *e);
+
+#endif

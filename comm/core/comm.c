@@ -1,0 +1,37 @@
+/* The communicator's handle check and error reporting, for every layer
+ * that holds a communicator (core/comm.h). */
+#include "config.h"
+#include "comm/core/comm.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+__thread int geoGroupDepth;
+
+ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn)
+{
+    (void)fn;
+    if (comm == NULL || comm->magic != GEO_COMM_MAGIC)
+        return ncclInvalidArgument;
+    return ncclSuccess;
+}
+
+void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
+{
+    char buf[GEO_ERR_TEXT_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    geoErrSet(&comm->err, "%s", buf);
+}
+
+void geoCommFail(struct ncclComm *comm, ncclResult_t res)
+{
+    geoErrFail(&comm->err, res);
+}
+
+ncclResult_t geoCommAsyncError(struct ncclComm *comm)
+{
+    return geoErrState(&comm->err);
+}
