@@ -44,33 +44,33 @@ static void *vlen_rank(void *p)
         return NULL;
     }
     geocclCommGetLocalPeers(c, &a->local_peers);
-    a->ring_peers = c->ring_peers;
-    const char *path = c->peers[c->rank].local.path;
+    a->ring_peers = c->net.ctx.ring_peers;
+    const char *path = c->peers[c->rank].net.local.path;
     a->socket_left = path[0] != '\0' && access(path, F_OK) == 0;
     for (size_t i = 0; i < NMSG; i++) {
         bufs[i] = malloc(4000000);
         if (a->rank == 0) {
             for (size_t k = 0; k < sizes[i]; k++)
                 bufs[i][k] = (char)(k * 7 + i);
-            CU_ASSERT_EQUAL(geoNetIsendV(c, 1, bufs[i], sizes[i], &req[i]), ncclSuccess);
+            CU_ASSERT_EQUAL(geoNetIsendV(&c->net, 1, bufs[i], sizes[i], &req[i]), ncclSuccess);
         } else {
-            CU_ASSERT_EQUAL(geoNetIrecvV(c, 0, bufs[i], 4000000, &req[i]), ncclSuccess);
+            CU_ASSERT_EQUAL(geoNetIrecvV(&c->net, 0, bufs[i], 4000000, &req[i]), ncclSuccess);
         }
         if (i == 3) { /* a fixed-size message in between keeps its place */
             memset(fx[0], 0x5a, sizeof(fx[0]));
             if (a->rank == 0)
-                geoNetIsend(c, 1, fx[0], sizeof(fx[0]), &fixed[0]);
+                geoNetIsend(&c->net, 1, fx[0], sizeof(fx[0]), &fixed[0]);
             else
-                geoNetIrecv(c, 0, fx[1], sizeof(fx[1]), &fixed[0]);
+                geoNetIrecv(&c->net, 0, fx[1], sizeof(fx[1]), &fixed[0]);
         }
         /* Fewer streams from here on, with messages posted before the
          * switch still in flight on all of them (both ends switch at the
          * same point of their sequence, as the probe does). */
         if (i == 4 && a->switch_to > 0)
-            c->net->setStreams(c->net_state, 1 - a->rank, a->switch_to);
+            c->net.ops->setStreams(c->net.state, 1 - a->rank, a->switch_to);
     }
     for (size_t i = 0; i < NMSG; i++) {
-        if (geoNetWait(c, &req[i]) != ncclSuccess) {
+        if (geoNetWait(&c->net, &req[i]) != ncclSuccess) {
             a->fails++;
             continue;
         }
@@ -85,7 +85,7 @@ static void *vlen_rank(void *p)
         }
         free(bufs[i]);
     }
-    if (geoNetWait(c, &fixed[0]) != ncclSuccess ||
+    if (geoNetWait(&c->net, &fixed[0]) != ncclSuccess ||
         (a->rank == 1 && memcmp(fx[1], fx[0], sizeof(fx[0])) != 0 && fx[1][0] != 0x5a))
         a->fails++;
     float x = 1, y = 0;
@@ -107,10 +107,10 @@ static void *mismatch_rank(void *p)
     }
     memset(buf, 1, sizeof(buf));
     if (a->rank == 0)
-        geoNetIsend(c, 1, buf, 1000, &req);
+        geoNetIsend(&c->net, 1, buf, 1000, &req);
     else
-        geoNetIrecv(c, 0, buf, 999, &req); /* one byte short */
-    a->wait_res = geoNetWait(c, &req);
+        geoNetIrecv(&c->net, 0, buf, 999, &req); /* one byte short */
+    a->wait_res = geoNetWait(&c->net, &req);
     if (a->rank == 1 && strstr(ncclGetLastError(c), "does not match") == NULL)
         a->fails++;
     ncclCommAbort(c);
@@ -471,8 +471,8 @@ static void *fake_rank(void *p)
         return NULL;
     geoAddrToString(&bound, f->addr);
     memset(&mine, 0, sizeof(mine));
-    mine.addr = bound;
-    snprintf(mine.host, sizeof(mine.host), "fake");
+    mine.net.addr = bound;
+    snprintf(mine.net.host, sizeof(mine.net.host), "fake");
     mine.nstreams = 2;
     mine.chunk_size = 512 * 1024;
     c->rank = f->rank;

@@ -52,13 +52,13 @@ static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const
 {
     if (comm->err.abort_flag) {
         geoCommSetError(comm, "init: probe %s: communicator aborted", what);
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
         return ncclRemoteError;
     }
     if (geoNow() > deadline) {
         geoCommSetError(comm, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
                         comm->timeout);
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
         return ncclRemoteError;
     }
     return ncclSuccess;
@@ -80,7 +80,7 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
     t->nnodes = 0;
     for (int r = 0; r < n; r++) {
         char a[GEO_ADDR_STRLEN];
-        geoAddrHost(&comm->peers[r].addr, a);
+        geoAddrHost(&comm->peers[r].net.addr, a);
         int k;
         for (k = 0; k < t->nnodes; k++)
             if (strcmp(t->node_addr[k], a) == 0)
@@ -111,14 +111,14 @@ static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int 
     for (int i = 0; i < n && res == ncclSuccess; i++) {
         if (i == me)
             continue;
-        res = geoNetIrecv(comm, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
+        res = geoNetIrecv(&comm->net, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
         if (res == ncclSuccess)
-            res = geoNetIsend(comm, ranks[i], mine, len, &rq[2 * i + 1]);
+            res = geoNetIsend(&comm->net, ranks[i], mine, len, &rq[2 * i + 1]);
     }
     for (int i = 0; i < 2 * n; i++) {
         if (i / 2 == me || rq[i].buf == NULL)
             continue;
-        ncclResult_t r = geoNetWait(comm, &rq[i]);
+        ncclResult_t r = geoNetWait(&comm->net, &rq[i]);
         if (res == ncclSuccess)
             res = r;
     }
@@ -132,8 +132,8 @@ static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int 
 {
     if (comm->rank != src) {
         geoNetRequest r;
-        GEO_CHECK(geoNetIrecv(comm, src, buf, len, &r));
-        return geoNetWait(comm, &r);
+        GEO_CHECK(geoNetIrecv(&comm->net, src, buf, len, &r));
+        return geoNetWait(&comm->net, &r);
     }
     geoNetRequest *rq = calloc((size_t)(n > 0 ? n : 1), sizeof(geoNetRequest));
     ncclResult_t res = ncclSuccess;
@@ -141,10 +141,10 @@ static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int 
         return ncclSystemError;
     for (int i = 0; i < n && res == ncclSuccess; i++)
         if (dst[i] != src)
-            res = geoNetIsend(comm, dst[i], buf, len, &rq[i]);
+            res = geoNetIsend(&comm->net, dst[i], buf, len, &rq[i]);
     for (int i = 0; i < n; i++)
         if (dst[i] != src && rq[i].buf != NULL) {
-            ncclResult_t r = geoNetWait(comm, &rq[i]);
+            ncclResult_t r = geoNetWait(&comm->net, &rq[i]);
             if (res == ncclSuccess)
                 res = r;
         }
@@ -195,14 +195,14 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
         posted = 1;
         live++;
         warm_left++;
-        res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+        res = geoNetIrecv(&comm->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
         if (res == ncclSuccess)
-            res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+            res = geoNetIrecv(&comm->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
         out[2 * p][0] = MSG_PING;
         out[2 * p][1] = 0;
         t0[p] = geoNow();
         if (res == ncclSuccess)
-            res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+            res = geoNetIsend(&comm->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
     }
     while (live > 0 && res == ncclSuccess) {
         int moved = 0;
@@ -221,13 +221,13 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
                 }
                 if (in[2 * p + k][0] == MSG_PING) {
                     if (sr[2 * p + 1].buf != NULL) {
-                        res = geoNetWait(comm, &sr[2 * p + 1]);
+                        res = geoNetWait(&comm->net, &sr[2 * p + 1]);
                         sr[2 * p + 1].buf = NULL;
                     }
                     out[2 * p + 1][0] = MSG_PONG;
                     out[2 * p + 1][1] = in[2 * p + k][1];
                     if (res == ncclSuccess)
-                        res = geoNetIsend(comm, leaders[p], out[2 * p + 1], PROBE_MSG,
+                        res = geoNetIsend(&comm->net, leaders[p], out[2 * p + 1], PROBE_MSG,
                                           &sr[2 * p + 1]);
                 } else if (in[2 * p + k][0] == MSG_PONG &&
                            in[2 * p + k][1] == (uint64_t)round[p]) {
@@ -250,18 +250,18 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
                 continue;
             }
             st[2 * p] = st[2 * p + 1] = 0;
-            res = geoNetIrecv(comm, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+            res = geoNetIrecv(&comm->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
             if (res == ncclSuccess)
-                res = geoNetIrecv(comm, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+                res = geoNetIrecv(&comm->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
             if (res == ncclSuccess && sr[2 * p].buf != NULL) {
-                res = geoNetWait(comm, &sr[2 * p]);
+                res = geoNetWait(&comm->net, &sr[2 * p]);
                 sr[2 * p].buf = NULL;
             }
             out[2 * p][0] = MSG_PING;
             out[2 * p][1] = (uint64_t)round[p];
             t0[p] = geoNow();
             if (res == ncclSuccess)
-                res = geoNetIsend(comm, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+                res = geoNetIsend(&comm->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
         }
         if (!moved && res == ncclSuccess) {
             res = check_deadline(comm, deadline, "round trips");
@@ -270,7 +270,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
     }
     for (size_t i = 0; i < n2; i++)
         if (sr[i].buf != NULL) {
-            ncclResult_t r = geoNetWait(comm, &sr[i]);
+            ncclResult_t r = geoNetWait(&comm->net, &sr[i]);
             if (res == ncclSuccess)
                 res = r;
             sr[i].buf = NULL;
@@ -278,7 +278,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
 out:
     /* Receives may still be posted into these buffers: fail them first. */
     if (res != ncclSuccess && posted)
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(rr);
     free(sr);
     free(in);
@@ -472,8 +472,8 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
     ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
     /* What a socket holds unsent when the transfer stops must drain at the
      * link's rate before the next message. */
-    if (comm->net->limitQueued)
-        comm->net->limitQueued(comm->net_state, PROBE_QUEUED_BYTES);
+    if (comm->net.ops->limitQueued)
+        comm->net.ops->limitQueued(comm->net.state, PROBE_QUEUED_BYTES);
     for (int q = 0; q < R && res == ncclSuccess; q++) {
         in[q] = 0;
         if (q == me)
@@ -487,7 +487,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             break;
         }
         for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
-            res = geoNetIrecvV(comm, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
+            res = geoNetIrecvV(&comm->net, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
                                PROBE_BW_MSG, &p[q].rreq[s]);
             p[q].rslot_live[s] = 1;
             p[q].posted++;
@@ -515,7 +515,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
                     moved = 1;
                 }
                 if (!b->send_end && now - start < dur) {
-                    res = geoNetIsendV(comm, peers[q], sbuf, PROBE_BW_MSG, r);
+                    res = geoNetIsendV(&comm->net, peers[q], sbuf, PROBE_BW_MSG, r);
                     b->spending++;
                     b->ndata++;
                 }
@@ -524,7 +524,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
                     b->ctl[s][0] = s == 0 ? MSG_END : MSG_PAD;
                     b->ctl[s][1] = b->ndata;
-                    res = geoNetIsendV(comm, peers[q], b->ctl[s], sizeof(b->ctl[s]),
+                    res = geoNetIsendV(&comm->net, peers[q], b->ctl[s], sizeof(b->ctl[s]),
                                        &b->creq[s]);
                 }
                 b->send_end = 1;
@@ -575,7 +575,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             uint64_t limit = b->got_end ? b->total : (uint64_t)b->nt + PROBE_BW_SLOTS;
             for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess && b->posted < limit; s++)
                 if (!b->rslot_live[s]) {
-                    res = geoNetIrecvV(comm, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
+                    res = geoNetIrecvV(&comm->net, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
                                        PROBE_BW_MSG, &b->rreq[s]);
                     b->rslot_live[s] = 1;
                     b->posted++;
@@ -583,7 +583,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             if (res == ncclSuccess && b->send_end && b->spending == 0 && b->got_end &&
                 b->processed == b->total) {
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++)
-                    res = geoNetWait(comm, &b->creq[s]);
+                    res = geoNetWait(&comm->net, &b->creq[s]);
                 in[q] = topoSteadyRate(b->nt, b->tt, b->tb, 0.3, 0.8);
                 b->finished = 1;
                 live--;
@@ -595,14 +595,14 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
         }
     }
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* requests in flight point at our buffers */
+        geoNetBreak(&comm->net); /* requests in flight point at our buffers */
     for (int q = 0; q < R; q++) {
         free(p[q].rbuf);
         free(p[q].tt);
         free(p[q].tb);
     }
-    if (comm->net->limitQueued)
-        comm->net->limitQueued(comm->net_state, 0);
+    if (comm->net.ops->limitQueued)
+        comm->net.ops->limitQueued(comm->net.state, 0);
     free(p);
     free(sbuf);
     return res;
@@ -715,20 +715,20 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
         for (int k = 0; k < 5 && res == ncclSuccess; k++) {
             double t0 = geoNow();
             if (sender) {
-                res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
                 if (res == ncclSuccess)
-                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                    res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
             } else {
-                res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(comm, &b);
+                    res = geoNetWait(&comm->net, &b);
                 if (res == ncclSuccess)
-                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                    res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
             }
             if (res == ncclSuccess)
-                res = geoNetWait(comm, &a);
+                res = geoNetWait(&comm->net, &a);
             if (res == ncclSuccess)
-                res = geoNetWait(comm, &b);
+                res = geoNetWait(&comm->net, &b);
             double rtt = geoNow() - t0;
             if (best < 0 || rtt < best)
                 best = rtt;
@@ -737,24 +737,24 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
             double t0 = geoNow();
             if (sender) {
                 memset(buf, 0, PROBE_INTRA_BYTES);
-                res = geoNetIsend(comm, peer, buf, PROBE_INTRA_BYTES, &a);
+                res = geoNetIsend(&comm->net, peer, buf, PROBE_INTRA_BYTES, &a);
                 if (res == ncclSuccess)
-                    res = geoNetIrecv(comm, peer, msg, sizeof(msg), &b);
+                    res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(comm, &a);
+                    res = geoNetWait(&comm->net, &a);
                 if (res == ncclSuccess)
-                    res = geoNetWait(comm, &b);
+                    res = geoNetWait(&comm->net, &b);
                 double dt = geoNow() - t0 - best;
                 mine[0] = best / 2;
                 mine[1] = dt > 0 ? PROBE_INTRA_BYTES / dt : 0;
             } else {
-                res = geoNetIrecv(comm, peer, buf, PROBE_INTRA_BYTES, &b);
+                res = geoNetIrecv(&comm->net, peer, buf, PROBE_INTRA_BYTES, &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(comm, &b);
+                    res = geoNetWait(&comm->net, &b);
                 if (res == ncclSuccess)
-                    res = geoNetIsend(comm, peer, msg, sizeof(msg), &a);
+                    res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
                 if (res == ncclSuccess)
-                    res = geoNetWait(comm, &a);
+                    res = geoNetWait(&comm->net, &a);
             }
         }
     }
@@ -944,7 +944,7 @@ static void apply_streams(struct ncclComm *comm, geoTopo *t)
 {
     int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
     t->streams_used = comm->nstreams;
-    if (comm->net->setStreams == NULL || R < 2 || comm->peers[0].streams_set || t->bw == NULL ||
+    if (comm->net.ops->setStreams == NULL || R < 2 || comm->peers[0].streams_set || t->bw == NULL ||
         t->region_rtt == NULL || comm->nstreams < 2)
         return;
     int used = 0;
@@ -964,7 +964,7 @@ static void apply_streams(struct ncclComm *comm, geoTopo *t)
                 continue;
             for (int p = 0; p < comm->nranks; p++)
                 if (comm->regions.region_of[p] == (g == mine ? h : g))
-                    comm->net->setStreams(comm->net_state, p, n);
+                    comm->net.ops->setStreams(comm->net.state, p, n);
         }
     t->streams_used = used;
 }
@@ -1002,12 +1002,12 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
     int g = m->region_of[comm->rank], n = 0, err = 0, who = -1;
 
     comm->wan_cc[0] = '\0';
-    if (cc == NULL || m->nregions < 2 || comm->net->setCongestion == NULL)
+    if (cc == NULL || m->nregions < 2 || comm->net.ops->setCongestion == NULL)
         return ncclSuccess;
     for (int r = 0; r < comm->nranks; r++) {
         if (r == comm->rank || m->region_of[r] == g)
             continue;
-        int e = comm->net->setCongestion(comm->net_state, r, cc);
+        int e = comm->net.ops->setCongestion(comm->net.state, r, cc);
         if (e != 0 && err == 0) {
             err = e;
             who = r;

@@ -49,7 +49,7 @@ ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers)
                   ncclInvalidArgument, "geocclCommGetLocalPeers: NULL or dead comm");
     GEO_RETURN_IF(localPeers == NULL, ncclInvalidArgument,
                   "geocclCommGetLocalPeers: NULL localPeers");
-    *localPeers = comm->local_peers;
+    *localPeers = comm->net.ctx.local_peers;
     return ncclSuccess;
 }
 
@@ -87,9 +87,9 @@ ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetStats") != ncclSuccess || stats == NULL,
                   ncclInvalidArgument, "geocclCommGetStats: NULL or dead comm, or NULL stats");
-    stats->bytesIntra = comm->stats.bytes_intra;
-    stats->bytesWan = comm->stats.bytes_wan;
-    stats->bytesWanRaw = comm->stats.bytes_wan_raw;
+    stats->bytesIntra = comm->net.sent.intra;
+    stats->bytesWan = comm->net.sent.wan;
+    stats->bytesWanRaw = comm->net.sent.wan_raw;
     stats->secCodec = comm->stats.t_codec;
     stats->callsFlat = comm->stats.calls_flat;
     stats->callsHier = comm->stats.calls_hier;
@@ -104,6 +104,7 @@ ncclResult_t geocclCommResetStats(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommResetStats") != ncclSuccess, ncclInvalidArgument,
                   "geocclCommResetStats: NULL or dead comm");
     memset(&comm->stats, 0, sizeof(comm->stats));
+    memset(&comm->net.sent, 0, sizeof(comm->net.sent));
     return ncclSuccess;
 }
 

@@ -200,10 +200,10 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
                 "all-gather %.3f s, codec %.3f s",
                 (unsigned long long)comm->stats.calls_flat,
                 (unsigned long long)comm->stats.calls_hier,
-                (unsigned long long)comm->stats.bytes_intra,
-                (unsigned long long)comm->stats.bytes_wan,
-                comm->stats.bytes_wan ? (double)comm->stats.bytes_wan_raw /
-                                            (double)comm->stats.bytes_wan
+                (unsigned long long)comm->net.sent.intra,
+                (unsigned long long)comm->net.sent.wan,
+                comm->net.sent.wan ? (double)comm->net.sent.wan_raw /
+                                            (double)comm->net.sent.wan
                                       : 1.0,
                 comm->stats.t_intra_rs, comm->stats.t_inter, comm->stats.t_intra_ag,
                 comm->stats.t_codec);
@@ -218,10 +218,11 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     geoTuningFree(comm);
     if (comm->topo_file_loaded)
         topoFileFree(&comm->topo_file);
-    if (comm->net && comm->net_state)
-        comm->net->destroy(comm->net_state);
-    comm->net_state = NULL;
+    if (comm->net.ops && comm->net.state)
+        comm->net.ops->destroy(comm->net.state);
+    comm->net.state = NULL;
     free(comm->peers);
+    free(comm->net.ctx.peers);
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
     pthread_mutex_destroy(&comm->lock);
@@ -329,6 +330,7 @@ ncclResult_t geoCommBuildRegions(struct ncclComm *comm)
             geoInfo(GEO_LOG_INIT | GEO_LOG_TOPO, "region %d '%s': %d ranks (%s)", k,
                     m->names[k][0] ? m->names[k] : "default", m->size[k], list);
         }
+    comm->net.region_of = comm->regions.region_of;
     return ncclSuccess;
 oom:
     geoCommSetError(comm, "init: out of memory for the region map");
@@ -386,12 +388,19 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     }
     if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
+    comm->net.ctx = (geoNetCtx){.rank = comm->rank,
+                                .nranks = comm->nranks,
+                                .nstreams = comm->nstreams,
+                                .timeout = comm->timeout,
+                                .secret = comm->secret,
+                                .comm_hash = comm->comm_hash,
+                                .err = &comm->err};
     for (int i = 0; geoNetTransports[i]; i++)
-        if (geoNetTransports[i]->canConnect(comm)) {
-            comm->net = geoNetTransports[i];
+        if (geoNetTransports[i]->canConnect(&comm->net.ctx)) {
+            comm->net.ops = geoNetTransports[i];
             break;
         }
-    if (comm->net == NULL) {
+    if (comm->net.ops == NULL) {
         geoCommSetError(comm, "init: no transport can connect this communicator");
         return ncclSystemError;
     }
@@ -403,13 +412,13 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr.addr, &ifs[0].addr,
            ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.addr.sin6) : sizeof(addr.addr.sin));
-    GEO_CHECK(comm->net->listen(comm, &comm->net_state, &addr));
+    GEO_CHECK(comm->net.ops->listen(&comm->net.ctx, &comm->net.state, &addr));
     snprintf(comm->if_name, sizeof(comm->if_name), "%s", ifs[0].name);
 
     memset(&mine, 0, sizeof(mine));
-    mine.addr = addr.addr;
-    mine.local = addr.local;
-    gethostname(mine.host, sizeof(mine.host) - 1);
+    mine.net.addr = addr.addr;
+    mine.net.local = addr.local;
+    gethostname(mine.net.host, sizeof(mine.net.host) - 1);
     mine.pid = (int32_t)getpid();
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     mine.ncpu = (int32_t)(ncpu > 0 ? ncpu : 1);
@@ -420,7 +429,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
     mine.warmup = (int32_t)geoParamInt(GEO_PARAM_WAN_WARMUP);
     mine.landmarks = (int32_t)geoParamInt(GEO_PARAM_PROBE_LANDMARKS);
-    GEO_CHECK(my_region(comm, &addr.addr, mine.host, mine.region));
+    GEO_CHECK(my_region(comm, &addr.addr, mine.net.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&
         !geoParamIsSet(GEO_PARAM_NSTREAMS))
@@ -438,7 +447,15 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
     GEO_CHECK(geoCommBuildRegions(comm));
-    res = comm->net->connect(comm, comm->net_state);
+    comm->net.ctx.nstreams = comm->nstreams;
+    comm->net.ctx.peers = calloc((size_t)comm->nranks, sizeof(geoNetPeer));
+    if (comm->net.ctx.peers == NULL) {
+        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
+        return ncclSystemError;
+    }
+    for (int r = 0; r < comm->nranks; r++)
+        comm->net.ctx.peers[r] = comm->peers[r].net;
+    res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
     GEO_CHECK(geoProbeRun(comm));
@@ -448,7 +465,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     GEO_CHECK(geoTuningInit(comm));
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
-            comm->name, comm->rank, comm->nranks, comm->net->name, comm->nstreams,
+            comm->name, comm->rank, comm->nranks, comm->net.ops->name, comm->nstreams,
             comm->chunk_size);
     return ncclSuccess;
 }
@@ -767,10 +784,10 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
         /* Sent even when it failed, so that nobody waits for nothing. */
         for (int r = 0; r < comm->nranks && res == ncclSuccess; r++)
             if (r != comm->rank && !excluded[r])
-                res = geoNetIsend(comm, r, &msg, sizeof(msg), &req[r]);
+                res = geoNetIsend(&comm->net, r, &msg, sizeof(msg), &req[r]);
         for (int r = 0; r < comm->nranks; r++)
             if (req[r].size) {
-                ncclResult_t w = geoNetWait(comm, &req[r]);
+                ncclResult_t w = geoNetWait(&comm->net, &req[r]);
                 if (res == ncclSuccess)
                     res = w;
             }
@@ -783,8 +800,8 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     } else {
         geoNetRequest req;
         memset(&req, 0, sizeof(req));
-        GEO_CHECK_GOTO(geoNetIrecv(comm, leader, &msg, sizeof(msg), &req), res, out);
-        GEO_CHECK_GOTO(geoNetWait(comm, &req), res, out);
+        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, leader, &msg, sizeof(msg), &req), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req), res, out);
         if (!msg.ok) {
             geoCommSetError(comm, "ncclCommShrink: rank %d, the lowest survivor, could not "
                             "start the new communicator's bootstrap root", leader);
@@ -901,8 +918,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         if (state == ncclSuccess)
             geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
         comm->err.abort_flag = 1; /* device exchanges and waits end */
-        if (comm->net && comm->net_state)
-            comm->net->breakAll(comm->net_state);
+        if (comm->net.ops && comm->net.state)
+            geoNetBreak(&comm->net);
         geoBootstrapShrinkId(comm, excluded, counter, leader, &id);
         if (comm->rank == leader) {
             geoUniqueIdInternal in;
@@ -968,11 +985,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommAbort") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommAbort: not a live communicator");
     comm->err.abort_flag = 1;
-    if (comm->net && comm->net_state)
-        comm->net->breakAll(comm->net_state);
+    if (comm->net.ops && comm->net.state)
+        geoNetBreak(&comm->net);
     join_init(comm);
-    if (comm->net && comm->net_state)
-        comm->net->breakAll(comm->net_state);
+    if (comm->net.ops && comm->net.state)
+        geoNetBreak(&comm->net);
     /* Let calls running in other threads see the failure and leave. */
     for (int i = 0; i < 10000 && __atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0; i++)
         usleep(1000);
@@ -992,8 +1009,8 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
     GEO_RETURN_IF(revokeFlags != NCCL_REVOKE_DEFAULT, ncclInvalidArgument,
                   "ncclCommRevoke: revokeFlags must be 0");
     geoCommSetError(comm, "communicator revoked");
-    if (comm->net && comm->net_state)
-        comm->net->breakAll(comm->net_state);
+    if (comm->net.ops && comm->net.state)
+        geoNetBreak(&comm->net);
     return ncclSuccess;
 }
 

@@ -461,7 +461,7 @@ void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded
     memset(&id, 0, sizeof(id));
     id.magic = GEO_ID_MAGIC;
     id.flags = GEO_ID_SHRINK;
-    id.root = parent->peers[leader].addr;
+    id.root = parent->peers[leader].net.addr;
     if (msg != NULL) {
         memcpy(msg, "geoccl-shrink-v1", 16);
         memcpy(msg + 16, &parent->comm_hash, 8);

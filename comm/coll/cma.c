@@ -32,7 +32,7 @@ static ncclResult_t region_exchange(struct ncclComm *comm, const void *sbuf, siz
                                     void *rbuf, size_t rbytes)
 {
     const geoRing *ring = &comm->region_ring;
-    const geoNetTransport *t = comm->net;
+    const geoNetTransport *t = comm->net.ops;
     geoNetRequest *req = calloc(2 * (size_t)ring->n, sizeof(*req));
     char *mail = calloc((size_t)ring->n, 1);
     ncclResult_t res = ncclSuccess;
@@ -45,27 +45,27 @@ static ncclResult_t region_exchange(struct ncclComm *comm, const void *sbuf, siz
     for (int k = 1; k < ring->n && res == ncclSuccess; k++) {
         int j = (ring->me + k) % ring->n;
         mail[j] = t->mail != NULL && sbytes == rbytes && sbytes <= GEO_NET_MAIL_BYTES &&
-                  t->hasMailbox(comm->net_state, ring->ranks[j]);
+                  t->hasMailbox(comm->net.state, ring->ranks[j]);
         if (mail[j])
             continue;
-        res = geoNetIrecv(comm, ring->ranks[j], (char *)rbuf + (size_t)j * rbytes, rbytes,
+        res = geoNetIrecv(&comm->net, ring->ranks[j], (char *)rbuf + (size_t)j * rbytes, rbytes,
                           &req[2 * j]);
         if (res == ncclSuccess)
-            res = geoNetIsendCtl(comm, ring->ranks[j], sbuf, sbytes, &req[2 * j + 1]);
+            res = geoNetIsendCtl(&comm->net, ring->ranks[j], sbuf, sbytes, &req[2 * j + 1]);
     }
     for (int send = 1; send >= 0; send--)
         for (int k = 1; k < ring->n && res == ncclSuccess; k++) {
             int j = (ring->me + k) % ring->n;
             if (mail[j])
-                res = t->mail(comm->net_state, ring->ranks[j],
+                res = t->mail(comm->net.state, ring->ranks[j],
                               send ? (void *)sbuf : (char *)rbuf + (size_t)j * rbytes, sbytes,
                               send);
         }
     for (int i = 0; i < 2 * ring->n && res == ncclSuccess; i++)
         if (!mail[i / 2])
-            res = geoNetWait(comm, &req[i]);
+            res = geoNetWait(&comm->net, &req[i]);
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* requests in flight point at our buffers */
+        geoNetBreak(&comm->net); /* requests in flight point at our buffers */
     free(req);
     free(mail);
     return res;
@@ -81,7 +81,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     /* Decided from what every rank knows alike: no message unless all of
      * the region is on my host. */
     for (int i = 0; i < n; i++)
-        if (strcmp(comm->peers[ring->ranks[i]].host, comm->peers[comm->rank].host) != 0)
+        if (strcmp(comm->peers[ring->ranks[i]].net.host, comm->peers[comm->rank].net.host) != 0)
             return ncclSuccess;
 
     cmaHello mine = {.pid = getpid(), .addr = (uint64_t)(uintptr_t)comm->cma_token};
@@ -211,10 +211,10 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
         if (got[j] != token) {
             geoCommSetError(comm, "%s: rank %d (host %s) is out of step: signal %llu where %llu "
                             "was due", comm->err.op_desc, ring->ranks[j],
-                            comm->peers[ring->ranks[j]].host, (unsigned long long)got[j],
+                            comm->peers[ring->ranks[j]].net.host, (unsigned long long)got[j],
                             (unsigned long long)token);
             geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
-            comm->net->breakAll(comm->net_state);
+            geoNetBreak(&comm->net);
             res = ncclInternalError;
         }
     free(got);
@@ -241,12 +241,12 @@ static ncclResult_t cma_copy(struct ncclComm *comm, int peer, void *local, uint6
             continue;
         int e = r < 0 ? errno : EIO;
         geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", comm->err.op_desc,
-                        write ? "writing into" : "reading", peer, comm->peers[peer].host,
+                        write ? "writing into" : "reading", peer, comm->peers[peer].net.host,
                         (int)pid, strerror(e), e == ESRCH ? " (the process is gone)" : "");
         geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
         return e == ESRCH ? ncclRemoteError : ncclSystemError;
     }
-    comm->stats.bytes_intra += bytes;
+    comm->net.sent.intra += bytes;
     return ncclSuccess;
 }
 

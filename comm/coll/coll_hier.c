@@ -309,17 +309,17 @@ static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int se
         hierMsg *x = &msgs[i];
         if (x->enc) {
             if (send)
-                GEO_CHECK(geoNetIsendV(comm, x->peer, x->enc, x->enc_len, &x->req));
+                GEO_CHECK(geoNetIsendV(&comm->net, x->peer, x->enc, x->enc_len, &x->req));
             else
-                GEO_CHECK(geoNetIrecvV(comm, x->peer, x->enc, x->enc_cap, &x->req));
-            comm->stats.bytes_wan_raw += send ? x->n * es : 0;
+                GEO_CHECK(geoNetIrecvV(&comm->net, x->peer, x->enc, x->enc_cap, &x->req));
+            comm->net.sent.wan_raw += send ? x->n * es : 0;
             x->posted = 1;
             continue;
         }
         if (send)
-            GEO_CHECK(geoNetIsend(comm, x->peer, at(v, x->off, es), x->n * es, &x->req));
+            GEO_CHECK(geoNetIsend(&comm->net, x->peer, at(v, x->off, es), x->n * es, &x->req));
         else
-            GEO_CHECK(geoNetIrecv(comm, x->peer, x->tmp ? x->tmp : at(v, x->off, es), x->n * es,
+            GEO_CHECK(geoNetIrecv(&comm->net, x->peer, x->tmp ? x->tmp : at(v, x->off, es), x->n * es,
                                   &x->req));
         x->posted = 1;
     }
@@ -330,7 +330,7 @@ static ncclResult_t wait_msgs(struct ncclComm *comm, hierMsg *msgs, int n)
 {
     for (int i = 0; i < n; i++)
         if (msgs[i].posted) {
-            GEO_CHECK(geoNetWait(comm, &msgs[i].req));
+            GEO_CHECK(geoNetWait(&comm->net, &msgs[i].req));
             msgs[i].posted = 0;
         }
     return ncclSuccess;
@@ -464,7 +464,7 @@ static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int pee
 {
     if (peer >= 0)
         geoCommSetError(comm, "%s: %s rank %d (host %s): %s", comm->err.op_desc, what, peer,
-                        comm->peers[peer].host, why ? why : "invalid chunk");
+                        comm->peers[peer].net.host, why ? why : "invalid chunk");
     else
         geoCommSetError(comm, "%s: %s: %s", comm->err.op_desc, what, why ? why : "failed");
     geoWarn(GEO_LOG_COMPRESS, "%s", comm->err.last_error);
@@ -795,7 +795,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
              (tl[2] - tstart) * 1e3, (tl[3] - tstart) * 1e3, (geoNow() - tstart) * 1e3);
 out:
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
+        geoNetBreak(&comm->net); /* posted requests must not outlive sl */
     for (size_t s = 0; s < M; s++)
         slice_free(comm, &sl[s]);
     free(sl);
@@ -858,7 +858,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     comm->stats.t_inter += geoNow() - t0;
 out:
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* posted requests must not outlive sl */
+        geoNetBreak(&comm->net); /* posted requests must not outlive sl */
     slice_free(comm, &sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;
@@ -955,14 +955,14 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
     /* (1) inter-region: my block out, the blocks I handle in */
     for (int q = 0; q < m->nregions; q++)
         if (q != g)
-            GEO_CHECK_GOTO(geoNetIsend(comm, handler(m, q, me), op->sendbuff, bytes,
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, handler(m, q, me), op->sendbuff, bytes,
                                        &req[nreq++]), res, out);
     for (int b = 0; b < N; b++)
         if (m->region_of[b] != g && handler(m, g, b) == me)
-            GEO_CHECK_GOTO(geoNetIrecv(comm, b, out + (size_t)b * bytes, bytes, &req[nreq++]),
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, b, out + (size_t)b * bytes, bytes, &req[nreq++]),
                            res, out);
     for (int i = 0; i < nreq; i++)
-        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);
     comm->stats.t_inter += geoNow() - t0;
     t0 = geoNow();
     /* (2) intra-region: blocks from their handlers to everyone */
@@ -972,19 +972,19 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
         if (h == me) {
             for (int i = 0; i < m->size[g]; i++)
                 if (m->members[g][i] != me)
-                    GEO_CHECK_GOTO(geoNetIsend(comm, m->members[g][i], out + (size_t)b * bytes,
+                    GEO_CHECK_GOTO(geoNetIsend(&comm->net, m->members[g][i], out + (size_t)b * bytes,
                                                bytes, &req[nreq++]), res, out);
         } else {
-            GEO_CHECK_GOTO(geoNetIrecv(comm, h, out + (size_t)b * bytes, bytes, &req[nreq++]),
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, h, out + (size_t)b * bytes, bytes, &req[nreq++]),
                            res, out);
         }
     }
     for (int i = 0; i < nreq; i++)
-        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);
     comm->stats.t_intra_ag += geoNow() - t0;
 out:
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(req);
     return res;
 }
@@ -1020,20 +1020,20 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     for (int b = 0, k = 0; b < N; b++) {
         int h = handler(m, g, b);
         if (h != me) {
-            GEO_CHECK_GOTO(geoNetIsend(comm, h, in + (size_t)b * bytes, bytes, &req[nreq++]),
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, h, in + (size_t)b * bytes, bytes, &req[nreq++]),
                            res, out);
             continue;
         }
         char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
         for (int i = 0; i < ng; i++)
             if (m->members[g][i] != me)
-                GEO_CHECK_GOTO(geoNetIrecv(comm, m->members[g][i], slot + (size_t)i * bytes,
+                GEO_CHECK_GOTO(geoNetIrecv(&comm->net, m->members[g][i], slot + (size_t)i * bytes,
                                            bytes, &req[nreq++]), res, out);
             else
                 memcpy(slot + (size_t)i * bytes, in + (size_t)b * bytes, bytes);
     }
     for (int i = 0; i < nreq; i++)
-        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);
     for (int b = 0, k = 0; b < N; b++) {
         if (handler(m, g, b) != me)
             continue;
@@ -1050,16 +1050,16 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
             continue;
         char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
         if (b != me)
-            GEO_CHECK_GOTO(geoNetIsend(comm, b, slot, bytes, &req[nreq++]), res, out);
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, b, slot, bytes, &req[nreq++]), res, out);
         else
             memcpy(shares + (size_t)g * bytes, slot, bytes);
     }
     for (int q = 0; q < m->nregions; q++)
         if (q != g)
-            GEO_CHECK_GOTO(geoNetIrecv(comm, handler(m, q, me), shares + (size_t)q * bytes, bytes,
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, handler(m, q, me), shares + (size_t)q * bytes, bytes,
                                        &req[nreq++]), res, out);
     for (int i = 0; i < nreq; i++)
-        GEO_CHECK_GOTO(geoNetWait(comm, &req[i]), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);
     {
         char *dst = op->recvbuff;
         memmove(dst, shares, bytes);
@@ -1071,7 +1071,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     comm->stats.t_inter += geoNow() - t0;
 out:
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(stage);
     free(shares);
     free(req);

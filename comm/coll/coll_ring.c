@@ -52,7 +52,7 @@ static ncclResult_t wait_all(struct ncclComm *comm, geoNetRequest *reqs, size_t 
     for (size_t i = 0; i < n; i++) {
         if (posted && !posted[i])
             continue;
-        ncclResult_t r = geoNetWait(comm, &reqs[i]);
+        ncclResult_t r = geoNetWait(&comm->net, &reqs[i]);
         if (r != ncclSuccess && res == ncclSuccess)
             res = r;
     }
@@ -110,7 +110,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
         const char *src = p->reduce_steps > 0 ? p->local : p->out;
         for (size_t c = 0; c < nchunks(len, ce); c++) {
             size_t n = len - c * ce < ce ? len - c * ce : ce;
-            GEO_CHECK_GOTO(geoNetIsend(comm, next, src + (off + c * ce) * es, n * es, &sreq[c]),
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, next, src + (off + c * ce) * es, n * es, &sreq[c]),
                            res, out);
             sposted[c] = 1;
         }
@@ -148,7 +148,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
                 if ((int)k_post_s < p->reduce_steps) {
                     int sl = (int)(slot_rr++ % (size_t)nslots);
                     if (slot_send[sl]) { /* slot still being sent from */
-                        GEO_CHECK_GOTO(geoNetWait(comm, slot_send[sl]), res, out_slots);
+                        GEO_CHECK_GOTO(geoNetWait(&comm->net, slot_send[sl]), res, out_slots);
                         slot_send[sl] = NULL;
                     }
                     item_slot[idx] = sl;
@@ -157,7 +157,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
                     item_slot[idx] = -1;
                     dst = p->out + (poff + k_post_c * ce) * es;
                 }
-                GEO_CHECK_GOTO(geoNetIrecv(comm, prev, dst, n * es, &rreq[idx]), res, out_slots);
+                GEO_CHECK_GOTO(geoNetIrecv(&comm->net, prev, dst, n * es, &rreq[idx]), res, out_slots);
                 rposted[idx] = 1;
                 inflight++;
                 k_post_c++;
@@ -165,7 +165,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
             size_t idx = s * maxc + c;
             size_t n = len - c * ce < ce ? len - c * ce : ce;
             size_t eoff = off + c * ce;
-            GEO_CHECK_GOTO(geoNetWait(comm, &rreq[idx]), res, out_slots);
+            GEO_CHECK_GOTO(geoNetWait(&comm->net, &rreq[idx]), res, out_slots);
             inflight--;
             const char *send_from;
             if ((int)s < p->reduce_steps) {
@@ -187,7 +187,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
             }
             if (s + 1 < (size_t)p->nsteps) {
                 size_t sidx = (s + 1) * maxc + c;
-                GEO_CHECK_GOTO(geoNetIsend(comm, next, send_from, n * es, &sreq[sidx]), res,
+                GEO_CHECK_GOTO(geoNetIsend(&comm->net, next, send_from, n * es, &sreq[sidx]), res,
                                out_slots);
                 sposted[sidx] = 1;
                 if ((int)s < p->reduce_steps && !p->out)
@@ -200,8 +200,8 @@ out_slots:
 out:
     if (res == ncclSuccess)
         res = wait_all(comm, sreq, sreq ? nitems : 0, sposted);
-    else if (comm->net_state)
-        comm->net->breakAll(comm->net_state); /* requests below stay referenced */
+    else if (comm->net.state)
+        geoNetBreak(&comm->net); /* requests below stay referenced */
     free(sreq);
     free(rreq);
     free(sposted);
@@ -238,15 +238,15 @@ static ncclResult_t chain_bcast(struct ncclComm *comm, const geoOp *op, const ge
     }
     for (size_t c = 0; c < nc && pos != 0; c++) {
         size_t n = op->count - c * ce < ce ? op->count - c * ce : ce;
-        GEO_CHECK_GOTO(geoNetIrecv(comm, prev, buf + c * ce * es, n * es, &rreq[c]), res, out);
+        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, prev, buf + c * ce * es, n * es, &rreq[c]), res, out);
         rp[c] = 1;
     }
     for (size_t c = 0; c < nc; c++) {
         size_t n = op->count - c * ce < ce ? op->count - c * ce : ce;
         if (pos != 0)
-            GEO_CHECK_GOTO(geoNetWait(comm, &rreq[c]), res, out);
+            GEO_CHECK_GOTO(geoNetWait(&comm->net, &rreq[c]), res, out);
         if (pos != N - 1) {
-            GEO_CHECK_GOTO(geoNetIsend(comm, next, buf + c * ce * es, n * es, &sreq[c]), res,
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, next, buf + c * ce * es, n * es, &sreq[c]), res,
                            out);
             sp[c] = 1;
         }
@@ -255,7 +255,7 @@ out:
     if (res == ncclSuccess)
         res = wait_all(comm, sreq, nc, sp);
     else
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(sreq);
     free(rreq);
     free(sp);
@@ -289,7 +289,7 @@ static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const g
         size_t n = op->count - c * ce < ce ? op->count - c * ce : ce;
         char *slot = slots + (c % (size_t)nslots) * ce * es;
         if (pos == 0) {
-            GEO_CHECK_GOTO(geoNetIsend(comm, next, local + c * ce * es, n * es, &sreq[c]), res,
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, next, local + c * ce * es, n * es, &sreq[c]), res,
                            out);
             sp[c] = 1;
             continue;
@@ -298,11 +298,11 @@ static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const g
             size_t pn = op->count - posted * ce < ce ? op->count - posted * ce : ce;
             char *ps = slots + (posted % (size_t)nslots) * ce * es;
             if (posted >= (size_t)nslots && sp[posted - (size_t)nslots])
-                GEO_CHECK_GOTO(geoNetWait(comm, &sreq[posted - (size_t)nslots]), res, out);
-            GEO_CHECK_GOTO(geoNetIrecv(comm, prev, ps, pn * es, &rreq[posted]), res, out);
+                GEO_CHECK_GOTO(geoNetWait(&comm->net, &sreq[posted - (size_t)nslots]), res, out);
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, prev, ps, pn * es, &rreq[posted]), res, out);
             rp[posted++] = 1;
         }
-        GEO_CHECK_GOTO(geoNetWait(comm, &rreq[c]), res, out);
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &rreq[c]), res, out);
         if (pos == N - 1) {
             char *dst = (char *)op->recvbuff + c * ce * es;
             geoReduce(dst, local + c * ce * es, slot, n, op->dt, op->op);
@@ -310,7 +310,7 @@ static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const g
                 geoDivide(dst, n, op->dt, N);
         } else {
             geoReduce(slot, local + c * ce * es, slot, n, op->dt, op->op);
-            GEO_CHECK_GOTO(geoNetIsend(comm, next, slot, n * es, &sreq[c]), res, out);
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, next, slot, n * es, &sreq[c]), res, out);
             sp[c] = 1;
         }
     }
@@ -318,7 +318,7 @@ out:
     if (res == ncclSuccess)
         res = wait_all(comm, sreq, nc, sp);
     else
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(sreq);
     free(rreq);
     free(sp);
@@ -357,10 +357,10 @@ static ncclResult_t exchange(struct ncclComm *comm, const geoOp *op)
         /* Post in rank distance order so that every pair starts at once. */
         for (int d = 1; d < N; d++) {
             int to = (r + d) % N, from = (r + N - d) % N;
-            GEO_CHECK_GOTO(geoNetIrecv(comm, from, rb + (size_t)from * bytes, bytes,
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, from, rb + (size_t)from * bytes, bytes,
                                        &reqs[2 * d]), res, out);
             posted[2 * d] = 1;
-            GEO_CHECK_GOTO(geoNetIsend(comm, to, sb + (size_t)to * bytes, bytes,
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, to, sb + (size_t)to * bytes, bytes,
                                        &reqs[2 * d + 1]), res, out);
             posted[2 * d + 1] = 1;
         }
@@ -370,14 +370,14 @@ static ncclResult_t exchange(struct ncclComm *comm, const geoOp *op)
         if (r == op->root) {
             for (int p = 0; p < N; p++)
                 if (p != r) {
-                    GEO_CHECK_GOTO(geoNetIrecv(comm, p, rb + (size_t)p * bytes, bytes, &reqs[p]),
+                    GEO_CHECK_GOTO(geoNetIrecv(&comm->net, p, rb + (size_t)p * bytes, bytes, &reqs[p]),
                                    res, out);
                     posted[p] = 1;
                 }
             if (rb + (size_t)r * bytes != sb)
                 memmove(rb + (size_t)r * bytes, sb, bytes);
         } else {
-            GEO_CHECK_GOTO(geoNetIsend(comm, op->root, sb, bytes, &reqs[0]), res, out);
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, op->root, sb, bytes, &reqs[0]), res, out);
             posted[0] = 1;
         }
         break;
@@ -385,14 +385,14 @@ static ncclResult_t exchange(struct ncclComm *comm, const geoOp *op)
         if (r == op->root) {
             for (int p = 0; p < N; p++)
                 if (p != r) {
-                    GEO_CHECK_GOTO(geoNetIsend(comm, p, sb + (size_t)p * bytes, bytes, &reqs[p]),
+                    GEO_CHECK_GOTO(geoNetIsend(&comm->net, p, sb + (size_t)p * bytes, bytes, &reqs[p]),
                                    res, out);
                     posted[p] = 1;
                 }
             if (sb + (size_t)r * bytes != rb)
                 memmove(rb, sb + (size_t)r * bytes, bytes);
         } else {
-            GEO_CHECK_GOTO(geoNetIrecv(comm, op->root, rb, bytes, &reqs[0]), res, out);
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, op->root, rb, bytes, &reqs[0]), res, out);
             posted[0] = 1;
         }
         break;
@@ -404,7 +404,7 @@ out:
     if (res == ncclSuccess)
         res = wait_all(comm, reqs, 2 * (size_t)N, posted);
     else if (reqs)
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(reqs);
     free(posted);
     free(copy);
@@ -430,10 +430,10 @@ static ncclResult_t allreduce_direct(struct ncclComm *comm, const geoOp *op)
     memcpy(all + (size_t)me * bytes, op->sendbuff, bytes);
     for (int d = 1; d < N; d++) {
         int to = (me + d) % N, from = (me + N - d) % N;
-        GEO_CHECK_GOTO(geoNetIrecv(comm, from, all + (size_t)from * bytes, bytes, &reqs[2 * d]),
+        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, from, all + (size_t)from * bytes, bytes, &reqs[2 * d]),
                        res, out);
         posted[2 * d] = 1;
-        GEO_CHECK_GOTO(geoNetIsend(comm, to, all + (size_t)me * bytes, bytes, &reqs[2 * d + 1]),
+        GEO_CHECK_GOTO(geoNetIsend(&comm->net, to, all + (size_t)me * bytes, bytes, &reqs[2 * d + 1]),
                        res, out);
         posted[2 * d + 1] = 1;
     }
@@ -448,7 +448,7 @@ static ncclResult_t allreduce_direct(struct ncclComm *comm, const geoOp *op)
     }
 out:
     if (res != ncclSuccess && reqs)
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(all);
     free(reqs);
     free(posted);
@@ -630,9 +630,9 @@ ncclResult_t geoP2pRun(struct ncclComm *comm, geoOp *ops)
             continue;
         }
         if (o->type == GEO_OP_SEND)
-            res = geoNetIsend(comm, o->root, o->sendbuff, bytes, &reqs[i]);
+            res = geoNetIsend(&comm->net, o->root, o->sendbuff, bytes, &reqs[i]);
         else
-            res = geoNetIrecv(comm, o->root, o->recvbuff, bytes, &reqs[i]);
+            res = geoNetIrecv(&comm->net, o->root, o->recvbuff, bytes, &reqs[i]);
         if (res != ncclSuccess)
             break;
         posted[i] = 1;
@@ -660,7 +660,7 @@ ncclResult_t geoP2pRun(struct ncclComm *comm, geoOp *ops)
     if (res == ncclSuccess)
         res = wait_all(comm, reqs, n, posted);
     else
-        comm->net->breakAll(comm->net_state);
+        geoNetBreak(&comm->net);
     free(reqs);
     free(posted);
     return res;

@@ -80,11 +80,11 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
     double share = 1;
     for (int i = 0; i < comm->nranks; i++) {
         const geoPeerInfo *p = &comm->peers[i];
-        if (p->local.boot_id[0] == '\0' || p->ncpu < 1)
+        if (p->net.local.boot_id[0] == '\0' || p->ncpu < 1)
             continue;
         int same = 0;
         for (int j = 0; j < comm->nranks; j++)
-            same += strcmp(comm->peers[j].local.boot_id, p->local.boot_id) == 0;
+            same += strcmp(comm->peers[j].net.local.boot_id, p->net.local.boot_id) == 0;
         if ((double)same / p->ncpu > share)
             share = (double)same / p->ncpu;
     }

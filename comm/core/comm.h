@@ -38,9 +38,7 @@ typedef struct {
 
 /* What each rank tells the others at bootstrap. */
 typedef struct {
-    geoSockAddr addr;           /* data listener */
-    geoLocalInfo local;         /* same-host fast path listener (net_local.h) */
-    char host[GEO_HOSTNAME_LEN];
+    geoNetPeer net;             /* data listener, same-host listener, host name */
     int32_t pid;
     int32_t nstreams;           /* rank 0's value is used by all */
     int64_t chunk_size;         /* rank 0's value is used by all */
@@ -55,9 +53,6 @@ typedef struct {
 
 /* Per-communicator statistics (geocclCommGetStats). */
 typedef struct {
-    uint64_t bytes_intra;       /* sent to ranks of my region */
-    uint64_t bytes_wan;         /* sent to ranks of other regions */
-    uint64_t bytes_wan_raw;     /* what that would have been uncompressed */
     uint64_t calls_flat;
     uint64_t calls_hier;
     double t_intra_rs;          /* seconds in hierarchical phases */
@@ -92,14 +87,11 @@ struct ncclComm {
     uint64_t comm_hash;         /* identifies the communicator in logs */
     geoPeerInfo *peers;
 
-    const geoNetTransport *net;
-    void *net_state;
+    geoNet net;                 /* the transport, its context and what it sent */
     int nstreams;
     size_t chunk_size;
     int window;
     double timeout;             /* seconds without progress */
-    int local_peers;            /* peers reached over the same-host fast path */
-    int ring_peers;             /* of those, with shared-memory rings on every stream */
 
     int blocking;
     char name[64];

@@ -234,9 +234,9 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
         }
         ncclResult_t s = ncclSuccess;
         for (int i = 1; i < n && s == ncclSuccess; i++)
-            s = geoNetIsend(comm, ring->ranks[i], &msg, sizeof(msg), &req[i]);
+            s = geoNetIsend(&comm->net, ring->ranks[i], &msg, sizeof(msg), &req[i]);
         for (int i = 1; i < n && s == ncclSuccess; i++)
-            s = geoNetWait(comm, &req[i]);
+            s = geoNetWait(&comm->net, &req[i]);
         free(req);
         if (r != ncclSuccess)
             return real_error(comm, st->lib, NULL, "ncclGetUniqueId", r);
@@ -244,8 +244,8 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
     } else {
         geoNetRequest req;
         memset(&req, 0, sizeof(req));
-        GEO_CHECK(geoNetIrecv(comm, ring->ranks[0], &msg, sizeof(msg), &req));
-        GEO_CHECK(geoNetWait(comm, &req));
+        GEO_CHECK(geoNetIrecv(&comm->net, ring->ranks[0], &msg, sizeof(msg), &req));
+        GEO_CHECK(geoNetWait(&comm->net, &req));
         if (!msg.ok) {
             geoCommSetError(comm, "%s: local rank 0 of my region (rank %d) could not get an "
                             "NCCL unique id from NVIDIA's NCCL", fn, ring->ranks[0]);
@@ -1066,10 +1066,10 @@ static ncclResult_t gx_post(struct ncclComm *comm, gxJob *g, gxList *l, int c, i
     for (int i = l->first[c]; i < l->first[c + 1]; i++) {
         gxMsg *x = &l->m[i];
         if (send) {
-            GEO_CHECK(geoNetIsendV(comm, x->peer, g->host + x->at, x->len, &x->req));
-            comm->stats.bytes_wan_raw += x->n * sizeof(float);
+            GEO_CHECK(geoNetIsendV(&comm->net, x->peer, g->host + x->at, x->len, &x->req));
+            comm->net.sent.wan_raw += x->n * sizeof(float);
         } else {
-            GEO_CHECK(geoNetIrecvV(comm, x->peer, g->host + x->at, x->len, &x->req));
+            GEO_CHECK(geoNetIrecvV(&comm->net, x->peer, g->host + x->at, x->len, &x->req));
         }
         x->posted = 1;
     }
@@ -1085,13 +1085,13 @@ static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
         gxMsg *x = &l->m[i];
         if (!x->posted)
             continue;
-        GEO_CHECK(geoNetWait(comm, &x->req));
+        GEO_CHECK(geoNetWait(&comm->net, &x->req));
         x->posted = 0;
         if (recv && x->req.size != x->len) {
             geoCommSetError(comm, "%s: rank %d (host %s) sent a compressed chunk of %zu bytes "
                             "where %zu were expected (are GEOCCL_COMPRESS and "
                             "GEOCCL_CUDA_CODECS the same on every rank?)", comm->err.op_desc,
-                            x->peer, comm->peers[x->peer].host, x->req.size, x->len);
+                            x->peer, comm->peers[x->peer].net.host, x->req.size, x->len);
             return ncclRemoteError;
         }
     }
@@ -1165,14 +1165,14 @@ static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob
             if (v != GEO_CUDA_DECODE_OK) {
                 geoCommSetError(comm, "%s: a corrupt compressed chunk %s rank %d (host %s): %s",
                                 comm->err.op_desc, l == 1 ? "of ours, for" : "from", x->peer,
-                                comm->peers[x->peer].host, geoCudaDecodeStatusString(v));
+                                comm->peers[x->peer].net.host, geoCudaDecodeStatusString(v));
                 res = ncclRemoteError;
                 goto out;
             }
         }
 out:
     if (res != ncclSuccess)
-        comm->net->breakAll(comm->net_state); /* posted requests must not outlive the job */
+        geoNetBreak(&comm->net); /* posted requests must not outlive the job */
     return res;
 }
 

@@ -51,7 +51,7 @@
  * used.  GEOCCL_SHM=2 keeps the sockets without rings; 0 is TCP only. */
 #include "config.h"
 #include "comm/base/checks.h"
-#include "comm/core/comm.h"
+#include "comm/base/hmac.h"
 #include "comm/base/param.h"
 #include "comm/transport/shm_ring.h"
 #include "comm/transport/transport.h"
@@ -146,7 +146,7 @@ typedef struct {
 } tcpPeer;
 
 typedef struct {
-    struct ncclComm *comm;
+    geoNetCtx *ctx;
     int listen_fd;
     int local_fd;                   /* same-host listener; -1: none */
     geoLocalInfo local;             /* what we published about it */
@@ -215,19 +215,19 @@ static void wake(tcpState *st)
 
 static const char *peer_str(tcpState *st, int peer, char buf[GEO_ADDR_STRLEN])
 {
-    return geoAddrToString(&st->comm->peers[peer].addr, buf);
+    return geoAddrToString(&st->ctx->peers[peer].addr, buf);
 }
 
 /* Fail every request, shut every connection.  Lock held. */
 static void break_locked(tcpState *st, ncclResult_t res)
 {
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     if (!st->broken) {
         st->broken = 1;
         st->broken_res = res;
-        geoCommFail(comm, res);
+        geoErrFail(ctx->err, res);
     }
-    for (int p = 0; p < comm->nranks; p++) {
+    for (int p = 0; p < ctx->nranks; p++) {
         tcpPeer *peer = &st->peers[p];
         for (int d = 0; d < 2; d++) {
             for (geoNetRequest *r = peer->q[d]; r; r = r->next) {
@@ -249,10 +249,10 @@ static void peer_error(tcpState *st, int peer, int stream, const char *what)
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
-    geoCommSetError(st->comm, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->comm->err.op_desc,
-                    peer, peer_str(st, peer, a), st->comm->peers[peer].host, what, stream,
+    geoErrSet(st->ctx->err, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->ctx->err->op_desc,
+                    peer, peer_str(st, peer, a), st->ctx->peers[peer].host, what, stream,
                     st->peers[peer].conns[stream].local ? ", same-host socket" : "");
-    geoWarn(GEO_LOG_NET, "%s", st->comm->err.last_error);
+    geoWarn(GEO_LOG_NET, "%s", st->ctx->err->last_error);
     break_locked(st, ncclRemoteError);
 }
 
@@ -510,15 +510,15 @@ static int ring_drain(tcpConn *c)
 static void *progress_main(void *arg)
 {
     tcpState *st = arg;
-    struct ncclComm *comm = st->comm;
-    int nfds_max = comm->nranks * st->nstreams + 1;
+    geoNetCtx *ctx = st->ctx;
+    int nfds_max = ctx->nranks * st->nstreams + 1;
     struct pollfd *pfd = calloc((size_t)nfds_max, sizeof(*pfd));
     int *map = calloc((size_t)nfds_max, sizeof(int));
 
-    geoDebugSetRank(comm->rank);
+    geoDebugSetRank(ctx->rank);
     if (pfd == NULL || map == NULL) {
         pthread_mutex_lock(&st->lock);
-        geoCommSetError(comm, "out of memory in progress thread");
+        geoErrSet(ctx->err, "out of memory in progress thread");
         break_locked(st, ncclSystemError);
         pthread_mutex_unlock(&st->lock);
         free(pfd);
@@ -530,8 +530,8 @@ static void *progress_main(void *arg)
         double now = geoNow();
         int n = 0;
         /* Make all progress possible without blocking, then sleep in poll. */
-        for (int p = 0; p < comm->nranks; p++) {
-            if (p == comm->rank || st->broken)
+        for (int p = 0; p < ctx->nranks; p++) {
+            if (p == ctx->rank || st->broken)
                 continue;
             for (int s = 0; s < st->nstreams; s++) {
                 tcpConn *c = &st->peers[p].conns[s];
@@ -578,7 +578,7 @@ static void *progress_main(void *arg)
         int rc = poll(pfd, (nfds_t)n + 1, 200);
         pthread_mutex_lock(&st->lock);
         if (rc < 0 && errno != EINTR) {
-            geoCommSetError(comm, "poll failed in progress thread: %s", strerror(errno));
+            geoErrSet(ctx->err, "poll failed in progress thread: %s", strerror(errno));
             break_locked(st, ncclSystemError);
             continue;
         }
@@ -627,33 +627,33 @@ static void *progress_main(void *arg)
 
 /* ---- set-up ---------------------------------------------------------- */
 
-static void hello_proof(const struct ncclComm *comm, const uint8_t *challenge, int rank,
+static void hello_proof(const geoNetCtx *ctx, const uint8_t *challenge, int rank,
                         int stream, uint8_t out[GEO_SHA256_BYTES])
 {
     uint8_t msg[GEO_CHALLENGE_BYTES + 16];
     int32_t r = rank, s = stream;
-    uint64_t h = comm->comm_hash;
+    uint64_t h = ctx->comm_hash;
     memcpy(msg, challenge, GEO_CHALLENGE_BYTES);
     memcpy(msg + GEO_CHALLENGE_BYTES, &r, 4);
     memcpy(msg + GEO_CHALLENGE_BYTES + 4, &s, 4);
     memcpy(msg + GEO_CHALLENGE_BYTES + 8, &h, 8);
-    geoHmacSha256(comm->secret, sizeof(comm->secret), msg, sizeof(msg), out);
+    geoHmacSha256(ctx->secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
 }
 
-static int tcp_can_connect(struct ncclComm *comm)
+static int tcp_can_connect(geoNetCtx *ctx)
 {
-    (void)comm;
+    (void)ctx;
     return 1;
 }
 
-static ncclResult_t tcp_listen(struct ncclComm *comm, void **state, geoNetAddr *addr)
+static ncclResult_t tcp_listen(geoNetCtx *ctx, void **state, geoNetAddr *addr)
 {
     tcpState *st = calloc(1, sizeof(*st));
     geoSockAddr bound;
     ncclResult_t res;
 
     GEO_RETURN_IF(st == NULL, ncclSystemError, "out of memory");
-    st->comm = comm;
+    st->ctx = ctx;
     st->listen_fd = -1;
     st->local_fd = -1;
     st->wake_fd = -1;
@@ -662,7 +662,7 @@ static ncclResult_t tcp_listen(struct ncclComm *comm, void **state, geoNetAddr *
     GEO_CHECK_GOTO(geoSocketListen(&addr->addr, &st->listen_fd, &bound), res, fail);
     addr->addr = bound;
     geoLocalIdentify(&st->local);
-    if (geoParamInt(GEO_PARAM_SHM) != 0 && geoLocalListen(comm->rank, &st->local_fd,
+    if (geoParamInt(GEO_PARAM_SHM) != 0 && geoLocalListen(ctx->rank, &st->local_fd,
                                                           &st->local) != 0)
         /* Not fatal: every peer can still reach us over TCP. */
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "no same-host fast path: cannot create a local "
@@ -746,7 +746,7 @@ static void local_fallback(tcpHs *h)
  * communicator's error says how. */
 static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
 {
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN];
     const char *why = NULL;
     int rc;
@@ -756,8 +756,8 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
         case HS_RETRY:
             if (now < h->when)
                 return 0;
-            rc = h->local ? geoLocalConnectStart(comm->peers[h->peer].local.path, &h->fd)
-                          : geoSocketConnectStart(&comm->peers[h->peer].addr, &h->fd);
+            rc = h->local ? geoLocalConnectStart(ctx->peers[h->peer].local.path, &h->fd)
+                          : geoSocketConnectStart(&ctx->peers[h->peer].addr, &h->fd);
             if (rc != 0) {
                 h->err = errno;
                 if (h->local && h->err != EAGAIN) {
@@ -789,9 +789,9 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 goto wait_or_refused;
             memset(&h->hello, 0, sizeof(h->hello));
             h->hello.magic = GEO_HELLO_MAGIC;
-            h->hello.rank = comm->rank;
+            h->hello.rank = ctx->rank;
             h->hello.stream = h->stream;
-            hello_proof(comm, h->challenge, comm->rank, h->stream, h->hello.proof);
+            hello_proof(ctx, h->challenge, ctx->rank, h->stream, h->hello.proof);
             h->state = HS_HELLO;
             h->off = 0;
             continue;
@@ -827,16 +827,16 @@ connect_failed:
             h->backoff *= 2;
         return 0;
     }
-    geoCommSetError(comm, "init: cannot connect to rank %d at %s (host %s), stream %d: %s",
-                    h->peer, peer_str(st, h->peer, pa), comm->peers[h->peer].host, h->stream,
+    geoErrSet(ctx->err, "init: cannot connect to rank %d at %s (host %s), stream %d: %s",
+                    h->peer, peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
                     strerror(h->err));
     return -1;
 wait_or_refused:
     if (rc == 0)
         return 0;
 refused:
-    geoCommSetError(comm, "init: rank %d at %s (host %s) refused our connection on stream %d "
-                    "(%s)", h->peer, peer_str(st, h->peer, pa), comm->peers[h->peer].host,
+    geoErrSet(ctx->err, "init: rank %d at %s (host %s) refused our connection on stream %d "
+                    "(%s)", h->peer, peer_str(st, h->peer, pa), ctx->peers[h->peer].host,
                     h->stream, why);
     return -1;
 }
@@ -858,7 +858,7 @@ static void hs_drop(tcpState *st, tcpHs *h, const char *why)
  * (logged and closed). */
 static int hs_in_step(tcpState *st, tcpHs *h)
 {
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     uint8_t expect[GEO_SHA256_BYTES];
     const char *why = NULL;
     int rc;
@@ -877,13 +877,13 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             rc = geoSocketStep(h->fd, &h->hello, sizeof(h->hello), &h->off, 0, &why);
             if (rc <= 0)
                 goto wait_or_drop;
-            if (m->magic != GEO_HELLO_MAGIC || m->rank <= comm->rank ||
-                m->rank >= comm->nranks || m->stream < 0 || m->stream >= st->nstreams ||
+            if (m->magic != GEO_HELLO_MAGIC || m->rank <= ctx->rank ||
+                m->rank >= ctx->nranks || m->stream < 0 || m->stream >= st->nstreams ||
                 st->peers[m->rank].conns[m->stream].fd >= 0) {
                 hs_drop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
-            hello_proof(comm, h->challenge, m->rank, m->stream, expect);
+            hello_proof(ctx, h->challenge, m->rank, m->stream, expect);
             if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
                 char claim[96];
                 snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
@@ -943,43 +943,43 @@ static const char *hs_out_stage(const tcpHs *h, char buf[96])
 static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
                                 int in_done, int nin)
 {
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN], stage[96];
 
     for (int i = 0; i < nout; i++) {
         const tcpHs *h = &out[i];
         if (h->state == HS_DONE)
             continue;
-        geoCommSetError(comm, "init: timed out after %.0f s connecting to rank %d at %s (host "
+        geoErrSet(ctx->err, "init: timed out after %.0f s connecting to rank %d at %s (host "
                         "%s), stream %d (%s); %d of %d outgoing and %d of %d incoming "
-                        "connections were up", comm->timeout, h->peer,
-                        peer_str(st, h->peer, pa), comm->peers[h->peer].host, h->stream,
+                        "connections were up", ctx->timeout, h->peer,
+                        peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
                         hs_out_stage(h, stage), out_done, nout, in_done, nin);
         return;
     }
-    for (int p = comm->rank + 1; p < comm->nranks; p++)
+    for (int p = ctx->rank + 1; p < ctx->nranks; p++)
         for (int s = 0; s < st->nstreams; s++) {
             if (st->peers[p].conns[s].fd >= 0)
                 continue;
-            geoCommSetError(comm, "init: timed out after %.0f s waiting for rank %d at %s (host "
+            geoErrSet(ctx->err, "init: timed out after %.0f s waiting for rank %d at %s (host "
                             "%s) to connect stream %d; %d of %d incoming connections were up",
-                            comm->timeout, p, peer_str(st, p, pa), comm->peers[p].host, s,
+                            ctx->timeout, p, peer_str(st, p, pa), ctx->peers[p].host, s,
                             in_done, nin);
             return;
         }
-    geoCommSetError(comm, "init: timed out after %.0f s acknowledging incoming connections; "
-                    "%d of %d were up", comm->timeout, in_done, nin);
+    geoErrSet(ctx->err, "init: timed out after %.0f s acknowledging incoming connections; "
+                    "%d of %d were up", ctx->timeout, in_done, nin);
 }
 
-/* Open every connection of this rank; bounded by comm->timeout and the
+/* Open every connection of this rank; bounded by ctx->timeout and the
  * abort flag. */
 static ncclResult_t setup_connections(tcpState *st)
 {
-    struct ncclComm *comm = st->comm;
-    int nout = comm->rank * st->nstreams;
-    int nin = (comm->nranks - 1 - comm->rank) * st->nstreams;
+    geoNetCtx *ctx = st->ctx;
+    int nout = ctx->rank * st->nstreams;
+    int nin = (ctx->nranks - 1 - ctx->rank) * st->nstreams;
     int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0;
-    double start = geoNow(), deadline = start + comm->timeout;
+    double start = geoNow(), deadline = start + ctx->timeout;
     tcpHs *out = calloc((size_t)(nout > 0 ? nout : 1), sizeof(*out));
     tcpHs *pend = NULL;           /* accepted, not yet done */
     struct pollfd *pfd = NULL;
@@ -989,7 +989,7 @@ static ncclResult_t setup_connections(tcpState *st)
     if (out == NULL)
         goto oom;
     if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) { /* the local one already is */
-        geoCommSetError(comm, "init: cannot make the listener non-blocking: %s",
+        geoErrSet(ctx->err, "init: cannot make the listener non-blocking: %s",
                         strerror(errno));
         res = ncclSystemError;
         goto done;
@@ -998,14 +998,14 @@ static ncclResult_t setup_connections(tcpState *st)
         int p = i / st->nstreams;
         out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = p,
                          .stream = i % st->nstreams, .when = start, .backoff = 1e-3,
-                         .local = geoLocalSamePlace(&st->local, &comm->peers[p].local)};
+                         .local = geoLocalSamePlace(&st->local, &ctx->peers[p].local)};
     }
     while (out_done < nout || in_done < nin) {
         double now = geoNow(), wake = deadline;
         int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
 
-        if (comm->err.abort_flag) {
-            geoCommSetError(comm, "init: aborted while connecting to peers (%d of %d outgoing "
+        if (ctx->err->abort_flag) {
+            geoErrSet(ctx->err, "init: aborted while connecting to peers (%d of %d outgoing "
                             "and %d of %d incoming connections were up)", out_done, nout,
                             in_done, nin);
             res = ncclRemoteError;
@@ -1060,7 +1060,7 @@ static ncclResult_t setup_connections(tcpState *st)
         int ms = left_ms <= 0 ? 0 : left_ms >= 100 ? 100 : (int)left_ms + 1;
         int rc = poll(pfd, (nfds_t)n, ms);
         if (rc < 0 && errno != EINTR) {
-            geoCommSetError(comm, "init: poll failed while connecting to peers: %s",
+            geoErrSet(ctx->err, "init: poll failed while connecting to peers: %s",
                             strerror(errno));
             res = ncclSystemError;
             break;
@@ -1089,8 +1089,8 @@ static ncclResult_t setup_connections(tcpState *st)
                 geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
                 int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
                 if (got < 0) {
-                    geoCommSetError(comm, "init: accept on %s failed: %s",
-                                    l ? st->local.path : peer_str(st, comm->rank, h.from),
+                    geoErrSet(ctx->err, "init: accept on %s failed: %s",
+                                    l ? st->local.path : peer_str(st, ctx->rank, h.from),
                                     strerror(errno));
                     res = ncclSystemError;
                     goto done;
@@ -1153,7 +1153,7 @@ done:
     free(map);
     return res;
 oom:
-    geoCommSetError(comm, "init: out of memory while connecting to peers");
+    geoErrSet(ctx->err, "init: out of memory while connecting to peers");
     res = ncclSystemError;
     goto done;
 }
@@ -1165,7 +1165,7 @@ oom:
  * GEOCCL_SHM=2 or no memfd here); the acceptor answers 'Y' once it has
  * mapped the segment, else 'N'.  Both then agree: rings, or frames in-band
  * on the socket.  Every offer is sent before any answer is awaited, so no
- * rank waits on another that is waiting too; bounded by comm->timeout and
+ * rank waits on another that is waiting too; bounded by ctx->timeout and
  * the abort flag. */
 enum { RING_OFFER = 'R', RING_NO_OFFER = 'S', RING_YES = 'Y', RING_NO = 'N' };
 
@@ -1244,22 +1244,22 @@ static void ring_attach(tcpConn *c, void *seg, uint64_t cap, int connector)
 
 static ncclResult_t setup_rings(tcpState *st)
 {
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     int offer = geoParamInt(GEO_PARAM_SHM) == 1, nwait = 0, n;
-    double deadline = geoNow() + comm->timeout;
+    double deadline = geoNow() + ctx->timeout;
     char pa[GEO_ADDR_STRLEN];
-    int *waiting = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(int));
-    struct pollfd *pfd = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(*pfd));
-    int *map = calloc((size_t)comm->nranks * (size_t)st->nstreams, sizeof(int));
+    int *waiting = calloc((size_t)ctx->nranks * (size_t)st->nstreams, sizeof(int));
+    struct pollfd *pfd = calloc((size_t)ctx->nranks * (size_t)st->nstreams, sizeof(*pfd));
+    int *map = calloc((size_t)ctx->nranks * (size_t)st->nstreams, sizeof(int));
     ncclResult_t res = ncclSuccess;
 
     if (waiting == NULL || pfd == NULL || map == NULL) {
-        geoCommSetError(comm, "init: out of memory setting up shared-memory rings");
+        geoErrSet(ctx->err, "init: out of memory setting up shared-memory rings");
         res = ncclSystemError;
         goto out;
     }
     /* Offers first (we connected to the lower ranks). */
-    for (int p = 0; p < comm->rank; p++)
+    for (int p = 0; p < ctx->rank; p++)
         for (int s = 0; s < st->nstreams; s++) {
             tcpConn *c = &st->peers[p].conns[s];
             int fd = -1;
@@ -1276,9 +1276,9 @@ static ncclResult_t setup_rings(tcpState *st)
                 close(fd); /* the mapping, and the peer's copy, keep it alive */
             if (rc != 0) {
                 geoShmSegmentUnmap(seg, ring_capacity(st->nstreams));
-                geoCommSetError(comm, "init: cannot send to rank %d at %s (host %s) on its "
+                geoErrSet(ctx->err, "init: cannot send to rank %d at %s (host %s) on its "
                                 "same-host socket, stream %d: %s", p, peer_str(st, p, pa),
-                                comm->peers[p].host, s, strerror(errno));
+                                ctx->peers[p].host, s, strerror(errno));
                 res = ncclRemoteError;
                 goto out;
             }
@@ -1287,7 +1287,7 @@ static ncclResult_t setup_rings(tcpState *st)
             waiting[p * st->nstreams + s] = 1;
             nwait++;
         }
-    for (int p = comm->rank + 1; p < comm->nranks; p++)
+    for (int p = ctx->rank + 1; p < ctx->nranks; p++)
         for (int s = 0; s < st->nstreams; s++)
             if (st->peers[p].conns[s].local) {
                 waiting[p * st->nstreams + s] = 1;
@@ -1295,20 +1295,20 @@ static ncclResult_t setup_rings(tcpState *st)
             }
     while (nwait > 0) {
         double now = geoNow();
-        if (comm->err.abort_flag || now >= deadline) {
+        if (ctx->err->abort_flag || now >= deadline) {
             int i = 0;
             while (!waiting[i])
                 i++;
             int p = i / st->nstreams;
-            geoCommSetError(comm, "init: %s while waiting for rank %d at %s (host %s) to "
+            geoErrSet(ctx->err, "init: %s while waiting for rank %d at %s (host %s) to "
                             "agree on shared-memory rings (stream %d)",
-                            comm->err.abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
-                            comm->peers[p].host, i % st->nstreams);
+                            ctx->err->abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
+                            ctx->peers[p].host, i % st->nstreams);
             res = ncclRemoteError;
             goto out;
         }
         n = 0;
-        for (int i = 0; i < comm->nranks * st->nstreams; i++)
+        for (int i = 0; i < ctx->nranks * st->nstreams; i++)
             if (waiting[i]) {
                 pfd[n] = (struct pollfd){.fd = st->peers[i / st->nstreams]
                                                    .conns[i % st->nstreams].fd,
@@ -1317,7 +1317,7 @@ static ncclResult_t setup_rings(tcpState *st)
             }
         int ms = (int)((deadline - now) * 1000.0) + 1;
         if (poll(pfd, (nfds_t)n, ms > 100 ? 100 : ms) < 0 && errno != EINTR) {
-            geoCommSetError(comm, "init: poll failed setting up shared-memory rings: %s",
+            geoErrSet(ctx->err, "init: poll failed setting up shared-memory rings: %s",
                             strerror(errno));
             res = ncclSystemError;
             goto out;
@@ -1332,9 +1332,9 @@ static ncclResult_t setup_rings(tcpState *st)
             if (rc == 0)
                 continue;
             if (rc < 0) {
-                geoCommSetError(comm, "init: rank %d at %s (host %s) %s on its same-host "
+                geoErrSet(ctx->err, "init: rank %d at %s (host %s) %s on its same-host "
                                 "socket (stream %d) before agreeing on shared-memory rings",
-                                p, peer_str(st, p, pa), comm->peers[p].host,
+                                p, peer_str(st, p, pa), ctx->peers[p].host,
                                 errno ? strerror(errno) : "closed the connection", s);
                 if (fd >= 0)
                     close(fd);
@@ -1343,7 +1343,7 @@ static ncclResult_t setup_rings(tcpState *st)
             }
             waiting[i] = 0;
             nwait--;
-            if (p < comm->rank) { /* the answer to our offer */
+            if (p < ctx->rank) { /* the answer to our offer */
                 if (b == RING_YES && c->seg != NULL) {
                     ring_attach(c, c->seg, c->seg_cap, 1);
                 } else {
@@ -1366,9 +1366,9 @@ static ncclResult_t setup_rings(tcpState *st)
                 close(fd);
             if (ring_send_byte(c->fd, yes ? RING_YES : RING_NO, -1) != 0) {
                 geoShmSegmentUnmap(seg, cap);
-                geoCommSetError(comm, "init: cannot answer rank %d at %s (host %s) on its "
+                geoErrSet(ctx->err, "init: cannot answer rank %d at %s (host %s) on its "
                                 "same-host socket, stream %d: %s", p, peer_str(st, p, pa),
-                                comm->peers[p].host, s, strerror(errno));
+                                ctx->peers[p].host, s, strerror(errno));
                 res = ncclRemoteError;
                 goto out;
             }
@@ -1378,7 +1378,7 @@ static ncclResult_t setup_rings(tcpState *st)
     }
 out:
     /* Offers never answered: unmapped here, not left to destroy as rings. */
-    for (int p = 0; p < comm->rank && res != ncclSuccess; p++)
+    for (int p = 0; p < ctx->rank && res != ncclSuccess; p++)
         for (int s = 0; s < st->nstreams; s++) {
             tcpConn *c = &st->peers[p].conns[s];
             if (!c->ring && c->seg != NULL) {
@@ -1392,15 +1392,15 @@ out:
     return res;
 }
 
-static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
+static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
 {
     tcpState *st = state;
     ncclResult_t res;
 
-    st->nstreams = comm->nstreams;
-    st->peers = calloc((size_t)comm->nranks, sizeof(tcpPeer));
+    st->nstreams = ctx->nstreams;
+    st->peers = calloc((size_t)ctx->nranks, sizeof(tcpPeer));
     GEO_RETURN_IF(st->peers == NULL, ncclSystemError, "out of memory");
-    for (int p = 0; p < comm->nranks; p++) {
+    for (int p = 0; p < ctx->nranks; p++) {
         st->peers[p].conns = calloc((size_t)st->nstreams, sizeof(tcpConn));
         st->peers[p].active = st->nstreams;
         GEO_RETURN_IF(st->peers[p].conns == NULL, ncclSystemError, "out of memory");
@@ -1423,9 +1423,9 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
         return res;
 
     int local_peers = 0, mixed = 0;
-    for (int p = 0; p < comm->nranks; p++) {
+    for (int p = 0; p < ctx->nranks; p++) {
         int nlocal = 0;
-        for (int s = 0; s < st->nstreams && p != comm->rank; s++) {
+        for (int s = 0; s < st->nstreams && p != ctx->rank; s++) {
             tcpConn *c = &st->peers[p].conns[s];
             nlocal += c->local;
             if (!c->local)
@@ -1437,31 +1437,31 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
         local_peers += nlocal == st->nstreams;
         mixed += nlocal > 0 && nlocal < st->nstreams;
     }
-    comm->local_peers = local_peers;
+    ctx->local_peers = local_peers;
     res = setup_rings(st);
     if (res != ncclSuccess)
         return res;
     int ring_peers = 0;
-    for (int p = 0; p < comm->nranks; p++) {
+    for (int p = 0; p < ctx->nranks; p++) {
         int nring = 0;
-        for (int s = 0; s < st->nstreams && p != comm->rank; s++)
+        for (int s = 0; s < st->nstreams && p != ctx->rank; s++)
             nring += st->peers[p].conns[s].ring;
         ring_peers += nring == st->nstreams;
     }
-    comm->ring_peers = ring_peers;
+    ctx->ring_peers = ring_peers;
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st->wake_fd < 0) {
-        geoCommSetError(comm, "init: eventfd failed: %s", strerror(errno));
+        geoErrSet(ctx->err, "init: eventfd failed: %s", strerror(errno));
         return ncclSystemError;
     }
     if (pthread_create(&st->thread, NULL, progress_main, st) != 0) {
-        geoCommSetError(comm, "init: cannot start the progress thread: %s", strerror(errno));
+        geoErrSet(ctx->err, "init: cannot start the progress thread: %s", strerror(errno));
         return ncclSystemError;
     }
     st->thread_live = 1;
     geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d streams each; same-host "
             "fast path to %d of them (%d through shared-memory rings, %d AF_UNIX only)%s%s",
-            comm->nranks - 1, st->nstreams, local_peers, ring_peers, local_peers - ring_peers,
+            ctx->nranks - 1, st->nstreams, local_peers, ring_peers, local_peers - ring_peers,
             geoParamInt(GEO_PARAM_SHM) ? "" : " (GEOCCL_SHM=0)",
             mixed ? ", some streams of a peer over TCP after a local socket failed" : "");
     return ncclSuccess;
@@ -1470,7 +1470,7 @@ static ncclResult_t tcp_connect(struct ncclComm *comm, void *state)
 static ncclResult_t tcp_post(void *state, geoNetRequest *req)
 {
     tcpState *st = state;
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN];
     ncclResult_t res = ncclSuccess;
 
@@ -1487,8 +1487,8 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (st->broken) {
         res = st->broken_res;
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
-        geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections", comm->err.op_desc,
-                        req->peer, peer_str(st, req->peer, pa), comm->peers[req->peer].host);
+        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections", ctx->err->op_desc,
+                        req->peer, peer_str(st, req->peer, pa), ctx->peers[req->peer].host);
         break_locked(st, ncclRemoteError);
         res = ncclRemoteError;
     } else {
@@ -1511,7 +1511,7 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
 static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
 {
     tcpState *st = state;
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     ncclResult_t res;
 
     pthread_mutex_lock(&st->lock);
@@ -1529,23 +1529,23 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             st->waiting_for = NULL;
         if (req->done)
             break;
-        if (comm->err.abort_flag) {
+        if (ctx->err->abort_flag) {
             if (!st->broken)
-                geoCommSetError(comm, "%s: communicator aborted", comm->err.op_desc);
+                geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
             break_locked(st, ncclRemoteError);
             break;
         }
         double idle = geoNow() - req->last_progress;
-        if (idle > comm->timeout) {
+        if (idle > ctx->timeout) {
             char pa[GEO_ADDR_STRLEN];
-            geoCommSetError(comm,
+            geoErrSet(ctx->err,
                             "%s: timed out after %.0f s without progress %s rank %d (%s, host "
                             "%s); %zu of %zu frames done",
-                            comm->err.op_desc, idle, req->dir == GEO_NET_SEND ? "sending to"
+                            ctx->err->op_desc, idle, req->dir == GEO_NET_SEND ? "sending to"
                                                                           : "receiving from",
-                            req->peer, peer_str(st, req->peer, pa), comm->peers[req->peer].host,
+                            req->peer, peer_str(st, req->peer, pa), ctx->peers[req->peer].host,
                             req->frames_done, req->nframes);
-            geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
+            geoWarn(GEO_LOG_NET, "%s", ctx->err->last_error);
             break_locked(st, ncclRemoteError);
             break;
         }
@@ -1560,8 +1560,8 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
 static int tcp_has_mailbox(void *state, int peer)
 {
     tcpState *st = state;
-    return st->peers != NULL && peer >= 0 && peer < st->comm->nranks &&
-           peer != st->comm->rank && st->peers[peer].conns != NULL &&
+    return st->peers != NULL && peer >= 0 && peer < st->ctx->nranks &&
+           peer != st->ctx->rank && st->peers[peer].conns != NULL &&
            st->peers[peer].conns[0].ring;
 }
 
@@ -1570,7 +1570,7 @@ _Static_assert(GEO_NET_MAIL_BYTES == GEO_SHM_MAIL_BYTES, "one mailbox size");
 static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int send)
 {
     tcpState *st = state;
-    struct ncclComm *comm = st->comm;
+    geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN];
     tcpConn *c = &st->peers[peer].conns[0];
     /* the connector's puts go through mailbox 0, the acceptor's through 1 */
@@ -1579,7 +1579,7 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
     ncclResult_t res = ncclSuccess;
 
     if (len > GEO_SHM_MAIL_BYTES) {
-        geoCommSetError(comm, "%s: a %zu-byte signal does not fit a mailbox", comm->err.op_desc, len);
+        geoErrSet(ctx->err, "%s: a %zu-byte signal does not fit a mailbox", ctx->err->op_desc, len);
         return ncclInternalError;
     }
     for (;;) {
@@ -1590,26 +1590,26 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
         if (st->broken) {
             res = st->broken_res;
         } else if (r < 0) {
-            geoCommSetError(comm, "%s: malformed signal from rank %d (%s, host %s)",
-                            comm->err.op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+            geoErrSet(ctx->err, "%s: malformed signal from rank %d (%s, host %s)",
+                            ctx->err->op_desc, peer, peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
-        } else if (comm->err.abort_flag) {
-            geoCommSetError(comm, "%s: communicator aborted", comm->err.op_desc);
+        } else if (ctx->err->abort_flag) {
+            geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
             res = ncclRemoteError;
         } else if (c->closed) {
-            geoCommSetError(comm, "%s: rank %d (%s, host %s) has closed its connections",
-                            comm->err.op_desc, peer, peer_str(st, peer, pa), comm->peers[peer].host);
+            geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections",
+                            ctx->err->op_desc, peer, peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
-        } else if (geoNow() - start > comm->timeout) {
-            geoCommSetError(comm, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
-                            comm->err.op_desc, geoNow() - start,
+        } else if (geoNow() - start > ctx->timeout) {
+            geoErrSet(ctx->err, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
+                            ctx->err->op_desc, geoNow() - start,
                             send ? "signalling" : "waiting for a signal from", peer,
-                            peer_str(st, peer, pa), comm->peers[peer].host);
+                            peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
         }
         if (res != ncclSuccess) {
             if (!st->broken) {
-                geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
+                geoWarn(GEO_LOG_NET, "%s", ctx->err->last_error);
                 break_locked(st, res);
             }
             pthread_mutex_unlock(&st->lock);
@@ -1643,7 +1643,7 @@ static void tcp_destroy(void *state)
         pthread_join(st->thread, NULL);
     }
     if (st->peers) {
-        for (int p = 0; p < st->comm->nranks; p++) {
+        for (int p = 0; p < st->ctx->nranks; p++) {
             if (st->peers[p].conns == NULL)
                 continue;
             for (int s = 0; s < st->nstreams; s++) {
@@ -1674,8 +1674,8 @@ static void tcp_limit_queued(void *state, int bytes)
     /* 0 on a socket means the system's net.ipv4.tcp_notsent_lowat (no
      * limit unless set there), which is what "back to the default" is. */
     unsigned v = bytes > 0 ? (unsigned)bytes : 0;
-    for (int p = 0; p < st->comm->nranks; p++)
-        for (int s = 0; st->peers && p != st->comm->rank && s < st->nstreams; s++)
+    for (int p = 0; p < st->ctx->nranks; p++)
+        for (int s = 0; st->peers && p != st->ctx->rank && s < st->nstreams; s++)
             if (st->peers[p].conns[s].fd >= 0 && !st->peers[p].conns[s].local)
                 setsockopt(st->peers[p].conns[s].fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v,
                            sizeof(v));
@@ -1684,7 +1684,7 @@ static void tcp_limit_queued(void *state, int bytes)
 static void tcp_set_streams(void *state, int peer, int n)
 {
     tcpState *st = state;
-    if (st->peers == NULL || peer < 0 || peer >= st->comm->nranks)
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks)
         return;
     pthread_mutex_lock(&st->lock);
     st->peers[peer].active = n < 1 ? 1 : n > st->nstreams ? st->nstreams : n;
@@ -1695,7 +1695,7 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
 {
     tcpState *st = state;
     int err = 0;
-    if (st->peers == NULL || peer < 0 || peer >= st->comm->nranks || peer == st->comm->rank)
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank)
         return EINVAL;
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];

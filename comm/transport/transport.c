@@ -1,5 +1,4 @@
 #include "config.h"
-#include "comm/core/comm.h"
 #include "comm/transport/transport.h"
 
 #include <string.h>
@@ -7,7 +6,7 @@
 /* In order of preference: the first whose canConnect() says yes is used. */
 const geoNetTransport *const geoNetTransports[] = {&geoNetTcp, NULL};
 
-static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, size_t size,
+static ncclResult_t post(geoNet *net, int peer, int dir, void *buf, size_t size,
                          geoNetRequest *req, int vlen)
 {
     memset(req, 0, sizeof(*req));
@@ -22,57 +21,66 @@ static ncclResult_t post(struct ncclComm *comm, int peer, int dir, void *buf, si
         req->result = ncclSuccess;
         return ncclSuccess;
     }
-    return comm->net->post(comm->net_state, req);
+    return net->ops->post(net->state, req);
 }
 
 /* Statistics of a send; raw: its uncompressed size when it crosses the WAN
  * (a compressed chunk's caller counts that itself and passes 0). */
-static void count_send(struct ncclComm *comm, int peer, size_t size, size_t raw)
+static void count_send(geoNet *net, int peer, size_t size, size_t raw)
 {
-    if (comm->regions.region_of &&
-        comm->regions.region_of[peer] != comm->regions.region_of[comm->rank]) {
-        comm->stats.bytes_wan += size;
-        comm->stats.bytes_wan_raw += raw;
+    if (net->region_of && net->region_of[peer] != net->region_of[net->ctx.rank]) {
+        net->sent.wan += size;
+        net->sent.wan_raw += raw;
     } else {
-        comm->stats.bytes_intra += size;
+        net->sent.intra += size;
     }
 }
 
-ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+ncclResult_t geoNetIsend(geoNet *net, int peer, const void *buf, size_t size,
                          geoNetRequest *req)
 {
-    count_send(comm, peer, size, size);
-    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
+    count_send(net, peer, size, size);
+    return post(net, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
 }
 
-ncclResult_t geoNetIsendCtl(struct ncclComm *comm, int peer, const void *buf, size_t size,
+ncclResult_t geoNetIsendCtl(geoNet *net, int peer, const void *buf, size_t size,
                             geoNetRequest *req)
 {
-    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
+    return post(net, peer, GEO_NET_SEND, (void *)buf, size, req, 0);
 }
 
-ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
+ncclResult_t geoNetIrecv(geoNet *net, int peer, void *buf, size_t size,
                          geoNetRequest *req)
 {
-    return post(comm, peer, GEO_NET_RECV, buf, size, req, 0);
+    return post(net, peer, GEO_NET_RECV, buf, size, req, 0);
 }
 
-ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
+ncclResult_t geoNetIsendV(geoNet *net, int peer, const void *buf, size_t size,
                           geoNetRequest *req)
 {
-    count_send(comm, peer, size, 0); /* compressed chunks: raw size counted by the caller */
-    return post(comm, peer, GEO_NET_SEND, (void *)buf, size, req, 1);
+    count_send(net, peer, size, 0); /* compressed chunks: raw size counted by the caller */
+    return post(net, peer, GEO_NET_SEND, (void *)buf, size, req, 1);
 }
 
-ncclResult_t geoNetIrecvV(struct ncclComm *comm, int peer, void *buf, size_t capacity,
+ncclResult_t geoNetIrecvV(geoNet *net, int peer, void *buf, size_t capacity,
                           geoNetRequest *req)
 {
-    return post(comm, peer, GEO_NET_RECV, buf, capacity, req, 1);
+    return post(net, peer, GEO_NET_RECV, buf, capacity, req, 1);
 }
 
-ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req)
+ncclResult_t geoNetWait(geoNet *net, geoNetRequest *req)
 {
-    if ((req->size == 0 && !req->vlen) || (req->done && req->result != ncclInProgress))
+    /* The progress thread publishes result and its last touch of the
+     * buffer before its release store of done; this acquire load orders
+     * the caller's read of result, and its reuse of the buffer, after them. */
+    if ((req->size == 0 && !req->vlen) ||
+        (__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && req->result != ncclInProgress))
         return req->result;
-    return comm->net->wait(comm->net_state, req);
+    return net->ops->wait(net->state, req);
+}
+
+void geoNetBreak(geoNet *net)
+{
+    if (net->ops && net->state)
+        net->ops->breakAll(net->state);
 }

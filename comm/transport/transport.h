@@ -18,10 +18,11 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "comm/base/error.h"
 #include "comm/transport/net_local.h"
 #include "comm/transport/socket.h"
 
-struct ncclComm;
+#define GEO_NET_HOST_LEN 64
 
 /* Where a rank's transport listens: what peers need to connect to it. */
 typedef struct {
@@ -29,6 +30,30 @@ typedef struct {
     geoLocalInfo local;         /* same-host fast path (net_local.h); local.path
                                  * "" when this rank offers none */
 } geoNetAddr;
+
+/* Where a peer listens and what to call it in messages. */
+typedef struct {
+    geoSockAddr addr;
+    geoLocalInfo local;
+    char host[GEO_NET_HOST_LEN];
+} geoNetPeer;
+
+/* What a transport knows of the communicator it serves; the communicator
+ * fills it and keeps it alive as long as the transport's state.  The
+ * transport reports errors through err and reads its abort flag; it never
+ * sees the communicator itself. */
+typedef struct {
+    int rank, nranks;
+    int nstreams;               /* connections per pair of ranks */
+    double timeout;             /* seconds without progress before an error */
+    const uint8_t *secret;      /* GEO_SHA256_BYTES; proves membership on connect */
+    uint64_t comm_hash;         /* binds a connection to its communicator */
+    geoNetPeer *peers;          /* [nranks]: set before connect() */
+    geoErr *err;                /* error text, abort flag, operation in progress */
+    /* Set by connect(): */
+    int local_peers;            /* peers reached over the same-host fast path */
+    int ring_peers;             /* of those, with shared-memory rings on every stream */
+} geoNetCtx;
 
 enum { GEO_NET_SEND = 0, GEO_NET_RECV = 1 };
 
@@ -54,20 +79,20 @@ typedef struct geoNetRequest {
 typedef struct geoNetTransport {
     const char *name;
     /* 1 if this transport can connect every pair of comm's ranks. */
-    int (*canConnect)(struct ncclComm *comm);
+    int (*canConnect)(geoNetCtx *ctx);
     /* Open this rank's listeners before the bootstrap exchange.  On entry
      * listen_addr->addr is the interface address to bind (port 0: any); on
      * success it holds what peers must use (bound TCP address and, if
      * offered, the same-host listener). */
-    ncclResult_t (*listen)(struct ncclComm *comm, void **state, geoNetAddr *listen_addr);
-    /* Connect to every peer (addresses in comm->peers) and start the
-     * progress thread.  Collective; bounded by comm->timeout. */
-    ncclResult_t (*connect)(struct ncclComm *comm, void *state);
+    ncclResult_t (*listen)(geoNetCtx *ctx, void **state, geoNetAddr *listen_addr);
+    /* Connect to every peer (addresses in ctx->peers) and start the
+     * progress thread.  Collective; bounded by ctx->timeout. */
+    ncclResult_t (*connect)(geoNetCtx *ctx, void *state);
     /* Queue req; never blocks on the network.  Fails at once with the
      * communicator's error if it is broken. */
     ncclResult_t (*post)(void *state, geoNetRequest *req);
     /* Block until req completes, the communicator breaks, it is aborted,
-     * or no byte of req moved for comm->timeout seconds (then the
+     * or no byte of req moved for ctx->timeout seconds (then the
      * communicator is broken with a message naming peer and operation). */
     ncclResult_t (*wait)(void *state, geoNetRequest *req);
     /* Fail everything in flight and shut the connections (peers see it at
@@ -97,7 +122,7 @@ typedef struct geoNetTransport {
      * the pair has one (the same answer at both ends).  mail: put (send)
      * or take len bytes, waiting while the previous message is still
      * there or none has come; fails like wait (broken, aborted, the peer
-     * gone, or comm->timeout). */
+     * gone, or ctx->timeout). */
     int (*hasMailbox)(void *state, int peer);
     ncclResult_t (*mail)(void *state, int peer, void *buf, size_t len, int send);
 } geoNetTransport;
@@ -107,21 +132,39 @@ typedef struct geoNetTransport {
 extern const geoNetTransport geoNetTcp;
 extern const geoNetTransport *const geoNetTransports[];
 
-/* Convenience wrappers on comm's transport. */
-ncclResult_t geoNetIsend(struct ncclComm *comm, int peer, const void *buf, size_t size,
+/* Bytes the wrappers below sent, by where they went. */
+typedef struct {
+    uint64_t intra;             /* to ranks of my region */
+    uint64_t wan;               /* to ranks of other regions */
+    uint64_t wan_raw;           /* what that would have been uncompressed */
+} geoNetBytes;
+
+/* A communicator's transport as the layers above use it. */
+typedef struct geoNet {
+    const geoNetTransport *ops; /* NULL until one is chosen */
+    void *state;                /* ops's, NULL until listen() */
+    geoNetCtx ctx;
+    const int *region_of;       /* [nranks] region of each rank; NULL: one region */
+    geoNetBytes sent;
+} geoNet;
+
+/* Posting wrappers on net's transport; a zero-byte fixed-size message is
+ * complete at once and never posted. */
+ncclResult_t geoNetIsend(geoNet *net, int peer, const void *buf, size_t size,
                          geoNetRequest *req);
-ncclResult_t geoNetIrecv(struct ncclComm *comm, int peer, void *buf, size_t size,
-                         geoNetRequest *req);
+ncclResult_t geoNetIrecv(geoNet *net, int peer, void *buf, size_t size, geoNetRequest *req);
 /* A control message (buffer addresses, flags): like geoNetIsend, but not
  * counted in the byte statistics, which count the collectives' data. */
-ncclResult_t geoNetIsendCtl(struct ncclComm *comm, int peer, const void *buf, size_t size,
+ncclResult_t geoNetIsendCtl(geoNet *net, int peer, const void *buf, size_t size,
                             geoNetRequest *req);
 /* Variable-length messages (both sides must use these for a message). */
-ncclResult_t geoNetIsendV(struct ncclComm *comm, int peer, const void *buf, size_t size,
+ncclResult_t geoNetIsendV(geoNet *net, int peer, const void *buf, size_t size,
                           geoNetRequest *req);
-ncclResult_t geoNetIrecvV(struct ncclComm *comm, int peer, void *buf, size_t capacity,
+ncclResult_t geoNetIrecvV(geoNet *net, int peer, void *buf, size_t capacity,
                           geoNetRequest *req);
 /* Wait; a NULL-size request (never posted) returns at once. */
-ncclResult_t geoNetWait(struct ncclComm *comm, geoNetRequest *req);
+ncclResult_t geoNetWait(geoNet *net, geoNetRequest *req);
+/* Fail everything in flight (breakAll), when a transport is up. */
+void geoNetBreak(geoNet *net);
 
 #endif
