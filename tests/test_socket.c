@@ -4,7 +4,7 @@
 #include "comm/base/param.h"
 #include "geoccl.h"
 #include "harness.h"
-#include "topology/ifaces.h"
+#include "comm/transport/ifaces.h"
 
 #include <CUnit/Basic.h>
 #include <netinet/in.h>

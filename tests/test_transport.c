@@ -462,8 +462,9 @@ static void *fake_rank(void *p)
 {
     fakeArgs *f = p;
     geoUniqueIdInternal in;
-    struct ncclComm *c = calloc(1, sizeof(*c));
-    geoPeerInfo mine, all[2];
+    geoErr err;
+    geoPeerInfo mine;
+    geoBootInfo me, all[2];
     geoSockAddr lo, bound;
     geoBootstrapDecode(&f->id, &in);
     geoAddrFromString("127.0.0.1:0", &lo);
@@ -475,11 +476,12 @@ static void *fake_rank(void *p)
     snprintf(mine.net.host, sizeof(mine.net.host), "fake");
     mine.nstreams = 2;
     mine.chunk_size = 512 * 1024;
-    c->rank = f->rank;
-    c->nranks = 2;
-    c->timeout = 10;
-    CU_ASSERT_EQUAL(geoBootstrapJoin(c, &in, &mine, all), ncclSuccess);
-    free(c);
+    geoBootSelf self = {.rank = f->rank, .nranks = 2, .timeout = 10, .err = &err};
+    geoErrInit(&err);
+    memset(&me, 0, sizeof(me));
+    memcpy(me.bytes, &mine, sizeof(mine));
+    CU_ASSERT_EQUAL(geoBootstrapJoin(&self, &in, &me, all), ncclSuccess);
+    geoErrDestroy(&err);
     return NULL; /* the listener stays open and silent */
 }
 

@@ -12,7 +12,7 @@
 #include "comm/base/param.h"
 #include "comm/coll/reduce.h"
 #include "comm/coll/tuning.h"
-#include "topology/ifaces.h"
+#include "comm/transport/ifaces.h"
 #include "topology/topofile.h"
 
 #include <arpa/inet.h>
@@ -442,7 +442,24 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
             comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr.addr, a),
             ifs[0].name);
-    GEO_CHECK(geoBootstrapJoin(comm, id, &mine, comm->peers));
+    {
+        geoBootSelf self = {.rank = comm->rank, .nranks = comm->nranks,
+                            .timeout = comm->timeout, .err = &comm->err};
+        geoBootInfo *table = calloc((size_t)comm->nranks, sizeof(*table));
+        geoBootInfo me;
+        if (table == NULL) {
+            geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
+            return ncclSystemError;
+        }
+        memset(&me, 0, sizeof(me));
+        memcpy(me.bytes, &mine, sizeof(mine));
+        res = geoBootstrapJoin(&self, id, &me, table);
+        for (int r = 0; res == ncclSuccess && r < comm->nranks; r++)
+            memcpy(&comm->peers[r], table[r].bytes, sizeof(comm->peers[r]));
+        free(table);
+        if (res != ncclSuccess)
+            return res;
+    }
     /* Every rank uses rank 0's stream count and chunk size. */
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
@@ -920,7 +937,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         comm->err.abort_flag = 1; /* device exchanges and waits end */
         if (comm->net.ops && comm->net.state)
             geoNetBreak(&comm->net);
-        geoBootstrapShrinkId(comm, excluded, counter, leader, &id);
+        geoBootstrapShrinkId(comm->secret, comm->comm_hash, comm->nranks,
+                             &comm->peers[leader].net.addr, excluded, counter, &id);
         if (comm->rank == leader) {
             geoUniqueIdInternal in;
             GEO_CHECK_GOTO(geoBootstrapDecode(&id, &in), res, out);

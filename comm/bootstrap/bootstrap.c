@@ -2,7 +2,7 @@
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/base/checks.h"
 #include "comm/base/param.h"
-#include "topology/ifaces.h"
+#include "comm/transport/ifaces.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,7 +25,7 @@ typedef struct {
     int32_t nranks;
     uint32_t pad;
     uint8_t proof[GEO_SHA256_BYTES];
-    geoPeerInfo info;
+    geoBootInfo info;
 } geoJoinMsg;
 
 typedef struct {
@@ -70,7 +70,7 @@ typedef struct {
     int nranks;       /* 0 until the first valid join */
     int joined;
     int *fds;         /* per rank, -1 until it joined */
-    geoPeerInfo *table;
+    geoBootInfo *table;
 } rootState;
 
 static void root_refuse(rootJoiner *j)
@@ -450,26 +450,27 @@ void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *ou
         out->sin.sin_port = port;
 }
 
-void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
-                          uint32_t counter, int leader, ncclUniqueId *out)
+void geoBootstrapShrinkId(const uint8_t *secret, uint64_t comm_hash, int nranks,
+                          const geoSockAddr *leader_addr, const uint8_t *excluded,
+                          uint32_t counter, ncclUniqueId *out)
 {
     geoUniqueIdInternal id;
-    size_t n = (size_t)parent->nranks, len = 16 + 8 + 4 + 4 + n;
+    size_t n = (size_t)nranks, len = 16 + 8 + 4 + 4 + n;
     uint8_t *msg = calloc(1, len), h[GEO_SHA256_BYTES];
-    int32_t nr = parent->nranks;
+    int32_t nr = nranks;
 
     memset(&id, 0, sizeof(id));
     id.magic = GEO_ID_MAGIC;
     id.flags = GEO_ID_SHRINK;
-    id.root = parent->peers[leader].net.addr;
+    id.root = *leader_addr;
     if (msg != NULL) {
         memcpy(msg, "geoccl-shrink-v1", 16);
-        memcpy(msg + 16, &parent->comm_hash, 8);
+        memcpy(msg + 16, &comm_hash, 8);
         memcpy(msg + 24, &counter, 4);
         memcpy(msg + 28, &nr, 4);
         for (size_t r = 0; r < n; r++)
             msg[32 + r] = excluded[r] ? 1 : 0;
-        geoHmacSha256(parent->secret, sizeof(parent->secret), msg, len, id.secret);
+        geoHmacSha256(secret, GEO_SHA256_BYTES, msg, len, id.secret);
         free(msg);
     } else {
         /* Without memory for the set, the counter alone separates shrinks;
@@ -477,10 +478,10 @@ void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded
          * and a mismatch fails as a refused join, not silently. */
         uint8_t small[32];
         memcpy(small, "geoccl-shrink-v1", 16);
-        memcpy(small + 16, &parent->comm_hash, 8);
+        memcpy(small + 16, &comm_hash, 8);
         memcpy(small + 24, &counter, 4);
         memcpy(small + 28, &nr, 4);
-        geoHmacSha256(parent->secret, sizeof(parent->secret), small, sizeof(small), id.secret);
+        geoHmacSha256(secret, GEO_SHA256_BYTES, small, sizeof(small), id.secret);
     }
     geoHmacSha256(id.secret, sizeof(id.secret), "geoccl-shrink-nonce", 19, h);
     memcpy(&id.nonce, h, sizeof(id.nonce));
@@ -516,8 +517,8 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
 /* One try at the root behind fd: challenge (by hs_deadline), proof and my
  * info, then the table.  *magic: the root's last word; *proved: the proof
  * went out. */
-static ncclResult_t join_on(struct ncclComm *comm, const geoUniqueIdInternal *id, int fd,
-                            const geoPeerInfo *mine, geoPeerInfo *all, double hs_deadline,
+static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *id, int fd,
+                            const geoBootInfo *mine, geoBootInfo *all, double hs_deadline,
                             double deadline, uint32_t *magic, int *proved, const char **why)
 {
     uint8_t challenge[GEO_CHALLENGE_BYTES];
@@ -527,19 +528,19 @@ static ncclResult_t join_on(struct ncclComm *comm, const geoUniqueIdInternal *id
     *proved = 0;
     memset(&m, 0, sizeof(m));
     m.magic = GEO_JOIN_MAGIC;
-    m.rank = comm->rank;
-    m.nranks = comm->nranks;
+    m.rank = self->rank;
+    m.nranks = self->nranks;
     m.info = *mine;
     if (geoSocketRecvAll(fd, challenge, sizeof(challenge), hs_deadline, why) != ncclSuccess)
         return ncclRemoteError;
-    join_proof(id, challenge, comm->rank, comm->nranks, m.proof);
+    join_proof(id, challenge, self->rank, self->nranks, m.proof);
     if (geoSocketSendAll(fd, &m, sizeof(m), deadline, why) != ncclSuccess)
         return ncclRemoteError;
     *proved = 1;
     if (geoSocketRecvAll(fd, magic, sizeof(*magic), deadline, why) != ncclSuccess ||
         *magic != GEO_TABLE_MAGIC)
         return ncclRemoteError;
-    return geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)comm->nranks, deadline, why);
+    return geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)self->nranks, deadline, why);
 }
 
 /* One connection attempt, quiet (a refused candidate is expected), bounded
@@ -564,8 +565,8 @@ static int connect_once(const geoSockAddr *addr, double limit)
  * which one the leader could bind, so try each in turn until one answers
  * as our root: it sends a challenge within a few seconds and does not
  * refuse our proof (another root, e.g. of an earlier shrink, refuses it). */
-static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInternal *id,
-                                    const geoPeerInfo *mine, geoPeerInfo *all, double deadline)
+static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdInternal *id,
+                                    const geoBootInfo *mine, geoBootInfo *all, double deadline)
 {
     char ra[GEO_ADDR_STRLEN];
     const char *why = "no candidate answered";
@@ -584,7 +585,7 @@ static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInte
                 continue;
             tried++;
             double hs = geoNow() + 5.0 < deadline ? geoNow() + 5.0 : deadline;
-            ncclResult_t r = join_on(comm, id, fd, mine, all, hs, deadline, &magic, &proved,
+            ncclResult_t r = join_on(self, id, fd, mine, all, hs, deadline, &magic, &proved,
                                      &why);
             close(fd);
             if (r == ncclSuccess) {
@@ -594,11 +595,11 @@ static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInte
             }
             if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
                                                strcmp(why, "connection closed by peer") != 0)) {
-                geoCommSetError(comm, "shrink: the bootstrap root at %s gave up or stopped "
+                geoErrSet(self->err, "shrink: the bootstrap root at %s gave up or stopped "
                                 "answering (%s): not all %d survivors joined within %.0f s",
                                 geoAddrToString(&cand, ra), magic == GEO_EXPIRED_MAGIC
                                                                 ? "expired" : why,
-                                comm->nranks, comm->timeout);
+                                self->nranks, self->timeout);
                 return ncclRemoteError;
             }
             /* Not our root: it refused the proof.  One that hung up on
@@ -614,19 +615,19 @@ static ncclResult_t join_candidates(struct ncclComm *comm, const geoUniqueIdInte
         if (backoff < 200000)
             backoff *= 2;
     }
-    geoCommSetError(comm, "shrink: no bootstrap root of the shrunk communicator answered at "
+    geoErrSet(self->err, "shrink: no bootstrap root of the shrunk communicator answered at "
                     "%s or its %d other candidate ports within %.0f s (%d answered but were "
                     "not ours; last cause: %s): the lowest surviving rank did not call "
                     "ncclCommShrink with the same exclude list, or could not listen",
-                    geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, comm->timeout, tried,
+                    geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, self->timeout, tried,
                     why);
     return ncclRemoteError;
 }
 
-ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
-                              const geoPeerInfo *mine, geoPeerInfo *all)
+ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal *id,
+                              const geoBootInfo *mine, geoBootInfo *all)
 {
-    double deadline = geoNow() + comm->timeout;
+    double deadline = geoNow() + self->timeout;
     char ra[GEO_ADDR_STRLEN];
     const char *why = "unknown";
     uint32_t magic = 0;
@@ -634,36 +635,36 @@ ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *
     int fd;
 
     if (id->flags & GEO_ID_SHRINK)
-        return join_candidates(comm, id, mine, all, deadline);
+        return join_candidates(self, id, mine, all, deadline);
     geoAddrToString(&id->root, ra);
     if (geoSocketConnect(&id->root, deadline, &fd) != ncclSuccess) {
-        geoCommSetError(comm, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
-                        comm->timeout);
+        geoErrSet(self->err, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
+                        self->timeout);
         return ncclRemoteError;
     }
-    ncclResult_t r = join_on(comm, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
+    ncclResult_t r = join_on(self, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
     close(fd);
     if (r == ncclSuccess)
         return ncclSuccess;
     if (magic == GEO_REFUSED_MAGIC)
-        geoCommSetError(comm,
+        geoErrSet(self->err,
                         "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
                         "not carry the root's secret, or rank %d of %d is already taken",
-                        ra, comm->rank, comm->rank, comm->nranks);
+                        ra, self->rank, self->rank, self->nranks);
     else if (magic == GEO_EXPIRED_MAGIC)
-        geoCommSetError(comm,
+        geoErrSet(self->err,
                         "init: the bootstrap root at %s gave up: not all %d ranks joined within "
                         "its timeout (GEOCCL_TIMEOUT of the process that made the id)",
-                        ra, comm->nranks);
+                        ra, self->nranks);
     else if (proved && strcmp(why, "connection closed by peer") == 0)
-        geoCommSetError(comm,
+        geoErrSet(self->err,
                         "init: the bootstrap root at %s closed the connection after rank %d "
                         "joined (the root's process ended, or it refused us)",
-                        ra, comm->rank);
+                        ra, self->rank);
     else
-        geoCommSetError(comm,
+        geoErrSet(self->err,
                         "init: bootstrap with the root at %s failed (%s): not all %d ranks "
                         "joined within %.0f s",
-                        ra, why, comm->nranks, comm->timeout);
+                        ra, why, self->nranks, self->timeout);
     return ncclRemoteError;
 }

@@ -10,9 +10,27 @@
 #define GEOCCL_BOOTSTRAP_H_
 
 #include "nccl.h"
-#include "comm/core/comm.h"
+#include "comm/base/error.h"
+#include "comm/base/hmac.h"
+#include "comm/transport/socket.h"
+
+#include <stdint.h>
 
 #define GEO_ID_MAGIC 0x47454f49u /* "GEOI" */
+
+/* What each rank tells the others: opaque here (the communicator's peer
+ * info, which must fit), carried and tabled as it is. */
+#define GEO_BOOT_INFO_BYTES 512
+typedef struct {
+    uint8_t bytes[GEO_BOOT_INFO_BYTES];
+} geoBootInfo;
+
+/* The joining rank, as the bootstrap needs it. */
+typedef struct {
+    int rank, nranks;
+    double timeout;             /* seconds to wait for every rank */
+    geoErr *err;                /* where a failure is reported */
+} geoBootSelf;
 
 typedef struct {
     uint32_t magic;
@@ -50,16 +68,17 @@ void geoBootstrapCandidate(const geoUniqueIdInternal *id, int k, geoSockAddr *ou
 /* The id of the communicator that ncclCommShrink(NCCL_SHRINK_ABORT) makes
  * of parent without the ranks marked in excluded[] (nranks bytes, 1 =
  * excluded), computed alike by every survivor from what they share: root
- * at the data address of the lowest survivor `leader`; secret
- * HMAC(parent secret, comm hash | counter | exclusion set), so only the
+ * at leader_addr, the data address of the lowest survivor; secret
+ * HMAC(parent secret, parent's comm hash | counter | exclusion set), so only the
  * parent's members can join; counter distinguishes successive shrinks. */
-void geoBootstrapShrinkId(const struct ncclComm *parent, const uint8_t *excluded,
-                          uint32_t counter, int leader, ncclUniqueId *out);
+void geoBootstrapShrinkId(const uint8_t *secret, uint64_t comm_hash, int nranks,
+                          const geoSockAddr *leader_addr, const uint8_t *excluded,
+                          uint32_t counter, ncclUniqueId *out);
 /* Join: prove the secret, send my info, receive everyone's (nranks
  * entries, caller-allocated).  Blocks until all joined or timeout.  For a
  * GEO_ID_SHRINK id, tries the candidate roots in turn until one sends a
  * challenge and does not refuse our proof. */
-ncclResult_t geoBootstrapJoin(struct ncclComm *comm, const geoUniqueIdInternal *id,
-                              const geoPeerInfo *mine, geoPeerInfo *all);
+ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal *id,
+                              const geoBootInfo *mine, geoBootInfo *all);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "nccl.h"
 #include "comm/base/error.h"
+#include "comm/bootstrap/bootstrap.h"
 #include "comm/base/hmac.h"
 #include "comm/transport/socket.h"
 #include "comm/transport/transport.h"
@@ -50,6 +51,9 @@ typedef struct {
     int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
     int32_t landmarks;          /* GEOCCL_PROBE_LANDMARKS; rank 0's value is used by all */
 } geoPeerInfo;
+
+_Static_assert(sizeof(geoPeerInfo) <= GEO_BOOT_INFO_BYTES,
+               "the bootstrap carries a peer info in GEO_BOOT_INFO_BYTES");
 
 /* Per-communicator statistics (geocclCommGetStats). */
 typedef struct {

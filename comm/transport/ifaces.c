@@ -1,5 +1,5 @@
 #include "config.h"
-#include "topology/ifaces.h"
+#include "comm/transport/ifaces.h"
 
 #include <ifaddrs.h>
 #include <stdio.h>
