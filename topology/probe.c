@@ -1,8 +1,7 @@
 #include "config.h"
 #include "topology/probe.h"
 #include "comm/base/checks.h"
-#include "comm/coll/coll.h"
-#include "comm/core/comm.h"
+#include "comm/transport/transport.h"
 #include "comm/base/param.h"
 #include "topology/cluster.h"
 #include "topology/nics.h"
@@ -48,17 +47,17 @@ static void pause_us(long us)
 }
 
 /* A poll loop's deadline: the communicator's timeout, as for every wait. */
-static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const char *what)
+static ncclResult_t check_deadline(geoProbeCtx *pc, double deadline, const char *what)
 {
-    if (comm->err.abort_flag) {
-        geoCommSetError(comm, "init: probe %s: communicator aborted", what);
-        geoNetBreak(&comm->net);
+    if (pc->err->abort_flag) {
+        geoErrSet(pc->err, "init: probe %s: communicator aborted", what);
+        geoNetBreak(pc->net);
         return ncclRemoteError;
     }
     if (geoNow() > deadline) {
-        geoCommSetError(comm, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
-                        comm->timeout);
-        geoNetBreak(&comm->net);
+        geoErrSet(pc->err, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
+                        pc->timeout);
+        geoNetBreak(pc->net);
         return ncclRemoteError;
     }
     return ncclSuccess;
@@ -66,9 +65,9 @@ static ncclResult_t check_deadline(struct ncclComm *comm, double deadline, const
 
 /* ---- nodes -------------------------------------------------------------- */
 
-static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
+static ncclResult_t find_nodes(geoProbeCtx *pc, geoTopo *t)
 {
-    int n = comm->nranks;
+    int n = pc->nranks;
     t->node_of = malloc(sizeof(int) * (size_t)n);
     t->leader = malloc(sizeof(int) * (size_t)n);
     t->node_addr = malloc(sizeof(*t->node_addr) * (size_t)n);
@@ -80,7 +79,7 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
     t->nnodes = 0;
     for (int r = 0; r < n; r++) {
         char a[GEO_ADDR_STRLEN];
-        geoAddrHost(&comm->peers[r].net.addr, a);
+        geoAddrHost(&pc->net->ctx.peers[r].addr, a);
         int k;
         for (k = 0; k < t->nnodes; k++)
             if (strcmp(t->node_addr[k], a) == 0)
@@ -92,7 +91,7 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
         }
         t->node_of[r] = k;
     }
-    t->nic_gbit[t->node_of[comm->rank]] = topoNicSpeed(comm->if_name);
+    t->nic_gbit[t->node_of[pc->rank]] = topoNicSpeed(pc->if_name);
     return ncclSuccess;
 }
 
@@ -100,7 +99,7 @@ static ncclResult_t find_nodes(struct ncclComm *comm, geoTopo *t)
 
 /* Every rank in ranks[] sends its len bytes to every other; all[i*len] gets
  * ranks[i]'s.  Only members call it. */
-static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int n, int me,
+static ncclResult_t exchange_among(geoProbeCtx *pc, const int *ranks, int n, int me,
                                    const void *mine, size_t len, void *all)
 {
     geoNetRequest *rq = calloc((size_t)2 * (size_t)n, sizeof(geoNetRequest));
@@ -111,14 +110,14 @@ static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int 
     for (int i = 0; i < n && res == ncclSuccess; i++) {
         if (i == me)
             continue;
-        res = geoNetIrecv(&comm->net, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
+        res = geoNetIrecv(pc->net, ranks[i], (char *)all + (size_t)i * len, len, &rq[2 * i]);
         if (res == ncclSuccess)
-            res = geoNetIsend(&comm->net, ranks[i], mine, len, &rq[2 * i + 1]);
+            res = geoNetIsend(pc->net, ranks[i], mine, len, &rq[2 * i + 1]);
     }
     for (int i = 0; i < 2 * n; i++) {
         if (i / 2 == me || rq[i].buf == NULL)
             continue;
-        ncclResult_t r = geoNetWait(&comm->net, &rq[i]);
+        ncclResult_t r = geoNetWait(pc->net, &rq[i]);
         if (res == ncclSuccess)
             res = r;
     }
@@ -127,13 +126,13 @@ static ncclResult_t exchange_among(struct ncclComm *comm, const int *ranks, int 
 }
 
 /* src sends len bytes to each of dst[] (src itself skipped). */
-static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int n, void *buf,
+static ncclResult_t fan_out(geoProbeCtx *pc, int src, const int *dst, int n, void *buf,
                             size_t len)
 {
-    if (comm->rank != src) {
+    if (pc->rank != src) {
         geoNetRequest r;
-        GEO_CHECK(geoNetIrecv(&comm->net, src, buf, len, &r));
-        return geoNetWait(&comm->net, &r);
+        GEO_CHECK(geoNetIrecv(pc->net, src, buf, len, &r));
+        return geoNetWait(pc->net, &r);
     }
     geoNetRequest *rq = calloc((size_t)(n > 0 ? n : 1), sizeof(geoNetRequest));
     ncclResult_t res = ncclSuccess;
@@ -141,10 +140,10 @@ static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int 
         return ncclSystemError;
     for (int i = 0; i < n && res == ncclSuccess; i++)
         if (dst[i] != src)
-            res = geoNetIsend(&comm->net, dst[i], buf, len, &rq[i]);
+            res = geoNetIsend(pc->net, dst[i], buf, len, &rq[i]);
     for (int i = 0; i < n; i++)
         if (dst[i] != src && rq[i].buf != NULL) {
-            ncclResult_t r = geoNetWait(&comm->net, &rq[i]);
+            ncclResult_t r = geoNetWait(pc->net, &rq[i]);
             if (res == ncclSuccess)
                 res = r;
         }
@@ -166,7 +165,7 @@ static ncclResult_t fan_out(struct ncclComm *comm, int src, const int *dst, int 
  * ping and pong of round k reached it, and it sent its own ping and pong
  * of round k before that, so the two receives of round k match p's two
  * messages of round k, in either order; the type word tells which. */
-static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L, int me,
+static ncclResult_t ping_rounds(geoProbeCtx *pc, const int *leaders, int L, int me,
                                 const unsigned char *with, int rounds, double *row,
                                 double *warm_end)
 {
@@ -178,7 +177,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
     unsigned char *st = calloc(n2, 1);
     int *round = calloc((size_t)L, sizeof(int));
     ncclResult_t res = ncclSuccess;
-    double deadline = geoNow() + comm->timeout;
+    double deadline = geoNow() + pc->timeout;
     int posted = 0, live = 0, warm_left = 0;
 
     if (!rr || !sr || !in || !out || !t0 || !st || !round) {
@@ -195,14 +194,14 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
         posted = 1;
         live++;
         warm_left++;
-        res = geoNetIrecv(&comm->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+        res = geoNetIrecv(pc->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
         if (res == ncclSuccess)
-            res = geoNetIrecv(&comm->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+            res = geoNetIrecv(pc->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
         out[2 * p][0] = MSG_PING;
         out[2 * p][1] = 0;
         t0[p] = geoNow();
         if (res == ncclSuccess)
-            res = geoNetIsend(&comm->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+            res = geoNetIsend(pc->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
     }
     while (live > 0 && res == ncclSuccess) {
         int moved = 0;
@@ -221,13 +220,13 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
                 }
                 if (in[2 * p + k][0] == MSG_PING) {
                     if (sr[2 * p + 1].buf != NULL) {
-                        res = geoNetWait(&comm->net, &sr[2 * p + 1]);
+                        res = geoNetWait(pc->net, &sr[2 * p + 1]);
                         sr[2 * p + 1].buf = NULL;
                     }
                     out[2 * p + 1][0] = MSG_PONG;
                     out[2 * p + 1][1] = in[2 * p + k][1];
                     if (res == ncclSuccess)
-                        res = geoNetIsend(&comm->net, leaders[p], out[2 * p + 1], PROBE_MSG,
+                        res = geoNetIsend(pc->net, leaders[p], out[2 * p + 1], PROBE_MSG,
                                           &sr[2 * p + 1]);
                 } else if (in[2 * p + k][0] == MSG_PONG &&
                            in[2 * p + k][1] == (uint64_t)round[p]) {
@@ -235,7 +234,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
                     if (round[p] > 0 && (row[p] < 0 || rtt < row[p]))
                         row[p] = rtt;
                 } else {
-                    geoCommSetError(comm, "init: probe: unexpected message %llu from rank %d",
+                    geoErrSet(pc->err, "init: probe: unexpected message %llu from rank %d",
                                     (unsigned long long)in[2 * p + k][0], leaders[p]);
                     res = ncclInternalError;
                 }
@@ -250,27 +249,27 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
                 continue;
             }
             st[2 * p] = st[2 * p + 1] = 0;
-            res = geoNetIrecv(&comm->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
+            res = geoNetIrecv(pc->net, leaders[p], in[2 * p], PROBE_MSG, &rr[2 * p]);
             if (res == ncclSuccess)
-                res = geoNetIrecv(&comm->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
+                res = geoNetIrecv(pc->net, leaders[p], in[2 * p + 1], PROBE_MSG, &rr[2 * p + 1]);
             if (res == ncclSuccess && sr[2 * p].buf != NULL) {
-                res = geoNetWait(&comm->net, &sr[2 * p]);
+                res = geoNetWait(pc->net, &sr[2 * p]);
                 sr[2 * p].buf = NULL;
             }
             out[2 * p][0] = MSG_PING;
             out[2 * p][1] = (uint64_t)round[p];
             t0[p] = geoNow();
             if (res == ncclSuccess)
-                res = geoNetIsend(&comm->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
+                res = geoNetIsend(pc->net, leaders[p], out[2 * p], PROBE_MSG, &sr[2 * p]);
         }
         if (!moved && res == ncclSuccess) {
-            res = check_deadline(comm, deadline, "round trips");
+            res = check_deadline(pc, deadline, "round trips");
             pause_us(10);
         }
     }
     for (size_t i = 0; i < n2; i++)
         if (sr[i].buf != NULL) {
-            ncclResult_t r = geoNetWait(&comm->net, &sr[i]);
+            ncclResult_t r = geoNetWait(pc->net, &sr[i]);
             if (res == ncclSuccess)
                 res = r;
             sr[i].buf = NULL;
@@ -278,7 +277,7 @@ static ncclResult_t ping_rounds(struct ncclComm *comm, const int *leaders, int L
 out:
     /* Receives may still be posted into these buffers: fail them first. */
     if (res != ncclSuccess && posted)
-        geoNetBreak(&comm->net);
+        geoNetBreak(pc->net);
     free(rr);
     free(sr);
     free(in);
@@ -304,9 +303,9 @@ static int reports(const int *cnt, int a, int j)
  * the pairs it reports, so rows stay short), and every leader holds the same
  * sparse matrix to plan the next round from.  Then each leader hands the
  * matrix and the NIC rates to the other ranks of its node. */
-static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
+static ncclResult_t measure_rtt(geoProbeCtx *pc, geoTopo *t)
 {
-    int L = t->nnodes, me = -1, K = comm->peers[0].landmarks;
+    int L = t->nnodes, me = -1, K = pc->landmarks;
     size_t LL = (size_t)L * (size_t)L;
     /* What a leader hands its node: the matrix, the NIC rates, the pairs
      * measured and the rounds. */
@@ -322,7 +321,7 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
     for (size_t x = 0; x < LL; x++)
         t->rtt[x] = x % ((size_t)L + 1) == 0 ? 0 : -1;
     for (int k = 0; k < L; k++)
-        if (t->leader[k] == comm->rank)
+        if (t->leader[k] == pc->rank)
             me = k;
     t->rtt_pairs = 0;
     t->rtt_rounds = 0;
@@ -342,7 +341,7 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
             t->rtt_pairs += npairs;
             t->rtt_rounds++;
             double warm = 0;
-            res = ping_rounds(comm, t->leader, L, me, &with[(size_t)me * (size_t)L],
+            res = ping_rounds(pc, t->leader, L, me, &with[(size_t)me * (size_t)L],
                               rounds < 1 ? 1 : rounds, row, &warm);
             if (round == 0)
                 t->t_arrived = warm;
@@ -378,7 +377,7 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
                     mine[c++] = row[j];
             for (; c <= cap; c++)
                 mine[c] = -1;
-            res = exchange_among(comm, t->leader, L, me, mine, row_bytes, all);
+            res = exchange_among(pc, t->leader, L, me, mine, row_bytes, all);
             free(mine);
             for (int a = 0; a < L && res == ncclSuccess; a++) {
                 const double *ra = all + (size_t)a * (size_t)(cap + 1);
@@ -405,17 +404,17 @@ static ncclResult_t measure_rtt(struct ncclComm *comm, geoTopo *t)
     }
     /* Each leader hands the matrix to the other ranks of its node. */
     if (res == ncclSuccess) {
-        int node = t->node_of[comm->rank], *members = malloc(sizeof(int) * (size_t)comm->nranks);
+        int node = t->node_of[pc->rank], *members = malloc(sizeof(int) * (size_t)pc->nranks);
         int m = 0;
         if (members == NULL) {
             free(share);
             return ncclSystemError;
         }
-        for (int r = 0; r < comm->nranks; r++)
+        for (int r = 0; r < pc->nranks; r++)
             if (t->node_of[r] == node)
                 members[m++] = r;
         if (m > 1)
-            res = fan_out(comm, t->leader[node], members, m, share, share_bytes);
+            res = fan_out(pc, t->leader[node], members, m, share, share_bytes);
         free(members);
     }
     if (res == ncclSuccess && me < 0) {
@@ -455,13 +454,13 @@ typedef struct {
  * the pads are there to meet; from END on it posts up to exactly that
  * total.  Every receive is matched and none is left for later operations.
  * in[q]: the steady rate from peer q to me. */
-static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, int me,
+static ncclResult_t bw_transfer(geoProbeCtx *pc, const int *peers, int R, int me,
                                 double dur, double *in)
 {
     bwPeer *p = calloc((size_t)R, sizeof(bwPeer));
     char *sbuf = calloc(1, PROBE_BW_MSG);
     ncclResult_t res = ncclSuccess;
-    double start, deadline = geoNow() + comm->timeout + dur;
+    double start, deadline = geoNow() + pc->timeout + dur;
     int live = 0;
 
     if (p == NULL || sbuf == NULL) {
@@ -472,8 +471,8 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
     ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
     /* What a socket holds unsent when the transfer stops must drain at the
      * link's rate before the next message. */
-    if (comm->net.ops->limitQueued)
-        comm->net.ops->limitQueued(comm->net.state, PROBE_QUEUED_BYTES);
+    if (pc->net->ops->limitQueued)
+        pc->net->ops->limitQueued(pc->net->state, PROBE_QUEUED_BYTES);
     for (int q = 0; q < R && res == ncclSuccess; q++) {
         in[q] = 0;
         if (q == me)
@@ -487,7 +486,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             break;
         }
         for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
-            res = geoNetIrecvV(&comm->net, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
+            res = geoNetIrecvV(pc->net, peers[q], p[q].rbuf + (size_t)s * PROBE_BW_MSG,
                                PROBE_BW_MSG, &p[q].rreq[s]);
             p[q].rslot_live[s] = 1;
             p[q].posted++;
@@ -515,7 +514,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
                     moved = 1;
                 }
                 if (!b->send_end && now - start < dur) {
-                    res = geoNetIsendV(&comm->net, peers[q], sbuf, PROBE_BW_MSG, r);
+                    res = geoNetIsendV(pc->net, peers[q], sbuf, PROBE_BW_MSG, r);
                     b->spending++;
                     b->ndata++;
                 }
@@ -524,7 +523,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
                     b->ctl[s][0] = s == 0 ? MSG_END : MSG_PAD;
                     b->ctl[s][1] = b->ndata;
-                    res = geoNetIsendV(&comm->net, peers[q], b->ctl[s], sizeof(b->ctl[s]),
+                    res = geoNetIsendV(pc->net, peers[q], b->ctl[s], sizeof(b->ctl[s]),
                                        &b->creq[s]);
                 }
                 b->send_end = 1;
@@ -563,7 +562,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
                     b->got_end = 1;
                     b->total = w[1] + PROBE_BW_SLOTS;
                 } else if (type != MSG_PAD) {
-                    geoCommSetError(comm, "init: probe: unexpected bandwidth message %llu from "
+                    geoErrSet(pc->err, "init: probe: unexpected bandwidth message %llu from "
                                     "rank %d", (unsigned long long)type, peers[q]);
                     res = ncclInternalError;
                     break;
@@ -575,7 +574,7 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             uint64_t limit = b->got_end ? b->total : (uint64_t)b->nt + PROBE_BW_SLOTS;
             for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess && b->posted < limit; s++)
                 if (!b->rslot_live[s]) {
-                    res = geoNetIrecvV(&comm->net, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
+                    res = geoNetIrecvV(pc->net, peers[q], b->rbuf + (size_t)s * PROBE_BW_MSG,
                                        PROBE_BW_MSG, &b->rreq[s]);
                     b->rslot_live[s] = 1;
                     b->posted++;
@@ -583,26 +582,26 @@ static ncclResult_t bw_transfer(struct ncclComm *comm, const int *peers, int R, 
             if (res == ncclSuccess && b->send_end && b->spending == 0 && b->got_end &&
                 b->processed == b->total) {
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++)
-                    res = geoNetWait(&comm->net, &b->creq[s]);
+                    res = geoNetWait(pc->net, &b->creq[s]);
                 in[q] = topoSteadyRate(b->nt, b->tt, b->tb, 0.3, 0.8);
                 b->finished = 1;
                 live--;
             }
         }
         if (!moved && res == ncclSuccess) {
-            res = check_deadline(comm, deadline, "bandwidth");
+            res = check_deadline(pc, deadline, "bandwidth");
             pause_us(20);
         }
     }
     if (res != ncclSuccess)
-        geoNetBreak(&comm->net); /* requests in flight point at our buffers */
+        geoNetBreak(pc->net); /* requests in flight point at our buffers */
     for (int q = 0; q < R; q++) {
         free(p[q].rbuf);
         free(p[q].tt);
         free(p[q].tb);
     }
-    if (comm->net.ops->limitQueued)
-        comm->net.ops->limitQueued(comm->net.state, 0);
+    if (pc->net->ops->limitQueued)
+        pc->net->ops->limitQueued(pc->net->state, 0);
     free(p);
     free(sbuf);
     return res;
@@ -626,9 +625,9 @@ double geoProbeStreamWindow(void)
     return c > 0 ? (double)c / 2 : 3 * 1024 * 1024;
 }
 
-static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
+static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
 {
-    topoRegionMap *m = &comm->regions;
+    topoRegionMap *m = pc->regions;
     int R = m->nregions, me = -1;
     int *leaders = malloc(sizeof(int) * (size_t)R);
     double *in = malloc(sizeof(double) * (size_t)R), maxrtt = 0;
@@ -641,7 +640,7 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
     }
     for (int g = 0; g < R; g++) {
         leaders[g] = m->members[g][0];
-        if (leaders[g] == comm->rank)
+        if (leaders[g] == pc->rank)
             me = g;
         for (int h = 0; h < R; h++)
             if (t->region_rtt[g * R + h] > maxrtt)
@@ -657,10 +656,10 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
         if (col == NULL)
             res = ncclSystemError;
         if (res == ncclSuccess)
-            res = bw_transfer(comm, leaders, R, me, dur, in);
+            res = bw_transfer(pc, leaders, R, me, dur, in);
         /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
         if (res == ncclSuccess)
-            res = exchange_among(comm, leaders, R, me, in, sizeof(double) * (size_t)R, col);
+            res = exchange_among(pc, leaders, R, me, in, sizeof(double) * (size_t)R, col);
         if (res == ncclSuccess)
             for (int g = 0; g < R; g++)
                 for (int q = 0; q < R; q++)
@@ -668,8 +667,8 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
         free(col);
     }
     if (res == ncclSuccess) {
-        int g = m->region_of[comm->rank];
-        res = fan_out(comm, leaders[g], m->members[g], m->size[g], t->bw,
+        int g = m->region_of[pc->rank];
+        res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->bw,
                       sizeof(double) * (size_t)R * (size_t)R);
     }
     free(leaders);
@@ -688,10 +687,10 @@ static ncclResult_t measure_bw(struct ncclComm *comm, geoTopo *t)
  * ranks do the same alongside.  All regions at once; the model gets the
  * slowest region's figures, which every rank learns through the region
  * leaders. */
-static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
+static ncclResult_t measure_intra(geoProbeCtx *pc, geoTopo *t)
 {
-    topoRegionMap *m = &comm->regions;
-    int R = m->nregions, g = m->region_of[comm->rank], lr = m->local_rank[comm->rank];
+    topoRegionMap *m = pc->regions;
+    int R = m->nregions, g = m->region_of[pc->rank], lr = m->local_rank[pc->rank];
     double mine[2] = {0, 0}, *all = calloc((size_t)R * 2, sizeof(double));
     uint64_t msg[2] = {0, 0};
     ncclResult_t res = ncclSuccess;
@@ -715,20 +714,20 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
         for (int k = 0; k < 5 && res == ncclSuccess; k++) {
             double t0 = geoNow();
             if (sender) {
-                res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
+                res = geoNetIsend(pc->net, peer, msg, sizeof(msg), &a);
                 if (res == ncclSuccess)
-                    res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
+                    res = geoNetIrecv(pc->net, peer, msg, sizeof(msg), &b);
             } else {
-                res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
+                res = geoNetIrecv(pc->net, peer, msg, sizeof(msg), &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(&comm->net, &b);
+                    res = geoNetWait(pc->net, &b);
                 if (res == ncclSuccess)
-                    res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
+                    res = geoNetIsend(pc->net, peer, msg, sizeof(msg), &a);
             }
             if (res == ncclSuccess)
-                res = geoNetWait(&comm->net, &a);
+                res = geoNetWait(pc->net, &a);
             if (res == ncclSuccess)
-                res = geoNetWait(&comm->net, &b);
+                res = geoNetWait(pc->net, &b);
             double rtt = geoNow() - t0;
             if (best < 0 || rtt < best)
                 best = rtt;
@@ -737,24 +736,24 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
             double t0 = geoNow();
             if (sender) {
                 memset(buf, 0, PROBE_INTRA_BYTES);
-                res = geoNetIsend(&comm->net, peer, buf, PROBE_INTRA_BYTES, &a);
+                res = geoNetIsend(pc->net, peer, buf, PROBE_INTRA_BYTES, &a);
                 if (res == ncclSuccess)
-                    res = geoNetIrecv(&comm->net, peer, msg, sizeof(msg), &b);
+                    res = geoNetIrecv(pc->net, peer, msg, sizeof(msg), &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(&comm->net, &a);
+                    res = geoNetWait(pc->net, &a);
                 if (res == ncclSuccess)
-                    res = geoNetWait(&comm->net, &b);
+                    res = geoNetWait(pc->net, &b);
                 double dt = geoNow() - t0 - best;
                 mine[0] = best / 2;
                 mine[1] = dt > 0 ? PROBE_INTRA_BYTES / dt : 0;
             } else {
-                res = geoNetIrecv(&comm->net, peer, buf, PROBE_INTRA_BYTES, &b);
+                res = geoNetIrecv(pc->net, peer, buf, PROBE_INTRA_BYTES, &b);
                 if (res == ncclSuccess)
-                    res = geoNetWait(&comm->net, &b);
+                    res = geoNetWait(pc->net, &b);
                 if (res == ncclSuccess)
-                    res = geoNetIsend(&comm->net, peer, msg, sizeof(msg), &a);
+                    res = geoNetIsend(pc->net, peer, msg, sizeof(msg), &a);
                 if (res == ncclSuccess)
-                    res = geoNetWait(&comm->net, &a);
+                    res = geoNetWait(pc->net, &a);
             }
         }
     }
@@ -767,9 +766,9 @@ static ncclResult_t measure_intra(struct ncclComm *comm, geoTopo *t)
         for (int q = 0; leaders && q < R; q++)
             leaders[q] = m->members[q][0];
         if (res == ncclSuccess && lr == 0)
-            res = exchange_among(comm, leaders, R, g, mine, sizeof(mine), all);
+            res = exchange_among(pc, leaders, R, g, mine, sizeof(mine), all);
         if (res == ncclSuccess)
-            res = fan_out(comm, leaders[g], m->members[g], m->size[g], all,
+            res = fan_out(pc, leaders[g], m->members[g], m->size[g], all,
                           sizeof(double) * 2 * (size_t)R);
         free(leaders);
     }
@@ -796,10 +795,9 @@ void geoTopoInheritFree(geoTopoInherit *inh)
     memset(inh, 0, sizeof(*inh));
 }
 
-int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
+int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
+                       const geoTopoInherit *parent_inh, geoTopoInherit *inh)
 {
-    const topoRegionMap *m = &parent->regions;
-    const geoTopo *t = &parent->topo;
     int R = m->nregions;
     memset(inh, 0, sizeof(*inh));
     if (R < 1)
@@ -813,7 +811,7 @@ int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
         return -1;
     }
     inh->nregions = R;
-    snprintf(inh->label, sizeof(inh->label), "%s", m->names[m->region_of[parent->rank]]);
+    snprintf(inh->label, sizeof(inh->label), "%s", m->names[m->region_of[rank]]);
     for (int g = 0; g < R; g++) {
         snprintf(inh->names[g], sizeof(inh->names[g]), "%s", m->names[g]);
         inh->egress[g] = t->egress ? t->egress[g] : 0;
@@ -822,7 +820,7 @@ int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
             inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * R + h] : -1;
     }
     inh->bw_known = t->bw_measured || t->from_file || t->inherited;
-    inh->bw_measured = t->bw_measured || (t->inherited && parent->inherit.bw_measured);
+    inh->bw_measured = t->bw_measured || (t->inherited && parent_inh != NULL && parent_inh->bw_measured);
     inh->intra_Bps = t->intra_Bps;
     inh->intra_alpha = t->intra_alpha;
     inh->valid = 1;
@@ -830,10 +828,10 @@ int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh)
 }
 
 /* The parent's figures for the regions this child has (matched by name). */
-static void apply_inherit(const struct ncclComm *comm, geoTopo *t)
+static void apply_inherit(const geoProbeCtx *pc, geoTopo *t)
 {
-    const geoTopoInherit *inh = &comm->inherit;
-    const topoRegionMap *m = &comm->regions;
+    const geoTopoInherit *inh = pc->inherit;
+    const topoRegionMap *m = pc->regions;
     int R = m->nregions, found = 0, idx[256];
     if (R > 256)
         return;
@@ -862,10 +860,10 @@ static void apply_inherit(const struct ncclComm *comm, geoTopo *t)
 
 /* Link figures a topology file gives for the regions in use; from_file when
  * it gives every region's rate (then there is nothing left to measure). */
-static void apply_file(const struct ncclComm *comm, geoTopo *t)
+static void apply_file(const geoProbeCtx *pc, geoTopo *t)
 {
-    const topoFile *tf = &comm->topo_file;
-    const topoRegionMap *m = &comm->regions;
+    const topoFile *tf = pc->file;
+    const topoRegionMap *m = pc->regions;
     int R = m->nregions, rates = 0;
     for (int g = 0; g < R; g++)
         for (int k = 0; k < tf->nregions; k++) {
@@ -933,38 +931,38 @@ static void log_matrix(const geoTopo *t, int R)
 
 /* Whether each connection of a hierarchical exchange between regions g and
  * h would carry PROBE_BUSY_STREAM_BPS or more (rates g -> h and h -> g). */
-static int pair_busy(const struct ncclComm *comm, double bgh, double bhg, int g, int h)
+static int pair_busy(const geoProbeCtx *pc, double bgh, double bhg, int g, int h)
 {
     double per_conn =
-        fmin(bgh / comm->regions.size[g], bhg / comm->regions.size[h]) / comm->nstreams;
+        fmin(bgh / pc->regions->size[g], bhg / pc->regions->size[h]) / pc->nstreams;
     return per_conn >= PROBE_BUSY_STREAM_BPS;
 }
 
-static void apply_streams(struct ncclComm *comm, geoTopo *t)
+static void apply_streams(geoProbeCtx *pc, geoTopo *t)
 {
-    int R = comm->regions.nregions, mine = comm->regions.region_of[comm->rank];
-    t->streams_used = comm->nstreams;
-    if (comm->net.ops->setStreams == NULL || R < 2 || comm->peers[0].streams_set || t->bw == NULL ||
-        t->region_rtt == NULL || comm->nstreams < 2)
+    int R = pc->regions->nregions, mine = pc->regions->region_of[pc->rank];
+    t->streams_used = pc->nstreams;
+    if (pc->net->ops->setStreams == NULL || R < 2 || pc->streams_set || t->bw == NULL ||
+        t->region_rtt == NULL || pc->nstreams < 2)
         return;
     int used = 0;
     for (int g = 0; g < R; g++)
         for (int h = g + 1; h < R; h++) {
-            int n = comm->nstreams;
+            int n = pc->nstreams;
             double bgh = t->bw[g * R + h], bhg = t->bw[h * R + g];
             double rtt = t->region_rtt[g * R + h];
-            if (bgh > 0 && bhg > 0 && rtt > 0 && pair_busy(comm, bgh, bhg, g, h)) {
+            if (bgh > 0 && bhg > 0 && rtt > 0 && pair_busy(pc, bgh, bhg, g, h)) {
                 int a = topoStreamsNeeded(bgh * (R - 1), rtt, t->window_bytes, 64);
                 int b = topoStreamsNeeded(bhg * (R - 1), rtt, t->window_bytes, 64);
                 n = a > b ? a : b;
-                n = n > comm->nstreams ? comm->nstreams : n;
+                n = n > pc->nstreams ? pc->nstreams : n;
             }
             used = n > used ? n : used;
             if (g != mine && h != mine)
                 continue;
-            for (int p = 0; p < comm->nranks; p++)
-                if (comm->regions.region_of[p] == (g == mine ? h : g))
-                    comm->net.ops->setStreams(comm->net.state, p, n);
+            for (int p = 0; p < pc->nranks; p++)
+                if (pc->regions->region_of[p] == (g == mine ? h : g))
+                    pc->net->ops->setStreams(pc->net->state, p, n);
         }
     t->streams_used = used;
 }
@@ -995,19 +993,19 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
  * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
  * off: GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own
  * sending side; the peer's choice is the peer's. */
-static ncclResult_t wan_congestion(struct ncclComm *comm)
+static ncclResult_t wan_congestion(geoProbeCtx *pc)
 {
-    const topoRegionMap *m = &comm->regions;
+    const topoRegionMap *m = pc->regions;
     const char *cc = geoSocketWanCc();
-    int g = m->region_of[comm->rank], n = 0, err = 0, who = -1;
+    int g = m->region_of[pc->rank], n = 0, err = 0, who = -1;
 
-    comm->wan_cc[0] = '\0';
-    if (cc == NULL || m->nregions < 2 || comm->net.ops->setCongestion == NULL)
+    pc->wan_cc[0] = '\0';
+    if (cc == NULL || m->nregions < 2 || pc->net->ops->setCongestion == NULL)
         return ncclSuccess;
-    for (int r = 0; r < comm->nranks; r++) {
-        if (r == comm->rank || m->region_of[r] == g)
+    for (int r = 0; r < pc->nranks; r++) {
+        if (r == pc->rank || m->region_of[r] == g)
             continue;
-        int e = comm->net.ops->setCongestion(comm->net.state, r, cc);
+        int e = pc->net->ops->setCongestion(pc->net->state, r, cc);
         if (e != 0 && err == 0) {
             err = e;
             who = r;
@@ -1028,7 +1026,7 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
                     strerror(err));
         return ncclSuccess;
     }
-    snprintf(comm->wan_cc, sizeof(comm->wan_cc), "%s", cc);
+    snprintf(pc->wan_cc, GEO_PROBE_CC_LEN, "%s", cc);
     geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN connections to %d peer%s use congestion control %s "
             "(GEOCCL_WAN_CC)", n, n == 1 ? "" : "s", cc);
     return ncclSuccess;
@@ -1054,12 +1052,11 @@ static ncclResult_t wan_congestion(struct ncclComm *comm)
  * every pair; 0, none.  Decided from figures every rank holds, so both ends
  * of a pair agree.  It runs with a topology file too (no measurement), and
  * its time is reported apart from the probe's (t_warm). */
-static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
+static ncclResult_t warm_wan(geoProbeCtx *pc, geoTopo *t)
 {
-    const topoRegionMap *m = &comm->regions;
-    int R = m->nregions, mode = comm->peers[0].warmup, g = m->region_of[comm->rank];
+    const topoRegionMap *m = pc->regions;
+    int R = m->nregions, mode = pc->warmup, g = m->region_of[pc->rank];
     double maxrtt = 0;
-    geoXPlan plan;
     ncclResult_t res;
 
     t->warm_pairs = 0;
@@ -1073,7 +1070,7 @@ static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
         for (int b = a + 1; b < R; b++) {
             double ab = pair_rate(t, R, a, b), ba = pair_rate(t, R, b, a);
             double rtt = t->region_rtt[a * R + b];
-            if (rtt <= 0 || (mode == 2 && !(ab > 0 && ba > 0 && pair_busy(comm, ab, ba, a, b))))
+            if (rtt <= 0 || (mode == 2 && !(ab > 0 && ba > 0 && pair_busy(pc, ab, ba, a, b))))
                 continue;
             warm[a * R + b] = warm[b * R + a] = 1;
             t->warm_pairs++;
@@ -1086,29 +1083,26 @@ static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
     /* My partners in the exchange, once each, in the regions warmed with
      * mine.  The relation is symmetric (a piece's owners in two regions
      * exchange both ways), so each partner runs the transfer with me. */
-    res = geoHierExchangePlan(comm, (size_t)1 << 22, &plan);
+    int *partners = NULL, np = 0;
+    res = pc->partners(pc->arg, &partners, &np);
     if (res != ncclSuccess) {
         free(warm);
         return res;
     }
-    int *peers = malloc(sizeof(int) * (size_t)(plan.ntx1 + 1)), n = 0;
+    int *peers = malloc(sizeof(int) * (size_t)(np + 1)), n = 0;
     if (peers == NULL)
         res = ncclSystemError;
-    for (int i = 0; peers && i < plan.ntx1; i++) {
-        int p = plan.tx1[i].peer, seen = 0;
-        for (int j = 0; j < n; j++)
-            seen |= peers[j] == p;
-        if (!seen && warm[g * R + m->region_of[p]])
-            peers[n++] = p;
-    }
-    geoHierExchangePlanFree(&plan);
+    for (int i = 0; peers && i < np; i++)
+        if (warm[g * R + m->region_of[partners[i]]])
+            peers[n++] = partners[i];
+    free(partners);
     double t0 = geoNow(), *in = malloc(sizeof(double) * (size_t)(n + 1));
     if (in == NULL)
         res = ncclSystemError;
     if (res == ncclSuccess && n > 0) {
         double dur = 10 * maxrtt;
         dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
-        res = bw_transfer(comm, peers, n, -1, dur, in);
+        res = bw_transfer(pc, peers, n, -1, dur, in);
     }
     if (res == ncclSuccess && n > 0) {
         double sum = 0;
@@ -1126,22 +1120,17 @@ static ncclResult_t warm_wan(struct ncclComm *comm, geoTopo *t)
     return res;
 }
 
-ncclResult_t geoProbeRun(struct ncclComm *comm)
+ncclResult_t geoProbeRun(geoProbeCtx *pc)
 {
-    geoTopo *t = &comm->topo;
-    int mode = comm->peers[0].probe; /* 0 off, 1 auto, 2 always measure */
-    int labelled = 0;
+    geoTopo *t = pc->topo;
+    int mode = pc->mode; /* 0 off, 1 auto, 2 always measure */
+    int labelled = pc->labelled;
     double t_start = geoNow();
     ncclResult_t res;
 
-    for (int r = 0; r < comm->nranks; r++)
-        if (comm->peers[r].region[0] != '\0')
-            labelled = 1;
-    if (comm->inherit.valid)
-        labelled = 1; /* the parent's regions, whatever they came from */
-    GEO_CHECK(find_nodes(comm, t));
-    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "init probe");
-    if (t->leader[t->node_of[comm->rank]] == comm->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
+    GEO_CHECK(find_nodes(pc, t));
+    snprintf(pc->err->op_desc, sizeof(pc->err->op_desc), "init probe");
+    if (t->leader[t->node_of[pc->rank]] == pc->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
         topoNic nics[16];
         char line[512] = "none";
         int n = topoNicList(nics, 16), len = 0;
@@ -1153,7 +1142,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
                             nics[i].name, nics[i].rdma ? " (rdma)" : "", rate,
                             nics[i].up ? "" : " (down)");
         }
-        geoInfo(GEO_LOG_TOPO, "probe: local NICs: %s; data on %s", line, comm->if_name);
+        geoInfo(GEO_LOG_TOPO, "probe: local NICs: %s; data on %s", line, pc->if_name);
     }
 
     /* Round trips: to find regions, because asked to measure, or because the
@@ -1161,11 +1150,11 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
      * transfer lasts 12 round trips, and a guess too short for a long link
      * (0.25 s is 5 round trips at 50 ms) ends in slow start and reported
      * 130-160 Mbit/s on a 1 Gbit/s link. */
-    int bw_next = labelled && comm->regions.nregions > 1 && !comm->topo_file_loaded &&
-                  !comm->inherit.valid;
+    int bw_next = labelled && pc->regions->nregions > 1 && !(pc->file != NULL) &&
+                  !(pc->inherit != NULL);
     if (t->nnodes > 1 && (mode == 2 || (mode == 1 && (!labelled || bw_next)))) {
         double t0 = geoNow();
-        GEO_CHECK(measure_rtt(comm, t));
+        GEO_CHECK(measure_rtt(pc, t));
         t->t_rtt = geoNow() - t0;
         if (!labelled) {
             int *reg = malloc(sizeof(int) * (size_t)t->nnodes);
@@ -1178,10 +1167,15 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
                 return ncclSystemError;
             }
             if (nreg > 1) {
-                for (int r = 0; r < comm->nranks; r++)
-                    snprintf(comm->peers[r].region, sizeof(comm->peers[r].region), "m%d",
-                             reg[t->node_of[r]]);
-                res = geoCommBuildRegions(comm);
+                int *of_rank = malloc(sizeof(int) * (size_t)pc->nranks);
+                if (of_rank == NULL) {
+                    free(reg);
+                    return ncclSystemError;
+                }
+                for (int r = 0; r < pc->nranks; r++)
+                    of_rank[r] = reg[t->node_of[r]];
+                res = pc->set_regions(pc->arg, of_rank);
+                free(of_rank);
                 if (res != ncclSuccess) {
                     free(reg);
                     return res;
@@ -1195,7 +1189,7 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
     }
 
     /* Region-level figures. */
-    int R = comm->regions.nregions;
+    int R = pc->regions->nregions;
     t->nregions = R;
     t->region_rtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
     t->oneway = calloc((size_t)R, sizeof(double));
@@ -1209,8 +1203,8 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         for (int a = 0; a < t->nnodes; a++)
             for (int b = 0; b < t->nnodes; b++) {
                 double x = t->rtt[a * t->nnodes + b];
-                int ga = comm->regions.region_of[t->leader[a]];
-                int gb = comm->regions.region_of[t->leader[b]];
+                int ga = pc->regions->region_of[t->leader[a]];
+                int gb = pc->regions->region_of[t->leader[b]];
                 double *y = &t->region_rtt[ga * R + gb];
                 if (a != b && x >= 0 && (*y < 0 || x < *y))
                     *y = x;
@@ -1219,26 +1213,22 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         t->region_rtt[g * R + g] = 0;
     if (t->rtt_measured)
         topoSolveOneWay(R, t->region_rtt, t->oneway);
-    if (comm->topo_file_loaded)
-        apply_file(comm, t);
-    if (comm->inherit.valid)
-        apply_inherit(comm, t);
+    if ((pc->file != NULL))
+        apply_file(pc, t);
+    if ((pc->inherit != NULL))
+        apply_inherit(pc, t);
     /* The smallest window of any rank, so that every rank computes the same
      * stream counts (apply_streams). */
-    t->window_bytes = 0;
-    for (int r = 0; r < comm->nranks; r++)
-        if (comm->peers[r].window > 0 &&
-            (t->window_bytes <= 0 || comm->peers[r].window < t->window_bytes))
-            t->window_bytes = comm->peers[r].window;
+    t->window_bytes = pc->window;
     if (t->window_bytes <= 0)
         t->window_bytes = geoProbeStreamWindow();
-    t->streams_needed = comm->nstreams;
+    t->streams_needed = pc->nstreams;
     /* Bandwidth: between regions on different nodes (labels on one host
      * have no link to measure), unless the topology file gave it. */
     if (R > 1 && t->nnodes > 1 && (mode == 2 || (mode == 1 && !t->from_file && !t->inherited))) {
         double t0 = geoNow();
-        GEO_CHECK(measure_bw(comm, t));
-        GEO_CHECK(measure_intra(comm, t));
+        GEO_CHECK(measure_bw(pc, t));
+        GEO_CHECK(measure_intra(pc, t));
         t->t_bw = geoNow() - t0;
         double worst = 1;
         for (int g = 0; g < R; g++) {
@@ -1264,9 +1254,9 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
         t_start = t->t_arrived;
     }
     t->t_total = geoNow() - t_start;
-    apply_streams(comm, t);
-    GEO_CHECK(wan_congestion(comm));
-    GEO_CHECK(warm_wan(comm, t));
+    apply_streams(pc, t);
+    GEO_CHECK(wan_congestion(pc));
+    GEO_CHECK(warm_wan(pc, t));
     if (t->rtt_measured || t->bw_measured) {
         log_matrix(t, R);
         geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
@@ -1278,11 +1268,9 @@ ncclResult_t geoProbeRun(struct ncclComm *comm)
                 t->nnodes, R, t->t_total, t->t_rtt, t->rtt_pairs, t->rtt_rounds,
                 t->rtt_rounds == 1 ? "" : "s", t->t_bw, t->t_wait, t->streams_needed,
                 t->streams_needed == 1 ? "" : "s", t->window_bytes / 1048576.0,
-                t->streams_used, comm->nstreams,
+                t->streams_used, pc->nstreams,
                 t->intra_alpha * 1e6, t->intra_Bps * 1e-6);
     }
-    /* The probe's traffic is not the user's. */
-    memset(&comm->stats, 0, sizeof(comm->stats));
     return ncclSuccess;
 }
 
@@ -1294,10 +1282,8 @@ static void rate_str(double bps, char *out, size_t len)
         snprintf(out, len, "%.1fmbit", bps * 8e-6);
 }
 
-int geoTopoWrite(const struct ncclComm *comm, FILE *f)
+int geoTopoWrite(const geoTopo *t, const topoRegionMap *m, int nranks, FILE *f)
 {
-    const geoTopo *t = &comm->topo;
-    const topoRegionMap *m = &comm->regions;
     int R = m->nregions;
     time_t now = time(NULL);
     char when[64];
@@ -1305,7 +1291,7 @@ int geoTopoWrite(const struct ncclComm *comm, FILE *f)
     strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
     fprintf(f, "# GeoCCL topology, written by the probe on %s\n", when);
     fprintf(f, "# %d ranks, %d nodes, %d regions; loaded with GEOCCL_TOPO_FILE, it skips the "
-            "probe\n", comm->nranks, t->nnodes, R);
+            "probe\n", nranks, t->nnodes, R);
     fprintf(f, "# bw: link rate estimated from the measured TCP goodput (x 1500/1448)\n");
     for (int g = 0; g < R; g++) {
         char rate[32] = "";

@@ -1,4 +1,4 @@
-/* The topology probe at init (issue 5): after the bootstrap exchange and the
+/* The topology probe at init: after the bootstrap exchange and the
  * connections, node leaders measure round-trip times to each other, the
  * nodes are grouped into regions by those times (topology/cluster.h), and
  * region leaders measure the bandwidth between regions with a short
@@ -22,8 +22,10 @@
 #include <stdio.h>
 
 #include "nccl.h"
-
-struct ncclComm;
+#include "comm/base/error.h"
+#include "comm/transport/transport.h"
+#include "topology/regions.h"
+#include "topology/topofile.h"
 
 typedef struct {
     int nnodes;
@@ -72,21 +74,59 @@ typedef struct {
     double intra_Bps, intra_alpha;
 } geoTopoInherit;
 
-/* Fill *inh from parent for its rank; 0, or -1 when out of memory. */
-int geoTopoInheritFrom(const struct ncclComm *parent, geoTopoInherit *inh);
+/* Fill *inh from a parent's figures t and regions m for the parent's rank
+ * (parent_inh: what the parent itself inherited, or NULL); 0, or -1 when
+ * out of memory. */
+int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
+                       const geoTopoInherit *parent_inh, geoTopoInherit *inh);
 void geoTopoInheritFree(geoTopoInherit *inh);
 
 /* The largest window one TCP stream may reach on this host: half the receive
  * side's autotuning limit (tcp_rmem max), or of GEOCCL_SOCKET_BUFSIZE. */
 double geoProbeStreamWindow(void);
 
-/* Run the probe as GEOCCL_PROBE says (rank 0's value) and, when it found
- * the regions, rebuild the communicator's region map and rings.  Collective
- * over all ranks of comm; bounded by comm->timeout. */
-ncclResult_t geoProbeRun(struct ncclComm *comm);
+#define GEO_PROBE_CC_LEN 16
+
+/* What the probe measures with and where its results go.  It reaches the
+ * communicator only through this: messages over net (identity, peers'
+ * addresses, timeout and error state in net->ctx), the region map it reads,
+ * and set_regions when it found regions by measurement. */
+typedef struct geoProbeCtx {
+    geoNet *net;
+    int rank, nranks;
+    double timeout;             /* seconds for each exchange */
+    geoErr *err;                /* failures; abort flag; op_desc set to the probe */
+    topoRegionMap *regions;     /* the current map (set_regions replaces it) */
+    geoTopo *topo;              /* out: what was measured */
+    const char *if_name;        /* this rank's data interface, for the log */
+    int nstreams;               /* connections per pair */
+    /* Rank 0's settings, which every rank follows. */
+    int mode;                   /* GEOCCL_PROBE: 0 off, 1 auto, 2 always measure */
+    int landmarks;              /* GEOCCL_PROBE_LANDMARKS */
+    int warmup;                 /* GEOCCL_WAN_WARMUP */
+    int streams_set;            /* GEOCCL_NSTREAMS given: keep every connection */
+    int labelled;               /* regions came from labels or a parent */
+    double window;              /* smallest TCP window of any rank; <= 0 unknown */
+    const topoFile *file;       /* topology file as loaded, or NULL */
+    const geoTopoInherit *inherit; /* a parent's figures, or NULL */
+    char *wan_cc;               /* out: [GEO_PROBE_CC_LEN] congestion control set on
+                                 * WAN connections, "" none */
+    /* Regions found by measurement: region index of each rank; rebuilds
+     * *regions (and whatever else hangs on it) before returning. */
+    ncclResult_t (*set_regions)(void *arg, const int *region_of_rank);
+    /* The ranks of other regions this rank exchanges with in the
+     * hierarchical all-reduce, each once (malloc'ed, *n of them): the
+     * connections the warm-up opens up. */
+    ncclResult_t (*partners)(void *arg, int **ranks, int *n);
+    void *arg;
+} geoProbeCtx;
+
+/* Run the probe as pc->mode says and, when it found the regions, hand them
+ * to set_regions.  Collective over all ranks; bounded by pc->timeout. */
+ncclResult_t geoProbeRun(geoProbeCtx *pc);
 void geoTopoFree(geoTopo *t);
 /* Write what is known (regions, hosts, link rates, RTTs, streams) as a
  * topology file the library loads (topology/topofile.h).  0 or -1 (errno). */
-int geoTopoWrite(const struct ncclComm *comm, FILE *f);
+int geoTopoWrite(const geoTopo *t, const topoRegionMap *m, int nranks, FILE *f);
 
 #endif

@@ -248,7 +248,7 @@ ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
                         strerror(errno));
         return ncclSystemError;
     }
-    int bad = geoTopoWrite(comm, f);
+    int bad = geoTopoWrite(&comm->topo, &comm->regions, comm->nranks, f);
     if (fclose(f) != 0 || bad) {
         geoCommSetError(comm, "geocclCommWriteTopology: cannot write %s: %s", path,
                         strerror(errno));

@@ -351,7 +351,7 @@ static void write_topo_file(struct ncclComm *comm)
         geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", tmp, strerror(errno));
         return;
     }
-    int bad = geoTopoWrite(comm, f);
+    int bad = geoTopoWrite(&comm->topo, &comm->regions, comm->nranks, f);
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
         geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", path, strerror(errno));
         unlink(tmp);
@@ -362,6 +362,86 @@ static void write_topo_file(struct ncclComm *comm)
 }
 
 /* Everything after the handle exists: bootstrap and connect. */
+
+/* The probe's callbacks: regions it found by measurement become labels
+ * "m<k>" and a rebuilt region map; its warm-up opens the connections of the
+ * hierarchical exchange (coll_hier.c's partners, found on a 4 Mi-element
+ * plan, which has every pair of a slice). */
+static ncclResult_t probe_set_regions(void *arg, const int *region_of_rank)
+{
+    struct ncclComm *comm = arg;
+    for (int r = 0; r < comm->nranks; r++)
+        snprintf(comm->peers[r].region, sizeof(comm->peers[r].region), "m%d",
+                 region_of_rank[r]);
+    return geoCommBuildRegions(comm);
+}
+
+static ncclResult_t probe_partners(void *arg, int **ranks, int *n)
+{
+    struct ncclComm *comm = arg;
+    geoXPlan plan;
+    *ranks = NULL;
+    *n = 0;
+    GEO_CHECK(geoHierExchangePlan(comm, (size_t)1 << 22, &plan));
+    int *out = malloc(sizeof(int) * (size_t)(plan.ntx1 + 1)), k = 0;
+    if (out == NULL) {
+        geoHierExchangePlanFree(&plan);
+        geoCommSetError(comm, "init: out of memory planning the warm-up");
+        return ncclSystemError;
+    }
+    for (int i = 0; i < plan.ntx1; i++) {
+        int p = plan.tx1[i].peer, seen = 0;
+        for (int j = 0; j < k; j++)
+            seen |= out[j] == p;
+        if (!seen)
+            out[k++] = p;
+    }
+    geoHierExchangePlanFree(&plan);
+    *ranks = out;
+    *n = k;
+    return ncclSuccess;
+}
+
+static ncclResult_t probe(struct ncclComm *comm)
+{
+    int labelled = comm->inherit.valid; /* the parent's regions, whatever they came from */
+    double window = 0;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (comm->peers[r].region[0] != '\0')
+            labelled = 1;
+        /* The smallest window of any rank, so that every rank computes the
+         * same stream counts. */
+        if (comm->peers[r].window > 0 && (window <= 0 || comm->peers[r].window < window))
+            window = comm->peers[r].window;
+    }
+    geoProbeCtx pc = {.net = &comm->net,
+                      .rank = comm->rank,
+                      .nranks = comm->nranks,
+                      .timeout = comm->timeout,
+                      .err = &comm->err,
+                      .regions = &comm->regions,
+                      .topo = &comm->topo,
+                      .if_name = comm->if_name,
+                      .nstreams = comm->nstreams,
+                      .mode = comm->peers[0].probe,
+                      .landmarks = comm->peers[0].landmarks,
+                      .warmup = comm->peers[0].warmup,
+                      .streams_set = comm->peers[0].streams_set,
+                      .labelled = labelled,
+                      .window = window,
+                      .file = comm->topo_file_loaded ? &comm->topo_file : NULL,
+                      .inherit = comm->inherit.valid ? &comm->inherit : NULL,
+                      .wan_cc = comm->wan_cc,
+                      .set_regions = probe_set_regions,
+                      .partners = probe_partners,
+                      .arg = comm};
+    GEO_CHECK(geoProbeRun(&pc));
+    /* The probe's traffic is not the user's. */
+    memset(&comm->stats, 0, sizeof(comm->stats));
+    memset(&comm->net.sent, 0, sizeof(comm->net.sent));
+    return ncclSuccess;
+}
+
 static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInternal *id,
                                  int allow_env_root)
 {
@@ -475,7 +555,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
-    GEO_CHECK(geoProbeRun(comm));
+    GEO_CHECK(probe(comm));
     GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */
     if (comm->topo_file_missing && comm->rank == 0)
         write_topo_file(comm);
@@ -526,7 +606,10 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm->magic = GEO_COMM_MAGIC;
     comm->rank = rank;
     comm->nranks = nranks;
-    if (geoInitParent != NULL && geoTopoInheritFrom(geoInitParent, &comm->inherit) != 0) {
+    if (geoInitParent != NULL && geoTopoInheritFrom(&geoInitParent->topo, &geoInitParent->regions,
+                                                     geoInitParent->rank,
+                                                     geoInitParent->inherit.valid ? &geoInitParent->inherit : NULL,
+                                                     &comm->inherit) != 0) {
         geoScratchFree(&comm->scratch);
         pthread_mutex_destroy(&comm->lock);
         geoErrDestroy(&comm->err);

@@ -106,7 +106,7 @@ struct ncclComm {
     geoScratch scratch;         /* receive buffers kept between calls */
 
     uint64_t op_seq;            /* collective calls issued */
-    char wan_cc[16];            /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
+    char wan_cc[GEO_PROBE_CC_LEN]; /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
 
     geoRedOp redops[GEO_MAX_REDOPS];
 
