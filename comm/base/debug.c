@@ -11,6 +11,7 @@
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_level = -1; /* -1: not read yet */
+static unsigned log_generation; /* geoParamGeneration the settings came from */
 static unsigned log_subsys = GEO_LOG_ALL;
 static char log_host[64];
 static __thread int log_rank = -1;
@@ -73,17 +74,25 @@ void geoDebugInit(void)
         else if (strcasecmp(lv, "TRACE") == 0)
             level = GEO_LEVEL_TRACE;
     }
+    unsigned gen = geoParamGeneration();
     pthread_mutex_lock(&log_lock);
     gethostname(log_host, sizeof(log_host) - 1);
     log_subsys = parse_subsys(ss);
+    int fresh = __atomic_exchange_n(&log_generation, gen, __ATOMIC_ACQ_REL) != gen;
     __atomic_store_n(&log_level, level, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&log_lock);
+    /* Every value the environment set, once per reading of it (the
+     * secret's excepted). */
+    for (int i = 0; fresh && i < GEO_PARAM_COUNT; i++)
+        if (i != GEO_PARAM_COMM_SECRET && geoParamIsSet((geoParamId)i))
+            geoInfo(GEO_LOG_ENV, "%s set by environment to %s",
+                    geoParamDescribe((geoParamId)i)->name, geoParamStr((geoParamId)i));
 }
 
 int geoDebugLevel(void)
 {
     int lv = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
-    if (lv < 0) {
+    if (lv < 0 || __atomic_load_n(&log_generation, __ATOMIC_ACQUIRE) != geoParamGeneration()) {
         geoDebugInit();
         lv = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
     }

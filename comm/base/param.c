@@ -1,6 +1,5 @@
 #include "config.h"
 #include "comm/base/param.h"
-#include "comm/base/debug.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -111,6 +110,7 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
 static int loaded;
+static unsigned generation; /* atomic: loads so far (geoParamGeneration) */
 static int64_t int_values[GEO_PARAM_COUNT];
 static char *str_values[GEO_PARAM_COUNT];
 static int is_set[GEO_PARAM_COUNT];
@@ -164,27 +164,25 @@ static void load_locked(void)
         }
     }
     loaded = 1;
-}
-
-static void log_set_values(void)
-{
-    /* Logged outside the lock: geoLog reads GEOCCL_DEBUG through this table. */
-    for (int i = 0; i < GEO_PARAM_COUNT; i++)
-        if (is_set[i] && i != GEO_PARAM_COMM_SECRET)
-            geoInfo(GEO_LOG_ENV, "%s set by environment to %s", table[i].name, str_values[i]);
+    __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
 }
 
 static void ensure_loaded(void)
 {
-    int fresh = 0;
     pthread_mutex_lock(&param_lock);
-    if (!loaded) {
+    if (!loaded)
         load_locked();
-        fresh = 1;
-    }
     pthread_mutex_unlock(&param_lock);
-    if (fresh)
-        log_set_values();
+}
+
+unsigned geoParamGeneration(void)
+{
+    unsigned g = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    if (g == 0) { /* read on every log line: no lock once loaded */
+        ensure_loaded();
+        g = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    }
+    return g;
 }
 
 int64_t geoParamInt(geoParamId id)
@@ -222,5 +220,4 @@ void geoParamReload(void)
     loaded = 0;
     load_locked();
     pthread_mutex_unlock(&param_lock);
-    geoDebugInit();
 }

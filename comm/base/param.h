@@ -64,8 +64,11 @@ const char *geoParamStrLive(geoParamId id);
 int geoParamIsSet(geoParamId id);
 const geoParamDesc *geoParamDescribe(geoParamId id);
 /* Forget cached values and read the environment again (tests, and
- * ncclResetDebugInit). */
+ * ncclResetDebugInit).  The logger follows at its next line. */
 void geoParamReload(void);
+/* How many times the environment was read: the logger (debug.c, above
+ * this unit) re-reads its settings when it changes. */
+unsigned geoParamGeneration(void);
 /* Parse "123", "4K", "8M", "1G"; returns 0 and sets *out, or -1. */
 int geoParseSize(const char *s, int64_t *out);
 

@@ -64,6 +64,16 @@ void geoSegRange(size_t count, int n, int i, size_t *off, size_t *len);
 ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
                         const geoRingPlan *p, size_t total);
 
+/* Flat algorithms over comm->ring (coll_ring.c), for the dispatcher:
+ * pipelined chains for broadcast and reduce (region order: each region
+ * boundary crossed once), one message per pair for all-to-all, gather and
+ * scatter, and the direct exchange of a small all-reduce. */
+ncclResult_t geoChainBcast(struct ncclComm *comm, const geoOp *op, const geoRing *ring);
+ncclResult_t geoChainReduce(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
+                            const char *input);
+ncclResult_t geoExchange(struct ncclComm *comm, const geoOp *op);
+ncclResult_t geoDirectAllReduce(struct ncclComm *comm, const geoOp *op);
+
 /* Hierarchical all-reduce over the communicator's regions (coll_hier.c);
  * op->op is a built-in op (PreMulSum already applied to the input). */
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
@@ -132,7 +142,8 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op);
 ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op);
 
 const char *geoOpTypeName(geoOpType t);
-/* Run one collective (not send/recv) to completion. */
+/* Run one collective (not send/recv) to completion: the dispatcher
+ * (dispatch.c) chooses the algorithm. */
 ncclResult_t geoCollRun(geoOp *op);
 /* Run a list of sends and receives concurrently (posted in list order),
  * all on one communicator, to completion. */

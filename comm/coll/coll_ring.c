@@ -9,7 +9,6 @@
  * cut into chunks; as soon as chunk c of step s is processed, chunk c of
  * step s+1 is sent, so all steps are in flight at once. */
 #include "config.h"
-#include "comm/coll/tuning.h"
 #include "comm/base/checks.h"
 #include "comm/coll/coll.h"
 #include "comm/core/comm.h"
@@ -214,7 +213,7 @@ out:
 }
 
 /* Chain from root through root+1, ... (broadcast), chunk-pipelined. */
-static ncclResult_t chain_bcast(struct ncclComm *comm, const geoOp *op, const geoRing *ring)
+ncclResult_t geoChainBcast(struct ncclComm *comm, const geoOp *op, const geoRing *ring)
 {
     const int N = ring->n, r = ring->me;
     const int pos = mod(r - ring->pos_of[op->root], N);
@@ -264,7 +263,7 @@ out:
 }
 
 /* Chain root+1 -> root+2 -> ... -> root, each adding its input. */
-static ncclResult_t chain_reduce(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
+ncclResult_t geoChainReduce(struct ncclComm *comm, const geoOp *op, const geoRing *ring,
                                 const char *local)
 {
     const int N = ring->n, r = ring->me;
@@ -328,7 +327,7 @@ out:
 }
 
 /* Root-centred and all-pairs exchanges: every message posted at once. */
-static ncclResult_t exchange(struct ncclComm *comm, const geoOp *op)
+ncclResult_t geoExchange(struct ncclComm *comm, const geoOp *op)
 {
     const int N = comm->nranks, r = comm->rank;
     const size_t es = geoTypeSize(op->dt), bytes = op->count * es;
@@ -414,7 +413,7 @@ out:
 /* Small all-reduce: every rank sends its whole input to every other rank
  * (one message latency instead of 2(N-1)) and sums all N inputs locally in
  * rank order, so every rank computes the same bits. */
-static ncclResult_t allreduce_direct(struct ncclComm *comm, const geoOp *op)
+ncclResult_t geoDirectAllReduce(struct ncclComm *comm, const geoOp *op)
 {
     const int N = comm->nranks, me = comm->rank;
     const size_t es = geoTypeSize(op->dt), bytes = op->count * es;
@@ -452,165 +451,6 @@ out:
     free(all);
     free(reqs);
     free(posted);
-    return res;
-}
-
-/* PreMulSum handles: resolve to a scalar (read now for ncclScalarDevice). */
-static int premul_scalar(struct ncclComm *comm, ncclRedOp_t op, double *scalar)
-{
-    if (op < ncclNumOps)
-        return 0;
-    geoRedOp *ro = &comm->redops[op - ncclNumOps];
-    const void *p = ro->residence == ncclScalarHostImmediate ? (const void *)ro->scalar : ro->ptr;
-    switch (ro->datatype) {
-    case ncclFloat32: *scalar = *(const float *)p; break;
-    case ncclFloat64: *scalar = *(const double *)p; break;
-    case ncclFloat16: *scalar = geoHalfToFloat(*(const uint16_t *)p); break;
-    case ncclBfloat16: *scalar = geoBf16ToFloat(*(const uint16_t *)p); break;
-    case ncclFloat8e4m3: *scalar = geoFp8e4m3ToFloat(*(const uint8_t *)p); break;
-    case ncclFloat8e5m2: *scalar = geoFp8e5m2ToFloat(*(const uint8_t *)p); break;
-    case ncclInt8: *scalar = *(const int8_t *)p; break;
-    case ncclUint8: *scalar = *(const uint8_t *)p; break;
-    case ncclInt32: *scalar = *(const int32_t *)p; break;
-    case ncclUint32: *scalar = *(const uint32_t *)p; break;
-    case ncclInt64: *scalar = (double)*(const int64_t *)p; break;
-    case ncclUint64: *scalar = (double)*(const uint64_t *)p; break;
-    default: *scalar = 1.0; break;
-    }
-    return 1;
-}
-
-ncclResult_t geoCollRun(geoOp *in)
-{
-    struct ncclComm *comm = in->comm;
-    geoOp o = *in;
-    const int N = comm->nranks, r = comm->rank;
-    const size_t es = geoTypeSize(o.dt);
-    size_t total = o.count; /* elements of the input of this rank */
-    char *scaled = NULL;
-    double scalar;
-    ncclResult_t res;
-
-    if (o.type == GEO_OP_ALLREDUCE || o.type == GEO_OP_REDUCE || o.type == GEO_OP_REDUCESCATTER) {
-        if (o.type == GEO_OP_REDUCESCATTER)
-            total = o.count * (size_t)N;
-        if (premul_scalar(comm, o.op, &scalar)) {
-            /* Scale our input once, then it is a plain sum. */
-            scaled = malloc(total * es + 1);
-            GEO_RETURN_IF(scaled == NULL, ncclSystemError, "out of memory for PreMulSum");
-            geoScale(scaled, o.sendbuff, total, o.dt, scalar);
-            o.sendbuff = scaled;
-            o.op = ncclSum;
-        }
-    }
-
-    /* The plan (comm/coll/tuning.h): algorithm, codec and chunk of this call.
-     * Every rank decides from the same plan and the same size. */
-    int use_hier, codec;
-    size_t plan_chunk, saved_chunk = comm->chunk_size, saved_slice = comm->hier_slice;
-    int planned = geoTuningChoose(comm, o.type,
-                                  o.type == GEO_OP_ALLGATHER ? o.count * (size_t)N * es
-                                                             : total * es,
-                                  &use_hier, &codec, &plan_chunk);
-    /* Small all-reduces: one message to every rank, unless the plan chose
-     * the hierarchical algorithm for this size (with many ranks per region
-     * the direct exchange multiplies what each WAN link carries). */
-    int direct = o.type == GEO_OP_ALLREDUCE && N > 1 && N <= 32 &&
-                 total * es <= comm->direct_max && !(planned && use_hier);
-    comm->call_codec = codec;
-    if (plan_chunk > 0) {
-        if (use_hier)
-            comm->hier_slice = plan_chunk;
-        else
-            comm->chunk_size = plan_chunk;
-    }
-    int hier = use_hier && ((o.type == GEO_OP_ALLREDUCE && !direct) ||
-                            o.type == GEO_OP_ALLGATHER || o.type == GEO_OP_REDUCESCATTER);
-    if (!hier)
-        comm->stats.calls_flat++;
-    switch (o.type) {
-    case GEO_OP_ALLREDUCE: {
-        if (direct) {
-            res = allreduce_direct(comm, &o);
-            break;
-        }
-        if (hier) {
-            comm->stats.calls_hier++;
-            res = geoHierAllReduce(comm, &o);
-            break;
-        }
-        if (N == 1) {
-            if (o.recvbuff != o.sendbuff)
-                memmove(o.recvbuff, o.sendbuff, total * es);
-            res = ncclSuccess;
-            break;
-        }
-        geoRingPlan p = {.a = 0, .nsteps = 2 * N - 2, .reduce_steps = N - 1, .local = o.sendbuff,
-                      .out = o.recvbuff, .out_final = NULL, .divide = o.op == ncclAvg ? N : 0};
-        res = geoRingRun(comm, &o, &comm->ring, &p, total);
-        break;
-    }
-    case GEO_OP_REDUCESCATTER: {
-        if (hier) {
-            comm->stats.calls_hier++;
-            res = geoHierReduceScatter(comm, &o);
-            break;
-        }
-        if (N == 1) {
-            if (o.recvbuff != o.sendbuff)
-                memmove(o.recvbuff, o.sendbuff, total * es);
-            res = ncclSuccess;
-            break;
-        }
-        /* Segments are exactly the ranks' blocks: count per rank. */
-        geoRingPlan p = {.a = -1, .nsteps = N - 1, .reduce_steps = N - 1, .local = o.sendbuff,
-                      .out = NULL, .out_final = o.recvbuff, .divide = o.op == ncclAvg ? N : 0};
-        res = geoRingRun(comm, &o, &comm->ring, &p, total);
-        break;
-    }
-    case GEO_OP_ALLGATHER: {
-        if (hier) {
-            comm->stats.calls_hier++;
-            res = geoHierAllGather(comm, &o);
-            break;
-        }
-        char *own = (char *)o.recvbuff + (size_t)r * o.count * es;
-        if (own != (const char *)o.sendbuff)
-            memmove(own, o.sendbuff, o.count * es);
-        if (N == 1) {
-            res = ncclSuccess;
-            break;
-        }
-        geoRingPlan p = {.a = 0, .nsteps = N - 1, .reduce_steps = 0, .local = NULL,
-                      .out = o.recvbuff, .out_final = NULL, .divide = 0};
-        res = geoRingRun(comm, &o, &comm->ring, &p, o.count * (size_t)N);
-        break;
-    }
-    case GEO_OP_BROADCAST:
-        if (N == 1) {
-            if (o.recvbuff != o.sendbuff)
-                memmove(o.recvbuff, o.sendbuff, o.count * es);
-            res = ncclSuccess;
-            break;
-        }
-        res = chain_bcast(comm, &o, &comm->ring);
-        break;
-    case GEO_OP_REDUCE:
-        if (N == 1) {
-            if (o.recvbuff != o.sendbuff)
-                memmove(o.recvbuff, o.sendbuff, o.count * es);
-            res = ncclSuccess;
-            break;
-        }
-        res = chain_reduce(comm, &o, &comm->ring, o.sendbuff);
-        break;
-    default:
-        res = exchange(comm, &o);
-        break;
-    }
-    comm->chunk_size = saved_chunk;
-    comm->hier_slice = saved_slice;
-    free(scaled);
     return res;
 }
 
