@@ -6,7 +6,7 @@
 #include "config.h"
 /* GCC at -O2 (its "very cheap" vectoriser) leaves the bit packing and
  * unpacking scalar; with the dynamic cost model of -O3 they vectorise:
- * encode 1.85 -> 3.21 GB/s, decode 2.86 -> 4.79 GB/s here (tests/test_codec,
+ * encode 1.85 -> 3.21 GB/s, decode 2.86 -> 4.79 GB/s here (tests/unit/test_codec,
  * 64 MiB).  Only this file: int8's encoder is slower at -O3.  The bytes do
  * not change (the arithmetic is the same; no -ffast-math). */
 #if defined(__GNUC__) && !defined(__clang__)

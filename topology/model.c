@@ -96,7 +96,7 @@
  * 140 MB/s per rank (the 64 MiB sign run spent 0.248 s in reduce-scatter
  * and 0.216 s in all-gather moving 32 MiB per rank each: 135-155 MB/s),
  * 2 streams, 512 KiB chunks, 4 MiB slices, codecs topoDefaultCodecCosts.
- * predicted / measured (tests/test_model.c recomputes and checks these):
+ * predicted / measured (tests/unit/test_model.c recomputes and checks these):
  *
  *   3x2 100 Mbit/s     1 MiB  4 MiB  16 MiB  64 MiB  256 MiB
  *     hier             0.88   0.95   0.92    0.97    0.96
@@ -148,7 +148,7 @@ int topoHierDepthAuto(size_t nslices)
 #define DEFAULT_INTRA_BPS 5e9
 
 /* Per-core throughputs: BENCHMARKS.md, "CPU codec throughput per core"
- * (tests/test_codec, one thread, 64 MiB of Gaussian float32, GB/s of
+ * (tests/unit/test_codec, one thread, 64 MiB of Gaussian float32, GB/s of
  * float32 input).  Ratios: lossless ~1.1 on gradients (1.19 measured on
  * Gaussian data, less on real gradients); casts 2; int8, int4 and sign with
  * one float32 scale per 256-element block: 4 / (1 + 4/256) = 3.94,

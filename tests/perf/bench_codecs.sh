@@ -6,14 +6,14 @@
 #
 #   sudo tests/perf/bench_codecs.sh [options] BUILDDIR
 #
-# BUILDDIR holds geoccl-perf, tests/test_codec (make tests/test_codec) and
+# BUILDDIR holds geoccl-perf, tests/unit/test_codec (make tests/unit/test_codec) and
 # lib/.libs/libgeoccl.so (the helper below links it, with the source tree's
 # include/).
 #
 # What runs, with the WAN up once (R regions x P ranks, rank r in region
 # r / P, the same rate and one-way delay on every region's egress):
 #
-# 1. tests/test_codec, once, for its CPU throughput lines (one thread, 64 MiB
+# 1. tests/unit/test_codec, once, for its CPU throughput lines (one thread, 64 MiB
 #    of Gaussian floats: "codec X: encode Y GB/s decode Z GB/s ratio R").
 # 2. Per codec: geoccl-perf -b SIZE -e SIZE -n ITERS -w WARMUP -d float
 #    -o sum -c 0 with GEOCCL_COMPRESS=codec (-c 0: a lossy codec's result
@@ -56,7 +56,7 @@
 #   --port N               first bootstrap port (default 29700; +1 per run)
 #   --wait-max S           how long to wait for someone else's WAN to go down
 #                          (default 3600; polls every 20 s)
-#   --no-codec-test        skip tests/test_codec
+#   --no-codec-test        skip tests/unit/test_codec
 #   --report DIR           print the tables of an earlier run again
 #   -h, --help
 #
@@ -162,7 +162,7 @@ report() {
     echo
   fi
   if [ -s "$outdir/test_codec.out" ]; then
-    echo "CPU codec throughput, one thread (tests/test_codec: 64 MiB of Gaussian float32, best of 2; GB/s of float32 input):"
+    echo "CPU codec throughput, one thread (tests/unit/test_codec: 64 MiB of Gaussian float32, best of 2; GB/s of float32 input):"
     echo
     echo "| codec | encode (GB/s) | decode (GB/s) | ratio on Gaussian data |"
     echo "|---|---:|---:|---:|"
@@ -201,8 +201,8 @@ wan=${GEOCCL_WAN:-$SRCDIR/examples/wan/geoccl-wan}
 geoperf=$builddir/geoccl-perf
 [ -x "$wan" ] || die "$wan: not an executable"
 [ -x "$geoperf" ] || die "$geoperf: not built"
-if [ "$codec_test" = 1 ] && [ ! -x "$builddir/tests/test_codec" ]; then
-  die "$builddir/tests/test_codec: not built (make tests/test_codec; or --no-codec-test)"
+if [ "$codec_test" = 1 ] && [ ! -x "$builddir/tests/unit/test_codec" ]; then
+  die "$builddir/tests/unit/test_codec: not built (make tests/unit/test_codec; or --no-codec-test)"
 fi
 [ "$(id -u)" = 0 ] || { echo "$PROG: must run as root (the emulated WAN needs it)" >&2; exit 77; }
 outdir=${outdir:-$(mktemp -d /tmp/bench-codecs.XXXXXX)} || exit 2
@@ -354,9 +354,9 @@ echo "# $R regions x $P ranks, $rate, $delay; $size float sum, -n $iters -w $war
 
 # ---- CPU throughput of the codecs (nothing else of ours runs meanwhile)
 if [ "$codec_test" = 1 ]; then
-  log "tests/test_codec (CPU codec throughput)"
-  (cd "$builddir" && GEOCCL_CODEC_BENCH_MIB=64 timeout 600 ./tests/test_codec) > "$outdir/test_codec.out" 2>&1 ||
-    log "tests/test_codec exit status $? (see $outdir/test_codec.out)"
+  log "tests/unit/test_codec (CPU codec throughput)"
+  (cd "$builddir" && GEOCCL_CODEC_BENCH_MIB=64 timeout 600 ./tests/unit/test_codec) > "$outdir/test_codec.out" 2>&1 ||
+    log "tests/unit/test_codec exit status $? (see $outdir/test_codec.out)"
 fi
 
 # ---- the runs

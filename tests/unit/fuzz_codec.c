@@ -3,11 +3,11 @@
  *
  * Two ways to build it:
  *  - libFuzzer: clang -fsanitize=fuzzer,address,undefined -DGEOCCL_LIBFUZZER
- *      -I include -I . -I <build dir with config.h> tests/fuzz_codec.c
+ *      -I include -I . -I <build dir with config.h> tests/unit/fuzz_codec.c
  *      compress/codec*.c -lzstd -lm
  *    gives LLVMFuzzerTestOneInput only (libFuzzer brings main).  A corpus
  *    of valid chunks to start from: GEOCCL_FUZZ_SEED_DIR=dir
- *    GEOCCL_FUZZ_SECONDS=0 tests/fuzz_codec writes one file per seed.
+ *    GEOCCL_FUZZ_SECONDS=0 tests/unit/fuzz_codec writes one file per seed.
  *  - `make check` (any C compiler; the Makefile adds -fsanitize=address,
  *    undefined when GEOCCL_FUZZ_SANITIZE is left as it is): a main() that
  *    runs a mutation loop for GEOCCL_FUZZ_SECONDS (default 10) seconds in

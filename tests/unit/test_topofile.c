@@ -14,7 +14,7 @@
 #include "topology/topofile.h"
 #include "geoccl.h"
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #include <CUnit/Basic.h>
 #include <stdio.h>
@@ -684,7 +684,7 @@ int main(void)
     unsetenv("GEOCCL_TOPO_FILE");
     /* The file gives link rates, so the plan would pick flat or
      * hierarchical per size; the checks below count hierarchical calls, so
-     * the algorithm is forced (tests/test_model.c and the probe tests cover
+     * the algorithm is forced (tests/unit/test_model.c and the probe tests cover
      * the plan). */
     setenv("GEOCCL_ALGO", "hier", 1);
     /* 40 KB all-reduces: hierarchical even without a plan (no link rates

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+#
+# The library's layers, bottom to top, and the rule that keeps them layers:
+# a file may include headers of its own layer and of layers below it, never
+# of one above.  Public headers (include/) and config.h are for everyone.
+#
+#   bash tests/test_layers.sh [SRCDIR]
+#
+# Also checks that no source folder holds more than 16 C/CUDA files, so
+# that a folder stays one thing a newcomer can read.
+#
+# Exit status 0 when the tree keeps both rules; 1 with every offending
+# include (file:line, both layers) otherwise.
+#
+set -uo pipefail
+
+src=${1:-${srcdir:-$(dirname "$0")/..}}
+cd "$src" || exit 1
+
+# Bottom first.  The arrows the order encodes: API -> device path ->
+# collectives -> the communicator's state -> topology (its probe measures
+# over the transports) and compress/cuda -> bootstrap -> transports -> base.
+# cuda/ sits above compress/: the kernels implement the codecs' formats
+# (compress/codec.h) and the device path calls them.
+layers=(
+    comm/base
+    comm/transport
+    comm/bootstrap
+    compress
+    cuda
+    topology
+    comm/core
+    comm/coll
+    comm/device
+    comm/api
+)
+
+rank_of() {
+    local path=$1 i
+    for i in "${!layers[@]}"; do
+        case $path in
+            "${layers[$i]}"/*) echo "$i"; return ;;
+        esac
+    done
+    echo -1
+}
+
+bad=0
+files=0
+for layer in "${layers[@]}"; do
+    [ -d "$layer" ] || { echo "layer folder $layer is missing"; bad=1; continue; }
+    for f in "$layer"/*.c "$layer"/*.h "$layer"/*.cu; do
+        [ -f "$f" ] || continue
+        files=$((files + 1))
+        mine=$(rank_of "$f")
+        while IFS=: read -r line inc; do
+            # Resolve as the compiler does: from the source tree's top
+            # (-I$(top_srcdir)), then beside the file.  What resolves to
+            # neither is outside the library (system, toolkit, test
+            # emulation) and not a layer's business.
+            if [ -f "$inc" ]; then target=$inc
+            elif [ -f "$(dirname "$f")/$inc" ]; then target=$(dirname "$f")/$inc
+            else continue
+            fi
+            theirs=$(rank_of "$target")
+            [ "$theirs" -lt 0 ] && continue
+            if [ "$theirs" -gt "$mine" ]; then
+                echo "$f:$line: includes $target: layer ${layers[$theirs]} is above ${layers[$mine]}"
+                bad=1
+            fi
+        done < <(awk '/^[ \t]*#[ \t]*include[ \t]*"/ {
+                          split($0, q, "\""); print FNR ":" q[2] }' "$f")
+    done
+done
+
+# Folders of sources (library, tools, tests): at most 16 C/CUDA files each.
+while read -r dir; do
+    n=$(find "$dir" -maxdepth 1 -type f \( -name '*.c' -o -name '*.cu' \) | wc -l)
+    if [ "$n" -gt 16 ]; then
+        echo "$dir holds $n C/CUDA files (at most 16)"
+        bad=1
+    fi
+done < <(find comm compress cuda topology examples tests -type d -not -path '*/.*' \
+              -not -name '.libs' -not -name '.deps' 2>/dev/null)
+
+if [ "$files" -eq 0 ]; then
+    echo "no source files found under $src"
+    exit 1
+fi
+if [ "$bad" -ne 0 ]; then
+    echo "FAIL: the layers are not kept (see above)"
+    exit 1
+fi
+echo "PASS: $files files in ${#layers[@]} layers, no include upward, no folder over 16 C/CUDA files"
