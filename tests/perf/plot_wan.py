@@ -33,7 +33,8 @@ runs' dates (UTC, from runs.txt) and folders.
 
 Options:
   -o, --outdir DIR   where the PNGs go (created; default .)
-  --in-place         plot the in-place column (Gloo has only one: its own)
+  --in-place         plot the in-place column (Gloo has only one: its own);
+                     the PNGs are named ...-inplace.png
   --markdown PREFIX  also print a markdown image line per figure, the PNG's
                      path written as PREFIX/NAME (e.g. docs/plots)
   --dpi N            resolution (default 110)
@@ -318,7 +319,7 @@ def main():
     os.makedirs(args.outdir, exist_ok=True)
     for key in sorted(configs):
         ent = configs[key]
-        name = config_name(ent["cfg"]) + ".png"
+        name = config_name(ent["cfg"]) + ("-inplace" if args.in_place else "") + ".png"
         path = os.path.join(args.outdir, name)
         plot(plt, ent, path, args.in_place, args.dpi)
         print("plot_wan.py: wrote %s (%s)" % (path, ", ".join(sorted(ent["kinds"]))),
