@@ -89,9 +89,10 @@
  * where the hierarchical all-reduce took 0.62-0.67 s at 64 MiB and the
  * ring 1.01 s.
  *
- * Calibration (BENCHMARKS.md, "Hierarchical all-reduce on emulated regions"
- * and "Compression on emulated regions"; 2-core VM, tbf egress shaping,
- * 25 ms one way).  Model: examples/topo/3x2-100mbit.topo's settings (and
+ * Calibration (the first full runs of tests/perf/bench_wan.sh and
+ * bench_codecs.sh, 2026-11-29, in BENCHMARKS.md as of commit dc44b80; 2-core
+ * VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
+ * measured rows.  Model: examples/topo/3x2-100mbit.topo's settings (and
  * the same with 2x4 and 1gbit): goodput 1448/1500, intra 0.2 ms and
  * 140 MB/s per rank (the 64 MiB sign run spent 0.248 s in reduce-scatter
  * and 0.216 s in all-gather moving 32 MiB per rank each: 135-155 MB/s),
@@ -104,7 +105,7 @@
  *   2x4 100 Mbit/s
  *     hier             1.04   1.04   1.01    0.97    0.97
  *     flat             1.00   0.98   0.90    0.97    -
- *   3x2 1 Gbit/s (CPU-bound emulator, BENCHMARKS says so)
+ *   3x2 1 Gbit/s (CPU-bound emulator, as that run's report said)
  *     hier             0.52   0.95   0.82    0.48    0.41
  *     flat             0.81   0.92   0.70    0.63    0.60
  *   2x4 1 Gbit/s (CPU-bound)
@@ -147,9 +148,11 @@ int topoHierDepthAuto(size_t nslices)
 #define DEFAULT_INTRA_ALPHA 20e-6
 #define DEFAULT_INTRA_BPS 5e9
 
-/* Per-core throughputs: BENCHMARKS.md, "CPU codec throughput per core"
- * (tests/unit/test_codec, one thread, 64 MiB of Gaussian float32, GB/s of
- * float32 input).  Ratios: lossless ~1.1 on gradients (1.19 measured on
+/* Per-core throughputs: tests/unit/test_codec in the first codec run
+ * (2026-11-29, in BENCHMARKS.md as of commit dc44b80; the current page's
+ * "CPU codec throughput per core" is a later run, within 15% but for sign,
+ * 3.29 / 4.58 GB/s there once built at -O3), one thread, 64 MiB of
+ * Gaussian float32, GB/s of float32 input.  Ratios: lossless ~1.1 on gradients (1.19 measured on
  * Gaussian data, less on real gradients); casts 2; int8, int4 and sign with
  * one float32 scale per 256-element block: 4 / (1 + 4/256) = 3.94,
  * 4 / (0.5 + 4/256) = 7.76, 4 / (1/8 + 4/256) = 28.4; topk keeps 1% as

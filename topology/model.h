@@ -1,4 +1,4 @@
-/* The cost model and the plan (issue 5).
+/* The cost model and the plan.
  *
  * A topoModel describes regions joined by a WAN: how many ranks each region
  * has, the rate of its WAN egress (everything the region sends to other
@@ -87,8 +87,8 @@ typedef struct {
     int lossy;         /* 1: needs the user's consent (allowed_mask) */
 } topoCodecCost;
 
-/* The per-core throughputs measured in BENCHMARKS.md ("CPU codec throughput
- * per core", 64 MiB of Gaussian float32) and the ratios of block 256 /
+/* The per-core throughputs tests/unit/test_codec measured (64 MiB of Gaussian
+ * float32, one thread; model.c says which run) and the ratios of block 256 /
  * topk 0.01; indexed by id (none, lossless, fp16, bf16, int8, int4, sign,
  * topk). */
 extern const topoCodecCost topoDefaultCodecCosts[];

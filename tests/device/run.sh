@@ -34,7 +34,7 @@
 #      packages that are missing) and make, if configure is there or
 #      autoreconf can make it; it runs in the background while stage 4
 #      runs on the GPU, and its output is printed after stage 4.
-#   6. device collectives (issue 6): dev_allreduce with 2 and 4 ranks on the
+#   6. device collectives: dev_allreduce with 2 and 4 ranks on the
 #      one GPU, each rank its own region, device buffers (checks sum/avg,
 #      prints time and bandwidth at 64 MiB); passthrough_bench alone and
 #      under LD_PRELOAD=libgeoccl.so (one rank, one region: GeoCCL forwards
@@ -407,9 +407,11 @@ if [ $DEV_OK = 1 ]; then
         stage_result "pass-through vs NCCL" skip "not built or no time"
     fi
 
-    # Compressed device all-reduce: chunks encoded on the GPU (issue 6 item
-    # 3), 3 ranks in 3 regions; bit-identical results, error bounds, and
-    # the 64 MiB time; int8 once more with the host codecs for comparison.
+    # Compressed device all-reduce: chunks encoded on the GPU
+    # (GEOCCL_CUDA_CODECS=1, the default), so only encoded chunks go through
+    # pinned host memory; 3 ranks in 3 regions; bit-identical results, error
+    # bounds, and the 64 MiB time; int8 once more with the host codecs
+    # (GEOCCL_CUDA_CODECS=0) for comparison.
     for spec in staged int8 sign topk:0.05 fp16 int4 "int8 host"; do
         codec=${spec%% *}
         if [ "$(left)" -lt 50 ]; then

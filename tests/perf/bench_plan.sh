@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_plan.sh: the cost model and the automatic plan (issue 5) against
+# bench_plan.sh: the cost model and the automatic plan against
 # measurement, on emulated regions (examples/wan/geoccl-wan). Needs root.
 #
 #   sudo tests/perf/bench_plan.sh [-t TOPOS] [-r RATES] [-d DELAY_MS] [-n ITERS] BUILDDIR

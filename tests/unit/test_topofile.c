@@ -273,7 +273,7 @@ static void test_error_line_after_blank_lines(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Keys for the cost model (issue 5)                                        */
+/* Keys for the cost model                                                  */
 /* ------------------------------------------------------------------------ */
 
 static void test_parse_model_keys(void)
