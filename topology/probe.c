@@ -981,7 +981,7 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
 /* The congestion control of the connections to other regions
  * (GEOCCL_WAN_CC, default cubic), set before the warm-up so that it is the
  * one warmed.  Why not the host's: on the emulated 3 x 2 regions at
- * 1 Gbit/s, 25 ms (BENCHMARKS.md, session 6), a 256 MiB hierarchical
+ * 1 Gbit/s, 25 ms (BENCHMARKS.md as of commit 0e2c4a7), a 256 MiB hierarchical
  * all-reduce took 3.02-3.05 s with cubic and 3.2-3.3 s with BBR (the bound is
  * 2.86 s).  The exchange's WAN flows carry fixed shares and the slowest one
  * sets the pace; when some finish early, cubic's windows fill the link at

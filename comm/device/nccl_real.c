@@ -1,6 +1,6 @@
 /* The real NCCL inside GeoCCL.
  *
- * Design choices (issue 6, part 1):
+ * Design choices:
  *
  *  - Loaded with dlopen, never linked: libgeoccl must load and run its host
  *    path on machines without NVIDIA's library or a GPU.  The path is
