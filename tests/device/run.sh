@@ -14,7 +14,8 @@
 #
 # What it does, each stage under a "=== name ===" marker, within about
 # 8 minutes (later stages are skipped when time runs short):
-#   1. environment: the GPU (nvidia-smi), its compute capability, nvcc.
+#   1. environment: the GPU (nvidia-smi), its compute capability, nvcc,
+#      the RDMA devices (ibv_devinfo).
 #   2. packages: if build tools are missing and apt-get works, installs them;
 #      never fails the run (there is usually no network).
 #      NCCL: nccl.h and libnccl.so.2 from the toolkit, /usr, or a Python
@@ -108,6 +109,18 @@ if command -v nvidia-smi >/dev/null 2>&1; then
         --format=csv 2>&1 | sed 's/^/  /'
 else
     echo "  nvidia-smi: not found"
+fi
+# The RDMA devices this machine has, so that an ibverbs transport can be
+# planned on facts: ibv_devinfo when installed, else the kernel's view.
+echo "  RDMA devices:"
+if command -v ibv_devinfo >/dev/null 2>&1; then
+    ibv_devinfo -l 2>&1 | sed 's/^/    /'
+    ibv_devinfo 2>&1 | grep -E 'hca_id|transport|fw_ver|link_layer|state|active_mtu|active_speed|active_width' |
+        sed 's/^/    /'
+elif [ -d /sys/class/infiniband ] && [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
+    echo "    ibv_devinfo not installed; /sys/class/infiniband holds: $(ls /sys/class/infiniband | tr '\n' ' ')"
+else
+    echo "    none (no ibv_devinfo, /sys/class/infiniband empty or missing)"
 fi
 ARCH=
 if command -v nvidia-smi >/dev/null 2>&1; then
