@@ -106,11 +106,18 @@
  *          stochastic: |v - x'| < scale = absmax / 127 and E[x'] = v
  *          (both up to binary32 rounding of t, about 2^-24 * 127 steps).
  *          Blocks with absmax < 2^-100 decode to 0 (error <= absmax).
+ *          With every binary32 rounding counted (scale, inv, t, the clamp
+ *          and q * scale, each at most 2^-24 relative): |v - x'| <=
+ *          absmax (1/254 + 2^-21) nearest, absmax (1/127 + 2^-21)
+ *          stochastic, or 2^-100 for a block below it.
  *   int4   nearest: |v - x'| <= scale / 2 = absmax / 14 per block;
- *          stochastic: |v - x'| < scale = absmax / 7; same caveats.
+ *          stochastic: |v - x'| < scale = absmax / 7; same caveats
+ *          (absmax (1/14 + 2^-21), absmax (1/7 + 2^-21) with rounding).
  *   sign   x' has the sign of v (+scale for v = 0 or -0) and |x'| = scale
  *          = mean |v| of the block, so |v - x'| <= |v| + scale <= 2 absmax
- *          and sum |x'| = sum |v| over a block (up to rounding).  The
+ *          and sum |x'| = sum |v| over a block (up to rounding: the
+ *          32-lane sum and the division leave scale <= absmax (1 + (B/32 +
+ *          6) 2^-23) for a block of B elements).  The
  *          block's sum of |v| must stay finite in binary32 (below about
  *          3.4e38), else the scale is infinite.  The sign codec is meant to
  *          be used with error feedback.
@@ -118,6 +125,14 @@
  *          |v| <= the smallest kept |v|.
  * With error feedback the residual makes the sum over calls unbiased: after
  * encode, x' + r_new == v = x + r_old up to one rounding of the subtraction.
+ * One call's error is then r_old - r_new, not a round trip's: bounded by
+ * twice the round trip's for fp16, bf16, int8 and int4 once the residuals
+ * settle, not bounded for sign and topk (a dropped element's residual grows
+ * until it is sent).  Through the hierarchical all-reduce a result crosses
+ * two round trips (the partials of k - 1 regions, then the sum), with the
+ * float sums between them: geoccl-perf's check (tests/perf/perf_common.c,
+ * codec_bound) composes these bounds, from zero residuals, into the bound it
+ * holds each element to.
  */
 #ifndef GEOCCL_COMPRESS_CODEC_H_
 #define GEOCCL_COMPRESS_CODEC_H_

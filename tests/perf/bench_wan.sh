@@ -25,6 +25,15 @@
 #   gloochunked  Gloo AllreduceRingChunked (bandwidth-optimal ring)
 #   gloo         Gloo AllreduceRing: not bandwidth-optimal, every rank sends
 #                (P-1) x size, so it only runs up to --gloo-ring-max
+#   hierint8     GeoCCL hierarchical with GEOCCL_COMPRESS=int8 (error
+#                feedback on, the default) on --data gauss; -c 1 holds every
+#                result to int8's error bound (the table gives the largest
+#                error and the bound)
+#   hierlossless GeoCCL hierarchical with GEOCCL_COMPRESS=lossless on --data
+#                gauss (gradient-like mantissas: the pattern data would
+#                compress some 35x, no gradient does)
+# The last two are not in the default --algos (each is one more run per
+# configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
 # Sizes below --big run in one invocation per tool (-n ITERS -w WARMUP); the
 # sizes from --big up run in a second one (-n BIG_ITERS -w BIG_WARMUP). The
@@ -147,7 +156,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|flat|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -169,6 +178,17 @@ report() {
           if (n >= 14) WAN[kind, a[1]] = a[14]
         }
         close(f)
+        # geoccl-perf -c 1 with a lossy codec: "#  SIZE  int8 bound: max abs err E ... bound B ..."
+        f = dir "/" kind "." (grp ? "big" : "small") ".out"
+        while ((getline line < f) > 0) {
+          if (line !~ / bound: max abs err /) continue
+          n = split(line, a, " ")
+          for (i = 1; i < n; i++) {
+            if (a[i] == "err" && a[i - 1] == "abs") ERR[kind, a[2]] = a[i + 1]
+            if (a[i] == "bound" && a[i + 1] ~ /^[0-9.e+-]+$/) BND[kind, a[2]] = a[i + 1]
+          }
+        }
+        close(f)
       }
     }
     function cell(kind, s) {
@@ -178,23 +198,27 @@ report() {
     }
     function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
     BEGIN {
-      split("hier flat ompi ompiring gloochunked gloo", kinds, " ")
-      for (k = 1; k <= 6; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL flat (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      nk = split("hier flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      for (k = 1; k <= nk; k++) load(kinds[k])
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = 2 * (R - 1) / R * s / (bps / 8)
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
-          cell("flat", s), cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
+          cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
+          cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
           (h && (("ompiring", s) in T)) ? ratio(T["ompiring", s], h) : "-",
           (h && (("ompi", s) in T)) ? ratio(T["ompi", s], h) : "-",
-          (("hier", s) in WAN) ? WAN["hier", s] : "-", (("flat", s) in WAN) ? WAN["flat", s] : "-"
+          (("hier", s) in WAN) ? WAN["hier", s] : "-", (("flat", s) in WAN) ? WAN["flat", s] : "-",
+          (("hierint8", s) in WAN) ? WAN["hierint8", s] : "-",
+          (("hierlossless", s) in WAN) ? WAN["hierlossless", s] : "-",
+          (("hierint8", s) in ERR) ? ERR["hierint8", s] " / " BND["hierint8", s] : "-"
       }
     }'
   echo
@@ -431,7 +455,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier flat ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -446,10 +470,14 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|flat)
+    hier|flat|hierint8|hierlossless)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
+      # compressed: gradient-like data, so that lossless meets realistic
+      # mantissas and int8's check runs on the values it is meant for
+      [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)
+      [ "$kind" = hierlossless ] && algoenv=(GEOCCL_COMPRESS=lossless) && args+=(--data gauss)
       rank_cmd() {
         cmd=(env RANK="$1" NRANKS="$N" GEOCCL_COMM_ID="10.231.0.10:$port" "${algoenv[@]}"
              GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT "$geoperf" "${args[@]}")
@@ -533,7 +561,7 @@ for tp in ${topos//,/ }; do
         [ ${#big_list[@]} -gt 0 ] || continue
         b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
       fi
-      for kind in hier flat ompi ompiring gloochunked gloo; do
+      for kind in hier flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
         has "$kind" || continue
         ke=$e
         if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&
@@ -567,7 +595,7 @@ for tp in ${topos//,/ }; do
     "$wan" down -n "$wname" -q
     wan_up=0
     report "$bps" | tee "$cdir/report.md"
-    grep -h 'destroy:' "$cdir"/hier.*.err "$cdir"/flat.*.err 2>/dev/null | sed 's/^/# /' > "$cdir/phases.txt"
+    grep -h 'destroy:' "$cdir"/hier*.*.err "$cdir"/flat.*.err 2>/dev/null | sed 's/^/# /' > "$cdir/phases.txt"
     echo "# $cfg done at $(date -u +%T), $(( $(date +%s) - t_start )) s since start"
   done
 done

@@ -17,10 +17,17 @@
  * -C picks the collective (allreduce, broadcast, allgather, reducescatter);
  * the other options are nccl-tests' (-b -e -f -i -n -w -c -d -o -r, plus
  * -T, a watchdog per size). Rank 0 prints the table; see perf_common.h for
- * what it holds.
+ * what it holds. --data gauss feeds gradient-like values instead of the
+ * exact integer pattern.
  *
- * Exit status: 0 all results right; 1 some element wrong or written out of
- * bounds; 2 bad options; 3 a GeoCCL call failed (the message names the call
+ * With a lossy GEOCCL_COMPRESS, a float sum/avg all-reduce that ran
+ * hierarchically is checked against the codec's error bound (perf_common.c,
+ * codec_bound; the bound per codec is lossy_bound's below), and a line per
+ * size gives the largest error and the bound; --check-exact checks it as if
+ * the codec were off.
+ *
+ * Exit status: 0 all results right (exact, or within the bound); 1 some
+ * element wrong or written out of bounds; 2 bad options; 3 a GeoCCL call failed (the message names the call
  * and ncclGetLastError's text); 4 the -T watchdog fired. With -N the parent
  * ends the other ranks when one fails, and exits with that rank's status.
  */
@@ -67,6 +74,7 @@ typedef struct {
     ncclComm_t comm;
     int rank;
     int token; /* the barrier's one-element all-reduce */
+    unsigned long long hier0; /* callsHier before the checked call */
 } geoCtx;
 
 static int failed(const geoCtx *c, const char *call, ncclResult_t r)
@@ -177,6 +185,143 @@ static double geo_wan_bytes(void *ctx)
     return geocclCommGetStats(c->comm, &st) == ncclSuccess ? (double)st.bytesWan : 0.0;
 }
 
+static int geo_region(void *ctx, int *region, int *nregions)
+{
+    geoCtx *c = ctx;
+    ncclResult_t r = geocclCommGetRegion(c->comm, nregions, region, NULL, NULL, NULL);
+    return r == ncclSuccess ? 0 : failed(c, "geocclCommGetRegion", r);
+}
+
+/* The checked call starts from zero error-feedback residuals: with them,
+ * every encode codes the value itself and its error is one round trip's,
+ * which the codec documents.  (With the residuals of the timed calls, a
+ * call's error is its own round trip's plus the previous residual, which
+ * is not bounded for sign and topk.) */
+static int geo_check_begin(void *ctx)
+{
+    geoCtx *c = ctx;
+    geocclStats st;
+    ncclResult_t r = geocclCommResetErrorFeedback(c->comm);
+    if (r != ncclSuccess)
+        return failed(c, "geocclCommResetErrorFeedback", r);
+    if ((r = geocclCommGetStats(c->comm, &st)) != ncclSuccess)
+        return failed(c, "geocclCommGetStats", r);
+    c->hier0 = st.callsHier;
+    return 0;
+}
+
+static const char *param_value(const char *name)
+{
+    geocclParamInfo p;
+    for (int i = 0; i < geocclParamCount(); i++)
+        if (geocclParamGet(i, &p) == ncclSuccess && strcmp(p.name, name) == 0)
+            return p.value;
+    return NULL;
+}
+
+static size_t param_size(const char *name, size_t dflt)
+{
+    const char *v = param_value(name);
+    char *end;
+    if (v == NULL)
+        return dflt;
+    unsigned long long n = strtoull(v, &end, 10);
+    switch (*end) {
+    case 'k': case 'K': n <<= 10; break;
+    case 'm': case 'M': n <<= 20; break;
+    case 'g': case 'G': n <<= 30; break;
+    default: break;
+    }
+    return end == v || n == 0 ? dflt : (size_t)n;
+}
+
+/*
+ * One round trip's error through each lossy codec, as compress/codec.h
+ * states it with binary32 rounding included (perfCodecBound's form:
+ * rel |v| + block W + abs, beyond sat saturation):
+ *   fp16  2^-11 |v| (normal range), 2^-25 below it; saturates at 65504
+ *   bf16  2^-8 |v|, 2^-134 below the normal range; saturates at 0x1.FEp127
+ *   int8  W (1/254 + 2^-21) nearest, W (1/127 + 2^-21) stochastic; 2^-100
+ *         (blocks below it decode to 0)
+ *   int4  W (1/14 + 2^-21), stochastic W (1/7 + 2^-21); 2^-100
+ *   sign  |v| + scale, scale <= W (1 + (B/32 + 6) 2^-23)
+ *   topk  |v| (an element is kept exactly or dropped)
+ * B (GEOCCL_COMPRESS_BLOCK) is the block of int8, int4 and sign.
+ */
+static int lossy_bound(const char *name, size_t B, int stochastic, perfCodecBound *b)
+{
+    size_t n = strcspn(name, ":");
+    double rel = 0, blk = 0, abs = 0, sat = 0;
+    if (n == 4 && strncmp(name, "fp16", 4) == 0) {
+        rel = 0x1p-11; abs = 0x1p-25; sat = 65504.0;
+    } else if (n == 4 && strncmp(name, "bf16", 4) == 0) {
+        rel = 0x1p-8; abs = 0x1p-134; sat = 0x1.FEp127;
+    } else if (n == 4 && strncmp(name, "int8", 4) == 0) {
+        blk = (stochastic ? 1.0 / 127 : 1.0 / 254) + 0x1p-21; abs = 0x1p-100;
+    } else if (n == 4 && strncmp(name, "int4", 4) == 0) {
+        blk = (stochastic ? 1.0 / 7 : 1.0 / 14) + 0x1p-21; abs = 0x1p-100;
+    } else if (n == 4 && strncmp(name, "sign", 4) == 0) {
+        rel = 1; blk = 1 + ((double)B / 32 + 6) * 0x1p-23;
+    } else if (n == 4 && strncmp(name, "topk", 4) == 0) {
+        rel = 1;
+    } else {
+        return 0; /* none, lossless: exact */
+    }
+    /* several codecs (auto:...): the loosest of each term */
+    b->rel = rel > b->rel ? rel : b->rel;
+    b->block = blk > b->block ? blk : b->block;
+    b->abs = abs > b->abs ? abs : b->abs;
+    b->sat = b->sat == 0 || (sat > 0 && sat < b->sat) ? sat : b->sat;
+    b->blockSize = b->block > 0 ? B : 1;
+    return 1;
+}
+
+/* Whether the checked call's result went through a lossy codec, and how far
+ * off that may leave it.  Lossy codecs apply only to float sum/avg
+ * all-reduces that ran hierarchically (comm/coll_hier.c; the flat and
+ * direct algorithms and one region send everything exactly): callsHier
+ * tells.  The codec is geocclCommGetCompression's; "auto" chooses per call
+ * among none, lossless and, with GEOCCL_COMPRESS=auto:c1,c2,..., the codecs
+ * listed: the bound is then the loosest of theirs. */
+static int geo_check_codec(void *ctx, const perfCall *k, perfCodecBound *b)
+{
+    geoCtx *c = ctx;
+    geocclStats st;
+    const char *name = NULL;
+    ncclResult_t r;
+
+    memset(b, 0, sizeof(*b));
+    if (k->coll != PERF_ALLREDUCE || k->type != PERF_FLOAT ||
+        (k->op != PERF_SUM && k->op != PERF_AVG))
+        return 0;
+    if ((r = geocclCommGetStats(c->comm, &st)) != ncclSuccess)
+        return failed(c, "geocclCommGetStats", r), -1;
+    if (st.callsHier == c->hier0)
+        return 0;
+    if ((r = geocclCommGetCompression(c->comm, &name)) != ncclSuccess)
+        return failed(c, "geocclCommGetCompression", r), -1;
+    size_t B = param_size("GEOCCL_COMPRESS_BLOCK", 256);
+    const char *seed = param_value("GEOCCL_COMPRESS_STOCHASTIC");
+    int stochastic = seed != NULL && strcmp(seed, "0") != 0 && *seed != '\0';
+    int lossy = 0;
+    if (strcmp(name, "auto") == 0) {
+        const char *spec = param_value("GEOCCL_COMPRESS");
+        if (spec == NULL || strncmp(spec, "auto:", 5) != 0)
+            return 0;
+        char list[256], *save = NULL;
+        snprintf(list, sizeof(list), "%s", spec + 5);
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+            lossy |= lossy_bound(t, B, stochastic, b);
+        snprintf(b->name, sizeof(b->name), "%s", spec);
+    } else {
+        lossy = lossy_bound(name, B, stochastic, b);
+        snprintf(b->name, sizeof(b->name), "%s%s", name,
+                 stochastic && (strcmp(name, "int8") == 0 || strcmp(name, "int4") == 0)
+                     ? " stochastic" : "");
+    }
+    return lossy;
+}
+
 static const perfBackend geo_backend = {
     .name = TOOL,
     .coll = geo_coll,
@@ -185,6 +330,9 @@ static const perfBackend geo_backend = {
     .gatherBytes = geo_gather_bytes,
     .describe = geo_describe,
     .wanBytes = geo_wan_bytes,
+    .region = geo_region,
+    .checkBegin = geo_check_begin,
+    .checkCodec = geo_check_codec,
 };
 
 /* One rank, start to end. Returns perfRun's status, or 3 when the

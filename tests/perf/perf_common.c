@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -167,7 +168,9 @@ static void usage(FILE *f, const char *tool, unsigned accepted)
                "  -i, --stepbytes SIZE     add SIZE each step instead\n"
                "  -n, --iters N            timed iterations per size (default 20)\n"
                "  -w, --warmup_iters N     untimed iterations before them (default 5)\n"
-               "  -c, --check 0|1          verify every result element (default 1)\n");
+               "  -c, --check 0|1          verify every result element (default 1): bit for\n"
+               "                           bit, or within the bound of float rounding (gauss\n"
+               "                           data) plus the lossy codec's error when one was used\n");
     if (accepted & PERF_OPT_COLL)
         fprintf(f, "  -d, --datatype TYPE      float (default), double, half, bfloat16, int8, "
                    "uint8,\n"
@@ -189,8 +192,17 @@ static void usage(FILE *f, const char *tool, unsigned accepted)
     fprintf(f, "  -G, --gap MS             idle MS milliseconds before each timed iteration, as a\n"
                "                           training step's compute leaves the links idle; the\n"
                "                           time columns count the collectives only (default 0)\n");
+    fprintf(f, "      --data KIND          pattern (default): small integers, every result exact,\n"
+               "                           checked bit for bit; gauss: normally distributed,\n"
+               "                           a stream per rank (gradient-like; what lossless\n"
+               "                           compression meets in training)\n"
+               "      --check-exact        allow no codec error: with a lossy GEOCCL_COMPRESS the\n"
+               "                           results are checked as if it were off\n");
     fprintf(f, "  -h, --help               this text\n");
 }
+
+/* Long options without a letter. */
+enum { OPT_DATA = 256, OPT_CHECK_EXACT };
 
 int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, perfOptions *o)
 {
@@ -203,6 +215,8 @@ int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, pe
         {"root", required_argument, NULL, 'r'},       {"timeout", required_argument, NULL, 'T'},
         {"nprocs", required_argument, NULL, 'N'},     {"gap", required_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"check-exact", no_argument, NULL, OPT_CHECK_EXACT},
         {NULL, 0, NULL, 0}};
     char optstring[64] = ":b:e:f:i:n:w:c:d:o:T:G:h";
     int c, v, bad = 0;
@@ -262,6 +276,17 @@ int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, pe
         case 'T': if (parse_int(optarg, 0, INT_MAX, &o->timeout)) what = "timeout"; break;
         case 'G': if (parse_int(optarg, 0, 3600000, &o->gapMs)) what = "gap (0..3600000 ms)"; break;
         case 'N': if (parse_int(optarg, 1, 4096, &o->nprocs)) what = "process count (1..4096)"; break;
+        case OPT_DATA:
+            if (strcmp(optarg, "pattern") == 0)
+                o->data = PERF_DATA_PATTERN;
+            else if (strcmp(optarg, "gauss") == 0)
+                o->data = PERF_DATA_GAUSS;
+            else {
+                fprintf(stderr, "%s: --data %s: not pattern or gauss\n", tool, optarg);
+                bad = 1;
+            }
+            break;
+        case OPT_CHECK_EXACT: o->checkExact = 1; break;
         case 'h':
             usage(stdout, tool, accepted);
             return 1;
@@ -291,6 +316,13 @@ int perfParseArgs(int argc, char **argv, const char *tool, unsigned accepted, pe
         fprintf(stderr, "%s: -b 0 needs -i (a size multiplied by -f stays 0)\n", tool);
         bad = 1;
     }
+    if (!bad && o->data == PERF_DATA_GAUSS && o->type != PERF_FLOAT && o->type != PERF_DOUBLE &&
+        (o->op == PERF_PROD || o->op == PERF_AVG) &&
+        (o->coll == PERF_ALLREDUCE || o->coll == PERF_REDUCESCATTER)) {
+        fprintf(stderr, "%s: --data gauss with -o %s needs -d float or double\n", tool,
+                perfOpName(o->op));
+        bad = 1;
+    }
     if (bad) {
         usage(stderr, tool, accepted);
         return 2;
@@ -312,24 +344,40 @@ typedef enum {
 typedef struct {
     size_t esize;
     size_t period;          /* element i of any buffer holds tile[i % period] */
-    int nranks;
-    unsigned char *input;   /* nranks tiles of 2*period elements */
+    int nranks, rank;
+    int allInputs;          /* input holds every rank's tile, else this rank's only */
+    int tolerant;           /* float/double reduction of gauss data: no bitwise reference */
+    unsigned char *input;   /* tiles of 2*period elements */
     unsigned char *result;  /* the reduction over ranks, 2*period elements */
+    /* Float and double reductions that may round (gauss data) or that a
+     * lossy codec may change (float sum/avg all-reduce): per element of
+     * the period, in binary64.  NULL when unused. */
+    double *ref;            /* the reduction (the sum, for avg) */
+    double *mag;            /* sum of |x| over the ranks (sum, avg); |ref| (prod) */
+    double *regmag;         /* nregions x period: sum of |x| over each region */
+    double *rbound;         /* rounding-only bound per element */
+    double *cbound;         /* bound with the codec in cboundFor */
+    perfCodecBound cboundFor;
+    int nregions;
+    int *regionSize;        /* nregions */
+    const int *regionOf;    /* nranks */
+    int op;
 } perfData;
 
-/* Bits of v (0 or a positive normal number that the format represents
- * exactly) in a small IEEE-like format with mbits mantissa bits and the
+/* Bits of v (0 or a normal number that the format represents exactly) in a
+ * small IEEE-like format of width bits with mbits mantissa bits and the
  * given exponent bias, read from float's fields: no rounding is needed. */
-static unsigned narrow_bits(double v, int mbits, int bias)
+static unsigned narrow_bits(double v, int width, int mbits, int bias)
 {
-    float f = (float)v;
+    float f = fabsf((float)v);
     uint32_t b;
 
     memcpy(&b, &f, sizeof(b));
     if (b == 0)
-        return 0;
+        return 0; /* -0 too */
     unsigned e = (unsigned)((int)((b >> 23) & 0xff) - 127 + bias);
-    return (e << mbits) | ((b & 0x7fffff) >> (23 - mbits));
+    unsigned sign = v < 0 ? 1u << (width - 1) : 0;
+    return sign | (e << mbits) | ((b & 0x7fffff) >> (23 - mbits));
 }
 
 static void encode(perfType t, double v, unsigned char *out)
@@ -343,10 +391,10 @@ static void encode(perfType t, double v, unsigned char *out)
     case PERF_UINT64: { uint64_t x = (uint64_t)v; memcpy(out, &x, 8); break; }
     case PERF_FLOAT: { float x = (float)v; memcpy(out, &x, 4); break; }
     case PERF_DOUBLE: memcpy(out, &v, 8); break;
-    case PERF_HALF: { uint16_t x = (uint16_t)narrow_bits(v, 10, 15); memcpy(out, &x, 2); break; }
-    case PERF_BFLOAT16: { uint16_t x = (uint16_t)narrow_bits(v, 7, 127); memcpy(out, &x, 2); break; }
-    case PERF_FP8E4M3: out[0] = (unsigned char)narrow_bits(v, 3, 7); break;
-    case PERF_FP8E5M2: out[0] = (unsigned char)narrow_bits(v, 2, 15); break;
+    case PERF_HALF: { uint16_t x = (uint16_t)narrow_bits(v, 16, 10, 15); memcpy(out, &x, 2); break; }
+    case PERF_BFLOAT16: { uint16_t x = (uint16_t)narrow_bits(v, 16, 7, 127); memcpy(out, &x, 2); break; }
+    case PERF_FP8E4M3: out[0] = (unsigned char)narrow_bits(v, 8, 3, 7); break;
+    case PERF_FP8E5M2: out[0] = (unsigned char)narrow_bits(v, 8, 2, 15); break;
     default: break;
     }
 }
@@ -362,15 +410,88 @@ static double pattern_value(patKind kind, size_t p, int m, int n, int r, size_t 
     return 0.0;
 }
 
-static int data_init(perfData *d, const perfOptions *o, int nranks)
+/* --data gauss repeats every PERF_GAUSS_PERIOD elements: 4 MiB of floats,
+ * longer than any chunk the library compresses at once (a slice's part)
+ * and than zstd's window at the levels GEOCCL uses, so that the repeat
+ * gives lossless compression nothing to find. */
+#define PERF_GAUSS_PERIOD ((size_t)1 << 20)
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Element j of rank r's stream: N(0, 1) by Box-Muller from two counter-based
+ * uniforms, so any rank computes any other rank's values (the reference)
+ * without communication, and every run has the same data. */
+static double gauss_value(int r, size_t j)
+{
+    uint64_t key = mix64(0x67656F63636C0000ull ^ (uint64_t)(unsigned)r);
+    uint64_t a = mix64(key + (2 * (uint64_t)j + 1) * 0x9E3779B97F4A7C15ull);
+    uint64_t b = mix64(key + (2 * (uint64_t)j + 2) * 0x9E3779B97F4A7C15ull);
+    double u1 = (double)((a >> 11) + 1) * 0x1p-53; /* (0, 1] */
+    double u2 = (double)(b >> 11) * 0x1p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* gauss data in the datatypes that do not round (integers) or whose
+ * reductions the check reads bit for bit (half, bfloat16, fp8): the normal
+ * value scaled so that |value| <= lim (4 standard deviations) and rounded to
+ * an integer, so that every partial sum of the ranks is exact; |value| for
+ * unsigned types.  lim 0 (more ranks than the type counts exactly): the
+ * value's sign on one rank per position, 0 on the others. */
+static double gauss_int(perfType t, double g, unsigned long long lim, int n, int r, size_t j)
+{
+    int uns = t == PERF_UINT8 || t == PERF_UINT32 || t == PERF_UINT64;
+    double v;
+    if (lim == 0) {
+        v = (j + (size_t)r) % (size_t)n == 0 ? (g < 0 ? -1.0 : 1.0) : 0.0;
+    } else {
+        v = nearbyint(g * (double)lim / 4.0);
+        if (v > (double)lim)
+            v = (double)lim;
+        if (v < -(double)lim)
+            v = -(double)lim;
+    }
+    /* + 0.0: no -0, whose sums with +0 the reference would get wrong */
+    return (uns ? fabs(v) : v) + 0.0;
+}
+
+/* The value rank r holds at element j, as stored in the datatype. */
+static double data_value(const perfOptions *o, patKind kind, size_t p, int m, int n,
+                         unsigned long long lim, int r, size_t j)
+{
+    if (o->data != PERF_DATA_GAUSS)
+        return pattern_value(kind, p, m, n, r, j);
+    double g = gauss_value(r, j);
+    if (o->type == PERF_FLOAT)
+        return (double)(float)g;
+    if (o->type == PERF_DOUBLE)
+        return g;
+    return gauss_int(o->type, g, lim, n, r, j);
+}
+
+static double gamma_n(int n, double u)
+{
+    return n <= 0 ? 0.0 : n * u / (1.0 - n * u);
+}
+
+/* regionOf: nranks region numbers (0..nregions-1); kept, not copied. */
+static int data_init(perfData *d, const perfOptions *o, int nranks, int rank, const int *regionOf,
+                     int nregions)
 {
     int reducing = o->coll == PERF_ALLREDUCE || o->coll == PERF_REDUCESCATTER;
+    int gauss = o->data == PERF_DATA_GAUSS;
+    int fp = o->type == PERF_FLOAT || o->type == PERF_DOUBLE;
     unsigned long long exact = types[o->type].exact;
     unsigned long long k = exact / (unsigned)nranks; /* largest value n ranks may sum */
     patKind kind = PAT_SPREAD;
     size_t p = (size_t)(exact < PERF_VMAX ? exact : PERF_VMAX) + 1;
     int m = 0;
 
+    memset(d, 0, sizeof(*d));
     if (k > PERF_VMAX)
         k = PERF_VMAX;
     if (reducing && o->op == PERF_SUM) {
@@ -393,23 +514,50 @@ static int data_init(perfData *d, const perfOptions *o, int nranks)
 
     d->esize = types[o->type].size;
     d->nranks = nranks;
-    /* A tile of whole periods of at least PERF_TILE_BYTES, so that fill and
-     * check move large blocks. */
-    size_t rep = (PERF_TILE_BYTES / d->esize + p - 1) / p;
-    d->period = p * (rep ? rep : 1);
-    size_t tile = 2 * d->period * d->esize;
-    d->input = malloc(tile * (size_t)nranks);
-    d->result = malloc(tile);
-    if (d->input == NULL || d->result == NULL) {
-        free(d->input);
-        free(d->result);
-        return -1;
+    d->rank = rank;
+    d->op = o->op;
+    d->regionOf = regionOf;
+    d->nregions = nregions;
+    if (gauss) {
+        d->period = PERF_GAUSS_PERIOD;
+    } else {
+        /* A tile of whole periods of at least PERF_TILE_BYTES, so that
+         * fill and check move large blocks. */
+        size_t rep = (PERF_TILE_BYTES / d->esize + p - 1) / p;
+        d->period = p * (rep ? rep : 1);
     }
-    for (size_t j = 0; j < 2 * d->period; j++) {
-        double acc = 0.0;
+    /* gauss data is large: other ranks' inputs are kept only where the
+     * check reads them (broadcast, all-gather). */
+    d->allInputs = !gauss || !reducing;
+    d->tolerant = gauss && fp && reducing && o->op != PERF_MAX && o->op != PERF_MIN;
+    /* The binary64 reference: where gauss data rounds, and for the float
+     * sum/avg all-reduce that a lossy codec may change. */
+    int codecable = o->type == PERF_FLOAT && o->coll == PERF_ALLREDUCE &&
+                    (o->op == PERF_SUM || o->op == PERF_AVG);
+    int wantRef = d->tolerant || codecable;
+    size_t P = d->period, tile = 2 * P * d->esize;
+    d->input = malloc(tile * (d->allInputs ? (size_t)nranks : 1));
+    d->result = malloc(tile);
+    d->regionSize = calloc((size_t)nregions, sizeof(int));
+    int ok = d->input && d->result && d->regionSize;
+    if (ok && wantRef) {
+        d->ref = calloc(P, sizeof(double));
+        d->mag = calloc(P, sizeof(double));
+        ok = d->ref && d->mag;
+        if (ok && codecable && nregions > 1)
+            ok = (d->regmag = calloc(P * (size_t)nregions, sizeof(double))) != NULL;
+    }
+    if (!ok)
+        return -1;
+    for (int r = 0; r < nranks; r++)
+        d->regionSize[regionOf[r]]++;
+    for (size_t j = 0; j < P; j++) {
+        double acc = 0.0, absacc = 0.0;
         for (int r = 0; r < nranks; r++) {
-            double v = pattern_value(kind, p, m, nranks, r, j);
-            encode(o->type, v, d->input + (size_t)r * tile + j * d->esize);
+            double v = data_value(o, kind, p, m, nranks, k, r, j);
+            if (d->allInputs || r == rank)
+                encode(o->type, v, d->input + (d->allInputs ? (size_t)r : 0) * tile +
+                                       j * d->esize);
             if (r == 0)
                 acc = v;
             else if (o->op == PERF_SUM || o->op == PERF_AVG)
@@ -420,10 +568,40 @@ static int data_init(perfData *d, const perfOptions *o, int nranks)
                 acc = v > acc ? v : acc;
             else
                 acc = v < acc ? v : acc;
+            absacc += fabs(v);
+            if (d->regmag)
+                d->regmag[(size_t)regionOf[r] * P + j] += fabs(v);
+        }
+        if (d->ref) {
+            d->ref[j] = acc;
+            d->mag[j] = o->op == PERF_PROD ? fabs(acc) : absacc;
         }
         if (o->op == PERF_AVG)
-            acc /= nranks; /* exact: every rank holds the same value */
+            acc /= nranks; /* exact for pattern data: every rank holds the same value */
         encode(o->type, acc, d->result + j * d->esize);
+    }
+    /* The streams repeat with the period: the second copy makes any start
+     * offset one contiguous run. */
+    for (int r = 0; r < (d->allInputs ? nranks : 1); r++)
+        memcpy(d->input + (size_t)r * tile + P * d->esize, d->input + (size_t)r * tile,
+               P * d->esize);
+    memcpy(d->result + P * d->esize, d->result, P * d->esize);
+    if (d->tolerant) {
+        /* Float rounding alone: the library's N - 1 additions (or
+         * multiplications) in whatever order, each rounding by at most u
+         * relative, are off by at most gamma(N-1) sum |x| (Higham, Accuracy
+         * and Stability of Numerical Algorithms, 4.2; any summation tree);
+         * avg's division adds one rounding (gamma(N) then); the binary64
+         * reference itself may be off by gamma(N) in 2^-53.  The absolute
+         * term covers results below the normal range. */
+        double u = o->type == PERF_FLOAT ? 0x1p-24 : 0x1p-53;
+        double tiny = o->type == PERF_FLOAT ? 0x1p-126 : 0x1p-1022;
+        double div = o->op == PERF_AVG ? nranks : 1;
+        double g = gamma_n(o->op == PERF_AVG ? nranks : nranks - 1, u) + gamma_n(nranks, 0x1p-53);
+        if ((d->rbound = malloc(P * sizeof(double))) == NULL)
+            return -1;
+        for (size_t j = 0; j < P; j++)
+            d->rbound[j] = g * d->mag[j] / div + tiny;
     }
     return 0;
 }
@@ -432,11 +610,148 @@ static void data_free(perfData *d)
 {
     free(d->input);
     free(d->result);
+    free(d->ref);
+    free(d->mag);
+    free(d->regmag);
+    free(d->rbound);
+    free(d->cbound);
+    free(d->regionSize);
 }
 
 static const unsigned char *data_input(const perfData *d, int r)
 {
-    return d->input + (size_t)r * 2 * d->period * d->esize;
+    return d->input + (d->allInputs ? (size_t)r : 0) * 2 * d->period * d->esize;
+}
+
+/* w[j] >= the largest a[i] with |i - j| < B on the periodic sequence a of
+ * period P: the maximum of the three aligned blocks of Bw >= B elements
+ * around j (they cover j - B + 1 .. j + B - 1), when Bw divides P; else the
+ * maximum over the whole period. */
+static int window_max(const double *a, size_t P, size_t B, double *w)
+{
+    size_t Bw = 1;
+    while (Bw < B)
+        Bw <<= 1;
+    if (B <= 1) {
+        memcpy(w, a, P * sizeof(double));
+        return 0;
+    }
+    if (P % Bw != 0 || P / Bw < 3) {
+        double mx = 0;
+        for (size_t j = 0; j < P; j++)
+            mx = a[j] > mx ? a[j] : mx;
+        for (size_t j = 0; j < P; j++)
+            w[j] = mx;
+        return 0;
+    }
+    size_t nb = P / Bw;
+    double *bm = malloc(nb * sizeof(double));
+    if (bm == NULL)
+        return -1;
+    for (size_t b = 0; b < nb; b++) {
+        double mx = 0;
+        for (size_t j = b * Bw; j < (b + 1) * Bw; j++)
+            mx = a[j] > mx ? a[j] : mx;
+        bm[b] = mx;
+    }
+    for (size_t j = 0; j < P; j++) {
+        size_t b = j / Bw;
+        double mx = bm[b], l = bm[(b + nb - 1) % nb], r = bm[(b + 1) % nb];
+        mx = l > mx ? l : mx;
+        w[j] = r > mx ? r : mx;
+    }
+    free(bm);
+    return 0;
+}
+
+/* One round trip's error bound for values of magnitude at most v, with w the
+ * largest magnitude around them (perfCodecBound). */
+static double trip_bound(const perfCodecBound *c, double v, double w)
+{
+    double e = c->rel * v + c->block * w + c->abs;
+    if (c->sat > 0 && v > c->sat)
+        e += v - c->sat;
+    return e;
+}
+
+/*
+ * The bound the check allows for a float sum/avg all-reduce whose partials
+ * crossed between regions through codec c (the hierarchical algorithm,
+ * comm/coll_hier.c), per element of the period, into d->cbound.
+ *
+ * What the library computes, per element: P_q = the float sum of region
+ * q's inputs; the owner region o of the element receives decode(encode(P_q))
+ * from every other region q (first trip), sums them with its own exact P_o
+ * (S; for avg S / N), and sends decode(encode(S)) back (second trip), which
+ * every rank, the owner too, keeps.  The tool resets the error-feedback
+ * residuals before the checked call (checkBegin), so each encode sees v = P_q
+ * or S itself and its error is one round trip's: rel |v| + block W + abs
+ * (+ saturation), W the largest |value| within B - 1 elements.
+ *
+ * With A_q = sum of |x| over region q, A = sum over q, T the exact sum:
+ *   |P_q| <= (1 + gamma(n_q - 1)) A_q, so the first trip's error is at most
+ *     E1_q = trip((1 + gamma) A_q, (1 + gamma) W(A_q));
+ *   the owner's own partial is not coded, and the owner is not known here:
+ *     all regions but the one with the smallest E1_q may be coded;
+ *   every rounding (the region sums, the k - 1 additions of the owner, the
+ *     division for avg) is at most gamma(N + 2) of the magnitudes involved,
+ *     which are at most A + sum E1_q:
+ *   |S - T| <= ES = gamma(N + 2) (A + sum E1) + (sum E1 - min E1);
+ *   the second trip codes values of magnitude at most V = (|T| + ES) / div
+ *     (div = N for avg, else 1): E2 = trip(V, W(V));
+ *   bound = ES / div + E2, plus the binary64 reference's own rounding.
+ */
+static int codec_bound(perfData *d, const perfCodecBound *c)
+{
+    if (d->cbound && memcmp(&d->cboundFor, c, sizeof(*c)) == 0)
+        return 0;
+    size_t P = d->period, B = c->block > 0 ? c->blockSize : 1;
+    const double u = 0x1p-24;
+    int N = d->nranks, K = d->regmag ? d->nregions : 1;
+    double div = d->op == PERF_AVG ? N : 1;
+    double *e1sum = calloc(P, sizeof(double)), *e1min = malloc(P * sizeof(double));
+    double *w = malloc(P * sizeof(double)), *v = malloc(P * sizeof(double));
+    double *out = d->cbound ? d->cbound : malloc(P * sizeof(double));
+    int res = -1;
+    if (!e1sum || !e1min || !w || !v || !out)
+        goto done;
+    for (size_t j = 0; j < P; j++)
+        e1min[j] = INFINITY;
+    for (int q = 0; q < K; q++) {
+        const double *aq = d->regmag ? d->regmag + (size_t)q * P : d->mag;
+        double g = 1.0 + gamma_n((d->regmag ? d->regionSize[q] : N) - 1, u);
+        if (window_max(aq, P, B, w) != 0)
+            goto done;
+        for (size_t j = 0; j < P; j++) {
+            double e = trip_bound(c, g * aq[j], g * w[j]);
+            e1sum[j] += e;
+            e1min[j] = e < e1min[j] ? e : e1min[j];
+        }
+    }
+    double g = gamma_n(N + 2, u), gref = gamma_n(N, 0x1p-53);
+    for (size_t j = 0; j < P; j++) {
+        /* one region: nothing crosses, only the second trip's coding is
+         * left (which the library skips then; the bound stays sound) */
+        double es = g * (d->mag[j] + e1sum[j]) + (K > 1 ? e1sum[j] - e1min[j] : 0.0);
+        e1sum[j] = es; /* keep ES */
+        v[j] = (fabs(d->ref[j]) + es) / div;
+    }
+    if (window_max(v, P, B, w) != 0)
+        goto done;
+    for (size_t j = 0; j < P; j++)
+        out[j] = e1sum[j] / div + trip_bound(c, v[j], w[j]) + gref * d->mag[j] / div + 0x1p-126;
+    d->cbound = out;
+    d->cboundFor = *c;
+    out = NULL;
+    res = 0;
+done:
+    if (out != d->cbound)
+        free(out);
+    free(e1sum);
+    free(e1min);
+    free(w);
+    free(v);
+    return res;
 }
 
 /* buf[0..count) = elements first..first+count of the stream tile repeats. */
@@ -469,6 +784,54 @@ static size_t data_check(const perfData *d, const unsigned char *tile, const voi
         b += n * es;
         count -= n;
     }
+    return wrong;
+}
+
+/* What a check within a bound saw (the worst over the elements checked). */
+typedef struct {
+    int used;        /* a bound was checked (else every check was bit for bit) */
+    int codec;       /* the bound included a codec's error */
+    char name[48];   /* the codec */
+    double maxErr;   /* largest |result - reference| */
+    double maxRef;   /* largest |reference| */
+    double worst;    /* largest |result - reference| / bound */
+    double maxBound; /* largest bound */
+} perfErr;
+
+/* Number of elements of buf[0..count) (float or double) farther from the
+ * reference ref / div than bound (arrays over the period, read from element
+ * first on); a NaN is always wrong. */
+static size_t tol_check(const perfData *d, const void *buf, size_t count, size_t first,
+                        double div, const double *bound, perfErr *e)
+{
+    size_t wrong = 0, P = d->period;
+    for (size_t i = 0; i < count; i++) {
+        size_t j = (first + i) % P;
+        double y;
+        if (d->esize == 4) {
+            float f;
+            memcpy(&f, (const char *)buf + i * 4, 4);
+            y = f;
+        } else {
+            memcpy(&y, (const char *)buf + i * 8, 8);
+        }
+        double want = d->ref[j] / div, err = fabs(y - want), b = bound[j];
+        if (!(err <= b)) {
+            wrong++;
+            if (err != err)
+                err = INFINITY;
+        }
+        if (err > e->maxErr)
+            e->maxErr = err;
+        if (fabs(want) > e->maxRef)
+            e->maxRef = fabs(want);
+        if (b > e->maxBound)
+            e->maxBound = b;
+        double ratio = b > 0 ? err / b : err > 0 ? INFINITY : 0.0;
+        if (ratio > e->worst)
+            e->worst = ratio;
+    }
+    e->used = 1;
     return wrong;
 }
 
@@ -615,16 +978,31 @@ static void prepare(perfBench *b, const perfSize *s, int inplace, perfCall *call
     }
 }
 
-/* Wrong elements after one prepared call; *oob gets the damaged guard bytes. */
+/* Wrong elements after one prepared call; *oob gets the damaged guard bytes.
+ * codec: the lossy codec the call went through, or NULL; *e: what a check
+ * within a bound saw.  Returns (size_t)-1 when memory for the bound ran out. */
 static size_t verify(perfBench *b, const perfSize *s, int inplace, const perfCall *call,
-                     size_t *oob)
+                     size_t *oob, const perfCodecBound *codec, perfErr *e)
 {
-    const perfData *d = &b->data;
+    perfData *d = &b->data;
     size_t es = d->esize, wrong = 0;
+    double div = b->o->op == PERF_AVG ? d->nranks : 1;
 
+    if (codec && d->ref == NULL)
+        codec = NULL; /* not a float sum/avg all-reduce: the library sends it exactly */
     switch (b->o->coll) {
     case PERF_ALLREDUCE:
-        wrong = data_check(d, d->result, call->recvbuff, s->count, 0);
+        if (codec) {
+            if (codec_bound(d, codec) != 0)
+                return (size_t)-1;
+            wrong = tol_check(d, call->recvbuff, s->count, 0, div, d->cbound, e);
+            e->codec = 1;
+            snprintf(e->name, sizeof(e->name), "%s", codec->name);
+        } else if (d->tolerant) {
+            wrong = tol_check(d, call->recvbuff, s->count, 0, div, d->rbound, e);
+        } else {
+            wrong = data_check(d, d->result, call->recvbuff, s->count, 0);
+        }
         break;
     case PERF_BROADCAST:
         wrong = data_check(d, data_input(d, b->o->root), call->recvbuff, s->count, 0);
@@ -635,8 +1013,12 @@ static size_t verify(perfBench *b, const perfSize *s, int inplace, const perfCal
                                 s->blockCount, 0);
         break;
     case PERF_REDUCESCATTER:
-        wrong = data_check(d, d->result, call->recvbuff, s->blockCount,
-                           (size_t)b->rank * s->blockCount);
+        if (d->tolerant)
+            wrong = tol_check(d, call->recvbuff, s->blockCount, (size_t)b->rank * s->blockCount,
+                              div, d->rbound, e);
+        else
+            wrong = data_check(d, d->result, call->recvbuff, s->blockCount,
+                               (size_t)b->rank * s->blockCount);
         break;
     default:
         break;
@@ -652,7 +1034,7 @@ static size_t verify(perfBench *b, const perfSize *s, int inplace, const perfCal
 /* One placement of one size: average time per call on this rank, and the
  * wrong and out-of-bounds counts of one checked call. */
 static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, size_t *wrong,
-                   size_t *oob, double *wan)
+                   size_t *oob, double *wan, perfErr *e)
 {
     const perfBackend *be = b->be;
     perfCall call;
@@ -682,10 +1064,23 @@ static int measure(perfBench *b, const perfSize *s, int inplace, double *usec, s
 
     *wrong = *oob = 0;
     if (b->o->check) {
+        perfCodecBound codec;
+        int lossy = 0;
         prepare(b, s, inplace, &call);
+        if (be->checkBegin && be->checkBegin(b->ctx))
+            return -1;
         if (be->coll(b->ctx, &call))
             return -1;
-        *wrong = verify(b, s, inplace, &call, oob);
+        memset(&codec, 0, sizeof(codec));
+        if (be->checkCodec && (lossy = be->checkCodec(b->ctx, &call, &codec)) < 0)
+            return -1;
+        /* --check-exact: the codec's error counts as wrong */
+        *wrong = verify(b, s, inplace, &call, oob, lossy && !b->o->checkExact ? &codec : NULL, e);
+        if (*wrong == (size_t)-1) {
+            fprintf(stderr, "%s: rank %d: out of memory for the error bound\n", be->name,
+                    b->rank);
+            return -1;
+        }
     }
     return 0;
 }
@@ -709,8 +1104,9 @@ static void print_header(perfBench *b, const char *launch, const char *ranklist,
         printf("%zu(bytes)", o->stepBytes);
     else
         printf("%zu(factor)", o->stepFactor);
-    printf(" warmup iters: %d iters: %d validation: %d timeout: %d", o->warmup, o->iters,
-           o->check, o->timeout);
+    printf(" warmup iters: %d iters: %d validation: %d%s timeout: %d data: %s", o->warmup,
+           o->iters, o->check, o->checkExact ? " (exact)" : "", o->timeout,
+           o->data == PERF_DATA_GAUSS ? "gauss" : "pattern");
     if (o->gapMs > 0)
         printf(" gap: %d ms", o->gapMs);
     printf("\n");
@@ -748,6 +1144,10 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
     perfBench b = {.be = be, .ctx = ctx, .o = o, .rank = rank, .nranks = nranks};
     const size_t hostlen = 56;
     unsigned char *ranklist = NULL;
+    int32_t *regions = NULL;
+    int *regionOf = NULL;
+    int codecBound = 0;           /* a lossy codec's bound was used */
+    int roundBound = 0;           /* a rounding-only bound was used */
     double bus_sum = 0.0;
     int bus_n = 0, res = 3;
     double wrong_total = 0.0, oob_total = 0.0;
@@ -763,10 +1163,6 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
     watchdog_arm(o->timeout, "%s: rank %d: no end after %d s while starting (rank list)\n",
                  be->name, rank, o->timeout);
 
-    if (data_init(&b.data, o, nranks) != 0) {
-        fprintf(stderr, "%s: rank %d: out of memory for the reference data\n", be->name, rank);
-        return 3;
-    }
     b.send = malloc(o->maxBytes + PERF_GUARD);
     b.recv = malloc(o->maxBytes + PERF_GUARD);
     ranklist = calloc((size_t)nranks, hostlen + 8);
@@ -788,6 +1184,35 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
         if (be->gatherBytes(ctx, mine, ranklist, sizeof(mine)))
             goto out;
     }
+    {
+        /* Every rank's region, for the bound of a codec between regions. */
+        int32_t mine = 0;
+        int myregion = 0, nreg = 1;
+        if (be->region && be->region(ctx, &myregion, &nreg))
+            goto out;
+        mine = myregion;
+        regions = calloc((size_t)nranks, sizeof(int32_t));
+        regionOf = calloc((size_t)nranks, sizeof(int));
+        if (regions == NULL || regionOf == NULL) {
+            fprintf(stderr, "%s: rank %d: out of memory\n", be->name, rank);
+            goto out;
+        }
+        if (be->gatherBytes(ctx, &mine, regions, sizeof(mine)))
+            goto out;
+        for (int r = 0; r < nranks; r++) {
+            if (regions[r] < 0 || regions[r] >= nreg) {
+                fprintf(stderr, "%s: rank %d: rank %d says it is in region %d of %d\n",
+                        be->name, rank, r, (int)regions[r], nreg);
+                goto out;
+            }
+            regionOf[r] = regions[r];
+        }
+        if (data_init(&b.data, o, nranks, rank, regionOf, nreg) != 0) {
+            fprintf(stderr, "%s: rank %d: out of memory for the reference data\n", be->name,
+                    rank);
+            goto out;
+        }
+    }
     if (rank == 0)
         print_header(&b, launch, (const char *)ranklist, hostlen);
 
@@ -797,21 +1222,30 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
         /* Sizes too small for one element per rank, or that round to the
          * size just measured, are skipped. */
         if (size_for(&b, req, &s) == 0 && s.bytes != prev) {
-            double t[2], w[4], wan[2];
+            double t[2], w[4], wan[2], ev[6];
             size_t wrong, oob;
+            perfErr err;
+            memset(&err, 0, sizeof(err));
             prev = s.bytes;
             for (int inplace = 0; inplace < 2; inplace++) {
                 watchdog_arm(o->timeout,
                              "%s: rank %d: %s of %zu bytes (%s) did not finish within %d s\n",
                              be->name, rank, perfCollName(o->coll), s.bytes,
                              inplace ? "in-place" : "out-of-place", o->timeout);
-                if (measure(&b, &s, inplace, &t[inplace], &wrong, &oob, &wan[inplace]))
+                if (measure(&b, &s, inplace, &t[inplace], &wrong, &oob, &wan[inplace], &err))
                     goto out;
                 w[inplace] = (double)wrong;
                 w[2 + inplace] = (double)oob;
             }
+            ev[0] = err.used;
+            ev[1] = err.codec;
+            ev[2] = err.maxErr;
+            ev[3] = err.maxRef;
+            ev[4] = err.worst;
+            ev[5] = err.maxBound;
             if (be->reduceDoubles(ctx, t, 2, 1) || be->reduceDoubles(ctx, w, 4, 0) ||
-                (be->wanBytes && be->reduceDoubles(ctx, wan, 2, 1)))
+                (be->wanBytes && be->reduceDoubles(ctx, wan, 2, 1)) ||
+                (o->check && be->reduceDoubles(ctx, ev, 6, 1)))
                 goto out;
             wrong_total += w[0] + w[1];
             oob_total += w[2] + w[3];
@@ -835,6 +1269,19 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
                 if (be->wanBytes)
                     printf("  %12.0f", wan[0]);
                 printf("\n");
+                /* The worst of both placements over all ranks; rel is
+                 * max |err| / max |result| (normwise). */
+                if (o->check && ev[0] > 0) {
+                    const char *what = ev[1] > 0 ? (err.codec ? err.name : "codec")
+                                                 : "float rounding";
+                    printf("#%12zu   %s bound: max abs err %.3g  max rel err %.3g  "
+                           "bound %.3g  worst err/bound %.3f\n",
+                           s.bytes, what, ev[2], ev[3] > 0 ? ev[2] / ev[3] : 0.0, ev[5], ev[4]);
+                    if (ev[1] > 0)
+                        codecBound = 1;
+                    else
+                        roundBound = 1;
+                }
                 fflush(stdout);
             }
         }
@@ -851,7 +1298,12 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
     alarm(0);
     if (rank == 0) {
         if (o->check) {
-            printf("# Wrong values         : %.0f %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+            printf("# Wrong values         : %.0f %s%s%s\n", wrong_total,
+                   wrong_total ? "FAILED" : "OK",
+                   codecBound ? " (results within the lossy codec's error bound count as right)"
+                   : roundBound ? " (results within the float rounding bound count as right)"
+                                : "",
+                   o->checkExact ? " (--check-exact: no codec error allowed)" : "");
             printf("# Out of bounds values : %.0f %s\n", oob_total, oob_total ? "FAILED" : "OK");
         } else {
             printf("# Results not checked (-c 0)\n");
@@ -863,6 +1315,8 @@ int perfRun(const perfBackend *be, void *ctx, const perfOptions *o, int rank, in
 out:
     alarm(0);
     free(ranklist);
+    free(regions);
+    free(regionOf);
     free(b.send);
     free(b.recv);
     data_free(&b.data);

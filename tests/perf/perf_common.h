@@ -48,6 +48,19 @@ typedef enum {
     PERF_NCOLLS
 } perfColl;
 
+/* Test data (--data). */
+typedef enum {
+    /* small integers whose every partial result is exact in the datatype:
+     * results are checked bit for bit; compresses far better than any
+     * gradient (a 4 KiB tile repeated) */
+    PERF_DATA_PATTERN,
+    /* gradient-like: N(0, 1) with full binary32/binary64 mantissas, a
+     * different reproducible stream per rank, repeating only every 2^20
+     * elements; other datatypes get normal values quantized so that their
+     * sums stay exact (see perf_common.c) */
+    PERF_DATA_GAUSS,
+} perfDataKind;
+
 /* Command line, as nccl-tests spells it where nccl-tests has the option. */
 typedef struct {
     perfColl coll;     /* -C; default allreduce */
@@ -64,7 +77,23 @@ typedef struct {
     int timeout;       /* -T seconds per size, 0 = none; default 0 */
     int gapMs;         /* -G idle milliseconds before each timed iteration; default 0 */
     int nprocs;        /* -N; 0 when not given */
+    perfDataKind data; /* --data; default PERF_DATA_PATTERN */
+    int checkExact;    /* --check-exact: no codec error allowed (see perfCodecBound) */
 } perfOptions;
+
+/*
+ * How far one round trip through a lossy codec may move a value v (the
+ * codec's documented bound, compress/codec.h):
+ *   |v - decode(encode(v))| <= rel |v| + block W + abs + max(0, |v| - sat)
+ * where W is the largest |value| of the codec's block that holds v; the
+ * check takes every value within blockSize - 1 elements of v, since it does
+ * not know where blocks start. sat = 0: the codec does not saturate.
+ */
+typedef struct {
+    char name[48];    /* for the table: "int8", "auto:int8,fp16" */
+    double rel, block, abs, sat;
+    size_t blockSize; /* 1 when block is 0 */
+} perfCodecBound;
 
 /* Which options a tool accepts beyond the common -b -e -f -i -n -w -c -d -o
  * -T -h. */
@@ -123,6 +152,19 @@ typedef struct {
     /* Payload bytes this rank has sent to other regions so far (GeoCCL's
      * statistics), for the "wan(B)" column; NULL prints no such column. */
     double (*wanBytes)(void *ctx);
+    /* This rank's region (0-based, the same numbering on every rank) and
+     * the number of regions; called once, before any collective. NULL:
+     * one region. */
+    int (*region)(void *ctx, int *region, int *nregions);
+    /* Called right before the call whose result is checked, every rank
+     * (may be NULL): e.g. forgets error-feedback residuals, so that this
+     * call's error is one round trip's. Returns 0, or nonzero after a
+     * message. */
+    int (*checkBegin)(void *ctx);
+    /* Right after that call: 1 when its result went through a lossy codec
+     * (*bound says how far it may be off), 0 when it is exact, -1 after a
+     * message. May be NULL (always exact). */
+    int (*checkCodec)(void *ctx, const perfCall *call, perfCodecBound *bound);
 } perfBackend;
 
 /*
