@@ -37,6 +37,13 @@
 
 void harness_setup_env(void) { setenv("GEOCCL_SOCKET_IFNAME", "lo", 0); }
 
+double harness_time_scale(void)
+{
+  const char *s = getenv("GEOCCL_TEST_TIME_SCALE");
+  double v = s ? atof(s) : 1;
+  return v >= 1 ? v : 1;
+}
+
 double harness_now(void)
 {
   struct timespec ts;
@@ -104,6 +111,76 @@ static int may_die(const harness_opts *opts, int r)
   return r < 32 && (opts->expect_die & (1u << r)) != 0;
 }
 
+/* The bootstrap root of a run lives in a process of its own: it is a
+ * thread of the process that called ncclGetUniqueId, and a process that
+ * forks must have no threads (the ranks' copies of them would be dead, and
+ * ThreadSanitizer refuses to run a child of a threaded process).  The id
+ * comes back through a pipe; the server lives until *stop is closed. */
+static pid_t id_server(ncclUniqueId *id, int *stop)
+{
+  int idp[2], sp[2];
+  if (pipe(idp) != 0) return -1;
+  if (pipe(sp) != 0) {
+    close(idp[0]);
+    close(idp[1]);
+    return -1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+    close(idp[0]);
+    close(sp[1]);
+    ncclUniqueId mine;
+    ncclResult_t r = ncclGetUniqueId(&mine);
+    if (r != ncclSuccess)
+      fprintf(stderr, "harness: ncclGetUniqueId failed: %s: %s\n",
+              ncclGetErrorString(r), ncclGetLastError(NULL));
+    else if (write(idp[1], &mine, sizeof(mine)) != (ssize_t)sizeof(mine))
+      r = ncclSystemError;
+    close(idp[1]);
+    char c;
+    for (;;) {
+      ssize_t n = read(sp[0], &c, 1);
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    _exit(r == ncclSuccess ? 0 : 1);
+  }
+  close(idp[1]);
+  close(sp[0]);
+  if (pid < 0) {
+    close(idp[0]);
+    close(sp[1]);
+    return -1;
+  }
+  size_t got = 0;
+  while (got < sizeof(*id)) {
+    ssize_t n = read(idp[0], (char *)id + got, sizeof(*id) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(idp[0]);
+  if (got < sizeof(*id)) {
+    close(sp[1]);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  *stop = sp[1];
+  return pid;
+}
+
+static void id_server_stop(pid_t pid, int stop)
+{
+  if (pid <= 0) return;
+  close(stop);
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+}
+
 int harness_run_opts(int nranks, harness_raw_fn fn, void *arg,
                      const harness_opts *opts)
 {
@@ -112,11 +189,12 @@ int harness_run_opts(int nranks, harness_raw_fn fn, void *arg,
 
   ncclUniqueId id;
   const ncclUniqueId *idp = NULL;
+  pid_t server = -1;
+  int server_stop = -1;
   if (opts->make_id) {
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "harness: ncclGetUniqueId failed: %s: %s\n",
-              ncclGetErrorString(r), ncclGetLastError(NULL));
+    server = id_server(&id, &server_stop);
+    if (server < 0) {
+      fprintf(stderr, "harness: no unique id (see above)\n");
       return nranks;
     }
     idp = &id;
@@ -127,6 +205,7 @@ int harness_run_opts(int nranks, harness_raw_fn fn, void *arg,
   int *reaped = calloc((size_t)nranks, sizeof(*reaped));
   if (pids == NULL || st == NULL || reaped == NULL) {
     free(pids); free(st); free(reaped);
+    id_server_stop(server, server_stop);
     fprintf(stderr, "harness: out of memory\n");
     return nranks;
   }
@@ -159,7 +238,7 @@ int harness_run_opts(int nranks, harness_raw_fn fn, void *arg,
     if (r >= forked) reaped[r] = 1; /* never started */
   }
 
-  double deadline = t0 + opts->timeout_s;
+  double deadline = t0 + opts->timeout_s * harness_time_scale();
   for (;;) {
     int pending = 0, pending_checked = 0;
     for (int r = 0; r < forked; r++) {
@@ -224,6 +303,7 @@ int harness_run_opts(int nranks, harness_raw_fn fn, void *arg,
   }
   if (opts->status != NULL)
     memcpy(opts->status, st, (size_t)nranks * sizeof(*st));
+  id_server_stop(server, server_stop);
   free(pids);
   free(st);
   free(reaped);

@@ -85,6 +85,10 @@ void harness_setup_env(void);
 
 /* Seconds on CLOCK_MONOTONIC (the same clock in every process). */
 double harness_now(void);
+/* GEOCCL_TEST_TIME_SCALE (>= 1; 1 when unset): how much longer everything
+ * takes in this build (sanitizers); the harness multiplies its limits by
+ * it, and so should a test's own waits that are limits, not targets. */
+double harness_time_scale(void);
 
 /* Memory shared between the parent and every child forked afterwards
  * (MAP_SHARED | MAP_ANONYMOUS), zero-filled. Returns NULL on failure. */

@@ -49,7 +49,7 @@ static void pause_us(long us)
 /* A poll loop's deadline: the communicator's timeout, as for every wait. */
 static ncclResult_t check_deadline(geoProbeCtx *pc, double deadline, const char *what)
 {
-    if (pc->err->abort_flag) {
+    if (geoErrAborted(pc->err)) {
         geoErrSet(pc->err, "init: probe %s: communicator aborted", what);
         geoNetBreak(pc->net);
         return ncclRemoteError;

@@ -192,6 +192,9 @@ static void ring_free(geoRing *r)
 
 static void comm_free_ex(struct ncclComm *comm, int abort)
 {
+    /* The device path's exchange thread runs collectives on this
+     * communicator and counts them: stop it before reading the counters. */
+    geoDevFree(comm, abort); /* before the transport: its thread uses it */
     if (comm->stats.calls_flat + comm->stats.calls_hier > 0)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET,
                 "destroy: %llu flat and %llu hierarchical collectives; sent %llu bytes to my "
@@ -207,7 +210,6 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
                                       : 1.0,
                 comm->stats.t_intra_rs, comm->stats.t_inter, comm->stats.t_intra_ag,
                 comm->stats.t_codec);
-    geoDevFree(comm, abort); /* before the transport: its thread uses it */
     ring_free(&comm->ring);
     ring_free(&comm->region_ring);
     free(comm->cma_peer_buf);
@@ -1017,7 +1019,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     } else {
         if (state == ncclSuccess)
             geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
-        comm->err.abort_flag = 1; /* device exchanges and waits end */
+        geoErrAbort(&comm->err); /* device exchanges and waits end */
         if (comm->net.ops && comm->net.state)
             geoNetBreak(&comm->net);
         geoBootstrapShrinkId(comm->secret, comm->comm_hash, comm->nranks,
@@ -1085,7 +1087,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         return ncclSuccess;
     GEO_RETURN_IF(geoCommCheck(comm, "ncclCommAbort") != ncclSuccess, ncclInvalidArgument,
                   "ncclCommAbort: not a live communicator");
-    comm->err.abort_flag = 1;
+    geoErrAbort(&comm->err);
     if (comm->net.ops && comm->net.state)
         geoNetBreak(&comm->net);
     join_init(comm);

@@ -25,7 +25,7 @@ typedef struct geoErr {
     pthread_mutex_t lock;               /* last_error */
     char last_error[GEO_ERR_TEXT_LEN];  /* what ncclGetLastError returns */
     char op_desc[GEO_ERR_OP_LEN];       /* operation in progress, for messages */
-    volatile int abort_flag;            /* aborted: every wait gives up */
+    int abort_flag;                     /* atomic (geoErrAbort/geoErrAborted) */
     ncclResult_t async_error;           /* atomic; first error; ncclInProgress during init */
 } geoErr;
 
@@ -35,6 +35,12 @@ void geoErrDestroy(geoErr *e);
 void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Mark the state failed with res (first error wins). */
 void geoErrFail(geoErr *e, ncclResult_t res);
+/* Abort: every wait of every thread gives up (release store). */
+static inline void geoErrAbort(geoErr *e) { __atomic_store_n(&e->abort_flag, 1, __ATOMIC_RELEASE); }
+static inline int geoErrAborted(const geoErr *e)
+{
+    return __atomic_load_n(&e->abort_flag, __ATOMIC_ACQUIRE);
+}
 /* The first error recorded, ncclSuccess, or ncclInProgress during init. */
 ncclResult_t geoErrState(const geoErr *e);
 

@@ -533,7 +533,7 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
             snprintf(buf, sizeof(buf), "waiting for %s", what);
             return cuda_error(comm, buf, e);
         }
-        if (comm->err.abort_flag || st->aborting) {
+        if (geoErrAborted(&comm->err) || st->aborting) {
             geoCommSetError(comm, "%s: aborted", comm->err.op_desc);
             return ncclInvalidUsage;
         }
@@ -1110,7 +1110,7 @@ static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gx
             geoCommSetError(comm, "%s: enqueuing the call on the stream failed", comm->err.op_desc);
             return ncclUnhandledCudaError;
         }
-        if (comm->err.abort_flag || st->aborting) {
+        if (geoErrAborted(&comm->err) || st->aborting) {
             geoCommSetError(comm, "%s: aborted", comm->err.op_desc);
             return ncclInvalidUsage;
         }
@@ -1179,6 +1179,9 @@ out:
 /* Hand a job to the exchange thread, reserving n flag values for its
  * stream waits (base + 1 .. base + n); j->seq = base + n releases them all.
  * Returns base. */
+/* Queue j for the exchange thread, which frees it once done: the caller
+ * must not touch j afterwards.  Returns the sequence number before j's n
+ * values; j's own (what its stream waits for) is that + n. */
 static uint32_t job_push(struct geoDevState *st, devJob *j, uint32_t n)
 {
     pthread_mutex_lock(&st->lock);
@@ -1657,12 +1660,14 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     j->len = len;
     j->op_seq = comm->op_seq;
     j->codec = codec;
-    job_push(st, j, 1);
+    /* From here the job belongs to the exchange thread, which frees it
+     * when done: never touch it again, keep only its sequence number. */
+    uint32_t jseq = job_push(st, j, 1) + 1;
+    j = NULL;
 
-    /* From here the job is queued: the stream must wait for it whatever
-     * happens, or the exchange thread would write into a slot reused by a
-     * later call. */
-    GEO_CHECK(stream_wait(comm, st, s, j->seq));
+    /* The job is queued: the stream must wait for it whatever happens, or
+     * the exchange thread would write into a slot reused by a later call. */
+    GEO_CHECK(stream_wait(comm, st, s, jseq));
     if (len > 0)
         CUDA_CHECK(comm, cudaMemcpyAsync(mine, slot->host, len * es, cudaMemcpyHostToDevice, s),
                    "copying the exchanged shard back");
@@ -1753,9 +1758,10 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     j->staged = 1;
     j->sbytes = in;
     j->rat = rat;
-    job_push(st, j, 1);
+    uint32_t jseq = job_push(st, j, 1) + 1; /* j is the exchange thread's now (it frees it) */
+    j = NULL;
     /* queued: the stream must wait for it whatever happens */
-    GEO_CHECK(stream_wait(comm, st, s, j->seq));
+    GEO_CHECK(stream_wait(comm, st, s, jseq));
     if (copy_out)
         CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, slot->host + rat, out, cudaMemcpyDefault,
                                          s), "copying the output back");
@@ -1803,7 +1809,7 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&st->cv, &st->lock, &ts);
-        if (st->pending > 0 && (comm->err.abort_flag || geoNow() - t0 > comm->timeout)) {
+        if (st->pending > 0 && (geoErrAborted(&comm->err) || geoNow() - t0 > comm->timeout)) {
             pthread_mutex_unlock(&st->lock);
             geoCommSetError(comm, "%s: %d cross-region device all-reduces still wait for their "
                             "streams after GEOCCL_TIMEOUT=%.0f s", comm->err.op_desc, st->pending,

@@ -122,7 +122,16 @@ static int open_one(const char *path, geoNcclRealLib *lib, char *err, size_t err
 
     memset(lib, 0, sizeof(*lib));
     dlerror();
+#ifdef GEOCCL_SANITIZE
+    /* The sanitizer runtimes refuse RTLD_DEEPBIND (their interceptors must
+     * see every call).  A sanitizer build runs where there is no GPU, with
+     * the emulated NCCL only, which never calls its own exports; with
+     * NVIDIA's library such a build is not supported (its internal calls
+     * would bind to ours). */
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+#else
     h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+#endif
     if (h == NULL) {
         const char *why = dlerror();
         snprintf(err, errlen, "cannot load %s: %s", path, why ? why : "unknown dlopen error");

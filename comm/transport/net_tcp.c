@@ -232,7 +232,7 @@ static void break_locked(tcpState *st, ncclResult_t res)
         for (int d = 0; d < 2; d++) {
             for (geoNetRequest *r = peer->q[d]; r; r = r->next) {
                 r->result = st->broken_res;
-                r->done = 1;
+                __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* geoNetWait's fast path */
             }
             peer->q[d] = NULL;
         }
@@ -1004,7 +1004,7 @@ static ncclResult_t setup_connections(tcpState *st)
         double now = geoNow(), wake = deadline;
         int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
 
-        if (ctx->err->abort_flag) {
+        if (geoErrAborted(ctx->err)) {
             geoErrSet(ctx->err, "init: aborted while connecting to peers (%d of %d outgoing "
                             "and %d of %d incoming connections were up)", out_done, nout,
                             in_done, nin);
@@ -1295,14 +1295,14 @@ static ncclResult_t setup_rings(tcpState *st)
             }
     while (nwait > 0) {
         double now = geoNow();
-        if (ctx->err->abort_flag || now >= deadline) {
+        if (geoErrAborted(ctx->err) || now >= deadline) {
             int i = 0;
             while (!waiting[i])
                 i++;
             int p = i / st->nstreams;
             geoErrSet(ctx->err, "init: %s while waiting for rank %d at %s (host %s) to "
                             "agree on shared-memory rings (stream %d)",
-                            ctx->err->abort_flag ? "aborted" : "timed out", p, peer_str(st, p, pa),
+                            geoErrAborted(ctx->err) ? "aborted" : "timed out", p, peer_str(st, p, pa),
                             ctx->peers[p].host, i % st->nstreams);
             res = ncclRemoteError;
             goto out;
@@ -1504,7 +1504,7 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (res == ncclSuccess)
         wake(st);
     else
-        req->done = 1, req->result = res;
+        req->result = res, req->done = 1; /* never queued: no other thread saw it */
     return res;
 }
 
@@ -1529,7 +1529,7 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             st->waiting_for = NULL;
         if (req->done)
             break;
-        if (ctx->err->abort_flag) {
+        if (geoErrAborted(ctx->err)) {
             if (!st->broken)
                 geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
             break_locked(st, ncclRemoteError);
@@ -1593,7 +1593,7 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
             geoErrSet(ctx->err, "%s: malformed signal from rank %d (%s, host %s)",
                             ctx->err->op_desc, peer, peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
-        } else if (ctx->err->abort_flag) {
+        } else if (geoErrAborted(ctx->err)) {
             geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
             res = ncclRemoteError;
         } else if (c->closed) {

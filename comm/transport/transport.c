@@ -70,11 +70,15 @@ ncclResult_t geoNetIrecvV(geoNet *net, int peer, void *buf, size_t capacity,
 
 ncclResult_t geoNetWait(geoNet *net, geoNetRequest *req)
 {
-    /* The progress thread publishes result and its last touch of the
-     * buffer before its release store of done; this acquire load orders
-     * the caller's read of result, and its reuse of the buffer, after them. */
-    if ((req->size == 0 && !req->vlen) ||
-        (__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && req->result != ncclInProgress))
+    /* The progress thread publishes result (and a variable-length
+     * receive's size) and its last touch of the buffer before its release
+     * store of done; this acquire load orders the caller's reads, and its
+     * reuse of the buffer, after them.  A fixed-size request of zero bytes
+     * was never posted (post() completes it at once, and arrays of requests
+     * hold unposted ones): nobody else writes it. */
+    if (__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && req->result != ncclInProgress)
+        return req->result;
+    if (!req->vlen && req->size == 0)
         return req->result;
     return net->ops->wait(net->state, req);
 }

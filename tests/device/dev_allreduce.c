@@ -71,6 +71,13 @@ static float value(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 
 /* The hashes the ranks report: [case][rank]. */
 #define MAX_CASES 16
 static uint64_t *hashes;
+/* The unique id, made by rank 0 (the bootstrap root is a thread of the
+ * process that makes it, and a process that forks must not have threads)
+ * and read by the others once ready is set (shared memory). */
+static struct {
+    ncclUniqueId id;
+    int ready; /* 1: id is there; -1: rank 0 could not make it */
+} *shared_id;
 
 static uint64_t hash_bytes(const void *p, size_t n)
 {
@@ -285,10 +292,26 @@ static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
     return 0;
 }
 
-static int rank_main(int rank, int nranks, ncclUniqueId id, size_t mib, const char *codec)
+static int rank_main(int rank, int nranks, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
+    ncclUniqueId id;
     char label[16];
+    if (rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&shared_id->id);
+        __atomic_store_n(&shared_id->ready, r == ncclSuccess ? 1 : -1, __ATOMIC_RELEASE);
+        NK(r);
+    }
+    for (int waited = 0; __atomic_load_n(&shared_id->ready, __ATOMIC_ACQUIRE) == 0; waited++) {
+        if (waited > 60 * 1000) {
+            fprintf(stderr, "rank %d: no unique id from rank 0 within 60 s\n", rank);
+            return 1;
+        }
+        usleep(1000);
+    }
+    if (shared_id->ready < 0)
+        return 1;
+    id = shared_id->id;
     snprintf(label, sizeof(label), "r%d", rank);
     setenv("GEOCCL_REGION", label, 1);
     CK(cudaSetDevice(0));
@@ -386,8 +409,7 @@ int main(int argc, char **argv)
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;
     const char *codec = argc > 3 ? argv[3] : NULL;
-    int ngpu = 0, rank = -1;
-    ncclUniqueId id;
+    int ngpu = 0;
     ncclComm_t comm = NULL;
     (void)comm;
 
@@ -412,12 +434,18 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(hashes, 0, MAX_CASES * 16 * sizeof(uint64_t));
-    NK(ncclGetUniqueId(&id));
+    shared_id = mmap(NULL, sizeof(*shared_id), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared_id == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(shared_id, 0, sizeof(*shared_id));
     pid_t *pids = calloc((size_t)nranks, sizeof(pid_t));
     for (int r = 0; r < nranks; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
-            int rc = rank_main(r, nranks, id, mib, codec);
+            int rc = rank_main(r, nranks, mib, codec);
             fflush(NULL); /* _exit does not flush: a pipe would lose the figures */
             _exit(rc);
         }
