@@ -6,6 +6,11 @@
 # work on host buffers; without the preload it would be NVIDIA's library.
 #
 set -u
+if [ -n "${GEOCCL_SANITIZE:-}" ]; then
+    echo "SKIP: built with -fsanitize=$GEOCCL_SANITIZE: LD_PRELOAD of this libgeoccl.so into a"
+    echo "      program built without the sanitizer runtime cannot work (the runtime must load first)"
+    exit 77
+fi
 bin="./tests/test_abi_nccl"
 lib="${GEOCCL_TEST_BUILDDIR:-$PWD}/lib/.libs/libgeoccl.so"
 [ -x "$bin" ] || { echo "SKIP: $bin not built (no NCCL library found)"; exit 77; }

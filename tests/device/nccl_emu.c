@@ -108,11 +108,11 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t *config)
+/* The library never calls its own exports: a sanitizer build loads it
+ * without RTLD_DEEPBIND (comm/device/nccl_real.c), where such a call would
+ * bind to GeoCCL's function of the same name. */
+static ncclResult_t init_rank(ncclComm_t *comm, int nranks, int rank)
 {
-    (void)id;
-    (void)config;
     if (comm == NULL)
         return fail(ncclInvalidArgument, "comm is NULL");
     if (nranks != 1 || rank != 0)
@@ -125,9 +125,18 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     return ncclSuccess;
 }
 
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    (void)id;
+    (void)config;
+    return init_rank(comm, nranks, rank);
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
-    return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
+    (void)id;
+    return init_rank(comm, nranks, rank);
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm)
@@ -135,7 +144,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
     return comm ? ncclSuccess : fail(ncclInvalidArgument, "comm is NULL");
 }
 
-ncclResult_t ncclCommDestroy(ncclComm_t comm)
+static ncclResult_t destroy(ncclComm_t comm)
 {
     if (comm == NULL)
         return fail(ncclInvalidArgument, "comm is NULL");
@@ -143,7 +152,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+ncclResult_t ncclCommDestroy(ncclComm_t comm) { return destroy(comm); }
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return destroy(comm); }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 {

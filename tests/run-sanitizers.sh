@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+#
+# The suite under the sanitizers, each in a build of its own:
+#
+#   bash tests/run-sanitizers.sh [MODE...]      (from a configured source tree)
+#
+# MODE is address,undefined (the whole suite) or thread (the tests whose
+# threads share state: transport, shared-memory rings, collectives,
+# hierarchical, bootstrap, device emulation); default both.  Each mode
+# copies the distributed sources (make distdir) to a work folder, builds
+# them with ./configure --enable-sanitizers=MODE, runs its tests and prints
+# "MODE: N passed, N failed, N skipped (S s)".  A sanitizer report fails
+# its test (the runtimes stop the program with exit status 66).  The exit
+# status is 0 only when no test of any mode failed.
+#
+# Environment: GEOCCL_SANITIZE_DIR, the work folder (default: a new one in
+# /tmp, removed afterwards unless a test failed).
+#
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+[ -f Makefile ] || { echo "run-sanitizers: configure the source tree first"; exit 1; }
+
+modes=("$@")
+[ ${#modes[@]} -eq 0 ] && modes=(address,undefined thread)
+
+# The tests whose threads share state with the progress threads; thread
+# sanitizer runs take about 5-15x longer, so only these run under it.
+thread_tests="tests/test_transport tests/unit/test_shm_ring tests/test_collectives \
+tests/test_hier tests/test_bootstrap tests/test_peer_death tests/device/run_dev_emu.sh"
+
+work=${GEOCCL_SANITIZE_DIR:-$(mktemp -d /tmp/geoccl-sanitize.XXXXXX)}
+mkdir -p "$work"
+src="$work/src"
+rm -rf "$src"
+if ! make -s distdir distdir="$src" > "$work/distdir.log" 2>&1; then
+    cat "$work/distdir.log"
+    echo "run-sanitizers: make distdir failed"
+    exit 1
+fi
+
+total_fail=0
+summary=()
+for mode in "${modes[@]}"; do
+    t0=$(date +%s)
+    b="$work/build-${mode//,/-}"
+    rm -rf "$b"
+    mkdir -p "$b"
+    echo "== sanitizers $mode: configure and build in $b"
+    if ! (cd "$b" && "$src/configure" --enable-sanitizers="$mode" > configure.log 2>&1); then
+        tail -n 30 "$b/configure.log"
+        summary+=("$mode: configure failed")
+        total_fail=$((total_fail + 1))
+        continue
+    fi
+    if ! make -C "$b" -j2 > "$b/make.log" 2>&1; then
+        grep -E 'error|Error' "$b/make.log" | head -n 30
+        summary+=("$mode: build failed")
+        total_fail=$((total_fail + 1))
+        continue
+    fi
+    tests=
+    case $mode in
+        *thread*) tests=$thread_tests ;;
+    esac
+    echo "== sanitizers $mode: make check${tests:+ TESTS=(the threaded tests)}"
+    if [ -n "$tests" ]; then
+        make -C "$b" -j2 check TESTS="$tests" > "$b/check.log" 2>&1
+    else
+        make -C "$b" -j2 check > "$b/check.log" 2>&1
+    fi
+    grep -E '^(PASS|FAIL|SKIP|ERROR|XPASS|XFAIL):' "$b/check.log" | sed 's/^/  /'
+    log="$b/test-suite.log"
+    count() { sed -n "s/^# $1: *\\([0-9][0-9]*\\).*/\\1/p" "$log" 2>/dev/null | head -n 1; }
+    pass=$(count PASS); skip=$(count SKIP)
+    f1=$(count FAIL); e1=$(count ERROR); x1=$(count XPASS)
+    fail=$(( ${f1:-0} + ${e1:-0} + ${x1:-0} ))
+    [ -f "$log" ] || fail=1
+    if [ "$fail" -ne 0 ]; then
+        # What the failing tests printed: sanitizer reports and test output.
+        for l in $(grep -l -E '^(FAIL|ERROR)' "$b"/tests/*.log "$b"/tests/*/*.log 2>/dev/null | grep -v test-suite); do
+            echo "--- $l"
+            grep -E -A25 'ERROR: (Address|Leak|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error|SUMMARY' "$l" | head -n 80
+            tail -n 15 "$l"
+        done
+    fi
+    secs=$(( $(date +%s) - t0 ))
+    skipped=$(grep -h '^SKIP' "$b"/tests/*.log "$b"/tests/*/*.log 2>/dev/null | head -n 5)
+    summary+=("$mode: ${pass:-0} passed, $fail failed, ${skip:-0} skipped (${secs} s)")
+    [ -n "$skipped" ] && summary+=("$skipped")
+    total_fail=$((total_fail + fail))
+done
+
+echo "== sanitizers: summary"
+printf '  %s\n' "${summary[@]}"
+if [ "$total_fail" -eq 0 ] && [ -z "${GEOCCL_SANITIZE_DIR:-}" ]; then
+    chmod -R u+w "$work" 2>/dev/null
+    rm -rf "$work"
+else
+    echo "  builds and logs kept in $work"
+fi
+[ "$total_fail" -eq 0 ]
