@@ -5,7 +5,8 @@
 # as another user, or without apt-get, it does nothing.
 #
 packages=(build-essential autoconf automake libtool pkg-config libzstd-dev
-          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 python3-sklearn zlib1g-dev)
+          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 python3-sklearn zlib1g-dev
+          gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 
 [ "$(id -u)" = 0 ] || exit 0
 command -v apt-get >/dev/null 2>&1 || exit 0

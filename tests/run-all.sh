@@ -63,6 +63,33 @@ if [ "$check_status" -ne 0 ] || [ "$failed" -ne 0 ]; then
     [ "$failed" -eq 0 ] && failed=1
 fi
 
+pass=${pass:-0}
+
+# The same sources under the sanitizers (tests/run-sanitizers.sh: the whole
+# suite under address,undefined; the threaded tests under thread), then
+# built for aarch64 (tests/run-cross.sh).  GEOCCL_TEST_SANITIZERS=0 and
+# GEOCCL_TEST_CROSS=0 leave them out of a quick local run.
+if [ "${GEOCCL_TEST_SANITIZERS:-1}" != 0 ]; then
+    echo "== sanitizers"
+    san_log=$(mktemp)
+    bash tests/run-sanitizers.sh 2>&1 | tee "$san_log"
+    while read -r p f; do
+        pass=$((pass + p)); failed=$((failed + f))
+    done < <(sed -n 's/^  [a-z,]*: \([0-9]*\) passed, \([0-9]*\) failed.*/\1 \2/p' "$san_log")
+    # A mode that did not even build counts as one failure.
+    failed=$((failed + $(grep -c -E '^  [a-z,]*: (configure|build) failed' "$san_log")))
+    rm -f "$san_log"
+fi
+if [ "${GEOCCL_TEST_CROSS:-1}" != 0 ]; then
+    echo "== aarch64 cross build"
+    bash tests/run-cross.sh
+    case $? in
+        0) pass=$((pass + 1)) ;;
+        77) skip=$(( ${skip:-0} + 1 )) ;;
+        *) failed=$((failed + 1)) ;;
+    esac
+fi
+
 echo "(${skip:-0} skipped, ${xfail:-0} expected failures)"
-echo "${pass:-0} passed, ${failed} failed"
+echo "${pass} passed, ${failed} failed"
 [ "$failed" -eq 0 ]

@@ -157,7 +157,10 @@ static void test_int_wrap_avg_scale(void)
  * unaligned starts, and in place (dst == a, dst == b). */
 #define REF_CHECK(T, EXPR)                                                             \
     do {                                                                               \
-        T *A = (T *)(abuf + off), *B = (T *)(bbuf + off), *D = (T *)(dbuf + off);      \
+        /* off elements in: the vector loops see every alignment to their   \
+         * 16 bytes, the elements keep their own (C's rule).  */          \
+        T *A = (T *)(abuf + off * sizeof(T)), *B = (T *)(bbuf + off * sizeof(T));     \
+        T *D = (T *)(dbuf + off * sizeof(T));                                          \
         for (size_t i = 0; i < n; i++) {                                               \
             A[i] = (T)(seed * (i + 3) % 251) / (T)7 - (T)9;                            \
             B[i] = (T)(seed * (i + 11) % 241) / (T)3 + (T)1;                           \
@@ -178,7 +181,7 @@ static void test_int_wrap_avg_scale(void)
 
 static void test_vector_loops_match_scalar(void)
 {
-    static unsigned char abuf[4096], bbuf[4096], dbuf[4096];
+    static _Alignas(16) unsigned char abuf[4096], bbuf[4096], dbuf[4096];
     const ncclDataType_t types[] = {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64,
                                     ncclUint64, ncclFloat32, ncclFloat64};
     const size_t lens[] = {1, 15, 16, 17, 63, 64, 65, 129, 257};

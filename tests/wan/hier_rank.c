@@ -374,15 +374,20 @@ static int mode_loop(double seconds, size_t bytes)
   float *send = malloc(nb), *recv = malloc(nb), *exp = malloc(nb);
   unsigned long calls = 0;
   double slowest = 0;
+  int rc = 0;
   if (send == NULL || recv == NULL || exp == NULL) {
     fprintf(stderr, "rank %d: out of memory for %zu bytes\n", g_rank, nb);
-    return 1;
+    rc = 1;
+    goto out;
   }
   harness_fill_input(send, ncclFloat32, ncclSum, g_nranks, g_rank, 0, count, seed);
   harness_fill_expected(exp, ncclFloat32, ncclSum, g_nranks, 0, count, seed);
 
   ncclComm_t comm = init_comm();
-  if (comm == NULL) return 1;
+  if (comm == NULL) {
+    rc = 1;
+    goto out;
+  }
   const double t0 = harness_now();
   for (;;) {
     double start = harness_now();
@@ -400,7 +405,8 @@ static int mode_loop(double seconds, size_t bytes)
              "succeeded)\n", g_rank, ncclGetErrorString(ra),
              harness_now() - a0, calls);
       fflush(stdout);
-      return 2;
+      rc = 2;
+      goto out;
     }
     calls++;
     if (took > slowest) slowest = took;
@@ -413,7 +419,8 @@ static int mode_loop(double seconds, size_t bytes)
              g_rank, calls, m, (double)recv[0]);
       fflush(stdout);
       ncclCommDestroy(comm);
-      return 1;
+      rc = 1;
+      goto out;
     }
     if (recv[0] > 0) break;
   }
@@ -422,15 +429,15 @@ static int mode_loop(double seconds, size_t bytes)
          "algbw, slowest call %.2f s)\n", g_rank, calls, nb, el,
          (double)nb * (double)calls / el / 1e6, slowest);
   fflush(stdout);
-  ncclResult_t r = ncclCommDestroy(comm);
+  if (ncclCommDestroy(comm) != ncclSuccess) {
+    printf("rank %d: FAIL ncclCommDestroy\n", g_rank);
+    rc = 1;
+  }
+out:
   free(send);
   free(recv);
   free(exp);
-  if (r != ncclSuccess) {
-    printf("rank %d: FAIL ncclCommDestroy: %s\n", g_rank, ncclGetErrorString(r));
-    return 1;
-  }
-  return 0;
+  return rc;
 }
 
 static int usage(void)
