@@ -46,7 +46,7 @@ if ! make -j2 > make.log 2>&1 || ! make -j2 check TESTS= GEOCCL_FUZZ_SANITIZE= >
     echo "cross $host: build failed (logs in $work)"
     exit 1
 fi
-file lib/.libs/libgeoccl.so.0 2>/dev/null | sed 's/^/  /'
+file -L lib/.libs/libgeoccl.so.0 2>/dev/null | sed 's/^/  /'
 status=0
 fuzz="not run (no qemu-${host%%-*})"
 qemu=$(command -v "qemu-${host%%-*}" || command -v "qemu-${host%%-*}-static" || true)
