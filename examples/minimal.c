@@ -88,21 +88,43 @@ int main(void)
     return run_rank(atoi(rank_env), atoi(nranks_env), id);
   }
 
-  /* No launcher: make the id here, then fork 4 ranks that share it. The
-   * id holds the address of a listener that ncclGetUniqueId started in this
-   * process, so this process stays alive until the ranks are done. */
+  /* No launcher: fork 4 ranks, then make the id here and hand it to each
+   * through a pipe. The id holds the address of a listener that
+   * ncclGetUniqueId starts as a thread of this process, so this process
+   * stays alive until the ranks are done; and it forks first, because a
+   * child forked while that thread holds a lock (malloc's) could hang. */
   const int nranks = 4;
   setenv("GEOCCL_SOCKET_IFNAME", "lo", 0); /* everything on this machine */
-  ncclUniqueId id;
-  CHECK(ncclGetUniqueId(&id));
+  int pipes[4][2];
   fflush(stdout);
   for (int r = 0; r < nranks; r++) {
+    if (pipe(pipes[r]) != 0) {
+      perror("pipe");
+      return 1;
+    }
     pid_t pid = fork();
     if (pid < 0) {
       perror("fork");
       return 1;
     }
-    if (pid == 0) _exit(run_rank(r, nranks, id));
+    if (pid == 0) {
+      ncclUniqueId rid;
+      close(pipes[r][1]);
+      if (read(pipes[r][0], &rid, sizeof(rid)) != (ssize_t)sizeof(rid)) _exit(1);
+      _exit(run_rank(r, nranks, rid));
+    }
+    close(pipes[r][0]);
+  }
+  ncclUniqueId id;
+  ncclResult_t made = ncclGetUniqueId(&id);
+  if (made != ncclSuccess)
+    fprintf(stderr, "ncclGetUniqueId: %s: %s\n", ncclGetErrorString(made),
+            ncclGetLastError(NULL));
+  for (int r = 0; r < nranks; r++) {
+    /* A rank whose pipe is closed without an id exits with an error. */
+    if (made == ncclSuccess && write(pipes[r][1], &id, sizeof(id)) != (ssize_t)sizeof(id))
+      perror("write");
+    close(pipes[r][1]);
   }
   int failed = 0;
   for (int r = 0; r < nranks; r++) {
