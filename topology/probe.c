@@ -1129,7 +1129,7 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
     ncclResult_t res;
 
     GEO_CHECK(find_nodes(pc, t));
-    snprintf(pc->err->op_desc, sizeof(pc->err->op_desc), "init probe");
+    geoErrSetOp(pc->err, "init probe");
     if (t->leader[t->node_of[pc->rank]] == pc->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
         topoNic nics[16];
         char line[512] = "none";

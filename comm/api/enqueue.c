@@ -105,13 +105,13 @@ static ncclResult_t validate(geoOp *op, const char *fn)
     }
     ncclResult_t broken = geoCommAsyncError(comm);
     if (broken != ncclSuccess) {
-        geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, comm->err.last_error);
+        geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, geoErrLast(&comm->err));
         return broken;
     }
     if (op->device) {
         ncclResult_t r = geoDevCheck(comm, op, fn);
         if (r != ncclSuccess) {
-            geoWarn(GEO_LOG_COLL, "%s", comm->err.last_error);
+            geoWarn(GEO_LOG_COLL, "%s", geoErrLast(&comm->err));
             return r;
         }
     }

@@ -80,12 +80,12 @@ ncclResult_t geoRunCommOps(struct ncclComm *comm, geoOp *p2p, geoOp *colls)
         return res;
     }
     if (p2p) {
-        snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "grouped send/recv #%llu",
+        geoErrSetOp(&comm->err, "grouped send/recv #%llu",
                  (unsigned long long)++comm->op_seq);
         res = geoP2pRun(comm, p2p);
     }
     for (geoOp *o = colls; o && res == ncclSuccess; o = o->next) {
-        snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "%s #%llu (%zu elements)",
+        geoErrSetOp(&comm->err, "%s #%llu (%zu elements)",
                  geoOpTypeName(o->type), (unsigned long long)++comm->op_seq, o->count);
         res = geoCollRun(o);
     }

@@ -45,7 +45,7 @@ const char *ncclGetErrorString(ncclResult_t result)
 const char *ncclGetLastError(ncclComm_t comm)
 {
     if (comm != NULL && comm->magic == GEO_COMM_MAGIC)
-        return comm->err.last_error;
+        return geoErrLast(&comm->err); /* the API hands out the buffer itself */
     return geoThreadError();
 }
 
@@ -154,7 +154,7 @@ void geoCommCompressionInit(struct ncclComm *comm)
     comm->codec = GEO_CODEC_NONE;
     const char *spec = geoParamStr(GEO_PARAM_COMPRESS);
     if (spec && geoCommSetCodec(comm, spec) != ncclSuccess) {
-        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", comm->err.last_error);
+        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", geoErrLast(&comm->err));
         comm->codec = GEO_CODEC_NONE;
     }
 }
@@ -663,7 +663,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     geoCommCompressionInit(comm);
     if (config && config->commName)
         snprintf(comm->name, sizeof(comm->name), "%s", config->commName);
-    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "init");
+    geoErrSetOp(&comm->err, "init");
 
     if (!comm->blocking) {
         initArgs *a = malloc(sizeof(*a));
@@ -686,8 +686,8 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     }
     res = comm_connect(comm, &id, allow_env_root);
     if (res != ncclSuccess) {
-        geoWarn(GEO_LOG_INIT, "%s", comm->err.last_error[0] ? comm->err.last_error : geoThreadError());
-        geoSetThreadError("%s", comm->err.last_error[0] ? comm->err.last_error : geoThreadError());
+        geoWarn(GEO_LOG_INIT, "%s", geoErrLast(&comm->err)[0] ? geoErrLast(&comm->err) : geoThreadError());
+        geoSetThreadError("%s", geoErrLast(&comm->err)[0] ? geoErrLast(&comm->err) : geoThreadError());
         comm_free(comm);
         return res;
     }
@@ -851,7 +851,7 @@ out:
 #define SHRINK_BAD(comm, ...)                                             \
     do {                                                                  \
         geoCommSetError((comm), "ncclCommShrink: " __VA_ARGS__);          \
-        geoWarn(GEO_LOG_INIT, "%s", (comm)->err.last_error);                  \
+        geoWarn(GEO_LOG_INIT, "%s", geoErrLast(&(comm)->err));                  \
         return ncclInvalidArgument;                                       \
     } while (0)
 
@@ -870,7 +870,7 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     ncclResult_t res = ncclSuccess, made = ncclSuccess;
 
     memset(&msg, 0, sizeof(msg));
-    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "ncclCommShrink");
+    geoErrSetOp(&comm->err, "ncclCommShrink");
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     /* Queued device exchanges share the transport: they finish first. */
     GEO_CHECK_GOTO(geoDevDrain(comm), res, out);
@@ -997,7 +997,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         free(excluded);
         geoCommSetError(comm, "ncclCommShrink: the communicator is broken (%s: %s); "
                         "NCCL_SHRINK_ABORT builds the new one without it",
-                        ncclGetErrorString(state), comm->err.last_error);
+                        ncclGetErrorString(state), geoErrLast(&comm->err));
         return state;
     }
 

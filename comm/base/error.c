@@ -31,6 +31,36 @@ void geoErrSet(geoErr *e, const char *fmt, ...)
     geoSetThreadError("%s", buf);
 }
 
+void geoErrSetOp(geoErr *e, const char *fmt, ...)
+{
+    char buf[GEO_ERR_OP_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&e->lock);
+    memcpy(e->op_desc, buf, sizeof(buf));
+    pthread_mutex_unlock(&e->lock);
+}
+
+const char *geoErrOp(geoErr *e)
+{
+    static __thread char copy[GEO_ERR_OP_LEN];
+    pthread_mutex_lock(&e->lock);
+    memcpy(copy, e->op_desc, sizeof(copy));
+    pthread_mutex_unlock(&e->lock);
+    return copy;
+}
+
+const char *geoErrLast(geoErr *e)
+{
+    static __thread char copy[GEO_ERR_TEXT_LEN];
+    pthread_mutex_lock(&e->lock);
+    memcpy(copy, e->last_error, sizeof(copy));
+    pthread_mutex_unlock(&e->lock);
+    return copy;
+}
+
 void geoErrFail(geoErr *e, ncclResult_t res)
 {
     ncclResult_t expect = ncclSuccess;

@@ -9,8 +9,11 @@
  * async_error is set once, first error wins, by compare-and-swap, and read
  * with acquire loads (geoErrState); abort_flag is set by ncclCommAbort /
  * ncclCommRevoke and the transports' breakAll from any thread and polled by
- * every wait.  op_desc names the operation in progress; it is written by
- * the thread that runs the operation before it starts any transfer. */
+ * every wait.  op_desc names the operation in progress, for messages: the
+ * API thread and the device path's exchange thread both set it
+ * (geoErrSetOp) and every thread reads it, so both go through the lock
+ * (geoErrOp copies it), as do internal reads of last_error (geoErrLast).
+ * Only ncclGetLastError hands out the buffer itself, as NCCL does. */
 #ifndef GEOCCL_ERROR_H_
 #define GEOCCL_ERROR_H_
 
@@ -22,7 +25,7 @@
 #define GEO_ERR_OP_LEN 96
 
 typedef struct geoErr {
-    pthread_mutex_t lock;               /* last_error */
+    pthread_mutex_t lock;               /* last_error, op_desc */
     char last_error[GEO_ERR_TEXT_LEN];  /* what ncclGetLastError returns */
     char op_desc[GEO_ERR_OP_LEN];       /* operation in progress, for messages */
     int abort_flag;                     /* atomic (geoErrAbort/geoErrAborted) */
@@ -33,6 +36,12 @@ void geoErrInit(geoErr *e);
 void geoErrDestroy(geoErr *e);
 /* Record the text ncclGetLastError returns, here and for the thread. */
 void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Name the operation in progress. */
+void geoErrSetOp(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Copies of op_desc and last_error taken under the lock, in buffers of
+ * the calling thread: valid until its next call of the same function. */
+const char *geoErrOp(geoErr *e);
+const char *geoErrLast(geoErr *e);
 /* Mark the state failed with res (first error wins). */
 void geoErrFail(geoErr *e, ncclResult_t res);
 /* Abort: every wait of every thread gives up (release store). */

@@ -193,7 +193,7 @@ ncclResult_t geoCmaExchange(struct ncclComm *comm, const void *send, const void 
         comm->cma_refused_noted = 1;
         geoInfo(GEO_LOG_COLL | GEO_LOG_NET, "%s: rank %d's buffers cannot be reached with "
                 "process_vm_readv/writev (secret memory, or memory a device driver mapped); such calls "
-                "pass them round the region's ring", comm->err.op_desc, who);
+                "pass them round the region's ring", geoErrOp(&comm->err), who);
     }
     return ncclSuccess;
 }
@@ -203,7 +203,7 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
     const geoRing *ring = &comm->region_ring;
     uint64_t *got = calloc((size_t)ring->n, sizeof(*got));
     if (got == NULL) {
-        geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
         return ncclSystemError;
     }
     got[ring->me] = token;
@@ -211,10 +211,10 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
     for (int j = 0; j < ring->n && res == ncclSuccess; j++)
         if (got[j] != token) {
             geoCommSetError(comm, "%s: rank %d (host %s) is out of step: signal %llu where %llu "
-                            "was due", comm->err.op_desc, ring->ranks[j],
+                            "was due", geoErrOp(&comm->err), ring->ranks[j],
                             comm->peers[ring->ranks[j]].net.host, (unsigned long long)got[j],
                             (unsigned long long)token);
-            geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
+            geoWarn(GEO_LOG_NET, "%s", geoErrLast(&comm->err));
             geoNetBreak(&comm->net);
             res = ncclInternalError;
         }
@@ -241,10 +241,10 @@ static ncclResult_t cma_copy(struct ncclComm *comm, int peer, void *local, uint6
         if (r < 0 && errno == EINTR)
             continue;
         int e = r < 0 ? errno : EIO;
-        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", comm->err.op_desc,
+        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", geoErrOp(&comm->err),
                         write ? "writing into" : "reading", peer, comm->peers[peer].net.host,
                         (int)pid, strerror(e), e == ESRCH ? " (the process is gone)" : "");
-        geoWarn(GEO_LOG_NET, "%s", comm->err.last_error);
+        geoWarn(GEO_LOG_NET, "%s", geoErrLast(&comm->err));
         return e == ESRCH ? ncclRemoteError : ncclSystemError;
     }
     comm->net.sent.intra += bytes;

@@ -184,7 +184,7 @@ static ncclResult_t slice_tmp(struct ncclComm *comm, hierSlice *sl)
 {
     sl->tmp = geoScratchGet(&comm->scratch, sl->tmp_bytes);
     if (sl->tmp == NULL) {
-        geoCommSetError(comm, "%s: out of memory for %zu receive bytes", comm->err.op_desc,
+        geoCommSetError(comm, "%s: out of memory for %zu receive bytes", geoErrOp(&comm->err),
                         sl->tmp_bytes);
         return ncclSystemError;
     }
@@ -359,7 +359,7 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
     const size_t be = HIER_CMA_BLOCK / es;
     char *tmp = geoScratchGet(&comm->scratch, be * es);
     if (tmp == NULL) {
-        geoCommSetError(comm, "%s: out of memory for a reduce-scatter", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory for a reduce-scatter", geoErrOp(&comm->err));
         return ncclSystemError;
     }
     ncclResult_t res = ncclSuccess;
@@ -464,11 +464,11 @@ static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int pee
                                 const char *why, ncclResult_t res)
 {
     if (peer >= 0)
-        geoCommSetError(comm, "%s: %s rank %d (host %s): %s", comm->err.op_desc, what, peer,
+        geoCommSetError(comm, "%s: %s rank %d (host %s): %s", geoErrOp(&comm->err), what, peer,
                         comm->peers[peer].net.host, why ? why : "invalid chunk");
     else
-        geoCommSetError(comm, "%s: %s: %s", comm->err.op_desc, what, why ? why : "failed");
-    geoWarn(GEO_LOG_COMPRESS, "%s", comm->err.last_error);
+        geoCommSetError(comm, "%s: %s: %s", geoErrOp(&comm->err), what, why ? why : "failed");
+    geoWarn(GEO_LOG_COMPRESS, "%s", geoErrLast(&comm->err));
     return res == ncclInvalidArgument ? ncclRemoteError : res;
 }
 
@@ -682,7 +682,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     double t0;
 
     if (sl == NULL || comm->regions.nregions > 64) {
-        geoCommSetError(comm, "%s: out of memory (or more than 64 regions)", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory (or more than 64 regions)", geoErrOp(&comm->err));
         free(sl);
         return ncclSystemError;
     }
@@ -695,7 +695,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
         if (slice_plan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
-            geoCommSetError(comm, "%s: out of memory planning slice %zu", comm->err.op_desc, s);
+            geoCommSetError(comm, "%s: out of memory planning slice %zu", geoErrOp(&comm->err), s);
             res = ncclSystemError;
             goto out;
         }
@@ -792,7 +792,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         GEO_CHECK_GOTO(geoCmaSignal(comm, UINT64_MAX), res, out);
     geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes, %zu in flight: first partials sent at "
              "%.1f ms, first in at %.1f, last in at %.1f, last results in at %.1f, done at %.1f",
-             comm->err.op_desc, M, se * es, D, (tl[0] - tstart) * 1e3, (tl[1] - tstart) * 1e3,
+             geoErrOp(&comm->err), M, se * es, D, (tl[0] - tstart) * 1e3, (tl[1] - tstart) * 1e3,
              (tl[2] - tstart) * 1e3, (tl[3] - tstart) * 1e3, (geoNow() - tstart) * 1e3);
 out:
     if (res != ncclSuccess)
@@ -816,10 +816,10 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     double t0;
 
     GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
-                  "%s: more than 64 regions", comm->err.op_desc);
+                  "%s: more than 64 regions", geoErrOp(&comm->err));
     choose_codec(comm, op, &hc);
     if (slice_plan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
-        geoCommSetError(comm, "%s: out of memory planning the exchange", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
         res = ncclSystemError;
         goto out;
     }
@@ -830,7 +830,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
             maxpart = sl.parts[p].n;
     scratch = geoScratchGet(&comm->scratch, maxpart * es + 1);
     if (scratch == NULL) {
-        geoCommSetError(comm, "%s: out of memory for the exchange", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory for the exchange", geoErrOp(&comm->err));
         res = ncclSystemError;
         goto out;
     }
@@ -884,7 +884,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
     memset(plan, 0, sizeof(*plan));
     memset(&none, 0, sizeof(none));
     GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
-                  "%s: more than 64 regions", comm->err.op_desc);
+                  "%s: more than 64 regions", geoErrOp(&comm->err));
     /* es = 0: no receive buffers are laid out, only the messages. */
     if (slice_plan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded) != ncclSuccess ||
         copy_msgs(sl.tx1, sl.ntx1, &plan->tx1) != ncclSuccess ||
@@ -892,7 +892,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
         copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||
         copy_msgs(sl.rx2, sl.nrx2, &plan->rx2) != ncclSuccess ||
         (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(geoXPart))) == NULL) {
-        geoCommSetError(comm, "%s: out of memory planning the exchange", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
         r = ncclSystemError;
     } else {
         plan->ntx1 = sl.ntx1;

@@ -94,7 +94,7 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
     geoNetRequest **slot_send = calloc((size_t)nslots, sizeof(*slot_send));
     char *slots = geoScratchGet(&comm->scratch, (size_t)nslots * ce * es);
     if (!sreq || !rreq || !sposted || !rposted || !slot_send || !slots) {
-        geoCommSetError(comm, "%s: out of memory for %zu chunk requests", comm->err.op_desc, nitems);
+        geoCommSetError(comm, "%s: out of memory for %zu chunk requests", geoErrOp(&comm->err), nitems);
         res = ncclSystemError;
         goto out;
     }

@@ -168,8 +168,8 @@ int geoDevIsDevicePtr(const void *p)
 
 static ncclResult_t cuda_error(struct ncclComm *comm, const char *what, cudaError_t e)
 {
-    geoCommSetError(comm, "%s: %s (%s)", comm->err.op_desc, what, cudaGetErrorString(e));
-    geoWarn(GEO_LOG_CUDA, "%s", comm->err.last_error);
+    geoCommSetError(comm, "%s: %s (%s)", geoErrOp(&comm->err), what, cudaGetErrorString(e));
+    geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
     return ncclUnhandledCudaError;
 }
 
@@ -185,9 +185,9 @@ static ncclResult_t real_error(struct ncclComm *comm, const geoNcclRealLib *lib,
 {
     const char *txt;
     GEO_REAL_CALL(txt, lib, GetLastError, rc);
-    geoCommSetError(comm, "%s: NVIDIA's NCCL failed %s: %s (%s)", comm->err.op_desc, what,
+    geoCommSetError(comm, "%s: NVIDIA's NCCL failed %s: %s (%s)", geoErrOp(&comm->err), what,
                     lib->GetErrorString(r), txt && txt[0] ? txt : "no detail");
-    geoWarn(GEO_LOG_CUDA, "%s", comm->err.last_error);
+    geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
     return r;
 }
 
@@ -405,7 +405,7 @@ static ncclResult_t real_redop(struct ncclComm *comm, struct geoDevState *st, nc
         ncclResult_t res;
         if (st->lib->RedOpCreatePreMulSum == NULL) {
             geoCommSetError(comm, "%s: the real NCCL at %s has no ncclRedOpCreatePreMulSum",
-                            comm->err.op_desc, st->lib->path);
+                            geoErrOp(&comm->err), st->lib->path);
             return ncclInvalidUsage;
         }
         void *scalar = r->residence == ncclScalarDevice ? (void *)r->ptr : (void *)r->scalar;
@@ -534,12 +534,12 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
             return cuda_error(comm, buf, e);
         }
         if (geoErrAborted(&comm->err) || st->aborting) {
-            geoCommSetError(comm, "%s: aborted", comm->err.op_desc);
+            geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
             return ncclInvalidUsage;
         }
         if (geoNow() - t0 > comm->timeout) {
             geoCommSetError(comm, "%s: the stream did not reach %s within GEOCCL_TIMEOUT=%.0f s",
-                            comm->err.op_desc, what, comm->timeout);
+                            geoErrOp(&comm->err), what, comm->timeout);
             return ncclSystemError;
         }
         sleep_us(backoff);
@@ -574,10 +574,10 @@ static void *exchange_main(void *arg)
 
         ncclResult_t res = geoCommAsyncError(comm);
         if (res == ncclSuccess) {
-            snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "AllReduce #%llu (%zu elements, "
+            geoErrSetOp(&comm->err, "AllReduce #%llu (%zu elements, "
                      "device)", (unsigned long long)j->op_seq, j->op.count);
             if (j->staged) {
-                snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "%s #%llu (%zu elements, "
+                geoErrSetOp(&comm->err, "%s #%llu (%zu elements, "
                          "device, staged)", geoOpTypeName(j->op.type),
                          (unsigned long long)j->op_seq, j->op.count);
                 res = wait_event(comm, st, j->slot->ready, "the staged input");
@@ -601,7 +601,7 @@ static void *exchange_main(void *arg)
                 }
             }
             if (res != ncclSuccess) {
-                geoWarn(GEO_LOG_CUDA, "%s", comm->err.last_error);
+                geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
                 geoCommFail(comm, res);
             }
         }
@@ -614,7 +614,7 @@ static void *exchange_main(void *arg)
         while (j->gx && !gx_enq_done(j->gx)) {
             if (geoNow() - t_enq > comm->timeout) {
                 geoWarn(GEO_LOG_CUDA, "%s: the calling thread did not finish enqueuing within "
-                        "GEOCCL_TIMEOUT=%.0f s; its job is not freed", comm->err.op_desc,
+                        "GEOCCL_TIMEOUT=%.0f s; its job is not freed", geoErrOp(&comm->err),
                         comm->timeout);
                 j->gx = NULL;
                 break;
@@ -889,7 +889,7 @@ static ncclResult_t gx_prepare(struct ncclComm *comm, const geoOp *op,
     *out = g;
     return ncclSuccess;
 oom:
-    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange", comm->err.op_desc);
+    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange", geoErrOp(&comm->err));
     r = ncclSystemError;
 fail:
     if (r == ncclSuccess)
@@ -915,7 +915,7 @@ static ncclResult_t stream_wait(struct ncclComm *comm, struct geoDevState *st, c
     }
     hostWait *w = malloc(sizeof(*w));
     if (w == NULL) {
-        geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
         return ncclSystemError;
     }
     w->flag = st->flag;
@@ -949,9 +949,9 @@ static ncclResult_t gx_copy(struct ncclComm *comm, gxJob *g, const gxList *l, in
 static ncclResult_t gx_codec_error(struct ncclComm *comm, const char *what, ncclResult_t r,
                                    const char *why)
 {
-    geoCommSetError(comm, "%s: %s on the GPU failed: %s", comm->err.op_desc, what,
+    geoCommSetError(comm, "%s: %s on the GPU failed: %s", geoErrOp(&comm->err), what,
                     why ? why : "no detail");
-    geoWarn(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s", comm->err.last_error);
+    geoWarn(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s", geoErrLast(&comm->err));
     return r;
 }
 
@@ -1004,7 +1004,7 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
                 gxMsg *x = &g->rx1.m[i];
                 if (i >= g->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
                     geoCommSetError(comm, "%s: internal error: the exchange plan and its "
-                                    "rounds disagree", comm->err.op_desc);
+                                    "rounds disagree", geoErrOp(&comm->err));
                     return ncclInternalError;
                 }
                 r = geoCudaCodecDecodeAccumulate(codec, g->dbuf + x->at, x->len, ncclFloat32,
@@ -1018,7 +1018,7 @@ static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJ
             gxMsg *x = &g->tx2.m[t];
             if (t >= g->tx2.first[c + 1] || x->off != part->off + o || x->n != m) {
                 geoCommSetError(comm, "%s: internal error: the return trip's rounds disagree "
-                                "with the parts", comm->err.op_desc);
+                                "with the parts", geoErrOp(&comm->err));
                 return ncclInternalError;
             }
             r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &g->ch.p2,
@@ -1090,7 +1090,7 @@ static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
         if (recv && x->req.size != x->len) {
             geoCommSetError(comm, "%s: rank %d (host %s) sent a compressed chunk of %zu bytes "
                             "where %zu were expected (are GEOCCL_COMPRESS and "
-                            "GEOCCL_CUDA_CODECS the same on every rank?)", comm->err.op_desc,
+                            "GEOCCL_CUDA_CODECS the same on every rank?)", geoErrOp(&comm->err),
                             x->peer, comm->peers[x->peer].net.host, x->req.size, x->len);
             return ncclRemoteError;
         }
@@ -1107,16 +1107,16 @@ static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gx
     long backoff = 1;
     while (__atomic_load_n(&g->recorded, __ATOMIC_ACQUIRE) <= idx) {
         if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE)) {
-            geoCommSetError(comm, "%s: enqueuing the call on the stream failed", comm->err.op_desc);
+            geoCommSetError(comm, "%s: enqueuing the call on the stream failed", geoErrOp(&comm->err));
             return ncclUnhandledCudaError;
         }
         if (geoErrAborted(&comm->err) || st->aborting) {
-            geoCommSetError(comm, "%s: aborted", comm->err.op_desc);
+            geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
             return ncclInvalidUsage;
         }
         if (geoNow() - t0 > comm->timeout) {
             geoCommSetError(comm, "%s: the call was not enqueued within GEOCCL_TIMEOUT=%.0f s",
-                            comm->err.op_desc, comm->timeout);
+                            geoErrOp(&comm->err), comm->timeout);
             return ncclSystemError;
         }
         sleep_us(backoff);
@@ -1164,7 +1164,7 @@ static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob
             int v = x->status >= 0 ? status[x->status] : 0;
             if (v != GEO_CUDA_DECODE_OK) {
                 geoCommSetError(comm, "%s: a corrupt compressed chunk %s rank %d (host %s): %s",
-                                comm->err.op_desc, l == 1 ? "of ours, for" : "from", x->peer,
+                                geoErrOp(&comm->err), l == 1 ? "of ours, for" : "from", x->peer,
                                 comm->peers[x->peer].net.host, geoCudaDecodeStatusString(v));
                 res = ncclRemoteError;
                 goto out;
@@ -1283,14 +1283,14 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
                                           .release = dev_ef_release, .ctx = st};
         if (geoEfInit(&st->ef, comm->ef.maxBytes, &dev_alloc) != ncclSuccess) {
             geoCommSetError(comm, "%s: cannot set up the device error-feedback store",
-                            comm->err.op_desc);
+                            geoErrOp(&comm->err));
             return ncclInternalError;
         }
         st->ef_ready = 1;
     }
     if (!st->thread_live) {
         if (pthread_create(&st->thread, NULL, exchange_main, comm) != 0) {
-            geoCommSetError(comm, "%s: cannot start the exchange thread", comm->err.op_desc);
+            geoCommSetError(comm, "%s: cannot start the exchange thread", geoErrOp(&comm->err));
             return ncclSystemError;
         }
         st->thread_live = 1;
@@ -1321,7 +1321,7 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
                 cudaEventCreateWithFlags(&pick->done, cudaEventDisableTiming) != cudaSuccess) {
                 pthread_mutex_unlock(&st->lock);
                 cudaGetLastError();
-                geoCommSetError(comm, "%s: cudaEventCreate failed", comm->err.op_desc);
+                geoCommSetError(comm, "%s: cudaEventCreate failed", geoErrOp(&comm->err));
                 return ncclUnhandledCudaError;
             }
             st->nslots++;
@@ -1348,7 +1348,7 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
         }
         if (geoNow() - t0 > comm->timeout) {
             geoCommSetError(comm, "%s: %d cross-region device all-reduces are in flight and "
-                            "none finished within GEOCCL_TIMEOUT", comm->err.op_desc,
+                            "none finished within GEOCCL_TIMEOUT", geoErrOp(&comm->err),
                             GEO_DEV_MAX_SLOTS);
             return ncclSystemError;
         }
@@ -1448,7 +1448,7 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
         g->host = slot->host;
         j = calloc(1, sizeof(*j));
         if (j == NULL) {
-            geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
+            geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
             r = ncclSystemError;
             goto fail_slot;
         }
@@ -1606,7 +1606,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
         if (r != ncclInvalidArgument)
             return r;
         /* The GPU codec refuses these parameters: the host codecs serve. */
-        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", comm->err.op_desc, comm->err.last_error);
+        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", geoErrOp(&comm->err), geoErrLast(&comm->err));
     }
     geoSegPadded(count, n, me, &off, &len);
     if (count % (size_t)n == 0) {
@@ -1648,7 +1648,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     }
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
-        geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
         r = ncclSystemError;
         goto undo_slot;
     }
@@ -1747,7 +1747,7 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     devJob *j = calloc(1, sizeof(*j));
     if (j == NULL) {
         slot_put(st, slot);
-        geoCommSetError(comm, "%s: out of memory", comm->err.op_desc);
+        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
         return ncclSystemError;
     }
     j->op = *op;
@@ -1779,7 +1779,7 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
 
     GEO_CHECK(dev_ready(comm, fn, &st));
     comm->op_seq++;
-    snprintf(comm->err.op_desc, sizeof(comm->err.op_desc), "%s #%llu (%zu elements, device)",
+    geoErrSetOp(&comm->err, "%s #%llu (%zu elements, device)",
              geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
     if (comm->regions.nregions == 1) {
         if (geoGroupActive())
@@ -1812,7 +1812,7 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
         if (st->pending > 0 && (geoErrAborted(&comm->err) || geoNow() - t0 > comm->timeout)) {
             pthread_mutex_unlock(&st->lock);
             geoCommSetError(comm, "%s: %d cross-region device all-reduces still wait for their "
-                            "streams after GEOCCL_TIMEOUT=%.0f s", comm->err.op_desc, st->pending,
+                            "streams after GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err), st->pending,
                             comm->timeout);
             return ncclSystemError;
         }

@@ -249,10 +249,10 @@ static void peer_error(tcpState *st, int peer, int stream, const char *what)
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
-    geoErrSet(st->ctx->err, "%s: rank %d (%s, host %s) %s (stream %d%s)", st->ctx->err->op_desc,
+    geoErrSet(st->ctx->err, "%s: rank %d (%s, host %s) %s (stream %d%s)", geoErrOp(st->ctx->err),
                     peer, peer_str(st, peer, a), st->ctx->peers[peer].host, what, stream,
                     st->peers[peer].conns[stream].local ? ", same-host socket" : "");
-    geoWarn(GEO_LOG_NET, "%s", st->ctx->err->last_error);
+    geoWarn(GEO_LOG_NET, "%s", geoErrLast(st->ctx->err));
     break_locked(st, ncclRemoteError);
 }
 
@@ -1487,7 +1487,7 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (st->broken) {
         res = st->broken_res;
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
-        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections", ctx->err->op_desc,
+        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections", geoErrOp(ctx->err),
                         req->peer, peer_str(st, req->peer, pa), ctx->peers[req->peer].host);
         break_locked(st, ncclRemoteError);
         res = ncclRemoteError;
@@ -1531,7 +1531,7 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             break;
         if (geoErrAborted(ctx->err)) {
             if (!st->broken)
-                geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
+                geoErrSet(ctx->err, "%s: communicator aborted", geoErrOp(ctx->err));
             break_locked(st, ncclRemoteError);
             break;
         }
@@ -1541,11 +1541,11 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             geoErrSet(ctx->err,
                             "%s: timed out after %.0f s without progress %s rank %d (%s, host "
                             "%s); %zu of %zu frames done",
-                            ctx->err->op_desc, idle, req->dir == GEO_NET_SEND ? "sending to"
+                            geoErrOp(ctx->err), idle, req->dir == GEO_NET_SEND ? "sending to"
                                                                           : "receiving from",
                             req->peer, peer_str(st, req->peer, pa), ctx->peers[req->peer].host,
                             req->frames_done, req->nframes);
-            geoWarn(GEO_LOG_NET, "%s", ctx->err->last_error);
+            geoWarn(GEO_LOG_NET, "%s", geoErrLast(ctx->err));
             break_locked(st, ncclRemoteError);
             break;
         }
@@ -1579,7 +1579,7 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
     ncclResult_t res = ncclSuccess;
 
     if (len > GEO_SHM_MAIL_BYTES) {
-        geoErrSet(ctx->err, "%s: a %zu-byte signal does not fit a mailbox", ctx->err->op_desc, len);
+        geoErrSet(ctx->err, "%s: a %zu-byte signal does not fit a mailbox", geoErrOp(ctx->err), len);
         return ncclInternalError;
     }
     for (;;) {
@@ -1591,25 +1591,25 @@ static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int s
             res = st->broken_res;
         } else if (r < 0) {
             geoErrSet(ctx->err, "%s: malformed signal from rank %d (%s, host %s)",
-                            ctx->err->op_desc, peer, peer_str(st, peer, pa), ctx->peers[peer].host);
+                            geoErrOp(ctx->err), peer, peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
         } else if (geoErrAborted(ctx->err)) {
-            geoErrSet(ctx->err, "%s: communicator aborted", ctx->err->op_desc);
+            geoErrSet(ctx->err, "%s: communicator aborted", geoErrOp(ctx->err));
             res = ncclRemoteError;
         } else if (c->closed) {
             geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections",
-                            ctx->err->op_desc, peer, peer_str(st, peer, pa), ctx->peers[peer].host);
+                            geoErrOp(ctx->err), peer, peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
         } else if (geoNow() - start > ctx->timeout) {
             geoErrSet(ctx->err, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
-                            ctx->err->op_desc, geoNow() - start,
+                            geoErrOp(ctx->err), geoNow() - start,
                             send ? "signalling" : "waiting for a signal from", peer,
                             peer_str(st, peer, pa), ctx->peers[peer].host);
             res = ncclRemoteError;
         }
         if (res != ncclSuccess) {
             if (!st->broken) {
-                geoWarn(GEO_LOG_NET, "%s", ctx->err->last_error);
+                geoWarn(GEO_LOG_NET, "%s", geoErrLast(ctx->err));
                 break_locked(st, res);
             }
             pthread_mutex_unlock(&st->lock);
