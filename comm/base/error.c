@@ -20,11 +20,16 @@ void geoErrDestroy(geoErr *e)
 
 void geoErrSet(geoErr *e, const char *fmt, ...)
 {
-    char buf[GEO_ERR_TEXT_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    geoErrSetV(e, fmt, ap);
     va_end(ap);
+}
+
+void geoErrSetV(geoErr *e, const char *fmt, va_list ap)
+{
+    char buf[GEO_ERR_TEXT_LEN];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
     pthread_mutex_lock(&e->lock);
     memcpy(e->last_error, buf, sizeof(buf));
     pthread_mutex_unlock(&e->lock);
@@ -43,22 +48,24 @@ void geoErrSetOp(geoErr *e, const char *fmt, ...)
     pthread_mutex_unlock(&e->lock);
 }
 
+static const char *copy_locked(geoErr *e, const char *from, char *to, size_t len)
+{
+    pthread_mutex_lock(&e->lock);
+    memcpy(to, from, len);
+    pthread_mutex_unlock(&e->lock);
+    return to;
+}
+
 const char *geoErrOp(geoErr *e)
 {
     static __thread char copy[GEO_ERR_OP_LEN];
-    pthread_mutex_lock(&e->lock);
-    memcpy(copy, e->op_desc, sizeof(copy));
-    pthread_mutex_unlock(&e->lock);
-    return copy;
+    return copy_locked(e, e->op_desc, copy, sizeof(copy));
 }
 
 const char *geoErrLast(geoErr *e)
 {
     static __thread char copy[GEO_ERR_TEXT_LEN];
-    pthread_mutex_lock(&e->lock);
-    memcpy(copy, e->last_error, sizeof(copy));
-    pthread_mutex_unlock(&e->lock);
-    return copy;
+    return copy_locked(e, e->last_error, copy, sizeof(copy));
 }
 
 void geoErrFail(geoErr *e, ncclResult_t res)

@@ -18,6 +18,7 @@
 #define GEOCCL_ERROR_H_
 
 #include <pthread.h>
+#include <stdarg.h>
 
 #include "nccl.h"
 
@@ -36,6 +37,7 @@ void geoErrInit(geoErr *e);
 void geoErrDestroy(geoErr *e);
 /* Record the text ncclGetLastError returns, here and for the thread. */
 void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void geoErrSetV(geoErr *e, const char *fmt, va_list ap);
 /* Name the operation in progress. */
 void geoErrSetOp(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Copies of op_desc and last_error taken under the lock, in buffers of

@@ -4,7 +4,7 @@
 #include "comm/core/comm.h"
 
 #include <stdarg.h>
-#include <stdio.h>
+
 
 __thread int geoGroupDepth;
 
@@ -18,12 +18,10 @@ ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn)
 
 void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
 {
-    char buf[GEO_ERR_TEXT_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    geoErrSetV(&comm->err, fmt, ap);
     va_end(ap);
-    geoErrSet(&comm->err, "%s", buf);
 }
 
 void geoCommFail(struct ncclComm *comm, ncclResult_t res)
