@@ -224,6 +224,8 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
         comm->net.ops->destroy(comm->net.state);
     comm->net.state = NULL;
     free(comm->peers);
+    free(comm->encrypt);
+    memset(comm->secret, 0, sizeof(comm->secret));
     free(comm->net.ctx.peers);
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
@@ -444,6 +446,107 @@ static ncclResult_t probe(struct ncclComm *comm)
     return ncclSuccess;
 }
 
+/* GEOCCL_ENCRYPT and GEOCCL_CIPHER, checked before anything is sent. */
+static ncclResult_t encrypt_params(struct ncclComm *comm, int *mode, int *cipher)
+{
+    const char *e = geoParamStr(GEO_PARAM_ENCRYPT), *c = geoParamStr(GEO_PARAM_CIPHER);
+    if (strcmp(e, "wan") == 0)
+        *mode = GEO_ENCRYPT_WAN;
+    else if (strcmp(e, "all") == 0)
+        *mode = GEO_ENCRYPT_ALL;
+    else if (strcmp(e, "off") == 0)
+        *mode = GEO_ENCRYPT_OFF;
+    else {
+        geoCommSetError(comm, "init: GEOCCL_ENCRYPT=%s: must be wan, all or off", e);
+        return ncclInvalidArgument;
+    }
+    if (strcmp(c, "auto") == 0)
+        *cipher = geoCipherPreferred();
+    else if (strcmp(c, "aes-256-gcm") == 0)
+        *cipher = GEO_CIPHER_AES256GCM;
+    else if (strcmp(c, "chacha20-poly1305") == 0)
+        *cipher = GEO_CIPHER_CHACHA20POLY1305;
+    else {
+        geoCommSetError(comm, "init: GEOCCL_CIPHER=%s: must be auto, aes-256-gcm or "
+                        "chacha20-poly1305", c);
+        return ncclInvalidArgument;
+    }
+    return ncclSuccess;
+}
+
+/* What the table says is believed only within bounds: it comes from the
+ * other ranks (authenticated, but they may run another build or be
+ * misconfigured), and these values size loops, allocations and
+ * connections. */
+static ncclResult_t check_table(struct ncclComm *comm)
+{
+    const geoPeerInfo *p0 = &comm->peers[0];
+    if (p0->nstreams < 1 || p0->nstreams > 64) {
+        geoCommSetError(comm, "init: rank 0 asks for %d streams per peer pair: outside 1..64; "
+                        "refusing the communicator", p0->nstreams);
+        return ncclRemoteError;
+    }
+    if (p0->chunk_size < 4096 || p0->chunk_size > ((int64_t)1 << 30)) {
+        geoCommSetError(comm, "init: rank 0 asks for chunks of %lld bytes: outside 4 KiB..1 GiB; "
+                        "refusing the communicator", (long long)p0->chunk_size);
+        return ncclRemoteError;
+    }
+    for (int r = 0; r < comm->nranks; r++) {
+        geoPeerInfo *p = &comm->peers[r];
+        /* Strings end inside their fields, whatever was sent. */
+        p->net.host[sizeof(p->net.host) - 1] = '\0';
+        p->net.local.path[sizeof(p->net.local.path) - 1] = '\0';
+        p->region[sizeof(p->region) - 1] = '\0';
+        if (p->encrypt < GEO_ENCRYPT_OFF || p->encrypt > GEO_ENCRYPT_ALL ||
+            (p->net.addr.sa.sa_family != AF_INET && p->net.addr.sa.sa_family != AF_INET6)) {
+            geoCommSetError(comm, "init: rank %d's entry in the bootstrap table is malformed "
+                            "(address family %d, encryption mode %d): another GeoCCL "
+                            "version?", r, p->net.addr.sa.sa_family, p->encrypt);
+            return ncclRemoteError;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* Which connections are encrypted: every one under "all"; under "wan"
+ * those between regions, where regions are not labelled alike those to
+ * another host or network namespace (the probe may find regions later:
+ * until then another host may be another region).  A pair follows the
+ * stronger of its two ends' settings, so both ends compute the same. */
+static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInternal *id)
+{
+    const geoPeerInfo *me = &comm->peers[comm->rank];
+    comm->encrypt = calloc((size_t)comm->nranks, 1);
+    if (comm->encrypt == NULL) {
+        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
+        return ncclSystemError;
+    }
+    for (int r = 0; r < comm->nranks; r++) {
+        const geoPeerInfo *p = &comm->peers[r];
+        int mode = me->encrypt > p->encrypt ? me->encrypt : p->encrypt;
+        int same_region = me->region[0] != '\0' && strcmp(me->region, p->region) == 0;
+        int same_place = geoLocalSamePlace(&me->net.local, &p->net.local);
+        if (r == comm->rank)
+            continue;
+        comm->encrypt[r] = mode == GEO_ENCRYPT_ALL ||
+                           (mode == GEO_ENCRYPT_WAN && !same_region && !same_place);
+        if (comm->encrypt[r] && (id->flags & GEO_ID_NOSECRET)) {
+            geoCommSetError(comm, "init: connections to rank %d (host %s%s%s) are to be "
+                            "encrypted (GEOCCL_ENCRYPT=%s here, %s there), but GEOCCL_COMM_SECRET "
+                            "is not set: every key would derive from GEOCCL_COMM_ID, which "
+                            "anyone can know.  Set GEOCCL_COMM_SECRET to a passphrase every "
+                            "rank shares, or GEOCCL_ENCRYPT=off to send in the clear", r,
+                            p->net.host, p->region[0] ? ", region " : "", p->region,
+                            me->encrypt == GEO_ENCRYPT_ALL ? "all"
+                            : me->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off",
+                            p->encrypt == GEO_ENCRYPT_ALL ? "all"
+                            : p->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off");
+            return ncclInvalidArgument;
+        }
+    }
+    return ncclSuccess;
+}
+
 static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInternal *id,
                                  int allow_env_root)
 {
@@ -468,6 +571,8 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
             return ncclInvalidArgument;
         }
     }
+    int enc_mode, cipher;
+    GEO_CHECK(encrypt_params(comm, &enc_mode, &cipher));
     if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
     comm->net.ctx = (geoNetCtx){.rank = comm->rank,
@@ -476,6 +581,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
                                 .timeout = comm->timeout,
                                 .secret = comm->secret,
                                 .comm_hash = comm->comm_hash,
+                                .cipher = cipher,
                                 .err = &comm->err};
     for (int i = 0; geoNetTransports[i]; i++)
         if (geoNetTransports[i]->canConnect(&comm->net.ctx)) {
@@ -511,6 +617,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.probe = (int32_t)geoParamInt(GEO_PARAM_PROBE);
     mine.warmup = (int32_t)geoParamInt(GEO_PARAM_WAN_WARMUP);
     mine.landmarks = (int32_t)geoParamInt(GEO_PARAM_PROBE_LANDMARKS);
+    mine.encrypt = enc_mode;
     GEO_CHECK(my_region(comm, &addr.addr, mine.net.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&
@@ -542,10 +649,12 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
         if (res != ncclSuccess)
             return res;
     }
+    GEO_CHECK(check_table(comm));
     /* Every rank uses rank 0's stream count and chunk size. */
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
     GEO_CHECK(geoCommBuildRegions(comm));
+    GEO_CHECK(encrypt_plan(comm, id));
     comm->net.ctx.nstreams = comm->nstreams;
     comm->net.ctx.peers = calloc((size_t)comm->nranks, sizeof(geoNetPeer));
     if (comm->net.ctx.peers == NULL) {
@@ -554,9 +663,18 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     }
     for (int r = 0; r < comm->nranks; r++)
         comm->net.ctx.peers[r] = comm->peers[r].net;
+    comm->net.ctx.encrypt = comm->encrypt;
     res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
+    {
+        int nenc = 0;
+        for (int r = 0; r < comm->nranks; r++)
+            nenc += comm->encrypt[r];
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "encryption (GEOCCL_ENCRYPT=%s): connections to %d "
+                "of %d peers, %s", geoParamStr(GEO_PARAM_ENCRYPT), nenc, comm->nranks - 1,
+                nenc ? geoCipherName(comm->net.ctx.cipher_used) : "none");
+    }
     GEO_CHECK(probe(comm));
     GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */
     if (comm->topo_file_missing && comm->rank == 0)
@@ -823,14 +941,23 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
             leader_key = k;
         }
     }
+    /* The child's secret never crosses the network: every member derives
+     * it from the parent's (the same split count everywhere: all ranks
+     * call), and the id travels without it. */
+    uint8_t child[GEO_SHA256_BYTES];
+    geoBootstrapChildSecret(comm->secret, comm->comm_hash, comm->split_count++, color, child);
     memset(&myid, 0, sizeof(myid));
-    if (color != NCCL_SPLIT_NOCOLOR && leader == comm->rank)
-        GEO_CHECK_GOTO(geoBootstrapNewRoot(&myid), res, out);
+    if (color != NCCL_SPLIT_NOCOLOR && leader == comm->rank) {
+        GEO_CHECK_GOTO(geoBootstrapNewRootKeyed(child, &myid), res, out);
+        geoBootstrapSetSecret(&myid, NULL);
+    }
     GEO_CHECK_GOTO(run_allgather(comm, &myid, ids, sizeof(myid)), res, out);
     if (color == NCCL_SPLIT_NOCOLOR) {
         res = ncclSuccess;
         goto out;
     }
+    geoBootstrapSetSecret(&ids[leader], child);
+    memset(child, 0, sizeof(child));
     ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
     inherit.blocking = comm->blocking;
     geoInitParent = comm;
@@ -862,14 +989,18 @@ typedef struct {
 } shrinkIdMsg;
 
 /* NCCL_SHRINK_DEFAULT: the leader makes a fresh root (as split does) and
- * sends its id to each other survivor over the parent's transport. */
+ * sends its id to each other survivor over the parent's transport, without
+ * its secret: every survivor derives that from the parent's and the
+ * shrink's counter. */
 static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *excluded, int leader,
-                                   ncclUniqueId *id)
+                                   uint32_t counter, ncclUniqueId *id)
 {
     shrinkIdMsg msg;
     ncclResult_t res = ncclSuccess, made = ncclSuccess;
+    uint8_t child[GEO_SHA256_BYTES];
 
     memset(&msg, 0, sizeof(msg));
+    geoBootstrapChildSecret(comm->secret, comm->comm_hash, counter, -2, child);
     geoErrSetOp(&comm->err, "ncclCommShrink");
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     /* Queued device exchanges share the transport: they finish first. */
@@ -881,7 +1012,8 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
             res = ncclSystemError;
             goto out;
         }
-        made = geoBootstrapNewRoot(&msg.id);
+        made = geoBootstrapNewRootKeyed(child, &msg.id);
+        geoBootstrapSetSecret(&msg.id, NULL);
         msg.ok = made == ncclSuccess;
         /* Sent even when it failed, so that nobody waits for nothing. */
         for (int r = 0; r < comm->nranks && res == ncclSuccess; r++)
@@ -910,9 +1042,12 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
             res = ncclRemoteError;
         }
     }
-    if (res == ncclSuccess)
+    if (res == ncclSuccess) {
         *id = msg.id;
+        geoBootstrapSetSecret(id, child);
+    }
 out:
+    memset(child, 0, sizeof(child));
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     return res;
 }
@@ -1015,7 +1150,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
             "survivor %d", shrinkFlags == NCCL_SHRINK_ABORT ? "abort" : "default", comm->rank,
             comm->nranks, newrank, newsize, leader);
     if (shrinkFlags == NCCL_SHRINK_DEFAULT) {
-        GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, &id), res, out);
+        GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, counter, &id), res, out);
     } else {
         if (state == ncclSuccess)
             geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");

@@ -23,7 +23,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_COMM_ID] = {"GEOCCL_COMM_ID", GEO_PARAM_STR, NULL,
                            "host:port of the bootstrap root; rank 0 listens there"},
     [GEO_PARAM_COMM_SECRET] = {"GEOCCL_COMM_SECRET", GEO_PARAM_STR, NULL,
-                               "shared secret for GEOCCL_COMM_ID bootstrap (else none)"},
+                               "passphrase all ranks of a GEOCCL_COMM_ID bootstrap share (stretched "
+                               "with scrypt; 64 hex digits are used as a 256-bit key); "
+                               "required when the communicator spans regions, unless "
+                               "GEOCCL_ENCRYPT=off"},
     [GEO_PARAM_CHUNK_SIZE] = {"GEOCCL_CHUNK_SIZE", GEO_PARAM_INT, "512K",
                               "bytes per pipelined chunk in ring algorithms"},
     [GEO_PARAM_WINDOW] = {"GEOCCL_WINDOW", GEO_PARAM_INT, "8",
@@ -44,6 +47,14 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                               "starts at the link's rate: 2 on pairs of regions whose "
                               "connections each carry 50 Mbit/s or more, 1 on every pair, 0 "
                               "never; rank 0's value is used by all"},
+    [GEO_PARAM_ENCRYPT] = {"GEOCCL_ENCRYPT", GEO_PARAM_STR, "wan",
+                           "authenticated encryption of frames: wan (between regions, and "
+                           "between hosts when regions are not labelled), all (every "
+                           "connection), off; a pair is encrypted when either end asks"},
+    [GEO_PARAM_CIPHER] = {"GEOCCL_CIPHER", GEO_PARAM_STR, "auto",
+                          "cipher of encrypted frames: auto (AES-256-GCM with AES "
+                          "instructions at both ends, else ChaCha20-Poly1305), aes-256-gcm, "
+                          "chacha20-poly1305"},
     [GEO_PARAM_REGION] = {"GEOCCL_REGION", GEO_PARAM_STR, NULL,
                           "this process's region label (wins over the topology file)"},
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,

@@ -5,6 +5,7 @@
 #include "comm/transport/ifaces.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -19,11 +20,16 @@
 #define GEO_EXPIRED_MAGIC 0x47454f58u /* "GEOX": the root gave up waiting */
 #define GEO_CHALLENGE_BYTES 16
 
+/* Joiner to root.  proof = HMAC(secret, "geoccl/v2/join" | root's challenge
+ * | joiner's nonce | rank | nranks | id nonce | info): it proves the secret,
+ * is fresh for the root's challenge, and binds what the rank says of
+ * itself, so a relay can change none of it. */
 typedef struct {
     uint32_t magic;
     int32_t rank;
     int32_t nranks;
     uint32_t pad;
+    uint8_t nonce[GEO_CHALLENGE_BYTES];
     uint8_t proof[GEO_SHA256_BYTES];
     geoBootInfo info;
 } geoJoinMsg;
@@ -35,16 +41,47 @@ typedef struct {
     int nranks_hint;            /* 0: learn from the first join */
 } rootArgs;
 
-static void join_proof(const geoUniqueIdInternal *id, const uint8_t *challenge, int rank,
-                       int nranks, uint8_t out[GEO_SHA256_BYTES])
+/* HMAC(secret, label | challenge | nonce | rank | nranks | id nonce | body):
+ * the join proof (body = the joiner's info) and the table's MAC (body =
+ * SHA-256 of the table), under labels of their own so that neither can
+ * stand for the other, nor for a data connection's hello. */
+static void boot_mac(const geoUniqueIdInternal *id, const char *label, const uint8_t *challenge,
+                     const uint8_t *nonce, int rank, int nranks, const void *body, size_t blen,
+                     uint8_t out[GEO_SHA256_BYTES])
 {
-    uint8_t msg[GEO_CHALLENGE_BYTES + 16];
+    uint8_t msg[24 + 2 * GEO_CHALLENGE_BYTES + 16 + GEO_BOOT_INFO_BYTES];
+    size_t l = strlen(label), o = 0;
     int32_t r = rank, n = nranks;
-    memcpy(msg, challenge, GEO_CHALLENGE_BYTES);
-    memcpy(msg + GEO_CHALLENGE_BYTES, &r, 4);
-    memcpy(msg + GEO_CHALLENGE_BYTES + 4, &n, 4);
-    memcpy(msg + GEO_CHALLENGE_BYTES + 8, &id->nonce, 8);
-    geoHmacSha256(id->secret, sizeof(id->secret), msg, sizeof(msg), out);
+    memset(msg, 0, 24);
+    memcpy(msg, label, l < 24 ? l : 24);
+    o = 24;
+    memcpy(msg + o, challenge, GEO_CHALLENGE_BYTES);
+    o += GEO_CHALLENGE_BYTES;
+    memcpy(msg + o, nonce, GEO_CHALLENGE_BYTES);
+    o += GEO_CHALLENGE_BYTES;
+    memcpy(msg + o, &r, 4);
+    memcpy(msg + o + 4, &n, 4);
+    memcpy(msg + o + 8, &id->nonce, 8);
+    o += 16;
+    if (blen > GEO_BOOT_INFO_BYTES)
+        blen = GEO_BOOT_INFO_BYTES;
+    memcpy(msg + o, body, blen);
+    geoHmacSha256(id->secret, sizeof(id->secret), msg, o + blen, out);
+}
+
+static void join_proof(const geoUniqueIdInternal *id, const uint8_t *challenge,
+                       const geoJoinMsg *m, uint8_t out[GEO_SHA256_BYTES])
+{
+    boot_mac(id, "geoccl/v2/join", challenge, m->nonce, m->rank, m->nranks, &m->info,
+             sizeof(m->info), out);
+}
+
+static void table_mac(const geoUniqueIdInternal *id, const uint8_t *challenge, const uint8_t *nonce,
+                      int rank, int nranks, const uint8_t table_digest[GEO_SHA256_BYTES],
+                      uint8_t out[GEO_SHA256_BYTES])
+{
+    boot_mac(id, "geoccl/v2/table", challenge, nonce, rank, nranks, table_digest,
+             GEO_SHA256_BYTES, out);
 }
 
 /* The root: collects one join per rank, then sends everyone the table.
@@ -71,6 +108,8 @@ typedef struct {
     int joined;
     int *fds;         /* per rank, -1 until it joined */
     geoBootInfo *table;
+    uint8_t (*challenge)[GEO_CHALLENGE_BYTES]; /* per rank: what its table's MAC binds */
+    uint8_t (*nonce)[GEO_CHALLENGE_BYTES];
 } rootState;
 
 static void root_refuse(rootJoiner *j)
@@ -100,7 +139,7 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
     rc = geoSocketStep(j->fd, &j->m, sizeof(j->m), &j->off, 0, &why);
     if (rc <= 0)
         goto wait_or_drop;
-    join_proof(&a->id, j->challenge, j->m.rank, j->m.nranks, expect);
+    join_proof(&a->id, j->challenge, &j->m, expect);
     if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
         geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
                 "hold the communicator's secret", j->from);
@@ -117,7 +156,9 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
         }
         rs->fds = malloc(sizeof(int) * (size_t)j->m.nranks);
         rs->table = calloc((size_t)j->m.nranks, sizeof(*rs->table));
-        if (rs->fds == NULL || rs->table == NULL)
+        rs->challenge = calloc((size_t)j->m.nranks, sizeof(*rs->challenge));
+        rs->nonce = calloc((size_t)j->m.nranks, sizeof(*rs->nonce));
+        if (rs->fds == NULL || rs->table == NULL || rs->challenge == NULL || rs->nonce == NULL)
             return -2;
         rs->nranks = j->m.nranks;
         for (int i = 0; i < rs->nranks; i++)
@@ -133,6 +174,8 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
     }
     rs->fds[j->m.rank] = j->fd;
     rs->table[j->m.rank] = j->m.info;
+    memcpy(rs->challenge[j->m.rank], j->challenge, GEO_CHALLENGE_BYTES);
+    memcpy(rs->nonce[j->m.rank], j->m.nonce, GEO_CHALLENGE_BYTES);
     rs->joined++;
     j->fd = -1;
     return 1;
@@ -145,32 +188,43 @@ wait_or_drop:
     return -1;
 }
 
-/* Send [magic][table] to every rank at once; a rank that does not take it
- * within 10 s is logged and left to its own timeout. */
-static void root_send_tables(rootState *rs)
+/* Send [magic][table][MAC] to every rank at once; the MAC binds the
+ * table to that rank's challenge and nonce, so a rank knows the table
+ * comes from a holder of the secret and is not a replay.  A rank that does
+ * not take it within 10 s is logged and left to its own timeout. */
+static void root_send_tables(const rootArgs *a, rootState *rs)
 {
     size_t len = sizeof(uint32_t) + sizeof(*rs->table) * (size_t)rs->nranks;
     char *msg = malloc(len);
     size_t *off = calloc((size_t)rs->nranks, sizeof(size_t));
+    size_t *moff = calloc((size_t)rs->nranks, sizeof(size_t));
+    uint8_t (*mac)[GEO_SHA256_BYTES] = calloc((size_t)rs->nranks, sizeof(*mac));
     struct pollfd *pfd = calloc((size_t)rs->nranks, sizeof(*pfd));
     int *rank_of = calloc((size_t)rs->nranks, sizeof(int));
     double deadline = geoNow() + 10.0;
     int left = rs->nranks;
     uint32_t magic = GEO_TABLE_MAGIC;
+    uint8_t digest[GEO_SHA256_BYTES];
 
-    if (msg == NULL || off == NULL || pfd == NULL || rank_of == NULL) {
+    if (msg == NULL || off == NULL || moff == NULL || mac == NULL || pfd == NULL ||
+        rank_of == NULL) {
         geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory for the table");
         goto out;
     }
     memcpy(msg, &magic, sizeof(magic));
     memcpy(msg + sizeof(magic), rs->table, len - sizeof(magic));
+    geoSha256(rs->table, len - sizeof(magic), digest);
+    for (int r = 0; r < rs->nranks; r++)
+        table_mac(&a->id, rs->challenge[r], rs->nonce[r], r, rs->nranks, digest, mac[r]);
     while (left > 0) {
         int n = 0;
         for (int r = 0; r < rs->nranks; r++) {
             const char *why = NULL;
-            if (rs->fds[r] < 0 || off[r] == len)
+            if (rs->fds[r] < 0 || moff[r] == GEO_SHA256_BYTES)
                 continue;
-            int rc = geoSocketStep(rs->fds[r], msg, len, &off[r], 1, &why);
+            int rc = off[r] < len ? geoSocketStep(rs->fds[r], msg, len, &off[r], 1, &why) : 1;
+            if (rc > 0)
+                rc = geoSocketStep(rs->fds[r], mac[r], GEO_SHA256_BYTES, &moff[r], 1, &why);
             if (rc == 0) {
                 pfd[n] = (struct pollfd){.fd = rs->fds[r], .events = POLLOUT};
                 rank_of[n++] = r;
@@ -179,7 +233,7 @@ static void root_send_tables(rootState *rs)
             if (rc < 0)
                 geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
                         "%s", r, why);
-            off[r] = len;
+            moff[r] = GEO_SHA256_BYTES;
             left--;
         }
         if (n == 0)
@@ -199,6 +253,8 @@ static void root_send_tables(rootState *rs)
 out:
     free(msg);
     free(off);
+    free(moff);
+    free(mac);
     free(pfd);
     free(rank_of);
 }
@@ -313,7 +369,7 @@ static void *root_main(void *arg)
         close(pend[i].fd);
     }
     npend = 0;
-    root_send_tables(&rs);
+    root_send_tables(a, &rs);
 out:
     for (int i = 0; i < npend; i++)
         if (pend[i].fd >= 0)
@@ -324,6 +380,8 @@ out:
                 close(rs.fds[r]);
     free(rs.fds);
     free(rs.table);
+    free(rs.challenge);
+    free(rs.nonce);
     free(pend);
     free(pfd);
     close(a->listen_fd);
@@ -352,31 +410,64 @@ static ncclResult_t start_root_thread(const geoUniqueIdInternal *id, int fd, dou
     return ncclSuccess;
 }
 
+/* scrypt's cost for GEOCCL_COMM_SECRET passphrases: 2^15 x 8 x 128 bytes =
+ * 32 MiB and about 0.1 s per rank at init, so that one sniffed handshake
+ * costs a dictionary attack that much per guess on every guess. */
+#define GEO_SCRYPT_N (1u << 15)
+#define GEO_SCRYPT_R 8
+#define GEO_SCRYPT_P 1
+
+static int hex_key(const char *s, uint8_t out[GEO_SHA256_BYTES])
+{
+    if (strlen(s) != 2 * GEO_SHA256_BYTES)
+        return 0;
+    for (int i = 0; i < GEO_SHA256_BYTES; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1 || !isxdigit((unsigned char)s[2 * i]) ||
+            !isxdigit((unsigned char)s[2 * i + 1]))
+            return 0;
+        out[i] = (uint8_t)v;
+    }
+    return 1;
+}
+
 static ncclResult_t env_id(geoUniqueIdInternal *id)
 {
     const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
     const char *secret = geoParamStrLive(GEO_PARAM_COMM_SECRET);
-    geoSha256 s;
+    uint8_t key[GEO_SHA256_BYTES];
+    char salt[300];
 
-    memset(id, 0, sizeof(*id));
+    memset(id, 0, sizeof(id[0]));
     id->magic = GEO_ID_MAGIC;
     id->flags = GEO_ID_ENV;
     GEO_CHECK(geoAddrFromString(cid, &id->root));
-    /* Without GEOCCL_COMM_SECRET every rank derives the same key from the
-     * address: connections are still checked for consistency, but anyone
-     * who knows the address can join. */
-    geoSha256Init(&s);
-    geoSha256Update(&s, "geoccl-env-secret:", 18);
-    if (secret)
-        geoSha256Update(&s, secret, strlen(secret));
-    else
-        geoSha256Update(&s, cid, strlen(cid));
-    geoSha256Final(&s, id->secret);
+    /* The salt is the job's root address: every rank of the job knows it,
+     * and a guess tried against one job's handshake serves no other. */
+    snprintf(salt, sizeof(salt), "geoccl/v2/env:%s", cid);
+    if (secret != NULL && hex_key(secret, key)) {
+        geoHmacSha256(key, sizeof(key), salt, strlen(salt), id->secret);
+    } else if (secret != NULL) {
+        GEO_RETURN_IF(secret[0] == '\0', ncclInvalidArgument,
+                      "GEOCCL_COMM_SECRET is set but empty");
+        GEO_RETURN_IF(geoScrypt(secret, strlen(secret), salt, strlen(salt), GEO_SCRYPT_N,
+                                GEO_SCRYPT_R, GEO_SCRYPT_P, id->secret, sizeof(id->secret)) != 0,
+                      ncclSystemError, "cannot stretch GEOCCL_COMM_SECRET with scrypt (out of "
+                      "memory?)");
+    } else {
+        /* No secret: every rank derives the same key from the address, so
+         * connections are checked for consistency, but anyone who knows
+         * the address can join.  Init refuses such a communicator when any
+         * of its connections is to be encrypted (GEO_ID_NOSECRET). */
+        id->flags |= GEO_ID_NOSECRET;
+        geoHmacSha256(salt, strlen(salt), "geoccl/v2/no-secret", 19, id->secret);
+    }
+    memset(key, 0, sizeof(key));
     id->nonce = 0;
     return ncclSuccess;
 }
 
-ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
+static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
 {
     geoUniqueIdInternal id;
     topoIface ifs[1];
@@ -394,7 +485,9 @@ ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
     memcpy(&addr, &ifs[0].addr, ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6)
                                                                   : sizeof(addr.sin));
     GEO_CHECK(geoSocketListen(&addr, &fd, &id.root));
-    if (geoRandomBytes(id.secret, sizeof(id.secret)) != 0 ||
+    if (secret != NULL)
+        memcpy(id.secret, secret, sizeof(id.secret));
+    if ((secret == NULL && geoRandomBytes(id.secret, sizeof(id.secret)) != 0) ||
         geoRandomBytes(&id.nonce, sizeof(id.nonce)) != 0) {
         close(fd);
         GEO_RETURN_IF(1, ncclSystemError, "getrandom failed: %s", strerror(errno));
@@ -406,6 +499,37 @@ ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
     geoInfo(GEO_LOG_INIT, "bootstrap root listening on %s (%s)", geoAddrToString(&id.root, a),
             ifs[0].name);
     return ncclSuccess;
+}
+
+ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
+{
+    return new_root(NULL, out);
+}
+
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *out)
+{
+    return new_root(secret, out);
+}
+
+void geoBootstrapChildSecret(const uint8_t *parent_secret, uint64_t parent_hash,
+                             uint64_t counter, int64_t tag, uint8_t out[GEO_SHA256_BYTES])
+{
+    uint8_t msg[24 + 24] = "geoccl/v2/child";
+    memcpy(msg + 24, &parent_hash, 8);
+    memcpy(msg + 32, &counter, 8);
+    memcpy(msg + 40, &tag, 8);
+    geoHmacSha256(parent_secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
+}
+
+void geoBootstrapSetSecret(ncclUniqueId *uid, const uint8_t *secret)
+{
+    geoUniqueIdInternal id;
+    memcpy(&id, uid->internal, sizeof(id));
+    if (secret != NULL)
+        memcpy(id.secret, secret, sizeof(id.secret));
+    else
+        memset(id.secret, 0, sizeof(id.secret));
+    memcpy(uid->internal, &id, sizeof(id));
 }
 
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *out)
@@ -514,14 +638,20 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
                   GEO_SHRINK_PORTS, geoAddrToString(&id->root, a), last);
 }
 
+/* Not on the wire: join_on's word for a root whose table's MAC is wrong. */
+#define GEO_IMPOSTOR_MAGIC 0x47454f21u
+
 /* One try at the root behind fd: challenge (by hs_deadline), proof and my
- * info, then the table.  *magic: the root's last word; *proved: the proof
- * went out. */
+ * info, then the table and its MAC.  *magic: the root's last word
+ * (GEO_IMPOSTOR_MAGIC: a table that does not prove the secret); *proved:
+ * the proof went out. */
 static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *id, int fd,
                             const geoBootInfo *mine, geoBootInfo *all, double hs_deadline,
                             double deadline, uint32_t *magic, int *proved, const char **why)
 {
-    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    uint8_t challenge[GEO_CHALLENGE_BYTES], mac[GEO_SHA256_BYTES], expect[GEO_SHA256_BYTES];
+    uint8_t digest[GEO_SHA256_BYTES];
+    size_t tlen = sizeof(*all) * (size_t)self->nranks;
     geoJoinMsg m;
 
     *magic = 0;
@@ -531,16 +661,32 @@ static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *
     m.rank = self->rank;
     m.nranks = self->nranks;
     m.info = *mine;
+    if (geoRandomBytes(m.nonce, sizeof(m.nonce)) != 0) {
+        *why = "no randomness for our nonce";
+        return ncclSystemError;
+    }
     if (geoSocketRecvAll(fd, challenge, sizeof(challenge), hs_deadline, why) != ncclSuccess)
         return ncclRemoteError;
-    join_proof(id, challenge, self->rank, self->nranks, m.proof);
+    join_proof(id, challenge, &m, m.proof);
     if (geoSocketSendAll(fd, &m, sizeof(m), deadline, why) != ncclSuccess)
         return ncclRemoteError;
     *proved = 1;
     if (geoSocketRecvAll(fd, magic, sizeof(*magic), deadline, why) != ncclSuccess ||
         *magic != GEO_TABLE_MAGIC)
         return ncclRemoteError;
-    return geoSocketRecvAll(fd, all, sizeof(*all) * (size_t)self->nranks, deadline, why);
+    if (geoSocketRecvAll(fd, all, tlen, deadline, why) != ncclSuccess ||
+        geoSocketRecvAll(fd, mac, sizeof(mac), deadline, why) != ncclSuccess)
+        return ncclRemoteError;
+    geoSha256(all, tlen, digest);
+    table_mac(id, challenge, m.nonce, self->rank, self->nranks, digest, expect);
+    if (!geoDigestEqual(mac, expect, sizeof(mac)) ||
+        memcmp(&all[self->rank], mine, sizeof(*mine)) != 0) {
+        memset(all, 0, tlen); /* nothing of it is used */
+        *magic = GEO_IMPOSTOR_MAGIC;
+        *why = "its table does not prove the communicator's secret";
+        return ncclRemoteError;
+    }
+    return ncclSuccess;
 }
 
 /* One connection attempt, quiet (a refused candidate is expected), bounded
@@ -594,6 +740,7 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
                 return ncclSuccess;
             }
             if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
+                                               magic != GEO_IMPOSTOR_MAGIC &&
                                                strcmp(why, "connection closed by peer") != 0)) {
                 geoErrSet(self->err, "shrink: the bootstrap root at %s gave up or stopped "
                                 "answering (%s): not all %d survivors joined within %.0f s",
@@ -608,8 +755,12 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
              * root will take once that set-up is over (candidate 0); a
              * silent one may be ours, busy with a rank that died in its
              * handshake: both are tried again next round. */
-            if (proved && magic == GEO_REFUSED_MAGIC)
+            if (proved && (magic == GEO_REFUSED_MAGIC || magic == GEO_IMPOSTOR_MAGIC))
                 refused[k] = 1;
+            if (magic == GEO_IMPOSTOR_MAGIC)
+                geoWarn(GEO_LOG_INIT, "shrink: the listener at %s (candidate %d) answered as "
+                        "a bootstrap root but its table does not prove the communicator's "
+                        "secret: not ours, ignored", geoAddrToString(&cand, ra), k);
         }
         usleep(backoff);
         if (backoff < 200000)
@@ -646,7 +797,12 @@ ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal
     close(fd);
     if (r == ncclSuccess)
         return ncclSuccess;
-    if (magic == GEO_REFUSED_MAGIC)
+    if (magic == GEO_IMPOSTOR_MAGIC)
+        geoErrSet(self->err,
+                  "init: refused the bootstrap root at %s: its table does not prove the "
+                  "communicator's secret (another program holds the root's address, or the "
+                  "connection was altered); nothing it sent was used", ra);
+    else if (magic == GEO_REFUSED_MAGIC)
         geoErrSet(self->err,
                         "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
                         "not carry the root's secret, or rank %d of %d is already taken",

@@ -1,17 +1,23 @@
 /* Bootstrap: forms a communicator from a unique id.
  *
- * The id carries the root's address and a 32-byte random secret.  The root
+ * The id carries the root's address and a 32-byte random secret (under
+ * GEOCCL_COMM_ID: derived from GEOCCL_COMM_SECRET with scrypt).  The root
  * (a thread in the process that called ncclGetUniqueId, or rank 0 under
  * GEOCCL_COMM_ID) sends each connecting rank a random challenge; the rank
- * answers HMAC-SHA256(secret, challenge | rank | nranks) and its peer info.
- * Connections that cannot prove the secret are logged and dropped; when all
- * nranks ranks have proved it, each receives the table of all peer infos. */
+ * answers with its own random nonce, its peer info and an HMAC of both
+ * under the secret, bound to its rank and the communicator.  Connections
+ * that cannot prove the secret are logged and dropped; when all nranks
+ * ranks have proved it, each receives the table of all peer infos with an
+ * HMAC bound to its challenge and nonce: the root proves the secret too,
+ * and a rank uses nothing from a root that cannot.  Every MAC carries a
+ * label of its own (domain separation).  Nothing here is encrypted: the
+ * table holds addresses and host names, no secret. */
 #ifndef GEOCCL_BOOTSTRAP_H_
 #define GEOCCL_BOOTSTRAP_H_
 
 #include "nccl.h"
 #include "comm/base/error.h"
-#include "comm/base/hmac.h"
+#include "comm/base/crypto.h"
 #include "comm/transport/socket.h"
 
 #include <stdint.h>
@@ -46,6 +52,9 @@ typedef struct {
  * addresses that its process could bind (geoBootstrapCandidate), and a
  * joining rank tries them in turn until one answers as the root. */
 #define GEO_ID_SHRINK 2u
+/* A GEOCCL_COMM_ID id made without GEOCCL_COMM_SECRET: its key is derived
+ * from the address alone, so it proves nothing to a stranger. */
+#define GEO_ID_NOSECRET 4u
 #define GEO_SHRINK_PORTS 32
 
 _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
@@ -55,6 +64,19 @@ _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id t
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
 /* Same with an explicit choice (split uses a fresh root even under env). */
 ncclResult_t geoBootstrapNewRoot(ncclUniqueId *id);
+/* Same, with the given secret instead of a random one (a child
+ * communicator's, derived by every member from the parent's: see
+ * geoBootstrapChildSecret). */
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *id);
+/* The secret of a child of the communicator whose secret and hash are
+ * given: HMAC(parent secret, label | parent hash | counter | tag).  Every
+ * member computes it alone, so a child's id can cross the network without
+ * its secret (geoBootstrapStripSecret). */
+void geoBootstrapChildSecret(const uint8_t *parent_secret, uint64_t parent_hash,
+                             uint64_t counter, int64_t tag, uint8_t out[GEO_SHA256_BYTES]);
+/* Overwrite the secret in id (before it is sent) with zeros, or (after it
+ * arrived) with secret. */
+void geoBootstrapSetSecret(ncclUniqueId *id, const uint8_t *secret);
 /* Decode and validate an id; ncclInvalidArgument when it is not one. */
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
 /* Start serving the root of id in this process (rank 0 under env; the

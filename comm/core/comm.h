@@ -10,7 +10,7 @@
 #include "nccl.h"
 #include "comm/base/error.h"
 #include "comm/bootstrap/bootstrap.h"
-#include "comm/base/hmac.h"
+#include "comm/base/crypto.h"
 #include "comm/transport/socket.h"
 #include "comm/transport/transport.h"
 #include "compress/codec.h"
@@ -50,7 +50,10 @@ typedef struct {
     double window;              /* largest TCP window one stream can reach here (bytes) */
     int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
     int32_t landmarks;          /* GEOCCL_PROBE_LANDMARKS; rank 0's value is used by all */
+    int32_t encrypt;            /* GEOCCL_ENCRYPT: GEO_ENCRYPT_*; a pair uses the stronger */
 } geoPeerInfo;
+
+enum { GEO_ENCRYPT_OFF = 0, GEO_ENCRYPT_WAN = 1, GEO_ENCRYPT_ALL = 2 };
 
 _Static_assert(sizeof(geoPeerInfo) <= GEO_BOOT_INFO_BYTES,
                "the bootstrap carries a peer info in GEO_BOOT_INFO_BYTES");
@@ -88,6 +91,7 @@ struct ncclComm {
     ncclConfig_t real_cfg;      /* GPU tuning the user gave, for the real NCCL */
     struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
     uint8_t secret[GEO_SHA256_BYTES];
+    uint8_t *encrypt;           /* [nranks]: 1 where connections to that rank are encrypted */
     uint64_t comm_hash;         /* identifies the communicator in logs */
     geoPeerInfo *peers;
 
@@ -148,6 +152,7 @@ struct ncclComm {
     int init_thread_live;
     int finalized;
     int active_calls;           /* API calls in flight (abort waits) */
+    uint64_t split_count;       /* ncclCommSplit calls past validation (all ranks call) */
     uint32_t shrink_count;      /* ncclCommShrink calls past validation: every
                                  * survivor of a shrink has made the same ones */
 };

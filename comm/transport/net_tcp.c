@@ -14,11 +14,30 @@
  * copy and no unbounded buffering.
  *
  * Connection set-up: every rank listens; rank i connects nstreams times to
- * each rank j < i and accepts from each j > i.  An acceptor first sends a
- * random challenge; the connector answers with HMAC-SHA256(secret,
- * challenge | rank | stream | comm_hash).  A connection that cannot prove the
- * secret is logged and closed, and accepting goes on.  All handshakes of a
- * rank run at once in one poll() loop (see setup_connections).
+ * each rank j < i and accepts from each j > i.  Both ends prove the
+ * communicator's secret: the acceptor sends a random challenge Ca; the
+ * connector answers with its own random nonce Cc and HMAC(secret,
+ * "geoccl/v2/hello" | comm_hash | from | to | stream | encrypt | cipher |
+ * Ca | Cc); the acceptor checks it, claims the slot and answers with an
+ * HMAC of the same fields under the label "geoccl/v2/accept" and its
+ * choice of cipher, which the connector checks.  A relay can neither
+ * answer for a rank nor redirect a connection to another rank (from and to
+ * are bound), and a stranger on a peer's address is refused by the
+ * connector.  A connection that cannot prove the secret is logged and
+ * closed, and accepting goes on.  All handshakes of a rank run at once in
+ * one poll() loop (see setup_connections).
+ *
+ * Encryption (GEOCCL_ENCRYPT; the communicator says which peers, in
+ * ctx->encrypt).  On an encrypted connection each direction has its own
+ * key, HKDF(secret, salt Ca | Cc, info: comm_hash, from, to, stream,
+ * cipher, direction), fresh for every connection; frame k of a direction is
+ * sealed with nonce k (AES-256-GCM, or ChaCha20-Poly1305 when either end
+ * lacks AES instructions), its header as associated data and a 16-byte tag
+ * after the payload.  The receiver takes the payload and tag into the
+ * connection's own buffer, opens it with the number it expects, and only
+ * then copies the plaintext into the user's buffer: an altered, replayed,
+ * reordered or foreign frame fails the tag, breaks the communicator with
+ * an error naming the peer and stream, and nothing of it is used.
  *
  * Same-host fast path (GEOCCL_SHM, net_local.h, shm_ring.h).  A connection
  * to a peer on the same host AND in the same network namespace is an
@@ -51,7 +70,7 @@
  * used.  GEOCCL_SHM=2 keeps the sockets without rings; 0 is TCP only. */
 #include "config.h"
 #include "comm/base/checks.h"
-#include "comm/base/hmac.h"
+#include "comm/base/crypto.h"
 #include "comm/base/param.h"
 #include "comm/transport/shm_ring.h"
 #include "comm/transport/transport.h"
@@ -71,7 +90,8 @@
 
 #define GEO_TCP_FRAME (256 * 1024)
 #define GEO_FRAME_MAGIC 0x47454f46u /* "GEOF" */
-#define GEO_HELLO_MAGIC 0x47454f48u /* "GEOH" */
+#define GEO_HELLO_MAGIC 0x47454f32u /* "GEO2": the hello of this protocol */
+#define GEO_ACCEPT_MAGIC 0x47454f41u /* "GEOA" */
 #define GEO_CHALLENGE_BYTES 16
 /* Send buffer of a same-host socket: the default (net.core.wmem_default,
  * often 208 KiB) holds less than one frame, so every frame took several
@@ -107,11 +127,20 @@ typedef struct {
 
 typedef struct {
     uint32_t magic;
-    int32_t rank;
+    int32_t rank;          /* from: the connector */
+    int32_t to;            /* the rank it means to reach */
     int32_t stream;
-    uint32_t pad;
+    int32_t encrypt;       /* 1: the connector will encrypt this connection */
+    int32_t cipher;        /* the connector's preferred cipher */
+    uint8_t nonce[GEO_CHALLENGE_BYTES];
     uint8_t proof[GEO_SHA256_BYTES];
 } tcpHello;
+
+typedef struct {
+    uint32_t magic;
+    int32_t cipher;        /* the acceptor's choice; GEO_CIPHER_NONE: clear */
+    uint8_t proof[GEO_SHA256_BYTES];
+} tcpAccept;
 
 typedef struct {
     int fd;
@@ -123,6 +152,10 @@ typedef struct {
     int connector;         /* this end made the segment: its ring and mailbox 0 go out */
     int kick;              /* bytes moved through a ring: ring the peer's doorbell */
     int closed;            /* peer closed or reset: no more polling */
+    int enc;               /* frames are sealed (tx) and opened (rx) */
+    geoAead tx_aead, rx_aead;
+    uint64_t s_ctr, r_ctr; /* frames sealed and opened: the next nonce each way */
+    uint8_t *s_buf, *r_buf; /* GEO_TCP_FRAME + tag: a sealed frame's payload */
     /* send cursor */
     uint64_t s_seq;
     size_t s_frame;
@@ -368,6 +401,8 @@ static int progress_send(tcpState *st, int p, int s, double now)
         if (r == NULL)
             return moved;
         size_t len = frame_len(r, c->s_frame);
+        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len; /* bytes after the header */
+        char *payload = c->enc ? (char *)c->s_buf : r->buf + c->s_frame * GEO_TCP_FRAME;
         if (!c->s_active) {
             c->s_hdr.magic = GEO_FRAME_MAGIC;
             c->s_hdr.len = (uint32_t)len;
@@ -377,18 +412,25 @@ static int progress_send(tcpState *st, int p, int s, double now)
             c->s_hdr.check = hdr_check(&c->s_hdr);
             c->s_off = 0;
             c->s_active = 1;
+            if (c->enc && geoAeadSeal(&c->tx_aead, c->s_ctr++, &c->s_hdr, sizeof(c->s_hdr),
+                                      r->buf + c->s_frame * GEO_TCP_FRAME, c->s_buf, len,
+                                      c->s_buf + len) != 0) {
+                peer_error(st, p, s, "could not be sent a frame: encryption failed (out of "
+                           "memory?)");
+                return moved;
+            }
         }
         struct iovec iov[2];
         int n = 0;
         if (c->s_off < sizeof(tcpFrameHdr)) {
             iov[n].iov_base = (char *)&c->s_hdr + c->s_off;
             iov[n++].iov_len = sizeof(tcpFrameHdr) - c->s_off;
-            iov[n].iov_base = r->buf + c->s_frame * GEO_TCP_FRAME;
-            iov[n++].iov_len = len;
+            iov[n].iov_base = payload;
+            iov[n++].iov_len = flen;
         } else {
             size_t done = c->s_off - sizeof(tcpFrameHdr);
-            iov[n].iov_base = r->buf + c->s_frame * GEO_TCP_FRAME + done;
-            iov[n++].iov_len = len - done;
+            iov[n].iov_base = payload + done;
+            iov[n++].iov_len = flen - done;
         }
         ssize_t w = conn_sendv(c, iov, n);
         if (w < 0) {
@@ -402,7 +444,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
         moved = 1;
         r->last_progress = now;
         c->s_off += (size_t)w;
-        if (c->s_off < sizeof(tcpFrameHdr) + len)
+        if (c->s_off < sizeof(tcpFrameHdr) + flen)
             return moved;
         c->s_active = 0;
         c->s_frame += frame_step(r);
@@ -421,6 +463,10 @@ static int progress_recv(tcpState *st, int p, int s, double now)
         if (r == NULL)
             return moved;
         size_t len = frame_len(r, c->r_frame);
+        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len;
+        /* A sealed frame lands in the connection's buffer: the user's sees
+         * only plaintext that passed its tag. */
+        char *payload = c->enc ? (char *)c->r_buf : r->buf + c->r_frame * GEO_TCP_FRAME;
         if (!c->r_active) {
             c->r_off = 0;
             c->r_active = 1;
@@ -430,7 +476,7 @@ static int progress_recv(tcpState *st, int p, int s, double now)
             got = conn_recv(c, (char *)&c->r_hdr + c->r_off, sizeof(tcpFrameHdr) - c->r_off);
         } else {
             size_t done = c->r_off - sizeof(tcpFrameHdr);
-            got = conn_recv(c, r->buf + c->r_frame * GEO_TCP_FRAME + done, len - done);
+            got = conn_recv(c, payload + done, flen - done);
         }
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             return moved;
@@ -466,6 +512,7 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                 r->size = h->total;
                 r->nframes = h->total ? nframes_of(h->total) : 1;
                 len = frame_len(r, c->r_frame);
+                flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len;
             }
             if (!hdr_ok || h->total != r->size ||
                 h->offset != (uint64_t)c->r_frame * GEO_TCP_FRAME || h->len != len) {
@@ -481,8 +528,23 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                 return moved;
             }
         }
-        if (c->r_off < sizeof(tcpFrameHdr) + len)
+        if (c->r_off < sizeof(tcpFrameHdr) + flen)
             continue;
+        if (c->enc) {
+            if (geoAeadOpen(&c->rx_aead, c->r_ctr, &c->r_hdr, sizeof(c->r_hdr), c->r_buf,
+                            c->r_buf, len, c->r_buf + len) != 0) {
+                char why[256];
+                snprintf(why, sizeof(why), "sent a frame that fails authentication (frame "
+                         "%llu of this connection, message %llu, offset %llu: altered on the "
+                         "way, replayed, or not from that rank); none of it was used",
+                         (unsigned long long)c->r_ctr, (unsigned long long)r->seq,
+                         (unsigned long long)c->r_hdr.offset);
+                peer_error(st, p, s, why);
+                return moved;
+            }
+            c->r_ctr++;
+            memcpy(r->buf + c->r_frame * GEO_TCP_FRAME, c->r_buf, len);
+        }
         c->r_active = 0;
         c->r_frame += frame_step(r);
         complete_frame(st, peer, GEO_NET_RECV, r);
@@ -627,17 +689,70 @@ static void *progress_main(void *arg)
 
 /* ---- set-up ---------------------------------------------------------- */
 
-static void hello_proof(const geoNetCtx *ctx, const uint8_t *challenge, int rank,
-                        int stream, uint8_t out[GEO_SHA256_BYTES])
+/* HMAC(secret, label | comm_hash | from | to | stream | encrypt | cipher |
+ * Ca | Cc): the connector's proof (label "geoccl/v2/hello", cipher its
+ * preference) and the acceptor's (label "geoccl/v2/accept", cipher its
+ * choice). */
+static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *challenge,
+                      const tcpHello *m, int32_t cipher, uint8_t out[GEO_SHA256_BYTES])
 {
-    uint8_t msg[GEO_CHALLENGE_BYTES + 16];
-    int32_t r = rank, s = stream;
-    uint64_t h = ctx->comm_hash;
-    memcpy(msg, challenge, GEO_CHALLENGE_BYTES);
-    memcpy(msg + GEO_CHALLENGE_BYTES, &r, 4);
-    memcpy(msg + GEO_CHALLENGE_BYTES + 4, &s, 4);
-    memcpy(msg + GEO_CHALLENGE_BYTES + 8, &h, 8);
+    uint8_t msg[24 + 8 + 20 + 2 * GEO_CHALLENGE_BYTES];
+    int32_t f[5] = {m->rank, m->to, m->stream, m->encrypt, cipher};
+    size_t l = strlen(label);
+    memset(msg, 0, 24);
+    memcpy(msg, label, l < 24 ? l : 24);
+    memcpy(msg + 24, &ctx->comm_hash, 8);
+    memcpy(msg + 32, f, sizeof(f));
+    memcpy(msg + 52, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(msg + 52 + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
     geoHmacSha256(ctx->secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
+}
+
+/* The keys of an encrypted connection, one per direction, from the secret
+ * and both ends' fresh randomness; connector is this end's role.  0 or -1
+ * (nothing left allocated). */
+static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
+                     const tcpHello *m, int cipher, int connector)
+{
+    uint8_t salt[2 * GEO_CHALLENGE_BYTES], info[24 + 8 + 20], key[2][GEO_AEAD_KEY_BYTES];
+    int rc = 0;
+    memcpy(salt, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(salt + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
+    memset(info, 0, 24);
+    memcpy(info, "geoccl/v2/frames", 16);
+    memcpy(info + 24, &ctx->comm_hash, 8);
+    for (int32_t dir = 0; dir < 2 && rc == 0; dir++) { /* 0: connector to acceptor */
+        int32_t f[5] = {m->rank, m->to, m->stream, cipher, dir};
+        memcpy(info + 32, f, sizeof(f));
+        rc = geoHkdf(ctx->secret, GEO_SHA256_BYTES, salt, sizeof(salt), info, sizeof(info),
+                     key[dir], GEO_AEAD_KEY_BYTES);
+    }
+    c->s_buf = rc == 0 ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
+    c->r_buf = c->s_buf ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
+    if (c->r_buf == NULL || geoAeadInit(&c->tx_aead, cipher, key[connector ? 0 : 1], 1) != 0 ||
+        geoAeadInit(&c->rx_aead, cipher, key[connector ? 1 : 0], 0) != 0) {
+        geoAeadFree(&c->tx_aead);
+        free(c->s_buf);
+        free(c->r_buf);
+        c->s_buf = c->r_buf = NULL;
+        rc = -1;
+    }
+    memset(key, 0, sizeof(key));
+    c->enc = rc == 0;
+    c->s_ctr = c->r_ctr = 0;
+    return rc;
+}
+
+static void conn_keys_free(tcpConn *c)
+{
+    if (!c->enc)
+        return;
+    geoAeadFree(&c->tx_aead);
+    geoAeadFree(&c->rx_aead);
+    free(c->s_buf);
+    free(c->r_buf);
+    c->s_buf = c->r_buf = NULL;
+    c->enc = 0;
 }
 
 static int tcp_can_connect(geoNetCtx *ctx)
@@ -711,7 +826,7 @@ typedef struct {
     size_t off;     /* bytes of the current message moved */
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
-    uint32_t ack;
+    tcpAccept ack;
     char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
 } tcpHs;
 
@@ -790,8 +905,16 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             memset(&h->hello, 0, sizeof(h->hello));
             h->hello.magic = GEO_HELLO_MAGIC;
             h->hello.rank = ctx->rank;
+            h->hello.to = h->peer;
             h->hello.stream = h->stream;
-            hello_proof(ctx, h->challenge, ctx->rank, h->stream, h->hello.proof);
+            h->hello.encrypt = ctx->encrypt != NULL && ctx->encrypt[h->peer];
+            h->hello.cipher = ctx->cipher;
+            if (geoRandomBytes(h->hello.nonce, sizeof(h->hello.nonce)) != 0) {
+                why = "no randomness for our nonce";
+                goto refused;
+            }
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher,
+                      h->hello.proof);
             h->state = HS_HELLO;
             h->off = 0;
             continue;
@@ -806,9 +929,30 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             rc = geoSocketStep(h->fd, &h->ack, sizeof(h->ack), &h->off, 0, &why);
             if (rc <= 0)
                 goto wait_or_refused;
-            if (h->ack != GEO_HELLO_MAGIC) {
-                why = "bad acknowledgement";
-                goto refused;
+            {
+                uint8_t expect[GEO_SHA256_BYTES];
+                int want_cipher = h->hello.encrypt ? h->ack.cipher : GEO_CIPHER_NONE;
+                hello_mac(ctx, "geoccl/v2/accept", h->challenge, &h->hello, h->ack.cipher,
+                          expect);
+                if (h->ack.magic != GEO_ACCEPT_MAGIC ||
+                    !geoDigestEqual(expect, h->ack.proof, sizeof(expect))) {
+                    why = "it did not prove the communicator's secret: another program on "
+                          "its address, or the connection was altered";
+                    goto refused;
+                }
+                if (h->hello.encrypt && want_cipher != GEO_CIPHER_AES256GCM &&
+                    want_cipher != GEO_CIPHER_CHACHA20POLY1305) {
+                    why = "it chose no cipher for an encrypted connection";
+                    goto refused;
+                }
+                tcpConn *c = &st->peers[h->peer].conns[h->stream];
+                if (h->hello.encrypt &&
+                    conn_keys(ctx, c, h->challenge, &h->hello, want_cipher, 1) != 0) {
+                    why = "cannot set up its encryption (out of memory?)";
+                    goto refused;
+                }
+                if (h->hello.encrypt)
+                    ctx->cipher_used = want_cipher;
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
@@ -847,6 +991,7 @@ static void hs_drop(tcpState *st, tcpHs *h, const char *why)
     if (h->state == HS_ACK) { /* release the slot it claimed */
         st->peers[h->peer].conns[h->stream].fd = -1;
         st->peers[h->peer].conns[h->stream].local = 0;
+        conn_keys_free(&st->peers[h->peer].conns[h->stream]);
     }
     close(h->fd);
     h->fd = -1;
@@ -878,12 +1023,12 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             if (rc <= 0)
                 goto wait_or_drop;
             if (m->magic != GEO_HELLO_MAGIC || m->rank <= ctx->rank ||
-                m->rank >= ctx->nranks || m->stream < 0 || m->stream >= st->nstreams ||
-                st->peers[m->rank].conns[m->stream].fd >= 0) {
+                m->rank >= ctx->nranks || m->to != ctx->rank || m->stream < 0 ||
+                m->stream >= st->nstreams || st->peers[m->rank].conns[m->stream].fd >= 0) {
                 hs_drop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
-            hello_proof(ctx, h->challenge, m->rank, m->stream, expect);
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, expect);
             if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
                 char claim[96];
                 snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
@@ -891,13 +1036,38 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 hs_drop(st, h, claim);
                 return -1;
             }
+            int enc = ctx->encrypt != NULL && ctx->encrypt[m->rank];
+            if (m->encrypt != enc) {
+                char claim[128];
+                snprintf(claim, sizeof(claim), "rank %d %s encrypt this connection, we %s: "
+                         "the two ends disagree on the table", m->rank,
+                         m->encrypt ? "would" : "would not", enc ? "would" : "would not");
+                hs_drop(st, h, claim);
+                return -1;
+            }
+            /* AES only where both ends have AES instructions (or asked
+             * for it): ChaCha20 is the faster software cipher. */
+            int cipher = !enc ? GEO_CIPHER_NONE
+                         : m->cipher == GEO_CIPHER_AES256GCM && ctx->cipher == GEO_CIPHER_AES256GCM
+                             ? GEO_CIPHER_AES256GCM
+                             : GEO_CIPHER_CHACHA20POLY1305;
             /* Claim the slot now, so that a second connection claiming the
              * same rank and stream is refused while our ack is in flight. */
             h->peer = m->rank;
             h->stream = m->stream;
-            st->peers[h->peer].conns[h->stream].fd = h->fd;
-            st->peers[h->peer].conns[h->stream].local = h->local;
-            h->ack = GEO_HELLO_MAGIC;
+            tcpConn *c = &st->peers[h->peer].conns[h->stream];
+            if (enc && conn_keys(ctx, c, h->challenge, m, cipher, 0) != 0) {
+                hs_drop(st, h, "cannot set up its encryption (out of memory?)");
+                return -1;
+            }
+            if (enc)
+                ctx->cipher_used = cipher;
+            c->fd = h->fd;
+            c->local = h->local;
+            memset(&h->ack, 0, sizeof(h->ack));
+            h->ack.magic = GEO_ACCEPT_MAGIC;
+            h->ack.cipher = cipher;
+            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.proof);
             h->state = HS_ACK;
             h->off = 0;
             continue;
@@ -1651,6 +1821,7 @@ static void tcp_destroy(void *state)
                     close(st->peers[p].conns[s].fd);
                 if (st->peers[p].conns[s].ring)
                     geoShmSegmentUnmap(st->peers[p].conns[s].seg, st->peers[p].conns[s].seg_cap);
+                conn_keys_free(&st->peers[p].conns[s]);
             }
             free(st->peers[p].conns);
         }

@@ -50,7 +50,12 @@ typedef struct {
     uint64_t comm_hash;         /* binds a connection to its communicator */
     geoNetPeer *peers;          /* [nranks]: set before connect() */
     geoErr *err;                /* error text, abort flag, operation in progress */
+    const uint8_t *encrypt;     /* [nranks]: 1 where connections to that peer carry
+                                 * authenticated, encrypted frames; set before connect()
+                                 * alike at both ends (NULL: none) */
+    int cipher;                 /* the cipher this rank prefers (crypto.h) */
     /* Set by connect(): */
+    int cipher_used;            /* cipher of the encrypted connections; 0: none */
     int local_peers;            /* peers reached over the same-host fast path */
     int ring_peers;             /* of those, with shared-memory rings on every stream */
 } geoNetCtx;
