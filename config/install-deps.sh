@@ -4,9 +4,11 @@
 # as root on a system with apt-get (Debian 12). Quiet when all are present;
 # as another user, or without apt-get, it does nothing.
 #
-packages=(build-essential autoconf automake libtool pkg-config libzstd-dev
+# libssl-dev:arm64 (multiarch) is the aarch64 cross build's libcrypto
+# (tests/run-cross.sh); the arm64 architecture is added to dpkg for it.
+packages=(build-essential autoconf automake libtool pkg-config libssl-dev libzstd-dev
           libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 python3-sklearn zlib1g-dev
-          gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+          gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libssl-dev:arm64)
 
 [ "$(id -u)" = 0 ] || exit 0
 command -v apt-get >/dev/null 2>&1 || exit 0
@@ -17,6 +19,9 @@ for p in "${packages[@]}"; do
         missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
+case " ${missing[*]} " in
+    *:arm64\ *) dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64;;
+esac
 echo "== installing ${missing[*]}"
 apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -90,8 +90,12 @@ static void table_mac(const geoUniqueIdInternal *id, const uint8_t *challenge, c
  * its own deadline, so a WAN costs one round trip in all rather than one
  * per rank, and a stranger that never answers holds only its own slot. */
 #define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
-#define GEO_ROOT_SPARE_PENDING 64 /* unproven connections beyond the ranks still
-                                   * expected; more wait in the backlog */
+/* Unproven connections are all served at once (idle strangers cannot make
+ * a rank wait in the backlog); beyond these bounds, over all sources and
+ * per source address, the oldest unproven one is dropped to make room: a
+ * rank proves itself in a round trip, a stranger waits for its deadline. */
+#define GEO_ROOT_MAX_PENDING 1024
+#define GEO_ROOT_MAX_PENDING_PER_SOURCE 256
 
 typedef struct {
     int fd;
@@ -99,9 +103,38 @@ typedef struct {
     size_t off;
     double deadline;
     char from[GEO_ADDR_STRLEN];
+    geoSockAddr src;
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     geoJoinMsg m;
 } rootJoiner;
+
+static int same_source(const geoSockAddr *a, const geoSockAddr *b)
+{
+    if (a->sa.sa_family != b->sa.sa_family)
+        return 0;
+    if (a->sa.sa_family == AF_INET6)
+        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
+    return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+}
+
+/* Drop the oldest unproven joiner when there are max of them (from src, or
+ * from anywhere when src is NULL). */
+static void root_make_room(rootJoiner *pend, int npend, const geoSockAddr *src, int max)
+{
+    int n = 0, oldest = -1;
+    for (int i = 0; i < npend; i++)
+        if (pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src))) {
+            n++;
+            if (oldest < 0)
+                oldest = i;
+        }
+    if (n < max || oldest < 0)
+        return;
+    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (unproven; room for "
+            "newer ones)", pend[oldest].from);
+    close(pend[oldest].fd);
+    pend[oldest].fd = -1;
+}
 
 typedef struct {
     int nranks;       /* 0 until the first valid join */
@@ -275,8 +308,6 @@ static void *root_main(void *arg)
     }
     while (rs.nranks == 0 || rs.joined < rs.nranks) {
         double now = geoNow(), wake = deadline;
-        int expected = rs.nranks ? rs.nranks - rs.joined : 1;
-        int listening = npend < expected + GEO_ROOT_SPARE_PENDING;
 
         if (now >= deadline) {
             geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
@@ -309,7 +340,7 @@ static void *root_main(void *arg)
             if (pend[i].deadline < wake)
                 wake = pend[i].deadline;
         }
-        pfd[npend] = (struct pollfd){.fd = listening ? a->listen_fd : -1, .events = POLLIN};
+        pfd[npend] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
         double ms = (wake - now) * 1000.0;
         int rc = poll(pfd, (nfds_t)npend + 1, ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
         if (rc < 0 && errno != EINTR) {
@@ -337,11 +368,18 @@ static void *root_main(void *arg)
             rootJoiner *j = &pend[npend];
             geoSockAddr from;
             int got = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
+            if (got < 0 && (errno == EMFILE || errno == ENFILE)) {
+                root_make_room(pend, npend, NULL, 1);
+                break; /* the next round accepts again */
+            }
             if (got < 0)
                 geoWarn(GEO_LOG_INIT, "bootstrap root: accept failed: %s", strerror(errno));
             if (got <= 0)
                 break;
             geoAddrToString(&from, j->from);
+            j->src = from;
+            root_make_room(pend, npend, &from, GEO_ROOT_MAX_PENDING_PER_SOURCE);
+            root_make_room(pend, npend, NULL, GEO_ROOT_MAX_PENDING);
             j->stage = 0;
             j->off = 0;
             j->deadline = now + GEO_ROOT_HANDSHAKE_S;

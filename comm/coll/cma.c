@@ -109,6 +109,35 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     for (int j = 0; j < n && verdict; j++) {
         if (j == me)
             continue;
+        /* The pid comes from the kernel (SO_PEERCRED on the pair's
+         * same-host socket), never from what the peer said: a peer that
+         * named another process, or ours, would have us read and write at
+         * addresses it chose in that process. */
+        geoPeerInfo *pj = &comm->peers[ring->ranks[j]];
+        int vouched = comm->net.ops->peerPid ? comm->net.ops->peerPid(comm->net.state,
+                                                                      ring->ranks[j])
+                                             : 0;
+        if (vouched == getpid() || pj->pid == (int32_t)getpid()) {
+            geoWarn(GEO_LOG_INIT, "single-copy: rank %d %s: refused", ring->ranks[j],
+                    vouched == getpid() ? "is this very process by the kernel's word"
+                                        : "claims this process's own pid");
+            verdict = 0;
+            bad = ring->ranks[j];
+            break;
+        }
+        if (vouched == 0) {
+            geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "single-copy: rank %d has no same-host socket "
+                    "with us (GEOCCL_SHM=0?), so the kernel cannot vouch for its pid; not "
+                    "used", ring->ranks[j]);
+            verdict = 0;
+            bad = ring->ranks[j];
+            break;
+        }
+        if (vouched != pj->pid)
+            geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "single-copy: rank %d said pid %d, the kernel "
+                    "says %d: using the kernel's", ring->ranks[j], (int)pj->pid, vouched);
+        pj->pid = vouched;
+        all[j].pid = vouched;
         uint8_t got[16];
         struct iovec li = {got, sizeof(got)};
         struct iovec ri = {(void *)(uintptr_t)all[j].addr, sizeof(got)};

@@ -800,8 +800,14 @@ fail:
  * its own slot until its deadline, never a legitimate peer. */
 
 #define GEO_TCP_HANDSHAKE_S 5.0  /* an accepted connection proves itself by then */
-#define GEO_TCP_SPARE_PENDING 64 /* unproven accepted connections allowed beyond the
-                                  * number still expected; more wait in the backlog */
+/* Unproven accepted connections are all served at once, so that idle
+ * strangers cannot make a peer wait its turn in the backlog; a stranger
+ * costs one descriptor until its deadline.  Beyond these bounds (all
+ * sources; one source address) the oldest unproven one is dropped to make
+ * room: a peer's handshake takes a round trip, a stranger's lasts until its
+ * deadline, so the oldest is almost always a stranger's. */
+#define GEO_TCP_MAX_PENDING 1024
+#define GEO_TCP_MAX_PENDING_PER_SOURCE 256
 
 enum {
     HS_RETRY,     /* out: waiting to connect (again): refused or unreachable */
@@ -828,6 +834,7 @@ typedef struct {
     tcpHello hello;
     tcpAccept ack;
     char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
+    geoSockAddr src;            /* in: the same, for per-source limits (local: zeroed) */
 } tcpHs;
 
 static short hs_events(const tcpHs *h)
@@ -1141,6 +1148,38 @@ static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int ou
                     "%d of %d were up", ctx->timeout, in_done, nin);
 }
 
+static int same_source(const geoSockAddr *a, const geoSockAddr *b)
+{
+    if (a->sa.sa_family != b->sa.sa_family)
+        return 0;
+    if (a->sa.sa_family == AF_INET)
+        return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+    if (a->sa.sa_family == AF_INET6)
+        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
+    return 1; /* same-host sockets: one source */
+}
+
+/* Handshakes still unproven (waiting for a hello), from src or from all. */
+static int count_pending(const tcpHs *pend, int npend, const geoSockAddr *src)
+{
+    int n = 0;
+    for (int i = 0; i < npend; i++)
+        n += pend[i].state < HS_ACK && (src == NULL || same_source(&pend[i].src, src));
+    return n;
+}
+
+/* Drop the oldest unproven handshake (from src, or any): 0 if one was. */
+static int evict_pending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr *src,
+                         const char *why)
+{
+    for (int i = 0; i < npend; i++)
+        if (pend[i].state < HS_ACK && (src == NULL || same_source(&pend[i].src, src))) {
+            hs_drop(st, &pend[i], why);
+            return 0;
+        }
+    return -1;
+}
+
 /* Open every connection of this rank; bounded by ctx->timeout and the
  * abort flag. */
 static ncclResult_t setup_connections(tcpState *st)
@@ -1218,7 +1257,7 @@ static ncclResult_t setup_connections(tcpState *st)
             if (pend[i].when < wake)
                 wake = pend[i].when;
         }
-        if (in_done < nin && npend < nin - in_done + GEO_TCP_SPARE_PENDING) {
+        if (in_done < nin) {
             pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
             listening[0] = n++;
             if (st->local_fd >= 0) {
@@ -1258,6 +1297,10 @@ static ncclResult_t setup_connections(tcpState *st)
                 tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1, .local = l};
                 geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
                 int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
+                if (got < 0 && (errno == EMFILE || errno == ENFILE) &&
+                    evict_pending(st, pend, npend, NULL, "dropped to make room (out of file "
+                                  "descriptors)") == 0)
+                    continue;
                 if (got < 0) {
                     geoErrSet(ctx->err, "init: accept on %s failed: %s",
                                     l ? st->local.path : peer_str(st, ctx->rank, h.from),
@@ -1267,10 +1310,19 @@ static ncclResult_t setup_connections(tcpState *st)
                 }
                 if (got == 0)
                     break;
-                if (l)
+                memset(&h.src, 0, sizeof(h.src));
+                if (l) {
                     snprintf(h.from, sizeof(h.from), "the same-host socket");
-                else
+                } else {
                     geoAddrToString(&from, h.from);
+                    h.src = from;
+                }
+                if (count_pending(pend, npend, &h.src) >= GEO_TCP_MAX_PENDING_PER_SOURCE)
+                    evict_pending(st, pend, npend, &h.src, "dropped to make room for newer "
+                                  "connections from the same address");
+                if (count_pending(pend, npend, NULL) >= GEO_TCP_MAX_PENDING)
+                    evict_pending(st, pend, npend, NULL, "dropped to make room for newer "
+                                  "connections");
                 if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
                     geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
                             "challenge", h.from);
@@ -1291,8 +1343,6 @@ static ncclResult_t setup_connections(tcpState *st)
                 pend[npend] = h;
                 in_done += hs_in_step(st, &pend[npend]) > 0;
                 npend++;
-                if (npend >= nin - in_done + GEO_TCP_SPARE_PENDING)
-                    break;
             }
         }
         /* Forget the finished and the dropped. */
@@ -1737,6 +1787,26 @@ static int tcp_has_mailbox(void *state, int peer)
 
 _Static_assert(GEO_NET_MAIL_BYTES == GEO_SHM_MAIL_BYTES, "one mailbox size");
 
+static int tcp_peer_pid(void *state, int peer)
+{
+    tcpState *st = state;
+    int pid = 0;
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank ||
+        st->peers[peer].conns == NULL)
+        return 0;
+    for (int s = 0; s < st->nstreams; s++) {
+        tcpConn *c = &st->peers[peer].conns[s];
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        if (!c->local || c->fd < 0 ||
+            getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0 ||
+            (pid != 0 && cred.pid != pid))
+            return 0;
+        pid = cred.pid;
+    }
+    return pid;
+}
+
 static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int send)
 {
     tcpState *st = state;
@@ -1892,4 +1962,5 @@ const geoNetTransport geoNetTcp = {
     .setCongestion = tcp_set_congestion,
     .hasMailbox = tcp_has_mailbox,
     .mail = tcp_mail,
+    .peerPid = tcp_peer_pid,
 };

@@ -130,6 +130,12 @@ typedef struct geoNetTransport {
      * gone, or ctx->timeout). */
     int (*hasMailbox)(void *state, int peer);
     ncclResult_t (*mail)(void *state, int peer, void *buf, size_t len, int send);
+    /* Optional (may be NULL): the process id of peer as the kernel vouches
+     * for it (SO_PEERCRED of the pair's same-host sockets, all streams
+     * agreeing), in this process's pid namespace; 0 when the pair has no
+     * same-host socket or the streams disagree.  What a peer says of its
+     * own pid is never used for access to memory. */
+    int (*peerPid)(void *state, int peer);
 } geoNetTransport;
 
 #define GEO_NET_MAIL_BYTES 48
