@@ -1,6 +1,7 @@
 /* The shared-memory rings of the same-host fast path (comm/transport/shm_ring.c):
  * writes and reads that wrap around the end, full and empty rings, a
- * segment that is not ours, counters a broken peer could leave, and a
+ * segment that is not ours, counters a broken peer could leave, a header a
+ * hostile peer could forge (a capacity whose size arithmetic wraps), and a
  * producer and a consumer in two threads moving 64 MiB through a small ring
  * in odd-sized pieces, checked byte for byte; and the segment's mailboxes:
  * one message at a time each way, wrong lengths refused, two threads
@@ -10,6 +11,7 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -103,6 +105,64 @@ static void test_foreign_segment_refused(void)
     geoShmSegmentUnmap(peer, cap);
     geoShmSegmentUnmap(base, CAP);
     close(fd);
+}
+
+/* A memfd of size bytes whose first page is a real segment's header with
+ * the capacity word replaced, as a hostile peer could make it.  The header
+ * starts with two 64-bit words, the magic and then the capacity (shm_ring.c);
+ * the rest of the page is copied as it is.  memfd_flags says whether the
+ * memfd may be sealed at all, seals what is added after sizing it.
+ * Returns the descriptor, or -1 after a failed assertion. */
+static int forge_segment(size_t size, uint64_t cap, unsigned memfd_flags, int seals)
+{
+    static unsigned char page[4096];
+    int fd;
+    void *base;
+
+    if (geoShmSegmentCreate(CAP, &fd, &base) != 0) {
+        CU_FAIL("cannot create a segment to copy the header from");
+        return -1;
+    }
+    close(fd);
+    memcpy(page, base, sizeof(page));
+    geoShmSegmentUnmap(base, CAP);
+    memcpy(page + sizeof(uint64_t), &cap, sizeof(cap));
+    fd = memfd_create("forged-ring", MFD_CLOEXEC | memfd_flags);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+        pwrite(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page) ||
+        (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+        CU_FAIL("cannot forge a segment");
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A sealed 4 KiB memfd whose header claims a capacity that cannot be ours.
+ * 1 << 63 is the dangerous one: 4096 + 2 * capacity wraps to 4096, the
+ * size of the memfd, so a check of the size alone passes and the rings
+ * would lie far outside the mapping.  Each must be refused as a broken
+ * header (EPROTO) before any arithmetic on it, not mapped. */
+static void test_forged_capacity_refused(void)
+{
+    const uint64_t bad[] = {(uint64_t)1 << 63, 0, 3 * 4096, 2 * (uint64_t)GEO_SHM_MAX_CAPACITY,
+                            UINT64_MAX};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        void *base = NULL;
+        uint64_t cap = 0;
+        int fd = forge_segment(4096, bad[i], MFD_ALLOW_SEALING,
+                               F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+        if (fd < 0)
+            return;
+        errno = 0;
+        int rc = geoShmSegmentMap(fd, &base, &cap);
+        CU_ASSERT_EQUAL(rc, -1);
+        CU_ASSERT_EQUAL(errno, EPROTO);
+        if (rc == 0)
+            munmap(base, 4096); /* the memfd's size, whatever cap says */
+        close(fd);
+    }
 }
 
 #define MOVE_BYTES ((size_t)64 << 20)
@@ -254,6 +314,7 @@ int main(void)
     CU_add_test(s, "writes and reads wrap around; full and empty", test_wrap_full_empty);
     CU_add_test(s, "impossible counters are an error", test_impossible_counters);
     CU_add_test(s, "a memfd that is not a ring segment is refused", test_foreign_segment_refused);
+    CU_add_test(s, "a header whose capacity is impossible is refused", test_forged_capacity_refused);
     CU_add_test(s, "64 MiB through a 4 KiB ring, two threads, odd pieces", test_two_threads);
     CU_add_test(s, "mailbox: one message each way, full, empty, wrong length", test_mailbox);
     CU_add_test(s, "mailbox: 20000 round trips between two threads", test_mailbox_two_threads);
