@@ -3,6 +3,7 @@
 #include "comm/transport/shm_ring.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
@@ -43,6 +44,15 @@ typedef struct {
 
 #define GEO_SHM_DATA_OFF 4096
 
+/* What a segment's size must be sealed with before the mapping side trusts
+ * it: without these the peer could shrink the memfd under our mapping (a
+ * SIGBUS on the next access) at any time.  Seals are never removed, so once
+ * seen they hold for as long as the memfd lives.  F_SEAL_SEAL, which the
+ * creator adds as well, is not required: no seal added later can hurt a
+ * mapping that exists (F_SEAL_WRITE cannot be added while there is a
+ * writable shared mapping; F_SEAL_FUTURE_WRITE spares existing ones). */
+#define GEO_SHM_SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
 /* Every capacity, ours or a peer's, is judged here before any arithmetic
  * on it. */
 static int capacity_ok(uint64_t capacity)
@@ -69,10 +79,14 @@ int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base)
         errno = EINVAL;
         return -1;
     }
-    f = memfd_create("geoccl-ring", MFD_CLOEXEC);
+    f = memfd_create("geoccl-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (f < 0)
         return -1;
-    if (ftruncate(f, (off_t)size) != 0)
+    /* Sized, then sealed for good: the peer that maps it can count on the
+     * size (geoShmSegmentMap refuses a segment without these seals).  Not
+     * F_SEAL_WRITE: both ends write to it. */
+    if (ftruncate(f, (off_t)size) != 0 ||
+        fcntl(f, F_ADD_SEALS, GEO_SHM_SIZE_SEALS | F_SEAL_SEAL) != 0)
         goto err_close;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
     if (p == MAP_FAILED)
@@ -99,6 +113,15 @@ err_close:
 int geoShmSegmentMap(int fd, void **base, uint64_t *capacity)
 {
     struct stat sb;
+    /* The seals first: the size is worth checking only once it cannot
+     * change.  F_GET_SEALS fails with EINVAL on anything but a memfd. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0)
+        return -1;
+    if ((seals & GEO_SHM_SIZE_SEALS) != GEO_SHM_SIZE_SEALS) {
+        errno = EINVAL; /* ours are always sealed */
+        return -1;
+    }
     if (fstat(fd, &sb) != 0)
         return -1;
     /* No larger than the largest segment: a peer's sparse memfd of any

@@ -1,8 +1,8 @@
 /* The shared-memory rings of the same-host fast path (comm/transport/shm_ring.c):
  * writes and reads that wrap around the end, full and empty rings, a
- * segment that is not ours, counters a broken peer could leave, a header a
- * hostile peer could forge (a capacity whose size arithmetic wraps), and a
- * producer and a consumer in two threads moving 64 MiB through a small ring
+ * segment that is not ours, counters a broken peer could leave, segments a
+ * hostile peer could forge (a capacity whose size arithmetic wraps, a memfd
+ * left unsealed so it could shrink under the mapping), and a producer and a consumer in two threads moving 64 MiB through a small ring
  * in odd-sized pieces, checked byte for byte; and the segment's mailboxes:
  * one message at a time each way, wrong lengths refused, two threads
  * passing numbered messages with futex waits. */
@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,9 +91,11 @@ static void test_foreign_segment_refused(void)
 {
     void *base;
     uint64_t cap;
-    int fd = memfd_create("not-a-ring", MFD_CLOEXEC);
+    /* Sealed like ours, so that the header is what refuses it. */
+    int fd = memfd_create("not-a-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     CU_ASSERT_FATAL(fd >= 0);
     CU_ASSERT_EQUAL(ftruncate(fd, 3 * 4096), 0);
+    CU_ASSERT_EQUAL(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
     errno = 0;
     CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &base, &cap), -1);
     CU_ASSERT_EQUAL(errno, EINVAL);
@@ -163,6 +166,82 @@ static void test_forged_capacity_refused(void)
             munmap(base, 4096); /* the memfd's size, whatever cap says */
         close(fd);
     }
+}
+
+/* A segment of the right size with a right header, but not sealed against
+ * shrinking and growing: the peer could truncate it later and turn every
+ * access into SIGBUS, so it is refused (EINVAL: ours are always sealed).
+ * Shrink and grow seals without F_SEAL_SEAL are enough. */
+static void test_unsealed_refused(void)
+{
+    const struct {
+        unsigned memfd_flags;
+        int seals;
+    } bad[] = {{0, 0}, /* no sealing possible at all */
+               {MFD_ALLOW_SEALING, 0},
+               {MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_SEAL},
+               {MFD_ALLOW_SEALING, F_SEAL_GROW | F_SEAL_SEAL}};
+    size_t size = geoShmSegmentSize(CAP);
+    void *base = NULL;
+    uint64_t cap = 0;
+    int fd;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if ((fd = forge_segment(size, CAP, bad[i].memfd_flags, bad[i].seals)) < 0)
+            return;
+        errno = 0;
+        int rc = geoShmSegmentMap(fd, &base, &cap);
+        CU_ASSERT_EQUAL(rc, -1);
+        CU_ASSERT_EQUAL(errno, EINVAL);
+        if (rc == 0)
+            geoShmSegmentUnmap(base, cap);
+        close(fd);
+    }
+    if ((fd = forge_segment(size, CAP, MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_GROW)) < 0)
+        return;
+    CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &base, &cap), 0);
+    CU_ASSERT_EQUAL(cap, CAP);
+    geoShmSegmentUnmap(base, cap);
+    close(fd);
+}
+
+/* Once mapped, a segment can never change size, not even by its creator,
+ * and no one can add seals (F_SEAL_WRITE would stop the creator's own
+ * writes); the creator still writes, and the mapping side sees it. */
+static void test_segment_size_is_fixed(void)
+{
+    int fd;
+    void *base, *peer;
+    uint64_t cap;
+    struct stat sb;
+
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    CU_ASSERT_FATAL(geoShmSegmentMap(fd, &peer, &cap) == 0);
+    int seals = fcntl(fd, F_GET_SEALS);
+    CU_ASSERT_EQUAL(seals, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    geoShmRing tx, rx;
+    char out[5] = {0};
+    geoShmSegmentRing(base, CAP, 0, &tx);
+    geoShmSegmentRing(peer, cap, 0, &rx);
+    struct iovec iov = {"hello", 5};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), 5);
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), 5);
+    CU_ASSERT_EQUAL(memcmp(out, "hello", 5), 0);
+    errno = 0;
+    CU_ASSERT_EQUAL(ftruncate(fd, 4096), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    errno = 0;
+    CU_ASSERT_EQUAL(ftruncate(fd, 2 * (off_t)geoShmSegmentSize(CAP)), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    errno = 0;
+    CU_ASSERT_EQUAL(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    CU_ASSERT_EQUAL(fstat(fd, &sb), 0);
+    CU_ASSERT_EQUAL((size_t)sb.st_size, geoShmSegmentSize(CAP));
+    /* Not touched again: on a memfd that did shrink, access is SIGBUS. */
+    geoShmSegmentUnmap(peer, cap);
+    geoShmSegmentUnmap(base, CAP);
+    close(fd);
 }
 
 #define MOVE_BYTES ((size_t)64 << 20)
@@ -315,6 +394,8 @@ int main(void)
     CU_add_test(s, "impossible counters are an error", test_impossible_counters);
     CU_add_test(s, "a memfd that is not a ring segment is refused", test_foreign_segment_refused);
     CU_add_test(s, "a header whose capacity is impossible is refused", test_forged_capacity_refused);
+    CU_add_test(s, "a memfd not sealed against resizing is refused", test_unsealed_refused);
+    CU_add_test(s, "a mapped segment cannot shrink or grow", test_segment_size_is_fixed);
     CU_add_test(s, "64 MiB through a 4 KiB ring, two threads, odd pieces", test_two_threads);
     CU_add_test(s, "mailbox: one message each way, full, empty, wrong length", test_mailbox);
     CU_add_test(s, "mailbox: 20000 round trips between two threads", test_mailbox_two_threads);
