@@ -3,6 +3,7 @@
 #include "comm/transport/shm_ring.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
@@ -33,16 +34,39 @@ struct geoShmMailbox {
 /* Segment: header, two controls, two mailboxes, then the two data arrays
  * (page aligned). */
 typedef struct {
-    _Alignas(GEO_CACHELINE) uint64_t magic;
-    uint64_t capacity;
+    /* Written once by the creator; the mapping side loads each once (the
+     * peer may change them at any time after) and keeps its own copy. */
+    _Alignas(GEO_CACHELINE) _Atomic uint64_t magic;
+    _Atomic uint64_t capacity;
     struct geoShmRingCtl ctl[2];
     struct geoShmMailbox mail[2];
 } geoShmHeader;
 
 #define GEO_SHM_DATA_OFF 4096
 
+/* What a segment's size must be sealed with before the mapping side trusts
+ * it: without these the peer could shrink the memfd under our mapping (a
+ * SIGBUS on the next access) at any time.  Seals are never removed, so once
+ * seen they hold for as long as the memfd lives.  F_SEAL_SEAL, which the
+ * creator adds as well, is not required: no seal added later can hurt a
+ * mapping that exists (F_SEAL_WRITE cannot be added while there is a
+ * writable shared mapping; F_SEAL_FUTURE_WRITE spares existing ones). */
+#define GEO_SHM_SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+/* Every capacity, ours or a peer's, is judged here before any arithmetic
+ * on it. */
+static int capacity_ok(uint64_t capacity)
+{
+    return capacity != 0 && capacity <= GEO_SHM_MAX_CAPACITY &&
+           (capacity & (capacity - 1)) == 0;
+}
+
 size_t geoShmSegmentSize(uint64_t capacity)
 {
+    _Static_assert(GEO_SHM_DATA_OFF + 2 * GEO_SHM_MAX_CAPACITY <= SIZE_MAX,
+                   "the largest segment's size fits a size_t");
+    if (!capacity_ok(capacity))
+        return 0;
     return GEO_SHM_DATA_OFF + 2 * (size_t)capacity;
 }
 
@@ -50,17 +74,26 @@ int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base)
 {
     _Static_assert(sizeof(geoShmHeader) <= GEO_SHM_DATA_OFF, "header fits its page");
     size_t size = geoShmSegmentSize(capacity);
-    int err, f = memfd_create("geoccl-ring", MFD_CLOEXEC);
+    int err, f;
+    if (size == 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    f = memfd_create("geoccl-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (f < 0)
         return -1;
-    if (ftruncate(f, (off_t)size) != 0)
+    /* Sized, then sealed for good: the peer that maps it can count on the
+     * size (geoShmSegmentMap refuses a segment without these seals).  Not
+     * F_SEAL_WRITE: both ends write to it. */
+    if (ftruncate(f, (off_t)size) != 0 ||
+        fcntl(f, F_ADD_SEALS, GEO_SHM_SIZE_SEALS | F_SEAL_SEAL) != 0)
         goto err_close;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
     if (p == MAP_FAILED)
         goto err_close;
     geoShmHeader *h = p;
-    h->magic = GEO_SHM_MAGIC;
-    h->capacity = capacity;
+    atomic_init(&h->magic, GEO_SHM_MAGIC);
+    atomic_init(&h->capacity, capacity);
     for (int i = 0; i < 2; i++) {
         atomic_init(&h->ctl[i].head, 0);
         atomic_init(&h->ctl[i].tail, 0);
@@ -80,21 +113,42 @@ err_close:
 int geoShmSegmentMap(int fd, void **base, uint64_t *capacity)
 {
     struct stat sb;
+    /* The seals first: the size is worth checking only once it cannot
+     * change.  F_GET_SEALS fails with EINVAL on anything but a memfd. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0)
+        return -1;
+    if ((seals & GEO_SHM_SIZE_SEALS) != GEO_SHM_SIZE_SEALS) {
+        errno = EINVAL; /* ours are always sealed */
+        return -1;
+    }
     if (fstat(fd, &sb) != 0)
         return -1;
-    if ((size_t)sb.st_size < GEO_SHM_DATA_OFF) {
+    /* No larger than the largest segment: a peer's sparse memfd of any
+     * size would otherwise take as much address space. */
+    if (sb.st_size < GEO_SHM_DATA_OFF ||
+        (uint64_t)sb.st_size > geoShmSegmentSize(GEO_SHM_MAX_CAPACITY)) {
         errno = EINVAL;
         return -1;
     }
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return -1;
-    const geoShmHeader *h = p;
-    uint64_t cap = h->capacity;
-    if (h->magic != GEO_SHM_MAGIC || cap == 0 || (cap & (cap - 1)) != 0 ||
-        geoShmSegmentSize(cap) != (size_t)sb.st_size) {
+    geoShmHeader *h = p;
+    /* Loaded once each: the peer can rewrite them while we look, and only
+     * these local copies are checked and used from here on. */
+    uint64_t magic = atomic_load_explicit(&h->magic, memory_order_relaxed);
+    uint64_t cap = atomic_load_explicit(&h->capacity, memory_order_relaxed);
+    int err = 0;
+    if (magic != GEO_SHM_MAGIC)
+        err = EINVAL;
+    else if (!capacity_ok(cap))
+        err = EPROTO; /* before geoShmSegmentSize: 1 << 63 would wrap it to 4096 */
+    else if (geoShmSegmentSize(cap) != (size_t)sb.st_size)
+        err = EINVAL;
+    if (err != 0) {
         munmap(p, (size_t)sb.st_size);
-        errno = EINVAL;
+        errno = err;
         return -1;
     }
     *base = p;

@@ -4,7 +4,9 @@
  * A segment is an anonymous memfd (never a name anyone else could open)
  * holding two rings, one per direction of a connection: the connector
  * creates it and hands the descriptor to the acceptor over their AF_UNIX
- * socket (SCM_RIGHTS), after the HMAC handshake.  Each ring is a power-of-
+ * socket (SCM_RIGHTS), after the HMAC handshake.  Its size is sealed
+ * (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) before it is handed over, so
+ * neither end can ever shrink it under the other's mapping.  Each ring is a power-of-
  * two array of bytes with two free-running 64-bit counters on their own
  * cache lines: head (bytes written, stored only by the producer with
  * release order) and tail (bytes read, stored only by the consumer with
@@ -31,21 +33,39 @@
 
 #define GEO_SHM_MAIL_BYTES 48
 
+/* The largest capacity of one ring (1 GiB).  net_tcp.c makes rings of a
+ * few MiB; the limit is far above that, and low enough that the size of a
+ * segment (4 KiB + 2 x capacity) cannot wrap even in a 32-bit size_t.  A
+ * capacity read from a peer's header is checked against it before any
+ * arithmetic: unchecked, 1 << 63 makes the size wrap to 4 KiB, so a 4 KiB
+ * memfd would pass for a segment whose rings lie outside the mapping. */
+#define GEO_SHM_MAX_CAPACITY ((uint64_t)1 << 30)
+
 /* One direction, as seen by this process. */
 typedef struct {
     struct geoShmRingCtl *ctl; /* head/tail in the shared segment */
     char *data;                /* capacity bytes */
-    uint64_t capacity;         /* a power of two */
+    uint64_t capacity;         /* a power of two, at most GEO_SHM_MAX_CAPACITY;
+                                * this process's copy, never the header's */
 } geoShmRing;
 
-/* Bytes to map for a segment of two rings of capacity bytes each. */
+/* Bytes to map for a segment of two rings of capacity bytes each; 0 when
+ * capacity is zero, not a power of two or above GEO_SHM_MAX_CAPACITY. */
 size_t geoShmSegmentSize(uint64_t capacity);
-/* Create a segment (memfd, sized, mapped, header written).  0: [out] fd
+/* Create a segment (memfd, sized, sealed against resizing, mapped, header
+ * written).  0: [out] fd
  * (close-on-exec; to be passed to the peer, then closed) and base (the
- * mapping, geoShmSegmentSize bytes); -1: cause in errno, nothing left. */
+ * mapping, geoShmSegmentSize bytes); -1: cause in errno, nothing left
+ * (EINVAL: capacity not one geoShmSegmentSize accepts). */
 int geoShmSegmentCreate(uint64_t capacity, int *fd, void **base);
-/* Map a segment received from the peer and check its header.  0: [out]
- * base and capacity; -1: errno (EINVAL: not a segment of ours, wrong size). */
+/* Map a segment received from the peer and check its header.  The header
+ * is read once; the capacity returned is the only one to use afterwards
+ * (the peer may rewrite the header at any time).  0: [out] base and
+ * capacity; -1: errno (EINVAL: not a segment of ours: not a memfd, not
+ * sealed against shrinking and growing, too small or larger than any
+ * segment can be, wrong magic, size not that of its capacity;
+ * EPROTO: the header's capacity is zero, not a power of two or above
+ * GEO_SHM_MAX_CAPACITY, a broken or hostile peer). */
 int geoShmSegmentMap(int fd, void **base, uint64_t *capacity);
 void geoShmSegmentUnmap(void *base, uint64_t capacity);
 /* Ring i (0: connector to acceptor, 1: back) of a mapped segment. */

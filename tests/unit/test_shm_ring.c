@@ -1,7 +1,8 @@
 /* The shared-memory rings of the same-host fast path (comm/transport/shm_ring.c):
  * writes and reads that wrap around the end, full and empty rings, a
- * segment that is not ours, counters a broken peer could leave, and a
- * producer and a consumer in two threads moving 64 MiB through a small ring
+ * segment that is not ours, counters a broken peer could leave, segments a
+ * hostile peer could forge (a capacity whose size arithmetic wraps, a memfd
+ * left unsealed so it could shrink under the mapping), and a producer and a consumer in two threads moving 64 MiB through a small ring
  * in odd-sized pieces, checked byte for byte; and the segment's mailboxes:
  * one message at a time each way, wrong lengths refused, two threads
  * passing numbered messages with futex waits. */
@@ -10,11 +11,13 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,9 +91,11 @@ static void test_foreign_segment_refused(void)
 {
     void *base;
     uint64_t cap;
-    int fd = memfd_create("not-a-ring", MFD_CLOEXEC);
+    /* Sealed like ours, so that the header is what refuses it. */
+    int fd = memfd_create("not-a-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     CU_ASSERT_FATAL(fd >= 0);
     CU_ASSERT_EQUAL(ftruncate(fd, 3 * 4096), 0);
+    CU_ASSERT_EQUAL(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
     errno = 0;
     CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &base, &cap), -1);
     CU_ASSERT_EQUAL(errno, EINVAL);
@@ -100,6 +105,140 @@ static void test_foreign_segment_refused(void)
     void *peer;
     CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &peer, &cap), 0);
     CU_ASSERT_EQUAL(cap, CAP);
+    geoShmSegmentUnmap(peer, cap);
+    geoShmSegmentUnmap(base, CAP);
+    close(fd);
+}
+
+/* A memfd of size bytes whose first page is a real segment's header with
+ * the capacity word replaced, as a hostile peer could make it.  The header
+ * starts with two 64-bit words, the magic and then the capacity (shm_ring.c);
+ * the rest of the page is copied as it is.  memfd_flags says whether the
+ * memfd may be sealed at all, seals what is added after sizing it.
+ * Returns the descriptor, or -1 after a failed assertion. */
+static int forge_segment(size_t size, uint64_t cap, unsigned memfd_flags, int seals)
+{
+    static unsigned char page[4096];
+    int fd;
+    void *base;
+
+    if (geoShmSegmentCreate(CAP, &fd, &base) != 0) {
+        CU_FAIL("cannot create a segment to copy the header from");
+        return -1;
+    }
+    close(fd);
+    memcpy(page, base, sizeof(page));
+    geoShmSegmentUnmap(base, CAP);
+    memcpy(page + sizeof(uint64_t), &cap, sizeof(cap));
+    fd = memfd_create("forged-ring", MFD_CLOEXEC | memfd_flags);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+        pwrite(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page) ||
+        (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+        CU_FAIL("cannot forge a segment");
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A sealed 4 KiB memfd whose header claims a capacity that cannot be ours.
+ * 1 << 63 is the dangerous one: 4096 + 2 * capacity wraps to 4096, the
+ * size of the memfd, so a check of the size alone passes and the rings
+ * would lie far outside the mapping.  Each must be refused as a broken
+ * header (EPROTO) before any arithmetic on it, not mapped. */
+static void test_forged_capacity_refused(void)
+{
+    const uint64_t bad[] = {(uint64_t)1 << 63, 0, 3 * 4096, 2 * (uint64_t)GEO_SHM_MAX_CAPACITY,
+                            UINT64_MAX};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        void *base = NULL;
+        uint64_t cap = 0;
+        int fd = forge_segment(4096, bad[i], MFD_ALLOW_SEALING,
+                               F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+        if (fd < 0)
+            return;
+        errno = 0;
+        int rc = geoShmSegmentMap(fd, &base, &cap);
+        CU_ASSERT_EQUAL(rc, -1);
+        CU_ASSERT_EQUAL(errno, EPROTO);
+        if (rc == 0)
+            munmap(base, 4096); /* the memfd's size, whatever cap says */
+        close(fd);
+    }
+}
+
+/* A segment of the right size with a right header, but not sealed against
+ * shrinking and growing: the peer could truncate it later and turn every
+ * access into SIGBUS, so it is refused (EINVAL: ours are always sealed).
+ * Shrink and grow seals without F_SEAL_SEAL are enough. */
+static void test_unsealed_refused(void)
+{
+    const struct {
+        unsigned memfd_flags;
+        int seals;
+    } bad[] = {{0, 0}, /* no sealing possible at all */
+               {MFD_ALLOW_SEALING, 0},
+               {MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_SEAL},
+               {MFD_ALLOW_SEALING, F_SEAL_GROW | F_SEAL_SEAL}};
+    size_t size = geoShmSegmentSize(CAP);
+    void *base = NULL;
+    uint64_t cap = 0;
+    int fd;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if ((fd = forge_segment(size, CAP, bad[i].memfd_flags, bad[i].seals)) < 0)
+            return;
+        errno = 0;
+        int rc = geoShmSegmentMap(fd, &base, &cap);
+        CU_ASSERT_EQUAL(rc, -1);
+        CU_ASSERT_EQUAL(errno, EINVAL);
+        if (rc == 0)
+            geoShmSegmentUnmap(base, cap);
+        close(fd);
+    }
+    if ((fd = forge_segment(size, CAP, MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_GROW)) < 0)
+        return;
+    CU_ASSERT_EQUAL(geoShmSegmentMap(fd, &base, &cap), 0);
+    CU_ASSERT_EQUAL(cap, CAP);
+    geoShmSegmentUnmap(base, cap);
+    close(fd);
+}
+
+/* Once mapped, a segment can never change size, not even by its creator,
+ * and no one can add seals (F_SEAL_WRITE would stop the creator's own
+ * writes); the creator still writes, and the mapping side sees it. */
+static void test_segment_size_is_fixed(void)
+{
+    int fd;
+    void *base, *peer;
+    uint64_t cap;
+    struct stat sb;
+
+    CU_ASSERT_FATAL(geoShmSegmentCreate(CAP, &fd, &base) == 0);
+    CU_ASSERT_FATAL(geoShmSegmentMap(fd, &peer, &cap) == 0);
+    int seals = fcntl(fd, F_GET_SEALS);
+    CU_ASSERT_EQUAL(seals, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    geoShmRing tx, rx;
+    char out[5] = {0};
+    geoShmSegmentRing(base, CAP, 0, &tx);
+    geoShmSegmentRing(peer, cap, 0, &rx);
+    struct iovec iov = {"hello", 5};
+    CU_ASSERT_EQUAL(geoShmRingWrite(&tx, &iov, 1), 5);
+    CU_ASSERT_EQUAL(geoShmRingRead(&rx, out, sizeof(out)), 5);
+    CU_ASSERT_EQUAL(memcmp(out, "hello", 5), 0);
+    errno = 0;
+    CU_ASSERT_EQUAL(ftruncate(fd, 4096), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    errno = 0;
+    CU_ASSERT_EQUAL(ftruncate(fd, 2 * (off_t)geoShmSegmentSize(CAP)), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    errno = 0;
+    CU_ASSERT_EQUAL(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+    CU_ASSERT_EQUAL(errno, EPERM);
+    CU_ASSERT_EQUAL(fstat(fd, &sb), 0);
+    CU_ASSERT_EQUAL((size_t)sb.st_size, geoShmSegmentSize(CAP));
+    /* Not touched again: on a memfd that did shrink, access is SIGBUS. */
     geoShmSegmentUnmap(peer, cap);
     geoShmSegmentUnmap(base, CAP);
     close(fd);
@@ -254,6 +393,9 @@ int main(void)
     CU_add_test(s, "writes and reads wrap around; full and empty", test_wrap_full_empty);
     CU_add_test(s, "impossible counters are an error", test_impossible_counters);
     CU_add_test(s, "a memfd that is not a ring segment is refused", test_foreign_segment_refused);
+    CU_add_test(s, "a header whose capacity is impossible is refused", test_forged_capacity_refused);
+    CU_add_test(s, "a memfd not sealed against resizing is refused", test_unsealed_refused);
+    CU_add_test(s, "a mapped segment cannot shrink or grow", test_segment_size_is_fixed);
     CU_add_test(s, "64 MiB through a 4 KiB ring, two threads, odd pieces", test_two_threads);
     CU_add_test(s, "mailbox: one message each way, full, empty, wrong length", test_mailbox);
     CU_add_test(s, "mailbox: 20000 round trips between two threads", test_mailbox_two_threads);
