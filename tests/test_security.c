@@ -1,0 +1,382 @@
+/* What a stranger, or a peer that lies, can do to a rank: each attack is
+ * refused with a clear error and nothing it sent is used.
+ *  - a program on the GEOCCL_COMM_ID port before rank 0 (a port squatter)
+ *    that answers as the root with a forged table, holding no secret;
+ *  - a table whose values are out of bounds (a rank with the secret, or of
+ *    another build, joining with a crafted peer info);
+ *  - a rank that names another process's pid (ours) for single-copy;
+ *  - a communicator over GEOCCL_COMM_ID with no secret whose connections
+ *    are to be encrypted;
+ * and encryption changes no result: all-reduces are bit-identical with
+ * GEOCCL_ENCRYPT=off and =all, over TCP and over same-host rings. */
+#define _GNU_SOURCE
+#include "config.h"
+#include "harness.h"
+#include "comm/base/crypto.h"
+#include "comm/base/param.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/core/comm.h"
+
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A rank of the forged-pid test claims another process's pid: this binary
+ * interposes getpid() for the library, as a rank that lies would. */
+static volatile pid_t fake_pid;
+pid_t getpid(void)
+{
+    return fake_pid ? fake_pid : (pid_t)syscall(SYS_getpid);
+}
+
+static void set_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    geoParamReload();
+}
+
+/* ---- a port squatter answers as the root -------------------------------- */
+
+typedef struct {
+    int port;
+    ncclResult_t res;
+    char err[512];
+    int forged_tables; /* written by the squatter (parent) */
+} squatArgs;
+
+static int squat_victim(int rank, int nranks, const ncclUniqueId *unused, void *arg)
+{
+    squatArgs *a = arg;
+    char cid[64];
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    (void)unused;
+    snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
+    set_env("GEOCCL_COMM_ID", cid);
+    set_env("GEOCCL_COMM_SECRET", "correct horse battery staple");
+    set_env("GEOCCL_TIMEOUT", "10");
+    if (ncclGetUniqueId(&id) != ncclSuccess)
+        return 1;
+    /* Rank 1: rank 0 never comes; the squatter holds the port. */
+    a->res = ncclCommInitRank(&comm, nranks + 1, id, rank + 1);
+    snprintf(a->err, sizeof(a->err), "%s", ncclGetLastError(comm));
+    if (comm)
+        ncclCommDestroy(comm);
+    return 0;
+}
+
+static void test_port_squatter_root(void)
+{
+    squatArgs *a = harness_shared_alloc(sizeof(*a));
+    geoSockAddr addr, bound;
+    int lfd, fd;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a->port = harness_free_port();
+    char cid[64];
+    snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
+    CU_ASSERT_EQUAL_FATAL(geoAddrFromString(cid, &addr), ncclSuccess);
+    CU_ASSERT_EQUAL_FATAL(geoSocketListen(&addr, &lfd, &bound), ncclSuccess);
+
+    pid_t child = fork();
+    if (child == 0) {
+        int rc = squat_victim(0, 1, NULL, a);
+        _exit(rc);
+    }
+    /* The squatter: a challenge, the join message (whatever it holds), then
+     * a table naming itself at every rank, with a MAC it cannot make. */
+    const char *why;
+    CU_ASSERT_EQUAL(geoSocketAccept(lfd, geoNow() + 20, NULL, &fd, NULL), ncclSuccess);
+    uint8_t challenge[16] = {1, 2, 3}, join[64 + GEO_BOOT_INFO_BYTES];
+    CU_ASSERT_EQUAL(geoSocketSendAll(fd, challenge, sizeof(challenge), geoNow() + 5, &why),
+                    ncclSuccess);
+    CU_ASSERT_EQUAL(geoSocketRecvAll(fd, join, sizeof(join), geoNow() + 5, &why), ncclSuccess);
+    size_t tlen = 4 + 2 * GEO_BOOT_INFO_BYTES + GEO_SHA256_BYTES;
+    uint8_t *table = calloc(1, tlen);
+    uint32_t magic = 0x47454f54u;
+    memcpy(table, &magic, 4);
+    /* Rank 1's own entry as it sent it; rank 0's: a copy (its addresses
+     * would be the squatter's own in a real attack). */
+    memcpy(table + 4, join + 64, GEO_BOOT_INFO_BYTES);
+    memcpy(table + 4 + GEO_BOOT_INFO_BYTES, join + 64, GEO_BOOT_INFO_BYTES);
+    memset(table + tlen - GEO_SHA256_BYTES, 0x5a, GEO_SHA256_BYTES);
+    CU_ASSERT_EQUAL(geoSocketSendAll(fd, table, tlen, geoNow() + 5, &why), ncclSuccess);
+    a->forged_tables = 1;
+    free(table);
+    int status = -1;
+    double t0 = harness_now();
+    waitpid(child, &status, 0);
+    double took = harness_now() - t0;
+    close(fd);
+    close(lfd);
+    CU_ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CU_ASSERT_EQUAL(a->res, ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a->err, "does not prove the communicator's secret"));
+    /* Refused on the table itself, not after a timeout. */
+    CU_ASSERT_TRUE(took < 5.0 * harness_time_scale());
+    if (a->res != ncclRemoteError || strstr(a->err, "does not prove") == NULL)
+        fprintf(stderr, "    victim: %s: %s\n", ncclGetErrorString(a->res), a->err);
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- a table with values out of bounds -------------------------------- */
+
+typedef struct {
+    int32_t nstreams;
+    int64_t chunk;
+    ncclResult_t res[3];
+    char err[3][400];
+} tableArgs;
+
+static int table_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    tableArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_TIMEOUT", "10");
+    set_env("GEOCCL_PROBE", "0");
+    if (rank == 0) {
+        /* Rank 0 holds the secret but sends values of its own choosing. */
+        geoUniqueIdInternal in;
+        geoErr err;
+        geoPeerInfo info;
+        geoBootInfo mine, *all = calloc((size_t)nranks, sizeof(*all));
+        geoErrInit(&err);
+        geoBootstrapDecode(id, &in);
+        memset(&info, 0, sizeof(info));
+        info.nstreams = a->nstreams;
+        info.chunk_size = a->chunk;
+        info.net.addr.sin.sin_family = AF_INET;
+        memcpy(mine.bytes, &info, sizeof(info));
+        geoBootSelf self = {.rank = 0, .nranks = nranks, .timeout = 10, .err = &err};
+        a->res[0] = geoBootstrapJoin(&self, &in, &mine, all);
+        free(all);
+        geoErrDestroy(&err);
+        return 0;
+    }
+    a->res[rank] = ncclCommInitRank(&comm, nranks, *id, rank);
+    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
+    if (comm)
+        ncclCommDestroy(comm);
+    return 0;
+}
+
+static void check_table(int32_t nstreams, int64_t chunk, const char *expect)
+{
+    tableArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a->nstreams = nstreams;
+    a->chunk = chunk;
+    CU_ASSERT_EQUAL(harness_run_noinit(3, table_body, a, 60), 0);
+    CU_ASSERT_EQUAL(a->res[0], ncclSuccess); /* the table went out */
+    for (int r = 1; r < 3; r++) {
+        CU_ASSERT_EQUAL(a->res[r], ncclRemoteError);
+        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], expect));
+        if (strstr(a->err[r], expect) == NULL)
+            fprintf(stderr, "    rank %d: %s\n", r, a->err[r]);
+    }
+    harness_shared_free(a, sizeof(*a));
+}
+
+static void test_table_values_clamped(void)
+{
+    check_table(100000, 512 << 10, "asks for 100000 streams per peer pair");
+    check_table(0, 512 << 10, "asks for 0 streams per peer pair");
+    check_table(2, 0, "asks for chunks of 0 bytes");
+}
+
+/* ---- a rank names our pid for single-copy ------------------------------- */
+
+typedef struct {
+    volatile pid_t pid0;
+    int forge;
+    int cma[2];
+    int wrong;
+} pidArgs;
+
+static int pid_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    pidArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_PROBE", "0");
+    if (rank == 0)
+        a->pid0 = getpid();
+    if (rank == 1 && a->forge) {
+        double t0 = harness_now();
+        while (a->pid0 == 0 && harness_now() - t0 < 20)
+            usleep(1000);
+        fake_pid = a->pid0; /* from now on this rank says it is rank 0's process */
+    }
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    a->cma[rank] = comm->cma;
+    /* The all-reduce is right either way. */
+    size_t n = 1 << 18;
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(rank + 1) * (float)(i % 1000);
+    if (ncclAllReduce(x, x, n, ncclFloat, ncclSum, comm, NULL) != ncclSuccess)
+        a->wrong++;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 3.0f * (float)(i % 1000)) {
+            a->wrong++;
+            break;
+        }
+    free(x);
+    fake_pid = 0;
+    ncclCommDestroy(comm);
+    return 0;
+}
+
+static void test_forged_pid_refused(void)
+{
+    pidArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    /* Control: honest ranks of one host use single-copy. */
+    CU_ASSERT_EQUAL(harness_run_noinit(2, pid_body, a, 60), 0);
+    CU_ASSERT_EQUAL(a->cma[0], 1);
+    CU_ASSERT_EQUAL(a->cma[1], 1);
+    memset(a, 0, sizeof(*a));
+    a->forge = 1;
+    CU_ASSERT_EQUAL(harness_run_noinit(2, pid_body, a, 60), 0);
+    CU_ASSERT_EQUAL(a->cma[0], 0);
+    CU_ASSERT_EQUAL(a->cma[1], 0);
+    CU_ASSERT_EQUAL(a->wrong, 0);
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- GEOCCL_COMM_ID without a secret ------------------------------------ */
+
+typedef struct {
+    int port;
+    const char *encrypt;
+    ncclResult_t res[2];
+    char err[2][600];
+} envArgs;
+
+static int env_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
+{
+    envArgs *a = arg;
+    char cid[64];
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    (void)unused;
+    snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
+    set_env("GEOCCL_COMM_ID", cid);
+    set_env("GEOCCL_COMM_SECRET", NULL);
+    set_env("GEOCCL_ENCRYPT", a->encrypt);
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_TIMEOUT", "20");
+    if (ncclGetUniqueId(&id) != ncclSuccess)
+        return 1;
+    a->res[rank] = ncclCommInitRank(&comm, nranks, id, rank);
+    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
+    if (comm)
+        ncclCommDestroy(comm);
+    return 0;
+}
+
+static void test_no_secret_refused_when_encrypting(void)
+{
+    envArgs *a = harness_shared_alloc(sizeof(*a));
+    harness_opts o = {.timeout_s = 60, .make_id = 0};
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a->port = harness_free_port();
+    a->encrypt = "all";
+    CU_ASSERT_EQUAL(harness_run_opts(2, env_body, a, &o), 0);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->res[r], ncclInvalidArgument);
+        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], "GEOCCL_COMM_SECRET is not set"));
+    }
+    /* Asked for in the clear, it runs. */
+    memset(a, 0, sizeof(*a));
+    a->port = harness_free_port();
+    a->encrypt = "off";
+    CU_ASSERT_EQUAL(harness_run_opts(2, env_body, a, &o), 0);
+    CU_ASSERT_EQUAL(a->res[0], ncclSuccess);
+    CU_ASSERT_EQUAL(a->res[1], ncclSuccess);
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- encryption changes no result --------------------------------------- */
+
+#define BIT_RANKS 4
+
+typedef struct {
+    const char *encrypt, *shm;
+    uint8_t digest[BIT_RANKS][GEO_SHA256_BYTES];
+    int cipher[BIT_RANKS];
+} bitArgs;
+
+static int bit_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    bitArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_ENCRYPT", a->encrypt);
+    set_env("GEOCCL_SHM", a->shm);
+    set_env("GEOCCL_PROBE", "0");
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    /* Floats whose sum depends on the order of additions: any change in
+     * what arrives, or in how it is split, shows in the digest. */
+    size_t n = (3u << 20) / 4 + 123;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    uint32_t s = 12345u + 977u * (uint32_t)rank;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)(int32_t)s * 1e-7f;
+    }
+    int bad = ncclAllReduce(x, y, n, ncclFloat, ncclSum, comm, NULL) != ncclSuccess;
+    bad |= ncclBroadcast(y, x, n, ncclFloat, 1, comm, NULL) != ncclSuccess;
+    geoSha256(x, n * sizeof(float), a->digest[rank]);
+    a->cipher[rank] = comm->net.ctx.cipher_used;
+    free(x);
+    free(y);
+    ncclCommDestroy(comm);
+    return bad;
+}
+
+static void test_encryption_bit_identical(void)
+{
+    bitArgs *a = harness_shared_alloc(3 * sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a[0] = (bitArgs){.encrypt = "off", .shm = "1"};
+    a[1] = (bitArgs){.encrypt = "all", .shm = "1"};
+    a[2] = (bitArgs){.encrypt = "all", .shm = "0"};
+    for (int k = 0; k < 3; k++)
+        CU_ASSERT_EQUAL(harness_run_noinit(BIT_RANKS, bit_body, &a[k], 120), 0);
+    for (int r = 0; r < BIT_RANKS; r++) {
+        CU_ASSERT_EQUAL(a[0].cipher[r], 0);
+        CU_ASSERT_NOT_EQUAL(a[1].cipher[r], 0);
+        CU_ASSERT_NOT_EQUAL(a[2].cipher[r], 0);
+        CU_ASSERT_EQUAL(memcmp(a[0].digest[r], a[0].digest[0], GEO_SHA256_BYTES), 0);
+        CU_ASSERT_EQUAL(memcmp(a[1].digest[r], a[0].digest[r], GEO_SHA256_BYTES), 0);
+        CU_ASSERT_EQUAL(memcmp(a[2].digest[r], a[0].digest[r], GEO_SHA256_BYTES), 0);
+    }
+    harness_shared_free(a, 3 * sizeof(*a));
+}
+
+int main(void)
+{
+    harness_setup_env();
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("security", NULL, NULL);
+    CU_add_test(s, "a port squatter's forged table is refused", test_port_squatter_root);
+    CU_add_test(s, "table values out of bounds are refused", test_table_values_clamped);
+    CU_add_test(s, "a rank naming our pid gets no single-copy", test_forged_pid_refused);
+    CU_add_test(s, "no secret: refused when encrypting, runs when off",
+                test_no_secret_refused_when_encrypting);
+    CU_add_test(s, "results bit-identical with encryption on and off",
+                test_encryption_bit_identical);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned f = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return f ? 1 : 0;
+}
