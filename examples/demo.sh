@@ -13,6 +13,9 @@
 # Environment: DEMO_RATE (100mbit), DEMO_DELAY (25ms), DEMO_MAXBYTES (16M),
 # DEMO_NO_WAN=1 (labels on loopback even as root).
 set -euo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 cd "$(dirname "$0")/.."
 top=$PWD
 

@@ -45,6 +45,9 @@
 # regions (not root, no network namespaces).
 #
 set -uo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 
 PROG=${0##*/}
 here=$(cd "$(dirname "$0")" && pwd)

@@ -64,6 +64,9 @@
 # Exit status: 0 all ran; 1 a run failed or timed out; 2 bad arguments or
 # missing tools; 77 cannot emulate a WAN here.
 set -uo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 
 PROG=${0##*/}
 SRCDIR=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
@@ -383,7 +386,7 @@ for k in $runs; do
     [ "$codec" = lossless ] && prog+=(--data gauss)
   fi
   log "$k: GEOCCL_COMPRESS=$codec ${prog[*]##*/}"
-  echo "rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port GEOCCL_COMPRESS=$codec ${prog[*]}" \
+  echo "rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port GEOCCL_COMM_SECRET=(the same 64 hex digits) GEOCCL_COMPRESS=$codec ${prog[*]}" \
     > "$outdir/$k.cmd"
   read -r b0 i0 < <(cpu); s0=$(shaped)
   pids=()

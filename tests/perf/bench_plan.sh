@@ -25,6 +25,9 @@
 # Everything (outputs, the topology file, the commands) is kept in the
 # directory printed at the end.
 set -uo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 export LC_ALL=C
 
 TOPOS=3x2,2x4

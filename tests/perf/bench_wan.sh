@@ -90,6 +90,9 @@
 # found wrong results (the time is marked "(wrong)"); 2 bad arguments or
 # missing tools; 77 cannot emulate a WAN here.
 set -uo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 
 PROG=${0##*/}
 SRCDIR=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
@@ -482,7 +485,7 @@ measure() {
         cmd=(env RANK="$1" NRANKS="$N" GEOCCL_COMM_ID="10.231.0.10:$port" "${algoenv[@]}"
              GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT "$geoperf" "${args[@]}")
       }
-      echo "  rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port ${algoenv[*]} GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT $geoperf ${args[*]}" >> "$cdir/commands.txt"
+      echo "  rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port GEOCCL_COMM_SECRET=(the same 64 hex digits) ${algoenv[*]} GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT $geoperf ${args[*]}" >> "$cdir/commands.txt"
       run_ranks "$name" "$tmo"; rc=$?
       ;;
     gloo|gloochunked)

@@ -39,6 +39,9 @@
 # taken down on the way out. The last line is always "N passed, N failed".
 #
 set -uo pipefail
+# The ranks bootstrap at GEOCCL_COMM_ID across regions, where traffic is
+# encrypted: they share a random 256-bit key for this run.
+export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 export LC_ALL=C
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
