@@ -58,6 +58,13 @@ ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers);
  * ncclInvalidArgument for a NULL or dead comm or a NULL singleCopy. */
 ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy);
 
+/* [out] encryptedPeers: how many peers this rank's connections to carry
+ * authenticated, encrypted frames (GEOCCL_ENCRYPT); [out] cipher (may be
+ * NULL): "aes-256-gcm", "chacha20-poly1305", or "none" when there is no
+ * such peer.  Local to the calling rank; any thread.  ncclInvalidArgument
+ * for a NULL or dead comm or a NULL encryptedPeers. */
+ncclResult_t geocclCommGetEncryption(ncclComm_t comm, int *encryptedPeers, const char **cipher);
+
 /* Where this rank sits.  [out] nregions: regions in the communicator;
  * [out] region: this rank's region (0-based, numbered by lowest rank);
  * [out] localRank / regionSize: index and count within its region;

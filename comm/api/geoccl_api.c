@@ -63,6 +63,21 @@ ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetEncryption(ncclComm_t comm, int *encryptedPeers, const char **cipher)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetEncryption") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetEncryption: NULL or dead comm");
+    GEO_RETURN_IF(encryptedPeers == NULL, ncclInvalidArgument,
+                  "geocclCommGetEncryption: NULL encryptedPeers");
+    int n = 0;
+    for (int r = 0; comm->encrypt != NULL && r < comm->nranks; r++)
+        n += comm->encrypt[r];
+    *encryptedPeers = n;
+    if (cipher)
+        *cipher = geoCipherName(n ? comm->net.ctx.cipher_used : GEO_CIPHER_NONE);
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetRegion(ncclComm_t comm, int *nregions, int *region, int *localRank,
                                  int *regionSize, const char **name)
 {

@@ -159,6 +159,11 @@ static void geo_describe(void *ctx, FILE *out)
         ncclCommCount(c->comm, &nranks) == ncclSuccess)
         fprintf(out, "# same-host fast path (GEOCCL_SHM) to %d of %d peers of this rank\n", local,
                 nranks - 1);
+    int enc = 0;
+    const char *cipher = "none";
+    if (geocclCommGetEncryption(c->comm, &enc, &cipher) == ncclSuccess)
+        fprintf(out, "# encrypted frames (GEOCCL_ENCRYPT) to %d of %d peers of this rank: %s\n",
+                enc, nranks - 1, cipher);
     int single = 0;
     if (geocclCommGetSingleCopy(c->comm, &single) == ncclSuccess && single)
         fprintf(out, "# region's ranks read and write each other's buffers directly (GEOCCL_CMA)\n");
