@@ -18,6 +18,8 @@
 # boundary once). Float sum all-reduce, every result checked (-c 1):
 #
 #   hier         GeoCCL, default algorithm: hierarchical with > 1 region
+#                (its frames between regions encrypted: the default)
+#   hierclear    the same with GEOCCL_ENCRYPT=off: what encryption costs
 #   flat         GeoCCL, GEOCCL_ALGO=flat (one ring over all ranks)
 #   ompi         Open MPI MPI_Allreduce, default (tuned) decision
 #   ompiring     Open MPI, ring forced: --mca coll_tuned_use_dynamic_rules 1
@@ -32,7 +34,7 @@
 #   hierlossless GeoCCL hierarchical with GEOCCL_COMPRESS=lossless on --data
 #                gauss (gradient-like mantissas: the pattern data would
 #                compress some 35x, no gradient does)
-# The last two are not in the default --algos (each is one more run per
+# These and hierclear are not in the default --algos (each is one more run per
 # configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
 # Sizes below --big run in one invocation per tool (-n ITERS -w WARMUP); the
@@ -159,7 +161,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -201,19 +203,20 @@ report() {
     }
     function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
     BEGIN {
-      nk = split("hier flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      nk = split("hier hierclear flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = 2 * (R - 1) / R * s / (bps / 8)
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
+          cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
           cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
           cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
           (h && (("ompiring", s) in T)) ? ratio(T["ompiring", s], h) : "-",
@@ -458,7 +461,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier hierclear flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -473,10 +476,11 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|flat|hierint8|hierlossless)
+    hier|hierclear|flat|hierint8|hierlossless)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
+      [ "$kind" = hierclear ] && algoenv=(GEOCCL_ENCRYPT=off)
       # compressed: gradient-like data, so that lossless meets realistic
       # mantissas and int8's check runs on the values it is meant for
       [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)

@@ -54,6 +54,7 @@ import sys
 # Known algorithms, in the order they are drawn: label, colour, line style.
 KINDS = {
     "hier": ("GeoCCL hierarchical", "tab:blue", "-", "o"),
+    "hierclear": ("GeoCCL hierarchical, not encrypted", "tab:olive", "-.", "o"),
     "hierint8": ("GeoCCL hierarchical, int8", "tab:cyan", "-", "^"),
     "hierlossless": ("GeoCCL hierarchical, lossless", "tab:purple", "-", "v"),
     "flat": ("GeoCCL flat ring", "tab:green", "-", "s"),
