@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -108,6 +109,33 @@ typedef struct {
     geoJoinMsg m;
 } rootJoiner;
 
+typedef struct {
+    int nranks;       /* 0 until the first valid join */
+    int joined;
+    int *fds;         /* per rank, -1 until it joined */
+    geoBootInfo *table;
+    uint8_t (*challenge)[GEO_CHALLENGE_BYTES]; /* per rank: what its table's MAC binds */
+    uint8_t (*nonce)[GEO_CHALLENGE_BYTES];
+    int dropped;      /* connections dropped: the first few are logged one by one */
+} rootState;
+
+/* Log a dropped connection; past the first GEO_ROOT_DROP_LOG only count
+ * it (a port scan or a flood must not bury the log), summed up at the end. */
+#define GEO_ROOT_DROP_LOG 8
+static void root_dropped(int *count, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void root_dropped(int *count, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    if ((*count)++ >= GEO_ROOT_DROP_LOG)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s%s", text,
+            *count == GEO_ROOT_DROP_LOG ? " (further drops are only counted)" : "");
+}
+
 static int same_source(const geoSockAddr *a, const geoSockAddr *b)
 {
     if (a->sa.sa_family != b->sa.sa_family)
@@ -119,7 +147,8 @@ static int same_source(const geoSockAddr *a, const geoSockAddr *b)
 
 /* Drop the oldest unproven joiner when there are max of them (from src, or
  * from anywhere when src is NULL). */
-static void root_make_room(rootJoiner *pend, int npend, const geoSockAddr *src, int max)
+static void root_make_room(rootState *rs, rootJoiner *pend, int npend, const geoSockAddr *src,
+                           int max)
 {
     int n = 0, oldest = -1;
     for (int i = 0; i < npend; i++)
@@ -130,20 +159,10 @@ static void root_make_room(rootJoiner *pend, int npend, const geoSockAddr *src, 
         }
     if (n < max || oldest < 0)
         return;
-    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (unproven; room for "
-            "newer ones)", pend[oldest].from);
+    root_dropped(&rs->dropped, "%s (unproven; room for newer ones)", pend[oldest].from);
     close(pend[oldest].fd);
     pend[oldest].fd = -1;
 }
-
-typedef struct {
-    int nranks;       /* 0 until the first valid join */
-    int joined;
-    int *fds;         /* per rank, -1 until it joined */
-    geoBootInfo *table;
-    uint8_t (*challenge)[GEO_CHALLENGE_BYTES]; /* per rank: what its table's MAC binds */
-    uint8_t (*nonce)[GEO_CHALLENGE_BYTES];
-} rootState;
 
 static void root_refuse(rootJoiner *j)
 {
@@ -174,8 +193,7 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
         goto wait_or_drop;
     join_proof(&a->id, j->challenge, &j->m, expect);
     if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
-        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s: it does not "
-                "hold the communicator's secret", j->from);
+        root_dropped(&rs->dropped, "%s: it does not hold the communicator's secret", j->from);
         root_refuse(j);
         return -1;
     }
@@ -215,7 +233,7 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
 wait_or_drop:
     if (rc == 0)
         return 0;
-    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (%s)", j->from, why);
+    root_dropped(&rs->dropped, "%s (%s)", j->from, why);
     close(j->fd);
     j->fd = -1;
     return -1;
@@ -357,8 +375,7 @@ static void *root_main(void *arg)
                 goto out;
             }
             if (r == 0 && now >= pend[i].deadline) {
-                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (timed out)",
-                        pend[i].from);
+                root_dropped(&rs.dropped, "%s (timed out)", pend[i].from);
                 close(pend[i].fd);
                 pend[i].fd = -1;
             }
@@ -369,7 +386,7 @@ static void *root_main(void *arg)
             geoSockAddr from;
             int got = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
             if (got < 0 && (errno == EMFILE || errno == ENFILE)) {
-                root_make_room(pend, npend, NULL, 1);
+                root_make_room(&rs, pend, npend, NULL, 1);
                 break; /* the next round accepts again */
             }
             if (got < 0)
@@ -378,8 +395,8 @@ static void *root_main(void *arg)
                 break;
             geoAddrToString(&from, j->from);
             j->src = from;
-            root_make_room(pend, npend, &from, GEO_ROOT_MAX_PENDING_PER_SOURCE);
-            root_make_room(pend, npend, NULL, GEO_ROOT_MAX_PENDING);
+            root_make_room(&rs, pend, npend, &from, GEO_ROOT_MAX_PENDING_PER_SOURCE);
+            root_make_room(&rs, pend, npend, NULL, GEO_ROOT_MAX_PENDING);
             j->stage = 0;
             j->off = 0;
             j->deadline = now + GEO_ROOT_HANDSHAKE_S;
@@ -402,10 +419,13 @@ static void *root_main(void *arg)
         npend = keep;
     }
     for (int i = 0; i < npend; i++) {
-        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (handshake "
-                "unfinished when every rank had joined)", pend[i].from);
+        root_dropped(&rs.dropped, "%s (handshake unfinished when every rank had joined)",
+                     pend[i].from);
         close(pend[i].fd);
     }
+    if (rs.dropped > GEO_ROOT_DROP_LOG)
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped %d connections in all that did not "
+                "prove the secret (%d logged above)", rs.dropped, GEO_ROOT_DROP_LOG);
     npend = 0;
     root_send_tables(a, &rs);
 out:

@@ -199,6 +199,7 @@ typedef struct {
     int stop;
     int broken;
     ncclResult_t broken_res;
+    int dropped;                    /* connections dropped during set-up */
 } tcpState;
 
 static uint64_t hdr_check(const tcpFrameHdr *h)
@@ -992,9 +993,15 @@ refused:
     return -1;
 }
 
+/* The first few drops are logged one by one, the rest only counted (a
+ * scan or a flood must not bury the log) and summed up after set-up. */
+#define GEO_TCP_DROP_LOG 8
+
 static void hs_drop(tcpState *st, tcpHs *h, const char *why)
 {
-    geoWarn(GEO_LOG_NET, "dropped connection from %s: %s", h->from, why);
+    if (st->dropped++ < GEO_TCP_DROP_LOG)
+        geoWarn(GEO_LOG_NET, "dropped connection from %s: %s%s", h->from, why,
+                st->dropped == GEO_TCP_DROP_LOG ? " (further drops are only counted)" : "");
     if (h->state == HS_ACK) { /* release the slot it claimed */
         st->peers[h->peer].conns[h->stream].fd = -1;
         st->peers[h->peer].conns[h->stream].local = 0;
@@ -1364,6 +1371,9 @@ done:
     for (int i = 0; out != NULL && i < nout; i++)
         if (out[i].fd >= 0)
             close(out[i].fd);
+    if (st->dropped > GEO_TCP_DROP_LOG)
+        geoWarn(GEO_LOG_NET, "dropped %d connections in all that did not prove the "
+                "communicator's secret (%d logged above)", st->dropped, GEO_TCP_DROP_LOG);
     if (res == ncclSuccess)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
                 nout, nin, geoNow() - start);
