@@ -40,6 +40,7 @@
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1013,6 +1014,106 @@ static void test_cma_off(void)
   run_layout_cma("a a a b b b b", RUN_FLAT_COMPARE, 0, CMA_ONE_OFF);
 }
 
+/* Uneven links (labels a, b, c; a topology file gives region a 100 Mbit/s
+ * and b, c 1 Gbit/s): the plan gives a no share of the pieces (its ranks
+ * send their partials once and receive the finished sums), b and c half
+ * each.  Every result stays exact; each rank of a sends exactly its
+ * segment over the WAN, each rank of b and c one and a half (equal shares:
+ * four thirds for everyone); GEOCCL_HIER_SHARES=equal brings the equal
+ * split back, bit for bit the same results. */
+struct uneven_arg {
+  const char *topo;   /* the topology file */
+  const char *shares; /* GEOCCL_HIER_SHARES */
+  uint64_t wan[6];    /* bytes each rank sent over the WAN */
+  uint64_t digest[6];
+};
+
+static uint64_t fnv64(const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  struct uneven_arg *a = arg;
+  static const char *label[6] = {"a", "a", "b", "b", "c", "c"};
+  ncclComm_t comm = NULL;
+  int fails = 0;
+  setenv("GEOCCL_REGION", label[rank], 1);
+  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
+  setenv("GEOCCL_HIER_SHARES", a->shares, 1);
+  setenv("GEOCCL_ALGO", "hier", 1);
+  ncclResetDebugInit();
+  if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
+    fprintf(stderr, "[rank %d uneven] init: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  /* the matrix of exact cases, then one float sum whose bytes are counted */
+  size_t ncases = make_cases(NULL);
+  tcase *cases = calloc(ncases, sizeof(*cases));
+  struct calls calls = {0, 0};
+  make_cases(cases);
+  fails += run_cases(cases, ncases, rank, nranks, comm, &calls, "uneven");
+  free(cases);
+  size_t count = BIG_COUNT;
+  float *x = malloc(count * sizeof(float)), *e = malloc(count * sizeof(float));
+  char m[256];
+  geocclStats st;
+  harness_fill_input(x, ncclFloat32, ncclSum, nranks, rank, 0, count, 77);
+  harness_fill_expected(e, ncclFloat32, ncclSum, nranks, 0, count, 77);
+  geocclCommResetStats(comm);
+  if (ncclAllReduce(x, x, count, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess ||
+      geocclCommGetStats(comm, &st) != ncclSuccess ||
+      harness_check(x, e, ncclFloat32, ncclSum, nranks, count, m, sizeof(m))) {
+    fprintf(stderr, "[rank %d uneven] float sum: %s\n", rank, m);
+    fails++;
+  }
+  a->wan[rank] = st.bytesWan;
+  a->digest[rank] = fnv64(x, count * sizeof(float));
+  free(x);
+  free(e);
+  ncclCommDestroy(comm);
+  return fails;
+}
+
+static void test_uneven_shares(void)
+{
+  char path[] = "/tmp/geoccl-uneven-XXXXXX";
+  int fd = mkstemp(path);
+  CU_ASSERT_FATAL(fd >= 0);
+  const char *topo = "region a bw=100mbit delay=25 ranks=2\n"
+                     "region b bw=1gbit delay=25 ranks=2\n"
+                     "region c bw=1gbit delay=25 ranks=2\n"
+                     "intra bw=1G delay=0.05\n";
+  CU_ASSERT_EQUAL(write(fd, topo, strlen(topo)), (ssize_t)strlen(topo));
+  close(fd);
+  struct uneven_arg *u = harness_shared_alloc(2 * sizeof(*u));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(u);
+  u[0].topo = u[1].topo = path;
+  u[0].shares = "auto";
+  u[1].shares = "equal";
+  for (int k = 0; k < 2; k++)
+    CU_ASSERT_EQUAL(harness_run_noinit(6, uneven_body, &u[k], TIMEOUT_S), 0);
+  /* a rank's segment: half of the slice's floats, slice by slice */
+  const uint64_t seg = (uint64_t)BIG_COUNT / 2 * 4;
+  for (int r = 0; r < 6; r++) {
+    double want = r < 2 ? 1.0 : 1.5, got = (double)u[0].wan[r] / (double)seg;
+    double eq = (double)u[1].wan[r] / (double)seg;
+    printf("\n    rank %d: WAN bytes / segment %.4f with shares (expect %.1f), %.4f equal "
+           "(expect 1.3333)", r, got, want, eq);
+    CU_ASSERT_TRUE(fabs(got - want) < 1e-3);
+    CU_ASSERT_TRUE(fabs(eq - 4.0 / 3.0) < 1e-3);
+    CU_ASSERT_EQUAL(u[0].digest[r], u[0].digest[0]);
+    CU_ASSERT_EQUAL(u[1].digest[r], u[0].digest[r]);
+  }
+  printf("\n");
+  harness_shared_free(u, 2 * sizeof(*u));
+  unlink(path);
+}
+
 /* 2x2: rank 1's region, then rank 2's, takes the ring while the other
  * keeps reading; 3+1: both in the region of three. */
 static void test_secret(void)
@@ -1076,6 +1177,7 @@ int main(void)
   CU_add_test(s, "2x2 'a a b b'", test_2x2);
   CU_add_test(s, "3x2 'a a b b c c'", test_3x2);
   CU_add_test(s, "3+1 'a a a b'", test_3p1);
+  CU_add_test(s, "3x2, uneven links: shares by rate", test_uneven_shares);
   CU_add_test(s, "1+3 'a b b b'", test_1p3);
   CU_add_test(s, "interleaved 3+2 'a b a b a'", test_interleaved);
   CU_add_test(s, "2x1 'a b'", test_2x1);

@@ -331,6 +331,70 @@ static double predict_flat(const topoModel *m, int coll, double S, size_t chunk,
 
 /* ---- hierarchical --------------------------------------------------------- */
 
+static double hier_egress(const topoModel *m, int q)
+{
+    return wan_rate(m, q, m->ranks[q] * (m->nregions - 1) * (double)m->wan_streams);
+}
+
+double topoHierWanPerByte(const topoModel *m, const unsigned *w)
+{
+    double t = 0;
+    for (int q = 0; q < m->nregions; q++)
+        t = fmax(t, (1 + (m->nregions - 2) * (double)w[q] / TOPO_SHARE_ONE) / hier_egress(m, q));
+    return t;
+}
+
+int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
+{
+    const int R = m->nregions;
+    double f[TOPO_MODEL_MAX_REGIONS], E[TOPO_MODEL_MAX_REGIONS];
+    unsigned eq[TOPO_MODEL_MAX_REGIONS];
+    for (int q = 0; q < R; q++)
+        w[q] = eq[q] = (unsigned)((uint64_t)TOPO_SHARE_ONE * (q + 1) / R -
+                                  (uint64_t)TOPO_SHARE_ONE * q / R);
+    if (R < 3 || m->hier_equal)
+        return 0;
+    for (int q = 0; q < R; q++)
+        if (!((E[q] = hier_egress(m, q)) > 0))
+            return 0;
+    /* The least time T at which the shares each region can take by then,
+     * (T E_q - 1) / (R - 2), add up to one; bisection between the bound
+     * (every share zero) and the equal split, which always fits. */
+    double lo = 0, hi = 0, c = R - 2;
+    for (int q = 0; q < R; q++) {
+        lo = fmax(lo, 1 / E[q]);
+        hi = fmax(hi, (1 + c / R) / E[q]);
+    }
+    for (int it = 0; it < 100; it++) {
+        double mid = 0.5 * (lo + hi), sum = 0;
+        for (int q = 0; q < R; q++)
+            sum += fmax(0, (mid * E[q] - 1) / c);
+        if (sum >= 1)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    double sum = 0;
+    for (int q = 0; q < R; q++)
+        sum += (f[q] = fmax(0, (hi * E[q] - 1) / c));
+    /* Fixed point; what rounding leaves over goes to the fastest region. */
+    unsigned total = 0;
+    int fastest = 0;
+    for (int q = 0; q < R; q++) {
+        w[q] = (unsigned)floor(f[q] / sum * TOPO_SHARE_ONE);
+        total += w[q];
+        if (E[q] > E[fastest])
+            fastest = q;
+    }
+    w[fastest] += TOPO_SHARE_ONE - total;
+    /* Not worth an uneven split (and its uneven CPU work) below 3%. */
+    if (topoHierWanPerByte(m, eq) < 1.03 * topoHierWanPerByte(m, w)) {
+        memcpy(w, eq, sizeof(unsigned) * (size_t)R);
+        return 0;
+    }
+    return 1;
+}
+
 static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, double S,
                              size_t slice, int ns)
 {
@@ -348,6 +412,8 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
     double L = fmin(S, (double)slice);
     double more = L > 0 ? (S - L) / L : 0;
     double K = 0, W = 0;
+    unsigned w[TOPO_MODEL_MAX_REGIONS];
+    topoHierShares(m, w);
     for (int q = 0; q < R; q++) {
         double P = m->ranks[q], seg = L / P;
         double rs = (P - 1) * (a + seg / B);
@@ -358,7 +424,9 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
         double waits = 2 * (R - 1) + 2;
         double crowd = m->cpu_share > 1 ? m->cpu_share : 1;
         K = fmax(K, (m->intra_shared ? 1 : crowd) * 2 * rs + crowd * (c + waits * a));
-        W = fmax(W, 2 * share * L / ratio / wan_rate(m, q, P * (R - 1) * ns));
+        /* 2 (R-1)/R L with equal shares */
+        double wan_bytes = (1 + (R - 2) * (double)w[q] / TOPO_SHARE_ONE) * L;
+        W = fmax(W, wan_bytes / ratio / wan_rate(m, q, P * (R - 1) * ns));
     }
     double ow = max_oneway(m);
     double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));

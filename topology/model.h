@@ -71,6 +71,10 @@ typedef struct {
      * takes that many times longer: the emulated regions run 6 ranks on 2
      * cores. */
     double cpu_share;
+    /* 1: the hierarchical all-reduce splits every piece equally among the
+     * regions whatever their links (GEOCCL_HIER_SHARES=equal), 0: by
+     * topoHierShares. */
+    int hier_equal;
     /* intra_Bps was measured with every rank of the host moving data at
      * once (the probe's figure, or a topology file's): the sharing of cores
      * is in it already, so cpu_share does not scale the intra transfers. */
@@ -174,6 +178,28 @@ const topoPlanEntry *topoPlanLookup(const topoPlan *plan, int coll, size_t bytes
 void topoPlanPrint(const topoPlan *plan, FILE *f);
 /* The same as one JSON object (no trailing newline). */
 void topoPlanJson(const topoPlan *plan, FILE *f);
+
+/* Shares of the hierarchical all-reduce.  Each piece of a slice is split
+ * among the regions; region q reduces share f_q of it (coll_hier.c's X1)
+ * and sends the result back (X2), so per slice of L bytes it sends, and
+ * receives, L (1 + (R-2) f_q): its partial of the others' shares once, and
+ * its own share to R-1 regions.  With two regions that is L whatever the
+ * split; with more, equal shares make the slowest link carry as much as the
+ * fastest.  topoHierShares picks the split that minimises the slowest
+ * region's time max_q L (1 + (R-2) f_q) / E_q (E_q: its egress goodput):
+ * water-filling, where every region with a share finishes together and a
+ * region too slow for any share (f_q = 0) still sends its partial once,
+ * so L / min_q E_q is the least any split can take.  Shares are fixed-point,
+ * w[q] / TOPO_SHARE_ONE, summing to TOPO_SHARE_ONE, computed alike on every
+ * rank from the same model, so every rank cuts the same parts.  Returns 1
+ * when the split is uneven, 0 when it is equal (R < 3, links alike within
+ * 3%, hier_equal set, or rates unknown). */
+#define TOPO_SHARE_ONE 65536u
+int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS]);
+/* Seconds per byte of the slowest region's WAN traffic in the hierarchical
+ * all-reduce with shares w: max_q (1 + (R-2) w_q / ONE) / E_q.  Times the
+ * message size it is the all-reduce's WAN bound for that split. */
+double topoHierWanPerByte(const topoModel *m, const unsigned *w);
 
 /* Slices in flight of the hierarchical all-reduce when GEOCCL_HIER_DEPTH
  * is 0 (comm/coll/coll_hier.c geoHierDepth, and the prediction here): a quarter

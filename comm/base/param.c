@@ -102,6 +102,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                "device buffers across regions: 1 encodes and decodes on the "
                                "GPU (cuda/, every codec but lossless); 0 copies the shard to "
                                "the host and compresses there; the same on every rank"},
+    [GEO_PARAM_HIER_SHARES] = {"GEOCCL_HIER_SHARES", GEO_PARAM_STR, "auto",
+                               "how the hierarchical all-reduce splits each piece among "
+                               "regions: auto (by their measured WAN rates, when 3 or more "
+                               "regions' rates differ: the slowest link carries least) or "
+                               "equal; the same on every rank (rank 0's plan)"},
     [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
                               "slices of the hierarchical all-reduce in flight between regions "
                               "(a slice's partials are reduced this many slices after they are "

@@ -40,6 +40,7 @@ typedef enum {
     GEO_PARAM_CMA,
     GEO_PARAM_ENCRYPT,
     GEO_PARAM_CIPHER,
+    GEO_PARAM_HIER_SHARES,
     GEO_PARAM_COUNT
 } geoParamId;
 

@@ -204,6 +204,26 @@ static void slice_tmp_put(struct ncclComm *comm, hierSlice *sl)
         sl->rx1[i].tmp = NULL;
 }
 
+/* Part q of a piece of plen elements: region q's share of it
+ * (comm->hier_w, equal unless the links are uneven; every rank cuts the
+ * same).  A zero share gives an empty part: no message is posted for it. */
+static void share_range(const struct ncclComm *comm, size_t plen, int q, size_t *off,
+                        size_t *len)
+{
+    if (!comm->hier_uneven) {
+        geoSegRange(plen, comm->regions.nregions, q, off, len);
+        return;
+    }
+    uint64_t before = 0;
+    for (int i = 0; i < q; i++)
+        before += comm->hier_w[i];
+    /* plen < 2^47 elements here, so plen * 2^16 does not overflow */
+    size_t a = (size_t)((uint64_t)plen * before / TOPO_SHARE_ONE);
+    size_t b = (size_t)((uint64_t)plen * (before + comm->hier_w[q]) / TOPO_SHARE_ONE);
+    *off = a;
+    *len = b - a;
+}
+
 /* Lay out the messages of one slice for this rank (slice_tmp gives the
  * receive buffer). */
 static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
@@ -251,7 +271,7 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
         size_t plen = b - a;
         hierPart *part = &sl->parts[sl->nparts++];
         size_t so, sn;
-        geoSegRange(plen, k, g, &so, &sn);
+        share_range(comm, plen, g, &so, &sn);
         part->off = sl->s0 + a + so;
         part->n = sn;
         part->first_rx = sl->nrx1;
@@ -269,7 +289,7 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
                 }
             }
             size_t qo, qn;
-            geoSegRange(plen, k, q, &qo, &qn);
+            share_range(comm, plen, q, &qo, &qn);
             /* X1: my partial of part q goes to its owner; its partial of my
              * part comes to me.  X2: the reverse, with finished values. */
             sl->tx1[sl->ntx1++] = (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn};

@@ -107,6 +107,19 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
 
     geoTuningFree(comm);
     comm->plan_why[0] = '\0';
+    const char *shares = geoParamStr(GEO_PARAM_HIER_SHARES);
+    if (strcmp(shares, "equal") != 0 && strcmp(shares, "auto") != 0) {
+        geoCommSetError(comm, "init: GEOCCL_HIER_SHARES=%s: must be auto or equal", shares);
+        return ncclInvalidArgument;
+    }
+    /* Equal shares until a model says otherwise. */
+    {
+        int R = comm->regions.nregions > 0 ? comm->regions.nregions : 1;
+        for (int q = 0; q < R && q < 64; q++)
+            comm->hier_w[q] = (unsigned)((uint64_t)TOPO_SHARE_ONE * (q + 1) / R -
+                                         (uint64_t)TOPO_SHARE_ONE * q / R);
+        comm->hier_uneven = 0;
+    }
     if (comm->regions.nregions < 2) {
         snprintf(comm->plan_why, sizeof(comm->plan_why), "one region: flat, uncompressed");
         return ncclSuccess;
@@ -116,6 +129,23 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                  "regions, compression as GEOCCL_COMPRESS says", why);
         geoInfo(GEO_LOG_TUNING, "%s", comm->plan_why);
         return ncclSuccess;
+    }
+    m.hier_equal = strcmp(shares, "equal") == 0;
+    comm->hier_uneven = topoHierShares(&m, comm->hier_w);
+    if (comm->rank == 0 && comm->hier_uneven) {
+        char line[512];
+        int o = 0;
+        for (int q = 0; q < m.nregions && o < (int)sizeof(line) - 40; q++)
+            o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%s %.1f%%", q ? ", " : "",
+                          m.names[q], 100.0 * comm->hier_w[q] / TOPO_SHARE_ONE);
+        unsigned eq[TOPO_MODEL_MAX_REGIONS];
+        for (int q = 0; q < m.nregions; q++)
+            eq[q] = (unsigned)((uint64_t)TOPO_SHARE_ONE * (q + 1) / m.nregions -
+                               (uint64_t)TOPO_SHARE_ONE * q / m.nregions);
+        geoInfo(GEO_LOG_TUNING, "hierarchical shares by WAN rate: %s; WAN time %.3f s/GiB "
+                "(equal shares: %.3f s/GiB; GEOCCL_HIER_SHARES=equal forces them)", line,
+                topoHierWanPerByte(&m, comm->hier_w) * (1 << 30),
+                topoHierWanPerByte(&m, eq) * (1 << 30));
     }
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)

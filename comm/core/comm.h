@@ -123,6 +123,11 @@ struct ncclComm {
     int cma_refused_noted;      /* a call's buffers could not be read: said once */
     int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
     size_t hier_slice;          /* bytes per hierarchical slice */
+    /* Region q's share of every piece of the hierarchical all-reduce,
+     * hier_w[q] / TOPO_SHARE_ONE (topology/model.h topoHierShares); equal
+     * unless the plan found the links uneven.  The same on every rank. */
+    unsigned hier_w[64];
+    int hier_uneven;
     int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
