@@ -92,6 +92,19 @@ static void print_text(const char *path, const topoModel *m, const topoPlan *pla
             fprintf(out, "\n");
         }
     }
+    {
+        unsigned w[TOPO_MODEL_MAX_REGIONS], eq[TOPO_MODEL_MAX_REGIONS];
+        topoModel e = *m;
+        int uneven = topoHierShares(m, w);
+        e.hier_equal = 1;
+        topoHierShares(&e, eq);
+        fprintf(out, "hierarchical shares (%s):", uneven ? "by WAN rate" : "equal");
+        for (int q = 0; q < m->nregions; q++)
+            fprintf(out, " %s %.1f%%", m->names[q], 100.0 * w[q] / TOPO_SHARE_ONE);
+        fprintf(out, "\n  WAN bound of the hierarchical all-reduce: %.4g s per GiB with these "
+                "shares, %.4g with equal ones\n", topoHierWanPerByte(m, w) * (1 << 30),
+                topoHierWanPerByte(m, eq) * (1 << 30));
+    }
     fprintf(out, "\n");
     topoPlanPrint(plan, out);
     fprintf(out, "\npredicted all-reduce time (s), default chunk %zu, slice %zu, %d streams\n",
@@ -136,7 +149,15 @@ static void print_json(const char *path, const topoModel *m, const topoPlan *pla
             fprintf(out, "%s%.6g", j ? ", " : "", i == j ? 0.0 : rtt_of(m, i, j));
         fprintf(out, "]");
     }
-    fprintf(out, "],\n \"plan\": ");
+    {
+        unsigned w[TOPO_MODEL_MAX_REGIONS];
+        topoHierShares(m, w);
+        fprintf(out, "],\n \"hier_shares\": [");
+        for (int q = 0; q < m->nregions; q++)
+            fprintf(out, "%s%.6g", q ? ", " : "", (double)w[q] / TOPO_SHARE_ONE);
+        fprintf(out, "], \"hier_wan_s_per_byte\": %.6g", topoHierWanPerByte(m, w));
+    }
+    fprintf(out, ",\n \"plan\": ");
     topoPlanJson(plan, out);
     fprintf(out, ",\n \"allreduce\": [");
     for (int k = SIM_MIN_LOG2; k <= SIM_MAX_LOG2; k += 2) {
