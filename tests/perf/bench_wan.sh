@@ -20,6 +20,8 @@
 #   hier         GeoCCL, default algorithm: hierarchical with > 1 region
 #                (its frames between regions encrypted: the default)
 #   hierclear    the same with GEOCCL_ENCRYPT=off: what encryption costs
+#   hiereq       the same with GEOCCL_HIER_SHARES=equal: what the shares by
+#                WAN rate gain on uneven links
 #   flat         GeoCCL, GEOCCL_ALGO=flat (one ring over all ranks)
 #   ompi         Open MPI MPI_Allreduce, default (tuned) decision
 #   ompiring     Open MPI, ring forced: --mca coll_tuned_use_dynamic_rules 1
@@ -34,7 +36,7 @@
 #   hierlossless GeoCCL hierarchical with GEOCCL_COMPRESS=lossless on --data
 #                gauss (gradient-like mantissas: the pattern data would
 #                compress some 35x, no gradient does)
-# These and hierclear are not in the default --algos (each is one more run per
+# These, hierclear and hiereq are not in the default --algos (each is one more run per
 # configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
 # Sizes below --big run in one invocation per tool (-n ITERS -w WARMUP); the
@@ -45,7 +47,10 @@
 # Options (lists are comma-separated):
 #   -t, --topos LIST       topologies RxP (R regions x P ranks each);
 #                          default 3x2,2x4
-#   -r, --rates LIST       egress rate per region, tc units; default 100mbit,1gbit
+#   -r, --rates LIST       egress rate per region, tc units; default 100mbit,1gbit;
+#                          an entry of R rates joined by '/' (100mbit/1gbit/1gbit)
+#                          gives each region its own (uneven links; the bound is
+#                          then the uneven one, see Output)
 #   -d, --delay D          one-way delay per region (default 25ms)
 #   --cc ALGO              TCP congestion control inside the regions, for every
 #                          tool (geoccl-wan up --cc; default: the host's)
@@ -77,7 +82,9 @@
 #
 # Output: per configuration, a markdown table (times are the out-of-place
 # average per call, maximum over ranks; in-place times are in the raw
-# tables), the bound 2(R-1)/R x bytes / (rate/8), the same bound at the TCP
+# tables), the bound 2(R-1)/R x bytes / (rate/8) (uneven rates E_q: the least
+# over splits of max_q (1 + (R-2) f_q) x bytes / E_q, which the hierarchical
+# all-reduce's shares reach; with one rate it is the same formula), the same bound at the TCP
 # goodput the emulated link delivers (0.965 x rate: tbf counts IP bytes, TCP
 # carries 1448 of every 1500), GeoCCL's WAN bytes per rank, and what the
 # machine did meanwhile: CPU use (from /proc/stat, sampled every second),
@@ -161,16 +168,16 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|hierclear|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|hiereq|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
 report() {
-  local bps=$1
+  local bps=$1 bpsl=${2:-$1}
   echo
   echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}$([ "${mtu:-1500}" = 1500 ] || echo ", MTU $mtu")"
   echo
-  awk -v R="$R" -v P="$P" -v bps="$bps" -v dir="$cdir" -v sizes="${size_list[*]}" '
+  awk -v R="$R" -v P="$P" -v bps="$bps" -v bpsl="$bpsl" -v dir="$cdir" -v sizes="${size_list[*]}" '
     function load(kind,   f, line, a, n, grp) {
       for (grp = 0; grp < 2; grp++) {
         f = dir "/" kind "." (grp ? "big" : "small") ".out"
@@ -202,22 +209,41 @@ report() {
       return sprintf("%.3f", T[kind, s])
     }
     function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
+    # seconds per byte of the all-reduce bound over regions with egress E[q]
+    # bytes/s: the least over shares f of max_q (1 + (R-2) f_q) / E_q
+    function bound_per_byte(   q, lo, hi, mid, sum, it, c) {
+      lo = 0; hi = 0; c = R - 2
+      for (q = 1; q <= R; q++) {
+        if (1 / E[q] > lo) lo = 1 / E[q]
+        if ((1 + c / R) / E[q] > hi) hi = (1 + c / R) / E[q]
+      }
+      if (c == 0) return lo
+      for (it = 0; it < 100; it++) {
+        mid = (lo + hi) / 2; sum = 0
+        for (q = 1; q <= R; q++) if (mid * E[q] > 1) sum += (mid * E[q] - 1) / c
+        if (sum >= 1) hi = mid; else lo = mid
+      }
+      return hi
+    }
     BEGIN {
-      nk = split("hier hierclear flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      ne = split(bpsl, E, " ")
+      for (q = 1; q <= R; q++) E[q] = (q <= ne ? E[q] : E[ne]) / 8
+      bpb = bound_per_byte()
+      nk = split("hier hierclear hiereq flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
-        bound = 2 * (R - 1) / R * s / (bps / 8)
+        bound = bpb * s
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
           cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
-          cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
+          cell("hiereq", s), cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
           cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
           (h && (("ompiring", s) in T)) ? ratio(T["ompiring", s], h) : "-",
           (h && (("ompi", s) in T)) ? ratio(T["ompi", s], h) : "-",
@@ -296,12 +322,12 @@ if [ -n "$report_dir" ]; then
   for cdir in "$report_dir"/*/; do
     cdir=${cdir%/}
     [ -f "$cdir/config" ] || continue
-    R='' P='' rate='' bps='' delay='' sizes='' cc='' mtu=1500
+    R='' P='' rate='' bps='' bpsl='' delay='' sizes='' cc='' mtu=1500
     # shellcheck disable=SC1091 # written by this script
     . "$cdir/config"
     read -r -a size_list <<< "$sizes"
     N=$((R * P))
-    report "$bps"
+    report "$bps" "${bpsl:-$bps}"
     found=1
   done
   [ "$found" = 1 ] || die "$report_dir: no configuration directories (with a config file) in it"
@@ -372,7 +398,20 @@ rate_bps() {
     if (f == 0) exit 1
     printf "%.0f\n", n * f }'
 }
-for rt in ${rates//,/ }; do rate_bps "$rt" >/dev/null || die "rate '$rt': want e.g. 100mbit, 1gbit"; done
+# "r1/r2/..." -> "bps1 bps2 ..."; one rate -> R copies of it
+rate_list_bps() {  # RATE R
+  local parts=() out=() p
+  IFS=/ read -r -a parts <<< "$1"
+  if [ "${#parts[@]}" = 1 ]; then
+    for ((p = 0; p < $2; p++)); do parts[p]=$1; done
+  fi
+  [ "${#parts[@]}" = "$2" ] || return 1
+  for p in "${parts[@]}"; do out+=("$(rate_bps "$p")") || return 1; done
+  echo "${out[*]}"
+}
+for rt in ${rates//,/ }; do
+  for r1 in ${rt//\// }; do rate_bps "$r1" >/dev/null || die "rate '$r1': want e.g. 100mbit, 1gbit"; done
+done
 for tp in ${topos//,/ }; do [[ $tp =~ ^[1-9][0-9]?x[1-9][0-9]?$ ]] || die "topology '$tp': want RxP"; done
 
 # Someone else's WAN (any name) blocks ours: they share 10.231.0.0/24.
@@ -396,7 +435,7 @@ wan_up_wait() {  # R RATE
       waited=$((waited + 20))
       continue
     fi
-    if "$wan" up -n "$wname" -r "$1" --rate "$2" --delay "$delay" ${cc:+--cc "$cc"} --mtu "$mtu" -q 2>"$cdir/wan-up.err"; then
+    if "$wan" up -n "$wname" -r "$1" --rates "${2//\//,}" --delay "$delay" ${cc:+--cc "$cc"} --mtu "$mtu" -q 2>"$cdir/wan-up.err"; then
       wan_up=1
       log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay, TCP ${cc:-of the host}"
       return 0
@@ -461,7 +500,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier hierclear flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier hierclear hiereq flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -476,11 +515,12 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|hierclear|flat|hierint8|hierlossless)
+    hier|hierclear|hiereq|flat|hierint8|hierlossless)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
       [ "$kind" = hierclear ] && algoenv=(GEOCCL_ENCRYPT=off)
+      [ "$kind" = hiereq ] && algoenv=(GEOCCL_HIER_SHARES=equal)
       # compressed: gradient-like data, so that lossless meets realistic
       # mantissas and int8's check runs on the values it is meant for
       [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)
@@ -544,14 +584,16 @@ t_start=$(date +%s)
 for tp in ${topos//,/ }; do
   R=${tp%x*} P=${tp#*x} N=$((R * P))
   for rate in ${rates//,/ }; do
-    bps=$(rate_bps "$rate")
-    cfg=${tp}-$rate
+    bpsl=$(rate_list_bps "$rate" "$R") || die "rate '$rate': $R regions need 1 or $R rates"
+    # the fastest region's rate stands for the configuration where one is needed
+    bps=$(tr ' ' '\n' <<< "$bpsl" | sort -n | tail -n 1)
+    cfg=${tp}-${rate//\//-}
     cdir=$outdir/$cfg
     mkdir -p "$cdir"
     : > "$cdir/runs.txt"
     : > "$cdir/monitor.txt"
     : > "$cdir/commands.txt"
-    echo "R=$R P=$P rate=$rate bps=$bps delay=$delay sizes='${size_list[*]}' cc='$cc' mtu=$mtu" > "$cdir/config"
+    echo "R=$R P=$P rate=$rate bps=$bps bpsl='$bpsl' delay=$delay sizes='${size_list[*]}' cc='$cc' mtu=$mtu" > "$cdir/config"
     wan_up_wait "$R" "$rate" || { status=1; continue; }
     {
       echo "== $cfg: $(date -u +%T) uptime: $(uptime)"
@@ -601,7 +643,7 @@ for tp in ${topos//,/ }; do
     } >> "$cdir/machine.txt"
     "$wan" down -n "$wname" -q
     wan_up=0
-    report "$bps" | tee "$cdir/report.md"
+    report "$bps" "$bpsl" | tee "$cdir/report.md"
     grep -h 'destroy:' "$cdir"/hier*.*.err "$cdir"/flat.*.err 2>/dev/null | sed 's/^/# /' > "$cdir/phases.txt"
     echo "# $cfg done at $(date -u +%T), $(( $(date +%s) - t_start )) s since start"
   done

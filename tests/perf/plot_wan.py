@@ -55,6 +55,7 @@ import sys
 KINDS = {
     "hier": ("GeoCCL hierarchical", "tab:blue", "-", "o"),
     "hierclear": ("GeoCCL hierarchical, not encrypted", "tab:olive", "-.", "o"),
+    "hiereq": ("GeoCCL hierarchical, equal shares", "tab:pink", "-.", "o"),
     "hierint8": ("GeoCCL hierarchical, int8", "tab:cyan", "-", "^"),
     "hierlossless": ("GeoCCL hierarchical, lossless", "tab:purple", "-", "v"),
     "flat": ("GeoCCL flat ring", "tab:green", "-", "s"),
