@@ -5,7 +5,8 @@
  * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
- *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-G] [-v]
+ *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY]
+ *             [-G] [-v]
  *
  * -i  TUN device to attach (created if absent; an existing persistent one
  *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
@@ -23,6 +24,13 @@
  *     a packet's due time; a real-time one is not kept waiting by ordinary
  *     tasks. Its CPU use is bounded by the packet rate (and by the kernel's
  *     real-time throttling), so it cannot lock the machine up.
+ * -t  tamper: in every EVERY-th IPv4 TCP packet that carries payload (1 =
+ *     every one; 0, the default, none), flip the bits of one payload byte,
+ *     the middle one, and keep the packet valid, so that the receiving
+ *     kernel accepts it and hands the changed byte to the application
+ *     (checksums: see "Tampering" below). This is a man in the middle for
+ *     testing what the endpoints notice; packets too short to hold a TCP
+ *     header and payload, IP fragments and other protocols pass unchanged.
  * -G  no segmentation offload: the kernel hands over MTU-sized packets
  *     (one read and one write per 1500 bytes), as delay lines did before.
  * -v  print statistics to stderr on SIGUSR1 and at exit (without -v,
@@ -53,7 +61,20 @@
  * system calls were what a delay line spent its CPU on. Shaping is unchanged:
  * tbf sits before the device and counts a GSO packet as its segments' bytes
  * (it splits one larger than its burst). The header is stored with the
- * packet and never interpreted; only the byte counters leave it out.
+ * packet and only -t reads it; the byte counters leave it out.
+ *
+ * Tampering (-t) and checksums. A changed byte must come with a TCP checksum
+ * that matches, or the receiver drops the segment and TCP sends it again
+ * (untouched: the byte would never arrive). Which checksum there is depends
+ * on the vnet header's flags. With VIRTIO_NET_HDR_F_NEEDS_CSUM (offload on,
+ * the usual case for a local sender's TCP) the checksum field holds only
+ * the pseudo-header's sum and the kernel completes it over the payload
+ * after the packet is written back (or never does: over veth the receiver
+ * takes the packet as checked), so the field is left alone. Without that
+ * flag (-G: no vnet header; or a header whose flags say the checksum is
+ * already complete) the full checksum is updated for the one changed 16-bit
+ * word, incrementally as RFC 1624 eqn. 3 gives it: HC' = ~(~HC + ~m + m').
+ * Both cases are counted.
  *
  * Build: cc -std=c11 -O2 -Wall -Wextra -pthread -o delayline delayline.c
  */
@@ -64,6 +85,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <linux/if_tun.h>
+#include <linux/virtio_net.h>
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
@@ -111,6 +133,9 @@ struct stats {
   _Atomic uint64_t tx_errors;              /* writes refused by the kernel */
   _Atomic uint64_t late_sum_ns, late_max_ns, late_over_1ms;
   _Atomic uint64_t discarded;              /* still held at exit */
+  _Atomic uint64_t tcp_payload_pkts;       /* -t: TCP packets with payload seen */
+  _Atomic uint64_t tamper_csum;            /* -t: tampered, full checksum updated */
+  _Atomic uint64_t tamper_partial;         /* -t: tampered, checksum left to the kernel */
 };
 
 struct line {
@@ -121,6 +146,7 @@ struct line {
   int64_t jitter_ns;                       /* -j: uniform extra hold */
   int64_t last_due_ns;                     /* reader only: keeps FIFO order */
   uint64_t rng;                            /* reader only: xorshift64 state */
+  uint64_t tamper_every;                   /* -t: 0 = off */
   unsigned char *mem;
   uint64_t cap;                            /* multiple of REC_ALIGN */
   _Atomic uint64_t head;                   /* absolute; advanced by writer */
@@ -136,12 +162,15 @@ static unsigned char scratch[MAX_PKT];
 static void usage(FILE *f)
 {
   fprintf(f,
-          "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-G] [-v]\n"
+          "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO]\n"
+          "                 [-t EVERY] [-G] [-v]\n"
           "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
           "  milliseconds, then gives it back to the kernel.\n"
           "  -j  add a uniform random hold in [0, JITTER_MS), order kept\n"
           "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
           "  -r  SCHED_FIFO priority 1..99 for its threads (default: none)\n"
+          "  -t  flip one payload byte of every EVERY-th TCP packet with payload,\n"
+          "      checksum kept valid (test tampering; default 0 = never)\n"
           "  -G  no segmentation offload (one packet per MTU)\n"
           "  -v  statistics to stderr on SIGUSR1 and at exit\n");
 }
@@ -225,6 +254,62 @@ static void publish(struct line *l, uint64_t tail)
     futex_wake(&l->wake);
 }
 
+/* The one's complement sum after one 16-bit word of the summed data changed
+ * from m to m1 (RFC 1624 eqn. 3; all values in host order). */
+static uint16_t csum_replace16(uint16_t hc, uint16_t m, uint16_t m1)
+{
+  uint32_t s = (uint32_t)(uint16_t)~hc + (uint16_t)~m + m1;
+  s = (s & 0xffff) + (s >> 16);
+  s = (s & 0xffff) + (s >> 16);
+  return (uint16_t)~s;
+}
+
+/* -t: rec is one record as read (vnet header, if any, then the IP packet),
+ * n bytes. Every tamper_every-th IPv4 TCP packet with payload gets the bits
+ * of its middle payload byte flipped, its checksum kept valid (see
+ * "Tampering" at the top). */
+static void tamper(struct line *l, unsigned char *rec, size_t n)
+{
+  if (n < l->hdr + 20)
+    return;
+  unsigned char *ip = rec + l->hdr;
+  size_t len = n - l->hdr;
+  size_t ihl = (size_t)(ip[0] & 15) * 4;
+  size_t tot = (size_t)ip[2] << 8 | ip[3];
+  /* Version 4, TCP, not a fragment (MF or an offset: the TCP header or the
+   * checksum's other bytes are in another packet). */
+  if (ip[0] >> 4 != 4 || ip[9] != 6 || ihl < 20 || (((unsigned)ip[6] << 8 | ip[7]) & 0x3fff))
+    return;
+  if (tot > len || tot < ihl + 20)
+    return;
+  unsigned char *tcp = ip + ihl;
+  size_t seg = tot - ihl;                  /* TCP header and payload */
+  size_t doff = (size_t)(tcp[12] >> 4) * 4;
+  if (doff < 20 || doff >= seg)
+    return;                                /* no payload */
+  uint64_t seen = counter(&l->st.tcp_payload_pkts) + 1;
+  counter_add(&l->st.tcp_payload_pkts, 1);
+  if (seen % l->tamper_every)
+    return;
+  size_t at = doff + (seg - doff) / 2;     /* offset in the segment */
+  /* The checksum sums 16-bit words from the TCP header on (an even offset
+   * in the packet: ihl is a multiple of 4); an odd last byte is padded with
+   * a zero. */
+  size_t w = at & ~(size_t)1;
+  uint16_t m = (uint16_t)(tcp[w] << 8 | (w + 1 < seg ? tcp[w + 1] : 0));
+  tcp[at] ^= 0xff;
+  uint16_t m1 = (uint16_t)(tcp[w] << 8 | (w + 1 < seg ? tcp[w + 1] : 0));
+  if (l->hdr && (rec[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM)) {
+    counter_add(&l->st.tamper_partial, 1);
+    return;
+  }
+  uint16_t hc = (uint16_t)(tcp[16] << 8 | tcp[17]);
+  hc = csum_replace16(hc, m, m1);
+  tcp[16] = (unsigned char)(hc >> 8);
+  tcp[17] = (unsigned char)hc;
+  counter_add(&l->st.tamper_csum, 1);
+}
+
 /* Reads what the device has ready (up to READ_BATCH packets). Returns 0, or
  * -1 after printing the cause when the device failed. */
 static int read_batch(struct line *l)
@@ -257,6 +342,8 @@ static int read_batch(struct line *l)
       }
       memcpy(r + 1, scratch, (size_t)n);
     }
+    if (l->tamper_every)
+      tamper(l, (unsigned char *)(r + 1), (size_t)n);
     r->len = (uint32_t)n;
     r->wrap = 0;
     r->due_ns = now + l->delay_ns;
@@ -357,18 +444,27 @@ static void print_stats(struct line *l)
   struct stats *s = &l->st;
   uint64_t tx = counter(&s->tx_pkts);
   uint64_t queued = atomic_load(&l->tail) - atomic_load(&l->head);
+  char tampered[200] = "";
+  if (l->tamper_every)
+    snprintf(tampered, sizeof tampered,
+             "; tampered %" PRIu64 " of %" PRIu64 " TCP packets with payload (every %" PRIu64
+             "): checksum updated %" PRIu64 ", left to the kernel %" PRIu64,
+             counter(&s->tamper_csum) + counter(&s->tamper_partial),
+             counter(&s->tcp_payload_pkts), l->tamper_every, counter(&s->tamper_csum),
+             counter(&s->tamper_partial));
+  /* One call: stderr is unbuffered and the writer may report an error. */
   fprintf(stderr,
           "delayline %s: delay %.3f ms; in %" PRIu64 " pkts %" PRIu64 " B; out %" PRIu64
           " pkts %" PRIu64 " B; dropped (queue full) %" PRIu64 " pkts %" PRIu64
           " B; write errors %" PRIu64 "; held now %" PRIu64 " B, most %" PRIu64
           " B of %" PRIu64 "; late avg %.1f us max %.1f us, >1 ms %" PRIu64
-          "; discarded at exit %" PRIu64 "\n",
+          "; discarded at exit %" PRIu64 "%s\n",
           l->ifname, (double)l->delay_ns / 1e6, counter(&s->rx_pkts), counter(&s->rx_bytes), tx,
           counter(&s->tx_bytes), counter(&s->drop_pkts), counter(&s->drop_bytes),
           counter(&s->tx_errors), queued, counter(&s->max_queued), l->cap,
           tx ? (double)counter(&s->late_sum_ns) / (double)tx / 1e3 : 0.0,
           (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms),
-          counter(&s->discarded));
+          counter(&s->discarded), tampered);
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -432,11 +528,11 @@ int main(int argc, char **argv)
   static struct line l;
   const char *ifname = NULL;
   double delay_ms = -1, jitter_ms = 0;
-  uint64_t qbytes = DEFAULT_QUEUE;
+  uint64_t qbytes = DEFAULT_QUEUE, tamper_every = 0;
   int verbose = 0, rt_prio = 0, offload = 1, opt;
   char *end;
 
-  while ((opt = getopt(argc, argv, "i:d:j:q:r:Gvh")) != -1) {
+  while ((opt = getopt(argc, argv, "i:d:j:q:r:t:Gvh")) != -1) {
     switch (opt) {
     case 'i':
       ifname = optarg;
@@ -471,6 +567,14 @@ int main(int argc, char **argv)
         return 2;
       }
       break;
+    case 't':
+      errno = 0;
+      tamper_every = strtoull(optarg, &end, 10);
+      if (errno || end == optarg || *end || optarg[0] == '-') {
+        fprintf(stderr, "delayline: -t %s: want a packet count (0 = off)\n", optarg);
+        return 2;
+      }
+      break;
     case 'G':
       offload = 0;
       break;
@@ -500,6 +604,7 @@ int main(int argc, char **argv)
   l.jitter_ns = (int64_t)(jitter_ms * 1e6 + 0.5);
   l.rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)getpid();
   l.cap = qbytes & ~(uint64_t)(REC_ALIGN - 1);
+  l.tamper_every = tamper_every;
 
   /* Signals go to the signalfd only; blocked before the writer exists so
    * that it inherits the mask. */
@@ -548,8 +653,9 @@ int main(int argc, char **argv)
     return 1;
   }
   if (verbose)
-    fprintf(stderr, "delayline %s: delay %.3f ms, queue bound %" PRIu64 " B, pid %ld\n",
-            l.ifname, delay_ms, l.cap, (long)getpid());
+    fprintf(stderr, "delayline %s: delay %.3f ms, queue bound %" PRIu64 " B, pid %ld%s\n",
+            l.ifname, delay_ms, l.cap, (long)getpid(),
+            tamper_every ? ", tampering with TCP payload (-t)" : "");
 
   int status = 0;
   struct pollfd pfd[2] = {{.fd = l.fd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
