@@ -7,7 +7,7 @@
 # libssl-dev:arm64 (multiarch) is the aarch64 cross build's libcrypto
 # (tests/run-cross.sh); the arm64 architecture is added to dpkg for it.
 packages=(build-essential autoconf automake libtool pkg-config libssl-dev libzstd-dev
-          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 python3-sklearn zlib1g-dev
+          libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 tcpdump python3-sklearn zlib1g-dev
           gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libssl-dev:arm64)
 
 [ "$(id -u)" = 0 ] || exit 0

@@ -39,11 +39,7 @@
 # built library and geoccl-info; wan_mark is $WAN_MARK when set, else
 # BUILDDIR/tests/wan_mark, else it is built here with cc.
 #
-# Until the library has a GEOCCL_ENCRYPT parameter (geoccl-info lists it),
-# everything crosses in the clear and a and c fail: they run and are
-# reported ("FAIL (expected ...)") but do not count against the exit status;
-# GEOCCL_SECURITY_STRICT=1 counts them anyway. Exit status: 0 when every
-# counted check passed, 1 otherwise, 77 (skipped) when the machine cannot
+# Exit status: 0 when every check passed, 1 otherwise, 77 (skipped) when the machine cannot
 # emulate a WAN (geoccl-wan exits 77), tcpdump is missing, or another WAN
 # stays up for $GEOCCL_WAN_WAIT seconds (default 600; only one can be up).
 # Its own WAN is "gsec", always taken down on the way out. Takes about 5 s
@@ -73,7 +69,7 @@ command -v tcpdump >/dev/null 2>&1 || skip "no tcpdump (apt-get install tcpdump)
 # check exports GEOCCL_SOCKET_IFNAME=lo, for one).
 for v in $(compgen -e | grep '^GEOCCL_'); do
     case $v in
-        GEOCCL_DELAYLINE|GEOCCL_TEST_*|GEOCCL_WAN_WAIT|GEOCCL_SECURITY_STRICT|GEOCCL_SANITIZE|GEOCCL_DEBUG*) ;;
+        GEOCCL_DELAYLINE|GEOCCL_TEST_*|GEOCCL_WAN_WAIT|GEOCCL_SANITIZE|GEOCCL_DEBUG*) ;;
         *) unset "$v" ;;
     esac
 done
@@ -108,25 +104,6 @@ fi
 [ -x "$BIN" ] || { echo "wan_mark $BIN is not executable"; exit 1; }
 PATTERN=$("$BIN" --pattern) && [ ${#PATTERN} = 16 ] || { echo "$BIN --pattern failed"; exit 1; }
 echo "== wan_mark: $BIN (pattern \"$PATTERN\", $BYTES bytes)"
-
-strict=${GEOCCL_SECURITY_STRICT:-0}
-if [ "$strict" != 1 ] && ! "$BUILD/geoccl-info" 2>/dev/null | awk '$1 == "GEOCCL_ENCRYPT" { f = 1 } END { exit !f }'; then
-    EXPECT_CLEAR="this libgeoccl has no GEOCCL_ENCRYPT: everything crosses in the clear"
-    echo "== $EXPECT_CLEAR; plaintext-hidden and tamper-detected are expected to fail and not counted"
-else
-    EXPECT_CLEAR=
-fi
-xfailed=0
-# check_failed NAME TEXT: a FAIL, not counted when it is the failure that
-# comes with no GEOCCL_ENCRYPT (plaintext found; tampering unnoticed).
-check_failed() {
-    if [ -n "$EXPECT_CLEAR" ] && { [ "$1" = plaintext-hidden ] || [ "$1" = tamper-detected ]; }; then
-        xfailed=$((xfailed + 1))
-        echo "FAIL (expected: no GEOCCL_ENCRYPT yet): $1: $2"
-    else
-        fail "$1: $2"
-    fi
-}
 
 # ---- helpers ------------------------------------------------------------------
 
@@ -237,7 +214,7 @@ if plaintext plaintext-hidden "$WORK/a"; then
     if [ "$N_COPIES" = 0 ]; then
         pass "plaintext-hidden: the transfer crossed, the pattern did not"
     else
-        check_failed plaintext-hidden "plaintext found: $N_COPIES copies of \"$PATTERN\" crossed the WAN"
+        fail "plaintext-hidden: plaintext found: $N_COPIES copies of \"$PATTERN\" crossed the WAN"
     fi
 fi
 if plaintext plaintext-control "$WORK/b" GEOCCL_ENCRYPT=off; then
@@ -274,9 +251,9 @@ if hung "$RC0" || hung "$RC1"; then
 elif [ "$TAMPERED" -lt 1 ]; then
     fail "tamper-detected: the delay line tampered with nothing (the test's fault)"
 elif [ "$RC1" = 3 ]; then
-    check_failed tamper-detected "rank 1 got wrong bytes and no error: $(wrong_bytes "$WORK/c") bytes changed by $TAMPERED tampered packets went unnoticed"
+    fail "tamper-detected: rank 1 got wrong bytes and no error: $(wrong_bytes "$WORK/c") bytes changed by $TAMPERED tampered packets went unnoticed"
 elif [ "$RC1" = 0 ]; then
-    check_failed tamper-detected "silent success: $TAMPERED packets were tampered with, yet rank 1 reported every byte right and no error"
+    fail "tamper-detected: silent success: $TAMPERED packets were tampered with, yet rank 1 reported every byte right and no error"
 elif [ "$RC1" != 4 ]; then
     fail "tamper-detected: rank 1 exited $RC1 (want 4: a call failed)"
 elif ! grep -q -e 'rank 0' -e "${R0//./\\.}" <<< "$LASTERR"; then
@@ -304,5 +281,4 @@ fi
 
 echo "== $(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s" \
      "(including any wait for another WAN)"
-[ "$xfailed" -gt 0 ] && echo "$xfailed expected failure(s) not counted ($EXPECT_CLEAR)"
 finish
