@@ -610,7 +610,7 @@ for tp in ${topos//,/ }; do
         [ ${#big_list[@]} -gt 0 ] || continue
         b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
       fi
-      for kind in hier flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
+      for kind in hier hierclear hiereq flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
         has "$kind" || continue
         ke=$e
         if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&
