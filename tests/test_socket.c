@@ -260,6 +260,50 @@ static void host_cc(char *buf, size_t len)
     }
 }
 
+/* Keepalive probes start after GEOCCL_KEEPALIVE idle seconds (60 unset),
+ * not the system's two hours; 0 leaves the system's settings; a negative
+ * value is refused before anything is sent. */
+static int keepidle_of(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0), v = -1, on = 0;
+    socklen_t len = sizeof(v);
+    geoSocketTune(fd);
+    getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, &len);
+    len = sizeof(on);
+    getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len);
+    close(fd);
+    return on ? v : -1;
+}
+
+static void test_keepalive(void)
+{
+    char err[256];
+    int sys_idle = -1;
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_keepalive_time", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", &sys_idle) != 1)
+            sys_idle = -1;
+        fclose(f);
+    }
+    unsetenv("GEOCCL_KEEPALIVE");
+    geoParamReload();
+    CU_ASSERT_EQUAL(keepidle_of(), 60);
+    setenv("GEOCCL_KEEPALIVE", "7", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(keepidle_of(), 7);
+    setenv("GEOCCL_KEEPALIVE", "0", 1);
+    geoParamReload();
+    if (sys_idle > 0)
+        CU_ASSERT_EQUAL(keepidle_of(), sys_idle);
+    setenv("GEOCCL_KEEPALIVE", "-1", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "GEOCCL_KEEPALIVE=-1"));
+    unsetenv("GEOCCL_KEEPALIVE");
+    geoParamReload();
+    CU_ASSERT_EQUAL(geoSocketCheckParams(err, sizeof(err)), 0);
+}
+
 static void test_wan_cc(void)
 {
     char host[32], err[400];
@@ -290,6 +334,7 @@ int main(void)
     CU_add_test(s, "interface filter and choice", test_iface_filter);
     CU_add_test(s, "GEOCCL_TCP_CC on every socket, refused names an error", test_tcp_cc);
     CU_add_test(s, "GEOCCL_WAN_CC on the connections between regions only", test_wan_cc);
+    CU_add_test(s, "GEOCCL_KEEPALIVE on every TCP connection", test_keepalive);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

@@ -102,6 +102,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                "device buffers across regions: 1 encodes and decodes on the "
                                "GPU (cuda/, every codec but lossless); 0 copies the shard to "
                                "the host and compresses there; the same on every rank"},
+    [GEO_PARAM_KEEPALIVE] = {"GEOCCL_KEEPALIVE", GEO_PARAM_INT, "60",
+                             "seconds a TCP connection may idle before keepalive probes go "
+                             "out (then every 10 s, 6 unanswered end it), so that NAT tables "
+                             "and firewalls keep idle connections between training steps; "
+                             "0: the system's keepalive settings"},
     [GEO_PARAM_HIER_SHARES] = {"GEOCCL_HIER_SHARES", GEO_PARAM_STR, "auto",
                                "how the hierarchical all-reduce splits each piece among "
                                "regions: auto (by their measured WAN rates, when 3 or more "

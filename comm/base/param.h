@@ -41,6 +41,7 @@ typedef enum {
     GEO_PARAM_ENCRYPT,
     GEO_PARAM_CIPHER,
     GEO_PARAM_HIER_SHARES,
+    GEO_PARAM_KEEPALIVE,
     GEO_PARAM_COUNT
 } geoParamId;
 

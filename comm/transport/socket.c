@@ -182,6 +182,12 @@ int geoSocketCheckParams(char *err, size_t len)
     if (cc != NULL && geoParamIsSet(GEO_PARAM_WAN_CC) &&
         geoSocketCcAllowed("GEOCCL_WAN_CC", cc, err, len) != 0)
         return -1;
+    int64_t ka = geoParamInt(GEO_PARAM_KEEPALIVE);
+    if (ka < 0 || ka > 32767) { /* the kernel's TCP_KEEPIDLE limit */
+        snprintf(err, len, "GEOCCL_KEEPALIVE=%lld: must be 0 (the system's settings) or "
+                 "1..32767 seconds", (long long)ka);
+        return -1;
+    }
     return 0;
 }
 
@@ -190,6 +196,16 @@ void geoSocketTune(int fd)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    /* The system's default idle time (net.ipv4.tcp_keepalive_time, 2 hours)
+     * outlives the idle timeouts of NAT gateways and firewalls (minutes):
+     * a connection idle between training steps would be forgotten by the
+     * middlebox and reset at its next use. */
+    int idle = (int)geoParamInt(GEO_PARAM_KEEPALIVE), intvl = 10, cnt = 6;
+    if (idle > 0) {
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    }
 }
 
 ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound)
