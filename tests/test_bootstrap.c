@@ -4,6 +4,8 @@
 #include "comm/base/param.h"
 
 #include <CUnit/Basic.h>
+#include <errno.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +158,78 @@ static void test_silent_stranger_does_not_delay(void)
     geoParamReload();
 }
 
+/* Strangers that keep connecting (not idle ones): the root must drop
+ * some to make room, and the ranks it drops join again; init succeeds. */
+typedef struct {
+    geoSockAddr root;
+    volatile int stop;
+    int made;
+} floodArgs;
+
+static void *flood_main(void *p)
+{
+    floodArgs *f = p;
+    int ring[400], n = 0, next = 0;
+    while (!f->stop) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            break;
+        if (connect(fd, &f->root.sa, sizeof(f->root.sin)) != 0 && errno != EINPROGRESS) {
+            close(fd);
+            usleep(1000);
+            continue;
+        }
+        f->made++;
+        if (n == 400)
+            close(ring[next]);
+        else
+            n++;
+        ring[next] = fd;
+        next = (next + 1) % 400;
+        if (f->made % 64 == 0)
+            usleep(1000);
+    }
+    for (int i = 0; i < n; i++)
+        close(ring[i]);
+    return NULL;
+}
+
+static void test_flood_does_not_fail_init(void)
+{
+    rankArgs a[3];
+    ncclUniqueId id;
+    geoUniqueIdInternal in;
+    floodArgs f = {0};
+    pthread_t t;
+    setenv("GEOCCL_PROBE", "0", 1);
+    setenv("GEOCCL_TIMEOUT", "60", 1);
+    geoParamReload();
+    CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
+    geoBootstrapDecode(&id, &in);
+    f.root = in.root;
+    pthread_create(&t, NULL, flood_main, &f);
+    usleep(200000); /* the root is full of strangers before the ranks come */
+    for (int i = 0; i < 3; i++)
+        a[i] = (rankArgs){.id = id, .rank = i, .nranks = 3};
+    double t0 = geoNow();
+    run_ranks(a, 3);
+    double took = geoNow() - t0;
+    f.stop = 1;
+    pthread_join(t, NULL);
+    printf("\n    init of 3 ranks with %d strangers connecting meanwhile: %.3f s\n", f.made,
+           took);
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(a[i].res, ncclSuccess);
+        CU_ASSERT_EQUAL(a[i].result, 6.0f);
+        if (a[i].res != ncclSuccess)
+            fprintf(stderr, "    rank %d: %s\n", i, a[i].err);
+    }
+    CU_ASSERT_TRUE(f.made > 1024); /* more than the root holds: it had to drop */
+    unsetenv("GEOCCL_PROBE");
+    unsetenv("GEOCCL_TIMEOUT");
+    geoParamReload();
+}
+
 static void test_wrong_secret_times_out(void)
 {
     rankArgs a[2];
@@ -257,6 +331,8 @@ int main(void)
     CU_pSuite s = CU_add_suite("bootstrap", NULL, NULL);
     CU_add_test(s, "unique id encode/decode", test_id_decode);
     CU_add_test(s, "stranger at the root is dropped", test_stranger_is_dropped);
+    CU_add_test(s, "strangers connecting all the time do not make init fail",
+                test_flood_does_not_fail_init);
     CU_add_test(s, "2 or 600 idle strangers at the root do not delay init",
                 test_silent_stranger_does_not_delay);
     CU_add_test(s, "wrong secret fails within timeout", test_wrong_secret_times_out);

@@ -225,7 +225,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     comm->net.state = NULL;
     free(comm->peers);
     free(comm->encrypt);
-    memset(comm->secret, 0, sizeof(comm->secret));
+    geoWipe(comm->secret, sizeof(comm->secret));
     free(comm->net.ctx.peers);
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
@@ -535,7 +535,7 @@ static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInterna
                             "encrypted (GEOCCL_ENCRYPT=%s here, %s there), but GEOCCL_COMM_SECRET "
                             "is not set: every key would derive from GEOCCL_COMM_ID, which "
                             "anyone can know.  Set GEOCCL_COMM_SECRET to a passphrase every "
-                            "rank shares, or GEOCCL_ENCRYPT=off to send in the clear", r,
+                            "rank shares, or GEOCCL_ENCRYPT=off on every rank to send in the clear", r,
                             p->net.host, p->region[0] ? ", region " : "", p->region,
                             me->encrypt == GEO_ENCRYPT_ALL ? "all"
                             : me->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off",
@@ -752,6 +752,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         comm->real_cfg.splitShare = config->splitShare;
 #undef GEO_CFG_HAS
     memcpy(comm->secret, id.secret, sizeof(comm->secret));
+    comm->nosecret = (id.flags & GEO_ID_NOSECRET) != 0;
     comm->comm_hash = id.nonce ^ ((uint64_t)geoAddrPort(&id.root) << 48) ^
                       (uint64_t)id.root.sin.sin_addr.s_addr;
     comm->timeout = (double)geoParamInt(GEO_PARAM_TIMEOUT);
@@ -957,7 +958,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         goto out;
     }
     geoBootstrapSetSecret(&ids[leader], child);
-    memset(child, 0, sizeof(child));
+    if (comm->nosecret)
+        geoBootstrapMarkNoSecret(&ids[leader]);
+    geoWipe(child, sizeof(child));
     ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
     inherit.blocking = comm->blocking;
     geoInitParent = comm;
@@ -968,6 +971,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
 out:
     free(all);
+    if (ids != NULL)
+        geoWipe(ids, sizeof(ncclUniqueId) * (size_t)comm->nranks); /* the leader's holds a secret */
     free(ids);
     return res;
 }
@@ -1045,9 +1050,11 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     if (res == ncclSuccess) {
         *id = msg.id;
         geoBootstrapSetSecret(id, child);
+        if (comm->nosecret)
+            geoBootstrapMarkNoSecret(id);
     }
 out:
-    memset(child, 0, sizeof(child));
+    geoWipe(child, sizeof(child));
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     return res;
 }
@@ -1159,6 +1166,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
             geoNetBreak(&comm->net);
         geoBootstrapShrinkId(comm->secret, comm->comm_hash, comm->nranks,
                              &comm->peers[leader].net.addr, excluded, counter, &id);
+        if (comm->nosecret)
+            geoBootstrapMarkNoSecret(&id);
         if (comm->rank == leader) {
             geoUniqueIdInternal in;
             GEO_CHECK_GOTO(geoBootstrapDecode(&id, &in), res, out);

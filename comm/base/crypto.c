@@ -65,6 +65,12 @@ int geoScrypt(const char *pass, size_t passlen, const void *salt, size_t saltlen
                                                                                           : -1;
 }
 
+void geoWipe(void *p, size_t len)
+{
+    if (p != NULL && len > 0)
+        OPENSSL_cleanse(p, len);
+}
+
 int geoDigestEqual(const uint8_t *a, const uint8_t *b, size_t len)
 {
     return CRYPTO_memcmp(a, b, len) == 0;

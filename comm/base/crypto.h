@@ -27,6 +27,9 @@ int geoHkdf(const void *key, size_t keylen, const void *salt, size_t saltlen, co
  * parallelism p.  0 on success, -1 on failure (bad parameters, memory). */
 int geoScrypt(const char *pass, size_t passlen, const void *salt, size_t saltlen, uint64_t n,
               uint32_t r, uint32_t p, uint8_t *out, size_t outlen);
+/* Overwrite len bytes at p with zeros in a way the compiler keeps (key
+ * material, secrets, plaintext about to be freed). */
+void geoWipe(void *p, size_t len);
 /* Constant-time comparison: 1 when equal. */
 int geoDigestEqual(const uint8_t *a, const uint8_t *b, size_t len);
 /* Fill buf from getrandom(); 0 on success, -1 on failure. */

@@ -93,8 +93,9 @@ static void table_mac(const geoUniqueIdInternal *id, const uint8_t *challenge, c
 #define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
 /* Unproven connections are all served at once (idle strangers cannot make
  * a rank wait in the backlog); beyond these bounds, over all sources and
- * per source address, the oldest unproven one is dropped to make room: a
- * rank proves itself in a round trip, a stranger waits for its deadline. */
+ * per source address, one unproven connection chosen at random is dropped
+ * to make room, and a rank dropped so joins again.  At most 64 are accepted
+ * per pass, so that a flood cannot stop the handshakes under way. */
 #define GEO_ROOT_MAX_PENDING 1024
 #define GEO_ROOT_MAX_PENDING_PER_SOURCE 256
 
@@ -150,18 +151,24 @@ static int same_source(const geoSockAddr *a, const geoSockAddr *b)
 static void root_make_room(rootState *rs, rootJoiner *pend, int npend, const geoSockAddr *src,
                            int max)
 {
-    int n = 0, oldest = -1;
+    int n = 0, pick = -1;
+    uint32_t r = 0;
     for (int i = 0; i < npend; i++)
-        if (pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src))) {
-            n++;
-            if (oldest < 0)
-                oldest = i;
-        }
-    if (n < max || oldest < 0)
+        n += pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src));
+    if (n < max || n == 0)
         return;
-    root_dropped(&rs->dropped, "%s (unproven; room for newer ones)", pend[oldest].from);
-    close(pend[oldest].fd);
-    pend[oldest].fd = -1;
+    /* One chosen at random, so that a flood cannot aim at a rank's
+     * handshake; a rank dropped so joins again (geoBootstrapJoin). */
+    if (geoRandomBytes(&r, sizeof(r)) != 0)
+        r = 0;
+    for (int i = 0, k = (int)(r % (uint32_t)n); i < npend; i++)
+        if (pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src)) && k-- == 0) {
+            pick = i;
+            break;
+        }
+    root_dropped(&rs->dropped, "%s (unproven; room for newer ones)", pend[pick].from);
+    close(pend[pick].fd);
+    pend[pick].fd = -1;
 }
 
 static void root_refuse(rootJoiner *j)
@@ -381,7 +388,9 @@ static void *root_main(void *arg)
             }
         }
         /* Take what arrived; each new joiner gets its challenge at once. */
-        while (pfd[npend].revents & POLLIN && npend < cap) {
+        /* The listener's entry is pfd[npend] only until npend grows. */
+        int lready = (pfd[npend].revents & POLLIN) != 0;
+        for (int taken = 0; lready && npend < cap && taken < 64; taken++) {
             rootJoiner *j = &pend[npend];
             geoSockAddr from;
             int got = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
@@ -443,6 +452,7 @@ out:
     free(pend);
     free(pfd);
     close(a->listen_fd);
+    geoWipe(a, sizeof(*a));
     free(a);
     return NULL;
 }
@@ -520,7 +530,7 @@ static ncclResult_t env_id(geoUniqueIdInternal *id)
         id->flags |= GEO_ID_NOSECRET;
         geoHmacSha256(salt, strlen(salt), "geoccl/v2/no-secret", 19, id->secret);
     }
-    memset(key, 0, sizeof(key));
+    geoWipe(key, sizeof(key));
     id->nonce = 0;
     return ncclSuccess;
 }
@@ -587,6 +597,14 @@ void geoBootstrapSetSecret(ncclUniqueId *uid, const uint8_t *secret)
         memcpy(id.secret, secret, sizeof(id.secret));
     else
         memset(id.secret, 0, sizeof(id.secret));
+    memcpy(uid->internal, &id, sizeof(id));
+}
+
+void geoBootstrapMarkNoSecret(ncclUniqueId *uid)
+{
+    geoUniqueIdInternal id;
+    memcpy(&id, uid->internal, sizeof(id));
+    id.flags |= GEO_ID_NOSECRET;
     memcpy(uid->internal, &id, sizeof(id));
 }
 
@@ -853,6 +871,20 @@ ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal
     }
     ncclResult_t r = join_on(self, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
     close(fd);
+    /* Closed or reset before any answer: the root may have dropped us
+     * among a flood of unproven connections (root_make_room).  Join again
+     * while it still listens; a root that is gone refuses the connection
+     * and is reported below at once. */
+    for (useconds_t backoff = 10000;
+         r != ncclSuccess && magic == 0 && geoNow() + backoff * 1e-6 < deadline &&
+         (strcmp(why, "connection closed by peer") == 0 || strstr(why, "reset") != NULL);
+         backoff = backoff < 200000 ? 2 * backoff : backoff) {
+        usleep(backoff);
+        if ((fd = connect_once(&id->root, 1.0)) < 0)
+            break;
+        r = join_on(self, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
+        close(fd);
+    }
     if (r == ncclSuccess)
         return ncclSuccess;
     if (magic == GEO_IMPOSTOR_MAGIC)

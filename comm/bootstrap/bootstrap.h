@@ -77,6 +77,9 @@ void geoBootstrapChildSecret(const uint8_t *parent_secret, uint64_t parent_hash,
 /* Overwrite the secret in id (before it is sent) with zeros, or (after it
  * arrived) with secret. */
 void geoBootstrapSetSecret(ncclUniqueId *id, const uint8_t *secret);
+/* Flag id GEO_ID_NOSECRET: a child of a communicator whose secret anyone
+ * can derive has such a secret too, and init refuses it likewise. */
+void geoBootstrapMarkNoSecret(ncclUniqueId *id);
 /* Decode and validate an id; ncclInvalidArgument when it is not one. */
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
 /* Start serving the root of id in this process (rank 0 under env; the

@@ -117,10 +117,12 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
         int vouched = comm->net.ops->peerPid ? comm->net.ops->peerPid(comm->net.state,
                                                                       ring->ranks[j])
                                              : 0;
-        if (vouched == getpid() || pj->pid == (int32_t)getpid()) {
-            geoWarn(GEO_LOG_INIT, "single-copy: rank %d %s: refused", ring->ranks[j],
-                    vouched == getpid() ? "is this very process by the kernel's word"
-                                        : "claims this process's own pid");
+        /* Claiming to be us while the kernel names another process is the
+         * attack; ranks that are threads of this one process (kernel and
+         * table agree it is us) read their own memory, as before. */
+        if (pj->pid == (int32_t)getpid() && vouched != getpid()) {
+            geoWarn(GEO_LOG_INIT, "single-copy: rank %d claims this process's own pid, but the "
+                    "kernel says it is pid %d: refused", ring->ranks[j], vouched);
             verdict = 0;
             bad = ring->ranks[j];
             break;

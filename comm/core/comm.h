@@ -92,6 +92,7 @@ struct ncclComm {
     struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
     uint8_t secret[GEO_SHA256_BYTES];
     uint8_t *encrypt;           /* [nranks]: 1 where connections to that rank are encrypted */
+    int nosecret;               /* the secret follows from public values (GEO_ID_NOSECRET) */
     uint64_t comm_hash;         /* identifies the communicator in logs */
     geoPeerInfo *peers;
 

@@ -738,7 +738,7 @@ static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
         c->s_buf = c->r_buf = NULL;
         rc = -1;
     }
-    memset(key, 0, sizeof(key));
+    geoWipe(key, sizeof(key));
     c->enc = rc == 0;
     c->s_ctr = c->r_ctr = 0;
     return rc;
@@ -750,6 +750,9 @@ static void conn_keys_free(tcpConn *c)
         return;
     geoAeadFree(&c->tx_aead);
     geoAeadFree(&c->rx_aead);
+    /* the last frames' plaintext */
+    geoWipe(c->s_buf, GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
+    geoWipe(c->r_buf, GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
     free(c->s_buf);
     free(c->r_buf);
     c->s_buf = c->r_buf = NULL;
@@ -804,11 +807,13 @@ fail:
 /* Unproven accepted connections are all served at once, so that idle
  * strangers cannot make a peer wait its turn in the backlog; a stranger
  * costs one descriptor until its deadline.  Beyond these bounds (all
- * sources; one source address) the oldest unproven one is dropped to make
- * room: a peer's handshake takes a round trip, a stranger's lasts until its
- * deadline, so the oldest is almost always a stranger's. */
+ * sources; one source address) an unproven one chosen at random is dropped
+ * to make room; a peer dropped so dials again until the deadline.  At most
+ * GEO_TCP_ACCEPTS_PER_PASS are taken per pass of the loop, so that a flood
+ * cannot keep it from driving the handshakes already under way. */
 #define GEO_TCP_MAX_PENDING 1024
 #define GEO_TCP_MAX_PENDING_PER_SOURCE 256
+#define GEO_TCP_ACCEPTS_PER_PASS 64
 
 enum {
     HS_RETRY,     /* out: waiting to connect (again): refused or unreachable */
@@ -830,6 +835,7 @@ typedef struct {
     double when;    /* out in HS_RETRY: next attempt; in: handshake deadline */
     double backoff; /* out: wait before the next attempt */
     int err;        /* out: errno of the last failed attempt */
+    int drops;      /* out: times the peer closed it before proving itself */
     size_t off;     /* bytes of the current message moved */
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
@@ -986,10 +992,28 @@ connect_failed:
 wait_or_refused:
     if (rc == 0)
         return 0;
+    /* Closed or reset before the peer proved itself: it may have dropped
+     * us among a flood of unproven connections (setup_connections makes
+     * room by dropping some), so dial again, with a fresh nonce, until the
+     * deadline.  Nothing of this connection was used. */
+    close(h->fd);
+    h->fd = -1;
+    h->drops++;
+    if (now < deadline) {
+        h->state = HS_RETRY;
+        h->when = now + h->backoff;
+        if (h->backoff < 0.1)
+            h->backoff *= 2;
+        return 0;
+    }
+    geoErrSet(ctx->err, "init: rank %d at %s (host %s) closed our connection on stream %d "
+                    "during the handshake %d times (%s): it refused our proof, or dropped us "
+                    "among many unproven connections", h->peer, peer_str(st, h->peer, pa),
+                    ctx->peers[h->peer].host, h->stream, h->drops, why);
+    return -1;
 refused:
-    geoErrSet(ctx->err, "init: rank %d at %s (host %s) refused our connection on stream %d "
-                    "(%s)", h->peer, peer_str(st, h->peer, pa), ctx->peers[h->peer].host,
-                    h->stream, why);
+    geoErrSet(ctx->err, "init: refused rank %d at %s (host %s) on stream %d: %s", h->peer,
+                    peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, why);
     return -1;
 }
 
@@ -1175,15 +1199,24 @@ static int count_pending(const tcpHs *pend, int npend, const geoSockAddr *src)
     return n;
 }
 
-/* Drop the oldest unproven handshake (from src, or any): 0 if one was. */
+/* Drop an unproven handshake (from src, or any), chosen at random: a
+ * flood cannot aim at the oldest, which may be a peer's, and a peer that is
+ * dropped all the same dials again (hs_out_step).  0 if one was. */
 static int evict_pending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr *src,
                          const char *why)
 {
-    for (int i = 0; i < npend; i++)
+    uint32_t r = 0;
+    if (npend == 0)
+        return -1;
+    if (geoRandomBytes(&r, sizeof(r)) != 0)
+        r = (uint32_t)npend / 2;
+    for (int k = 0; k < npend; k++) {
+        int i = (int)((r + (uint32_t)k) % (uint32_t)npend);
         if (pend[i].state < HS_ACK && (src == NULL || same_source(&pend[i].src, src))) {
             hs_drop(st, &pend[i], why);
             return 0;
         }
+    }
     return -1;
 }
 
@@ -1300,7 +1333,8 @@ static ncclResult_t setup_connections(tcpState *st)
             if (pend[i].state < HS_DONE && now >= pend[i].when)
                 hs_drop(st, &pend[i], "handshake failed (timed out)");
         for (int l = 0; l < 2; l++) {
-            while (listening[l] >= 0 && (pfd[listening[l]].revents & POLLIN)) {
+            for (int taken = 0; listening[l] >= 0 && (pfd[listening[l]].revents & POLLIN) &&
+                                taken < GEO_TCP_ACCEPTS_PER_PASS; taken++) {
                 tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1, .local = l};
                 geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
                 int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
