@@ -510,8 +510,10 @@ static ncclResult_t env_id(geoUniqueIdInternal *id)
     id->magic = GEO_ID_MAGIC;
     id->flags = GEO_ID_ENV;
     GEO_CHECK(geoAddrFromString(cid, &id->root));
-    /* The salt is the job's root address: every rank of the job knows it,
-     * and a guess tried against one job's handshake serves no other. */
+    /* The salt is the GEOCCL_COMM_ID string: every rank of the job knows
+     * it, and a guess tried against one job's handshake serves only jobs
+     * with the same string (ranks must spell it alike, or they derive
+     * different secrets and are refused as strangers). */
     snprintf(salt, sizeof(salt), "geoccl/v2/env:%s", cid);
     if (secret != NULL && hex_key(secret, key)) {
         geoHmacSha256(key, sizeof(key), salt, strlen(salt), id->secret);
