@@ -368,7 +368,9 @@ ncclResult_t geoSocketAccept(int lfd, double deadline, const volatile int *abort
         }
         if (rc <= 0)
             continue;
-        int s = accept4(lfd, &peer->sa, &len, SOCK_CLOEXEC);
+        len = sizeof(*peer);
+        int s = peer ? accept4(lfd, &peer->sa, &len, SOCK_CLOEXEC)
+                     : accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (s >= 0) {
             *fd = s;
             return ncclSuccess;

@@ -35,7 +35,8 @@ ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *boun
 /* Connect, retrying refused or unreachable attempts until deadline (geoNow
  * seconds).  The connected socket is blocking.  [out] fd. */
 ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd);
-/* Accept one connection, waiting until deadline or *abort becomes non-zero.
+/* Accept one connection, waiting until deadline or *abort becomes non-zero
+ * (abort may be NULL); [out] peer (may be NULL): its address.
  * ncclRemoteError on timeout. */
 ncclResult_t geoSocketAccept(int lfd, double deadline, const volatile int *abort, int *fd,
                              geoSockAddr *peer);
