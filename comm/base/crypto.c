@@ -92,6 +92,43 @@ int geoRandomBytes(void *buf, size_t len)
     return 0;
 }
 
+int geoX25519New(void **priv, uint8_t pub[GEO_X25519_BYTES])
+{
+    EVP_PKEY_CTX *pc = EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, NULL);
+    EVP_PKEY *k = NULL;
+    size_t n = GEO_X25519_BYTES;
+    int ok = pc != NULL && EVP_PKEY_keygen_init(pc) > 0 && EVP_PKEY_keygen(pc, &k) > 0 &&
+             EVP_PKEY_get_raw_public_key(k, pub, &n) > 0 && n == GEO_X25519_BYTES;
+    EVP_PKEY_CTX_free(pc);
+    if (!ok) {
+        EVP_PKEY_free(k);
+        *priv = NULL;
+        return -1;
+    }
+    *priv = k;
+    return 0;
+}
+
+int geoX25519Shared(void *priv, const uint8_t peer[GEO_X25519_BYTES],
+                    uint8_t out[GEO_X25519_BYTES])
+{
+    EVP_PKEY *pk = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, NULL, peer, GEO_X25519_BYTES);
+    EVP_PKEY_CTX *dc = priv && pk ? EVP_PKEY_CTX_new(priv, NULL) : NULL;
+    size_t n = GEO_X25519_BYTES;
+    static const uint8_t zero[GEO_X25519_BYTES];
+    int ok = dc != NULL && EVP_PKEY_derive_init(dc) > 0 && EVP_PKEY_derive_set_peer(dc, pk) > 0 &&
+             EVP_PKEY_derive(dc, out, &n) > 0 && n == GEO_X25519_BYTES &&
+             CRYPTO_memcmp(out, zero, sizeof(zero)) != 0;
+    EVP_PKEY_CTX_free(dc);
+    EVP_PKEY_free(pk);
+    return ok ? 0 : -1;
+}
+
+void geoX25519Free(void *priv)
+{
+    EVP_PKEY_free(priv);
+}
+
 static const EVP_CIPHER *evp_of(int cipher)
 {
     switch (cipher) {

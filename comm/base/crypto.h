@@ -35,6 +35,17 @@ int geoDigestEqual(const uint8_t *a, const uint8_t *b, size_t len);
 /* Fill buf from getrandom(); 0 on success, -1 on failure. */
 int geoRandomBytes(void *buf, size_t len);
 
+/* Ephemeral X25519 (RFC 7748): forward secrecy for a connection's keys.
+ * geoX25519New makes a key pair: *priv (free with geoX25519Free) and its
+ * public half; geoX25519Shared derives the shared secret with a peer's
+ * public key.  0 on success, -1 on failure (and for a peer key that gives
+ * the all-zero secret). */
+#define GEO_X25519_BYTES 32
+int geoX25519New(void **priv, uint8_t pub[GEO_X25519_BYTES]);
+int geoX25519Shared(void *priv, const uint8_t peer[GEO_X25519_BYTES],
+                    uint8_t out[GEO_X25519_BYTES]);
+void geoX25519Free(void *priv);
+
 /* Authenticated encryption of numbered frames.  One geoAead is one key in
  * one direction; frame k is sealed with the 96-bit nonce (0, k): the
  * caller numbers frames from 0 and never reuses a number under one key

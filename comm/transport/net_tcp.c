@@ -133,12 +133,14 @@ typedef struct {
     int32_t encrypt;       /* 1: the connector will encrypt this connection */
     int32_t cipher;        /* the connector's preferred cipher */
     uint8_t nonce[GEO_CHALLENGE_BYTES];
+    uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the connector's ephemeral X25519 key */
     uint8_t proof[GEO_SHA256_BYTES];
 } tcpHello;
 
 typedef struct {
     uint32_t magic;
     int32_t cipher;        /* the acceptor's choice; GEO_CIPHER_NONE: clear */
+    uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the acceptor's ephemeral X25519 key */
     uint8_t proof[GEO_SHA256_BYTES];
 } tcpAccept;
 
@@ -691,13 +693,15 @@ static void *progress_main(void *arg)
 /* ---- set-up ---------------------------------------------------------- */
 
 /* HMAC(secret, label | comm_hash | from | to | stream | encrypt | cipher |
- * Ca | Cc): the connector's proof (label "geoccl/v2/hello", cipher its
- * preference) and the acceptor's (label "geoccl/v2/accept", cipher its
- * choice). */
+ * Ca | Cc | connector's X25519 key | acceptor's): the connector's proof
+ * (label "geoccl/v2/hello", cipher its preference, no acceptor key yet)
+ * and the acceptor's (label "geoccl/v2/accept", cipher its choice).  The
+ * ephemeral keys are bound, so a relay cannot put its own in. */
 static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *challenge,
-                      const tcpHello *m, int32_t cipher, uint8_t out[GEO_SHA256_BYTES])
+                      const tcpHello *m, int32_t cipher, const uint8_t *apub,
+                      uint8_t out[GEO_SHA256_BYTES])
 {
-    uint8_t msg[24 + 8 + 20 + 2 * GEO_CHALLENGE_BYTES];
+    uint8_t msg[24 + 8 + 20 + 2 * GEO_CHALLENGE_BYTES + 2 * GEO_X25519_BYTES];
     int32_t f[5] = {m->rank, m->to, m->stream, m->encrypt, cipher};
     size_t l = strlen(label);
     memset(msg, 0, 24);
@@ -706,17 +710,28 @@ static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *ch
     memcpy(msg + 32, f, sizeof(f));
     memcpy(msg + 52, challenge, GEO_CHALLENGE_BYTES);
     memcpy(msg + 52 + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
+    memcpy(msg + 52 + 2 * GEO_CHALLENGE_BYTES, m->pub, GEO_X25519_BYTES);
+    if (apub != NULL)
+        memcpy(msg + 52 + 2 * GEO_CHALLENGE_BYTES + GEO_X25519_BYTES, apub, GEO_X25519_BYTES);
+    else
+        memset(msg + 52 + 2 * GEO_CHALLENGE_BYTES + GEO_X25519_BYTES, 0, GEO_X25519_BYTES);
     geoHmacSha256(ctx->secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
 }
 
-/* The keys of an encrypted connection, one per direction, from the secret
- * and both ends' fresh randomness; connector is this end's role.  0 or -1
- * (nothing left allocated). */
+/* The keys of an encrypted connection, one per direction: HKDF of the
+ * secret and the ephemeral X25519 secret dh of the two ends (forward
+ * secrecy: once the key pairs are gone, the communicator's secret alone
+ * cannot open recorded traffic), salted with both ends' fresh nonces;
+ * connector is this end's role.  0 or -1 (nothing left allocated). */
 static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
-                     const tcpHello *m, int cipher, int connector)
+                     const tcpHello *m, int cipher, int connector,
+                     const uint8_t dh[GEO_X25519_BYTES])
 {
     uint8_t salt[2 * GEO_CHALLENGE_BYTES], info[24 + 8 + 20], key[2][GEO_AEAD_KEY_BYTES];
+    uint8_t ikm[GEO_SHA256_BYTES + GEO_X25519_BYTES];
     int rc = 0;
+    memcpy(ikm, ctx->secret, GEO_SHA256_BYTES);
+    memcpy(ikm + GEO_SHA256_BYTES, dh, GEO_X25519_BYTES);
     memcpy(salt, challenge, GEO_CHALLENGE_BYTES);
     memcpy(salt + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
     memset(info, 0, 24);
@@ -725,8 +740,8 @@ static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
     for (int32_t dir = 0; dir < 2 && rc == 0; dir++) { /* 0: connector to acceptor */
         int32_t f[5] = {m->rank, m->to, m->stream, cipher, dir};
         memcpy(info + 32, f, sizeof(f));
-        rc = geoHkdf(ctx->secret, GEO_SHA256_BYTES, salt, sizeof(salt), info, sizeof(info),
-                     key[dir], GEO_AEAD_KEY_BYTES);
+        rc = geoHkdf(ikm, sizeof(ikm), salt, sizeof(salt), info, sizeof(info), key[dir],
+                     GEO_AEAD_KEY_BYTES);
     }
     c->s_buf = rc == 0 ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
     c->r_buf = c->s_buf ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
@@ -739,6 +754,7 @@ static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
         rc = -1;
     }
     geoWipe(key, sizeof(key));
+    geoWipe(ikm, sizeof(ikm));
     c->enc = rc == 0;
     c->s_ctr = c->r_ctr = 0;
     return rc;
@@ -840,6 +856,7 @@ typedef struct {
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
     tcpAccept ack;
+    void *eph;      /* out, encrypted: our ephemeral X25519 key until the ack */
     char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
     geoSockAddr src;            /* in: the same, for per-source limits (local: zeroed) */
 } tcpHs;
@@ -927,7 +944,13 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 why = "no randomness for our nonce";
                 goto refused;
             }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher,
+            geoX25519Free(h->eph);
+            h->eph = NULL;
+            if (h->hello.encrypt && geoX25519New(&h->eph, h->hello.pub) != 0) {
+                why = "cannot make an X25519 key (out of memory?)";
+                goto refused;
+            }
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher, NULL,
                       h->hello.proof);
             h->state = HS_HELLO;
             h->off = 0;
@@ -947,7 +970,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 uint8_t expect[GEO_SHA256_BYTES];
                 int want_cipher = h->hello.encrypt ? h->ack.cipher : GEO_CIPHER_NONE;
                 hello_mac(ctx, "geoccl/v2/accept", h->challenge, &h->hello, h->ack.cipher,
-                          expect);
+                          h->ack.pub, expect);
                 if (h->ack.magic != GEO_ACCEPT_MAGIC ||
                     !geoDigestEqual(expect, h->ack.proof, sizeof(expect))) {
                     why = "it did not prove the communicator's secret: another program on "
@@ -960,9 +983,15 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                     goto refused;
                 }
                 tcpConn *c = &st->peers[h->peer].conns[h->stream];
-                if (h->hello.encrypt &&
-                    conn_keys(ctx, c, h->challenge, &h->hello, want_cipher, 1) != 0) {
-                    why = "cannot set up its encryption (out of memory?)";
+                uint8_t dh[GEO_X25519_BYTES];
+                int bad = h->hello.encrypt &&
+                          (geoX25519Shared(h->eph, h->ack.pub, dh) != 0 ||
+                           conn_keys(ctx, c, h->challenge, &h->hello, want_cipher, 1, dh) != 0);
+                geoWipe(dh, sizeof(dh));
+                geoX25519Free(h->eph);
+                h->eph = NULL;
+                if (bad) {
+                    why = "cannot set up its encryption (a bad X25519 key, or out of memory)";
                     goto refused;
                 }
                 if (h->hello.encrypt)
@@ -1066,7 +1095,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 hs_drop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, expect);
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, NULL, expect);
             if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
                 char claim[96];
                 snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
@@ -1094,18 +1123,29 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             h->peer = m->rank;
             h->stream = m->stream;
             tcpConn *c = &st->peers[h->peer].conns[h->stream];
-            if (enc && conn_keys(ctx, c, h->challenge, m, cipher, 0) != 0) {
-                hs_drop(st, h, "cannot set up its encryption (out of memory?)");
-                return -1;
+            memset(&h->ack, 0, sizeof(h->ack));
+            if (enc) {
+                void *eph = NULL;
+                uint8_t dh[GEO_X25519_BYTES];
+                int bad = geoX25519New(&eph, h->ack.pub) != 0 ||
+                          geoX25519Shared(eph, m->pub, dh) != 0 ||
+                          conn_keys(ctx, c, h->challenge, m, cipher, 0, dh) != 0;
+                geoX25519Free(eph);
+                geoWipe(dh, sizeof(dh));
+                if (bad) {
+                    hs_drop(st, h, "cannot set up its encryption (a bad X25519 key, or out of "
+                            "memory)");
+                    return -1;
+                }
             }
             if (enc)
                 ctx->cipher_used = cipher;
             c->fd = h->fd;
             c->local = h->local;
-            memset(&h->ack, 0, sizeof(h->ack));
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
-            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.proof);
+            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.pub,
+                      h->ack.proof);
             h->state = HS_ACK;
             h->off = 0;
             continue;
@@ -1402,9 +1442,11 @@ done:
         else if (pend[i].state != HS_ACK) /* an HS_ACK fd is in conns: destroy closes it */
             close(pend[i].fd);
     }
-    for (int i = 0; out != NULL && i < nout; i++)
+    for (int i = 0; out != NULL && i < nout; i++) {
         if (out[i].fd >= 0)
             close(out[i].fd);
+        geoX25519Free(out[i].eph);
+    }
     if (st->dropped > GEO_TCP_DROP_LOG)
         geoWarn(GEO_LOG_NET, "dropped %d connections in all that did not prove the "
                 "communicator's secret (%d logged above)", st->dropped, GEO_TCP_DROP_LOG);

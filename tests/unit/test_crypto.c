@@ -3,7 +3,8 @@
  * case 1), scrypt (RFC 7914, the 1024/8/16 case), AES-256-GCM (the GCM
  * specification's test case 14: zero key, zero nonce = frame 0); frames
  * that were altered, replayed under another number or carry another
- * header are refused by both ciphers; and the random-bytes helper. */
+ * header are refused by both ciphers; X25519 agreement; and the
+ * random-bytes helper. */
 #include "config.h"
 #include "comm/base/crypto.h"
 
@@ -130,6 +131,27 @@ static void check_cipher(int cipher)
     geoAeadFree(&rx);
 }
 
+/* Two ephemeral key pairs agree on the shared secret, a third does not,
+ * and the all-zero public key (a small-order point) is refused. */
+static void test_x25519(void)
+{
+    void *a = NULL, *b = NULL, *c = NULL;
+    uint8_t pa[32], pb[32], pc[32], s1[32], s2[32], s3[32], zero[32] = {0};
+    CU_ASSERT_EQUAL_FATAL(geoX25519New(&a, pa), 0);
+    CU_ASSERT_EQUAL_FATAL(geoX25519New(&b, pb), 0);
+    CU_ASSERT_EQUAL_FATAL(geoX25519New(&c, pc), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(pa, pb, 32), 0);
+    CU_ASSERT_EQUAL(geoX25519Shared(a, pb, s1), 0);
+    CU_ASSERT_EQUAL(geoX25519Shared(b, pa, s2), 0);
+    CU_ASSERT_EQUAL(memcmp(s1, s2, 32), 0);
+    CU_ASSERT_EQUAL(geoX25519Shared(c, pa, s3), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(s1, s3, 32), 0);
+    CU_ASSERT_EQUAL(geoX25519Shared(a, zero, s3), -1);
+    geoX25519Free(a);
+    geoX25519Free(b);
+    geoX25519Free(c);
+}
+
 static void test_aead_refuses_changes(void)
 {
     check_cipher(GEO_CIPHER_AES256GCM);
@@ -176,6 +198,7 @@ int main(void)
     CU_add_test(s, "scrypt rfc7914", test_scrypt_rfc7914);
     CU_add_test(s, "aes-256-gcm vector", test_aes_gcm_vector);
     CU_add_test(s, "aead refuses changes", test_aead_refuses_changes);
+    CU_add_test(s, "x25519 agreement", test_x25519);
     CU_add_test(s, "hmac rfc4231", test_hmac_rfc4231);
     CU_add_test(s, "digest compare and random", test_digest_equal_and_random);
     CU_basic_set_mode(CU_BRM_VERBOSE);
