@@ -239,6 +239,8 @@ const char *geoCipherName(int cipher)
         return "aes-256-gcm";
     case GEO_CIPHER_CHACHA20POLY1305:
         return "chacha20-poly1305";
+    case GEO_CIPHER_MIXED:
+        return "aes-256-gcm with some peers, chacha20-poly1305 with others";
     default:
         return "none";
     }

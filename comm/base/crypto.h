@@ -52,7 +52,8 @@ void geoX25519Free(void *priv);
  * (every connection gets fresh keys, so counters start at 0 again on a new
  * connection).  A receiver that opens frame k with the number it expects
  * refuses a replayed, reordered or altered frame: the tag does not match. */
-enum { GEO_CIPHER_NONE = 0, GEO_CIPHER_AES256GCM = 1, GEO_CIPHER_CHACHA20POLY1305 = 2 };
+enum { GEO_CIPHER_NONE = 0, GEO_CIPHER_AES256GCM = 1, GEO_CIPHER_CHACHA20POLY1305 = 2,
+       GEO_CIPHER_MIXED = 3 /* reporting only: different ciphers with different peers */ };
 
 typedef struct {
     void *ctx;                  /* EVP_CIPHER_CTX, keyed once */

@@ -508,7 +508,8 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                 if (h->total > r->capacity) {
                     char why[200];
                     snprintf(why, sizeof(why), "sent a %llu-byte message where at most %zu "
-                             "were expected", (unsigned long long)h->total, r->capacity);
+                             "were expected%s", (unsigned long long)h->total, r->capacity,
+                             c->enc ? " (or the header was altered on the way)" : "");
                     peer_error(st, p, s, why);
                     return moved;
                 }
@@ -523,10 +524,11 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                 snprintf(why, sizeof(why),
                          "sent a frame that does not match the posted receive (magic %#x seq "
                          "%llu offset %llu len %u; expected seq %llu offset %llu len %zu: "
-                         "mismatched counts or a corrupt stream)",
+                         "mismatched counts or a corrupt stream%s)",
                          h->magic, (unsigned long long)h->seq, (unsigned long long)h->offset,
                          h->len, (unsigned long long)r->seq,
-                         (unsigned long long)c->r_frame * GEO_TCP_FRAME, len);
+                         (unsigned long long)c->r_frame * GEO_TCP_FRAME, len,
+                         c->enc ? ", or the header was altered on the way" : "");
                 peer_error(st, p, s, why);
                 return moved;
             }
@@ -995,7 +997,8 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                     goto refused;
                 }
                 if (h->hello.encrypt)
-                    ctx->cipher_used = want_cipher;
+                    ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != want_cipher
+                                           ? GEO_CIPHER_MIXED : want_cipher;
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
@@ -1139,7 +1142,8 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 }
             }
             if (enc)
-                ctx->cipher_used = cipher;
+                ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != cipher
+                                       ? GEO_CIPHER_MIXED : cipher;
             c->fd = h->fd;
             c->local = h->local;
             h->ack.magic = GEO_ACCEPT_MAGIC;
