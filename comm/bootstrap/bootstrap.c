@@ -433,8 +433,8 @@ static void *root_main(void *arg)
         close(pend[i].fd);
     }
     if (rs.dropped > GEO_ROOT_DROP_LOG)
-        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped %d connections in all that did not "
-                "prove the secret (%d logged above)", rs.dropped, GEO_ROOT_DROP_LOG);
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped %d connections in all before they "
+                "proved the secret (timed out, refused or dropped for room; %d logged above)", rs.dropped, GEO_ROOT_DROP_LOG);
     npend = 0;
     root_send_tables(a, &rs);
 out:
