@@ -434,7 +434,8 @@ static void *root_main(void *arg)
     }
     if (rs.dropped > GEO_ROOT_DROP_LOG)
         geoWarn(GEO_LOG_INIT, "bootstrap root: dropped %d connections in all before they "
-                "proved the secret (timed out, refused or dropped for room; %d logged above)", rs.dropped, GEO_ROOT_DROP_LOG);
+                "proved the secret (timed out, refused or dropped for room; %d logged "
+                "above)", rs.dropped, GEO_ROOT_DROP_LOG);
     npend = 0;
     root_send_tables(a, &rs);
 out:

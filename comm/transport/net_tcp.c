@@ -1453,7 +1453,8 @@ done:
     }
     if (st->dropped > GEO_TCP_DROP_LOG)
         geoWarn(GEO_LOG_NET, "dropped %d connections in all before they proved the "
-                "communicator's secret (timed out, refused or dropped for room; %d logged above)", st->dropped, GEO_TCP_DROP_LOG);
+                "communicator's secret (timed out, refused or dropped for room; %d logged "
+                "above)", st->dropped, GEO_TCP_DROP_LOG);
     if (res == ncclSuccess)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
                 nout, nin, geoNow() - start);
