@@ -52,6 +52,15 @@ WAN=$SRC/examples/wan/geoccl-wan
 NAME=gprobe
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 LIMIT=90               # seconds a step's ranks may take before they are killed
+# The measured rate of region 0's 100 Mbit/s link, within these bounds. Under
+# a sanitizer the probe's transfers are CPU-bound and their timing is not a
+# measurement (1 Gbit/s links read 135 Mbit/s, the 100 Mbit/s one 117 with
+# encrypted frames): there only a rate that is positive is checked.
+if [ -n "${GEOCCL_SANITIZE:-}" ]; then
+    RATE0_A='j["egress_mbit"][0] > 0' RATE0_B='j["egress_mbit"][0] > 0'
+else
+    RATE0_A='60 <= j["egress_mbit"][0] <= 110' RATE0_B='60 <= j["egress_mbit"][0] <= 115'
+fi
 
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
@@ -134,7 +143,7 @@ echo "== a. 3 regions of 2 + 3 + 1 ranks, 100 Mbit/s + 1 Gbit/s x 2, 25/10/5 ms,
 if ranks "$WORK/a" 29700 "0:0 0:0 1:0 1:0 1:0 2:0" -- --json -o "$WORK/a.topo"; then
     if check "$WORK/a/rank0.out" \
         'regions == [[0, 1], [2, 3, 4], [5]]' 'j["regions_measured"]' 'j["bw_measured"]' \
-        '60 <= j["egress_mbit"][0] <= 110' \
+        "$RATE0_A" \
         'j["egress_mbit"][0] < j["egress_mbit"][1] and j["egress_mbit"][0] < j["egress_mbit"][2]' \
         'all(abs(a - b) < 3 for a, b in zip(j["oneway_ms"], [25, 10, 5]))' \
         'j["plan"]["nregions"] == 3'; then
@@ -152,7 +161,7 @@ if [ -s "$WORK/a.topo" ] && sed 's/^/   | /' "$WORK/a.topo" &&
         GEOCCL_PROBE=1 GEOCCL_WAN_WARMUP=1 -- --json; then
     if check "$WORK/b/rank0.out" \
         'regions == [[0, 1], [2, 3, 4], [5]]' 'not j["rtt_measured"]' 'not j["bw_measured"]' \
-        'j["from_file"]' '60 <= j["egress_mbit"][0] <= 115' 'j["probe_s"] < 0.2' \
+        'j["from_file"]' "$RATE0_B" 'j["probe_s"] < 0.2' \
         'j["warm_pairs"] == 3' '0.1 <= j["warm_s"] < 5'; then
         pass "b. the file replaces the probe; every WAN pair warmed (GEOCCL_WAN_WARMUP=1)"
     else
