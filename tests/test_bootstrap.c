@@ -162,7 +162,7 @@ static void test_silent_stranger_does_not_delay(void)
  * some to make room, and the ranks it drops join again; init succeeds. */
 typedef struct {
     geoSockAddr root;
-    volatile int stop;
+    int stop;         /* atomic */
     int made;
 } floodArgs;
 
@@ -170,7 +170,7 @@ static void *flood_main(void *p)
 {
     floodArgs *f = p;
     int ring[400], n = 0, next = 0;
-    while (!f->stop) {
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
             break;
@@ -214,7 +214,7 @@ static void test_flood_does_not_fail_init(void)
     double t0 = geoNow();
     run_ranks(a, 3);
     double took = geoNow() - t0;
-    f.stop = 1;
+    __atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
     printf("\n    init of 3 ranks with %d strangers connecting meanwhile: %.3f s\n", f.made,
            took);
