@@ -52,14 +52,17 @@ WAN=$SRC/examples/wan/geoccl-wan
 NAME=gprobe
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 LIMIT=90               # seconds a step's ranks may take before they are killed
-# The measured rate of region 0's 100 Mbit/s link, within these bounds. Under
-# a sanitizer the probe's transfers are CPU-bound and their timing is not a
-# measurement (1 Gbit/s links read 135 Mbit/s, the 100 Mbit/s one 117 with
-# encrypted frames): there only a rate that is positive is checked.
+# The measured rate of region 0's 100 Mbit/s link, within these bounds, and
+# below the 1 Gbit/s ones. Under a sanitizer the probe's transfers are
+# CPU-bound and their timing is not a measurement (with encrypted frames,
+# runs read 117-1300 Mbit/s for the 100 Mbit/s link and 4-4700 for the
+# 1 Gbit/s ones): there only a rate that is positive is checked.
 if [ -n "${GEOCCL_SANITIZE:-}" ]; then
     RATE0_A='j["egress_mbit"][0] > 0' RATE0_B='j["egress_mbit"][0] > 0'
+    ORDER_A='min(j["egress_mbit"]) > 0'
 else
     RATE0_A='60 <= j["egress_mbit"][0] <= 110' RATE0_B='60 <= j["egress_mbit"][0] <= 115'
+    ORDER_A='j["egress_mbit"][0] < j["egress_mbit"][1] and j["egress_mbit"][0] < j["egress_mbit"][2]'
 fi
 
 
@@ -144,7 +147,7 @@ if ranks "$WORK/a" 29700 "0:0 0:0 1:0 1:0 1:0 2:0" -- --json -o "$WORK/a.topo"; 
     if check "$WORK/a/rank0.out" \
         'regions == [[0, 1], [2, 3, 4], [5]]' 'j["regions_measured"]' 'j["bw_measured"]' \
         "$RATE0_A" \
-        'j["egress_mbit"][0] < j["egress_mbit"][1] and j["egress_mbit"][0] < j["egress_mbit"][2]' \
+        "$ORDER_A" \
         'all(abs(a - b) < 3 for a, b in zip(j["oneway_ms"], [25, 10, 5]))' \
         'j["plan"]["nregions"] == 3'; then
         pass "a. regions found exactly, links measured, plan made"
