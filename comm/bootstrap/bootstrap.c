@@ -137,15 +137,6 @@ static void root_dropped(int *count, const char *fmt, ...)
             *count == GEO_ROOT_DROP_LOG ? " (further drops are only counted)" : "");
 }
 
-static int same_source(const geoSockAddr *a, const geoSockAddr *b)
-{
-    if (a->sa.sa_family != b->sa.sa_family)
-        return 0;
-    if (a->sa.sa_family == AF_INET6)
-        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
-    return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
-}
-
 /* Drop the oldest unproven joiner when there are max of them (from src, or
  * from anywhere when src is NULL). */
 static void root_make_room(rootState *rs, rootJoiner *pend, int npend, const geoSockAddr *src,
@@ -154,7 +145,7 @@ static void root_make_room(rootState *rs, rootJoiner *pend, int npend, const geo
     int n = 0, pick = -1;
     uint32_t r = 0;
     for (int i = 0; i < npend; i++)
-        n += pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src));
+        n += pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src));
     if (n < max || n == 0)
         return;
     /* One chosen at random, so that a flood cannot aim at a rank's
@@ -162,7 +153,7 @@ static void root_make_room(rootState *rs, rootJoiner *pend, int npend, const geo
     if (geoRandomBytes(&r, sizeof(r)) != 0)
         r = 0;
     for (int i = 0, k = (int)(r % (uint32_t)n); i < npend; i++)
-        if (pend[i].fd >= 0 && (src == NULL || same_source(&pend[i].src, src)) && k-- == 0) {
+        if (pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src)) && k-- == 0) {
             pick = i;
             break;
         }

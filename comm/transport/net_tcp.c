@@ -1223,23 +1223,12 @@ static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int ou
                     "%d of %d were up", ctx->timeout, in_done, nin);
 }
 
-static int same_source(const geoSockAddr *a, const geoSockAddr *b)
-{
-    if (a->sa.sa_family != b->sa.sa_family)
-        return 0;
-    if (a->sa.sa_family == AF_INET)
-        return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
-    if (a->sa.sa_family == AF_INET6)
-        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
-    return 1; /* same-host sockets: one source */
-}
-
 /* Handshakes still unproven (waiting for a hello), from src or from all. */
 static int count_pending(const tcpHs *pend, int npend, const geoSockAddr *src)
 {
     int n = 0;
     for (int i = 0; i < npend; i++)
-        n += pend[i].state < HS_ACK && (src == NULL || same_source(&pend[i].src, src));
+        n += pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src));
     return n;
 }
 
@@ -1256,7 +1245,7 @@ static int evict_pending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr
         r = (uint32_t)npend / 2;
     for (int k = 0; k < npend; k++) {
         int i = (int)((r + (uint32_t)k) % (uint32_t)npend);
-        if (pend[i].state < HS_ACK && (src == NULL || same_source(&pend[i].src, src))) {
+        if (pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src))) {
             hs_drop(st, &pend[i], why);
             return 0;
         }

@@ -27,6 +27,17 @@ socklen_t geoAddrLen(const geoSockAddr *addr)
                                           : sizeof(struct sockaddr_in);
 }
 
+int geoAddrSameHost(const geoSockAddr *a, const geoSockAddr *b)
+{
+    if (a->sa.sa_family != b->sa.sa_family)
+        return 0;
+    if (a->sa.sa_family == AF_INET)
+        return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+    if (a->sa.sa_family == AF_INET6)
+        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
+    return 1;
+}
+
 int geoAddrPort(const geoSockAddr *addr)
 {
     return ntohs(addr->sa.sa_family == AF_INET6 ? addr->sin6.sin6_port : addr->sin.sin_port);
