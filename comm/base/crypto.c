@@ -71,6 +71,11 @@ void geoWipe(void *p, size_t len)
         OPENSSL_cleanse(p, len);
 }
 
+void geoCryptoThreadDone(void)
+{
+    OPENSSL_thread_stop();
+}
+
 int geoDigestEqual(const uint8_t *a, const uint8_t *b, size_t len)
 {
     return CRYPTO_memcmp(a, b, len) == 0;

@@ -30,6 +30,13 @@ int geoScrypt(const char *pass, size_t passlen, const void *salt, size_t saltlen
 /* Overwrite len bytes at p with zeros in a way the compiler keeps (key
  * material, secrets, plaintext about to be freed). */
 void geoWipe(void *p, size_t len);
+
+/* Frees what libcrypto keeps for the calling thread (its error queue and
+ * random generators); its next call allocates them again.  A detached
+ * thread calls it before the step after which the process may end: a
+ * thread that exits after the process's atexit cleanup of libcrypto would
+ * otherwise leave that state behind. */
+void geoCryptoThreadDone(void);
 /* Constant-time comparison: 1 when equal. */
 int geoDigestEqual(const uint8_t *a, const uint8_t *b, size_t len);
 /* Fill buf from getrandom(); 0 on success, -1 on failure. */

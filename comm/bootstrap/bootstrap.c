@@ -190,6 +190,7 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
     if (rc <= 0)
         goto wait_or_drop;
     join_proof(&a->id, j->challenge, &j->m, expect);
+    geoCryptoThreadDone(); /* this thread may wait long for the next joiner */
     if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
         root_dropped(&rs->dropped, "%s: it does not hold the communicator's secret", j->from);
         root_refuse(j);
@@ -265,6 +266,10 @@ static void root_send_tables(const rootArgs *a, rootState *rs)
     geoSha256(rs->table, len - sizeof(magic), digest);
     for (int r = 0; r < rs->nranks; r++)
         table_mac(&a->id, rs->challenge[r], rs->nonce[r], r, rs->nranks, digest, mac[r]);
+    /* The last libcrypto call of this detached thread: once a rank has its
+     * table its process may exit, and so unload libcrypto, before this
+     * thread has returned. */
+    geoCryptoThreadDone();
     while (left > 0) {
         int n = 0;
         for (int r = 0; r < rs->nranks; r++) {
