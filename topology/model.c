@@ -128,6 +128,7 @@
 #include "topology/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -827,4 +828,51 @@ void topoPlanJson(const topoPlan *plan, FILE *f)
             first = 0;
         }
     fprintf(f, "\n]}");
+}
+
+/* ---- congestion control between regions ------------------------------- */
+
+double topoLossRate(double rtt, double p, double mss)
+{
+    if (p <= 0 || rtt <= 0)
+        return INFINITY;
+    return mss / rtt * sqrt(1.5 / p);
+}
+
+int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
+                    int bbr_ok, int max_streams, int *streams_out, char *why, size_t len)
+{
+    const double mss = 1448;
+    int n = streams < 1 ? 1 : streams;
+    *streams_out = n;
+    if (loss < 0 || segs < TOPO_LOSS_MIN_SEGS) {
+        snprintf(why, len, "loss not measured");
+        if (bbr_ok)
+            return TOPO_CC_BBR;
+        snprintf(why, len, "loss not measured, no bbr in this kernel");
+        return TOPO_CC_CUBIC;
+    }
+    double lost = loss * segs, per = topoLossRate(rtt, loss, mss);
+    if (lost < 0.5) {
+        snprintf(why, len, "no segment lost of %.0f", segs);
+        return TOPO_CC_CUBIC;
+    }
+    if (n * per >= TOPO_CC_HEADROOM * share) {
+        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments): %d stream%s hold %.0f Mbit/s "
+                 ">= %.2f x %.0f needed", loss * 100, lost, segs, n, n == 1 ? "" : "s",
+                 n * per * 8e-6, TOPO_CC_HEADROOM, share * 8e-6);
+        return TOPO_CC_CUBIC;
+    }
+    if (bbr_ok) {
+        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments): cubic would hold %.1f Mbit/s "
+                 "on %d stream%s, %.0f needed", loss * 100, lost, segs, n * per * 8e-6, n,
+                 n == 1 ? "" : "s", share * 8e-6);
+        return TOPO_CC_BBR;
+    }
+    double want = ceil(TOPO_CC_HEADROOM * share / per);
+    *streams_out = want > max_streams ? max_streams : want < n ? n : (int)want;
+    snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments), no bbr in this kernel: %d "
+             "stream%s of cubic at %.1f Mbit/s each for %.0f needed", loss * 100, lost, segs,
+             *streams_out, *streams_out == 1 ? "" : "s", per * 8e-6, share * 8e-6);
+    return TOPO_CC_CUBIC;
 }

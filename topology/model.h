@@ -220,4 +220,34 @@ const char *topoAlgoName(int algo);
 int topoSimulate(const char *path, int json, const topoCodecCost *codecs, int ncodecs,
                  FILE *out, char *err, size_t errlen);
 
+/* ---- congestion control between regions ------------------------------- */
+
+/* The rate (bytes/s) one loss-driven TCP connection (Reno, cubic at these
+ * windows) holds on a path with round trip rtt and random loss p, segments
+ * of mss bytes: mss / rtt * sqrt(3 / (2p)) (Mathis, Semke, Mahdavi, Ott,
+ * 1997).  BBR has no such term: it paces at the bottleneck rate it
+ * measures and does not back off at a loss.  INFINITY for p <= 0. */
+double topoLossRate(double rtt, double p, double mss);
+
+#define TOPO_LOSS_MIN_SEGS 500 /* segments below which a loss figure is not one */
+#define TOPO_CC_HEADROOM 1.25  /* what a loss-driven control must hold beyond the share */
+
+enum { TOPO_CC_CUBIC = 0, TOPO_CC_BBR = 1 };
+
+/* The congestion control for this rank's connections to one peer in
+ * another region, and the streams they need (*streams, at most
+ * max_streams):
+ * - loss measured (segs >= TOPO_LOSS_MIN_SEGS) and no segment lost, or
+ *   streams x topoLossRate >= TOPO_CC_HEADROOM x share: cubic (on a clean
+ *   path it fills the link sooner after a pair's flows finish: 3 emulated
+ *   regions x 2 ranks at 1 Gbit/s, 256 MiB: 3.02-3.13 s against BBR's
+ *   3.18-3.24 s);
+ * - otherwise BBR when the kernel has it (bbr_ok);
+ * - otherwise cubic on as many streams as the loss term asks.
+ * share: the bytes/s this rank's connections to the peer carry in a
+ * hierarchical all-reduce; rtt: seconds; loss: lost/sent (< 0 unknown);
+ * segs: segments it counts.  why gets the reason in words. */
+int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
+                    int bbr_ok, int max_streams, int *streams_out, char *why, size_t len);
+
 #endif

@@ -4,6 +4,7 @@
 #include "comm/transport/transport.h"
 #include "comm/base/param.h"
 #include "topology/cluster.h"
+#include "topology/model.h"
 #include "topology/nics.h"
 
 #include <arpa/inet.h>
@@ -30,6 +31,9 @@ void geoTopoFree(geoTopo *t)
     free(t->nic_gbit);
     free(t->bw);
     free(t->egress);
+    free(t->loss);
+    free(t->loss_segs);
+    free(t->rttvar);
     free(t->region_rtt);
     free(t->oneway);
     memset(t, 0, sizeof(*t));
@@ -625,6 +629,47 @@ double geoProbeStreamWindow(void)
     return c > 0 ? (double)c / 2 : 3 * 1024 * 1024;
 }
 
+/* The congestion control the bandwidth transfer runs under, on the
+ * leaders' connections to each other: with GEOCCL_WAN_CC=auto, BBR where the
+ * kernel has it, so that the rate measured is the link's and not what a
+ * loss-driven control keeps of it on a lossy path (cubic at 1% random loss
+ * holds a few Mbit/s per connection at 50 ms), and the loss counted is the
+ * path's; the plan then chooses (wan_congestion).  Otherwise what the user
+ * chose, set here already. */
+static void probe_cc(geoProbeCtx *pc, const int *leaders, int R, int me)
+{
+    const char *cc = geoSocketWanCc();
+    if (pc->net->ops->setCongestion == NULL || cc == NULL)
+        return;
+    if (strcmp(cc, "auto") == 0)
+        cc = "bbr";
+    for (int q = 0; q < R; q++)
+        if (q != me)
+            pc->net->ops->setCongestion(pc->net->state, leaders[q], cc);
+}
+
+/* TCP_INFO of this rank's connections to peers[q] (q != me): into s[q]
+ * (before == NULL), or the window since before[q] into
+ * out[q] = loss, out[R + q] = segments, out[2R + q] = RTT variation
+ * (-1, 0, 0 where the transport counts nothing). */
+static void link_stats(geoProbeCtx *pc, const int *peers, int R, int me, geoLinkStats *s,
+                       const geoLinkStats *before, double *out)
+{
+    for (int q = 0; q < R; q++) {
+        geoLinkStats now;
+        int ok = q != me && pc->net->ops->linkStats != NULL &&
+                 pc->net->ops->linkStats(pc->net->state, peers[q], &now) == 0;
+        if (out == NULL) {
+            if (ok)
+                s[q] = now;
+            continue;
+        }
+        out[q] = ok ? geoLinkLoss(&before[q], &now) : -1;
+        out[R + q] = ok ? (double)(now.segs_out - before[q].segs_out) : 0;
+        out[2 * R + q] = ok ? now.rttvar : 0;
+    }
+}
+
 static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
 {
     topoRegionMap *m = pc->regions;
@@ -653,23 +698,48 @@ static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
     dur = dur < 0.25 ? 0.25 : dur > 1.5 ? 1.5 : dur;
     if (me >= 0) {
         double *col = malloc(sizeof(double) * (size_t)R * (size_t)R);
-        if (col == NULL)
+        /* What this leader's sending side saw toward each other leader:
+         * [loss, segments, RTT variation] per region. */
+        double *seen = malloc(sizeof(double) * 3 * (size_t)R);
+        double *all = malloc(sizeof(double) * 3 * (size_t)R * (size_t)R);
+        geoLinkStats *s0 = calloc((size_t)R, sizeof(geoLinkStats));
+        if (col == NULL || seen == NULL || all == NULL || s0 == NULL)
             res = ncclSystemError;
-        if (res == ncclSuccess)
+        if (res == ncclSuccess) {
+            probe_cc(pc, leaders, R, me);
+            link_stats(pc, leaders, R, me, s0, NULL, NULL);
             res = bw_transfer(pc, leaders, R, me, dur, in);
+        }
+        if (res == ncclSuccess)
+            link_stats(pc, leaders, R, me, s0, s0, seen);
         /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
         if (res == ncclSuccess)
             res = exchange_among(pc, leaders, R, me, in, sizeof(double) * (size_t)R, col);
         if (res == ncclSuccess)
+            res = exchange_among(pc, leaders, R, me, seen, sizeof(double) * 3 * (size_t)R, all);
+        if (res == ncclSuccess)
             for (int g = 0; g < R; g++)
-                for (int q = 0; q < R; q++)
+                for (int q = 0; q < R; q++) {
                     t->bw[q * R + g] = col[g * R + q];
+                    t->loss[g * R + q] = all[(size_t)g * 3 * R + q];
+                    t->loss_segs[g * R + q] = all[(size_t)g * 3 * R + R + q];
+                    t->rttvar[g * R + q] = all[(size_t)g * 3 * R + 2 * R + q];
+                }
         free(col);
+        free(seen);
+        free(all);
+        free(s0);
     }
     if (res == ncclSuccess) {
         int g = m->region_of[pc->rank];
-        res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->bw,
-                      sizeof(double) * (size_t)R * (size_t)R);
+        size_t sz = sizeof(double) * (size_t)R * (size_t)R;
+        res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->bw, sz);
+        if (res == ncclSuccess)
+            res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->loss, sz);
+        if (res == ncclSuccess)
+            res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->loss_segs, sz);
+        if (res == ncclSuccess)
+            res = fan_out(pc, leaders[g], m->members[g], m->size[g], t->rttvar, sz);
     }
     free(leaders);
     free(in);
@@ -903,10 +973,14 @@ static void log_matrix(const geoTopo *t, int R)
     char line[512];
     for (int i = 0; i < R; i++) {
         int len = snprintf(line, sizeof(line), "probe: region %d ->", i);
-        for (int j = 0; j < R && len < (int)sizeof(line) - 40; j++)
+        for (int j = 0; j < R && len < (int)sizeof(line) - 64; j++) {
             len += snprintf(line + len, sizeof(line) - (size_t)len, " %d:%.1fms/%.0fMbit", j,
                             t->region_rtt[i * R + j] * 1e3,
                             t->bw ? t->bw[i * R + j] * 8e-6 : 0.0);
+            if (t->loss != NULL && t->loss[i * R + j] >= 0 && j != i)
+                len += snprintf(line + len, sizeof(line) - (size_t)len, "/loss %.2g%% of %.0f",
+                                t->loss[i * R + j] * 100, t->loss_segs[i * R + j]);
+        }
         geoInfo(GEO_LOG_TOPO, "%s", line);
     }
 }
@@ -993,6 +1067,72 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
  * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
  * off: GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own
  * sending side; the peer's choice is the peer's. */
+static int kernel_has_cc(const char *name)
+{
+    char buf[256] = "";
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_available_congestion_control", "r");
+    if (f == NULL)
+        return 0;
+    if (fgets(buf, sizeof(buf), f) == NULL)
+        buf[0] = '\0';
+    fclose(f);
+    for (char *tok = strtok(buf, " \n"); tok != NULL; tok = strtok(NULL, " \n"))
+        if (strcmp(tok, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* GEOCCL_WAN_CC=auto: per region this rank sends to, from the loss the
+ * probe's transfer counted on that pair of regions (topoWanCcChoice):
+ * cubic where no segment was lost or the loss leaves cubic enough, BBR
+ * elsewhere and where nothing was measured (a topology file, a labelled
+ * single host).  Each rank sets its own sending side; the choice is made
+ * from figures every rank holds, so the ranks of a region agree. */
+static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, const geoTopo *t)
+{
+    const topoRegionMap *m = pc->regions;
+    int R = m->nregions, g = m->region_of[pc->rank], set = 0, bbr_ok = kernel_has_cc("bbr");
+    const char *chosen = NULL;
+
+    for (int h = 0; h < R; h++) {
+        if (h == g)
+            continue;
+        char why[192];
+        int streams = t->streams_used > 0 ? t->streams_used : pc->nstreams, want;
+        double share = pair_rate(t, R, g, h) / m->size[g];
+        double rtt = t->region_rtt != NULL ? t->region_rtt[g * R + h] : 0;
+        double loss = t->loss != NULL ? t->loss[g * R + h] : -1;
+        double segs = t->loss_segs != NULL ? t->loss_segs[g * R + h] : 0;
+        int c = topoWanCcChoice(share, rtt, loss, segs, streams, bbr_ok, pc->nstreams, &want,
+                                why, sizeof(why));
+        const char *cc = c == TOPO_CC_BBR ? "bbr" : "cubic";
+        int err = 0, n = 0;
+        for (int r = 0; r < pc->nranks; r++)
+            if (m->region_of[r] == h) {
+                int e = pc->net->ops->setCongestion(pc->net->state, r, cc);
+                err = err ? err : e;
+                n++;
+            }
+        if (err != 0) {
+            geoInfo(GEO_LOG_NET, "WAN connections to region %d keep the host's congestion "
+                    "control (%s refused: %s)", h, cc, strerror(err));
+            continue;
+        }
+        if (pc->rank == m->members[g][0] || geoDebugLevel() >= GEO_LEVEL_TRACE)
+            geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN plan: region %d -> %d (%d peer%s): %s (%s; "
+                    "GEOCCL_WAN_CC=auto)", g, h, n, n == 1 ? "" : "s", cc, why);
+        if (want > streams)
+            geoWarn(GEO_LOG_NET, "WAN region %d -> %d: cubic needs %d streams on this loss, "
+                    "%d in use; set GEOCCL_NSTREAMS=%d or install bbr", g, h, want, streams,
+                    want);
+        chosen = chosen == NULL || strcmp(chosen, cc) == 0 ? cc : "mixed";
+        set++;
+    }
+    if (set > 0)
+        snprintf(pc->wan_cc, GEO_PROBE_CC_LEN, "%s", chosen);
+    return ncclSuccess;
+}
+
 static ncclResult_t wan_congestion(geoProbeCtx *pc)
 {
     const topoRegionMap *m = pc->regions;
@@ -1002,6 +1142,8 @@ static ncclResult_t wan_congestion(geoProbeCtx *pc)
     pc->wan_cc[0] = '\0';
     if (cc == NULL || m->nregions < 2 || pc->net->ops->setCongestion == NULL)
         return ncclSuccess;
+    if (strcmp(cc, "auto") == 0)
+        return wan_congestion_auto(pc, pc->topo);
     for (int r = 0; r < pc->nranks; r++) {
         if (r == pc->rank || m->region_of[r] == g)
             continue;
@@ -1195,10 +1337,14 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
     t->oneway = calloc((size_t)R, sizeof(double));
     t->bw = calloc((size_t)R * (size_t)R, sizeof(double));
     t->egress = calloc((size_t)R, sizeof(double));
-    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress)
+    t->loss = malloc(sizeof(double) * (size_t)R * (size_t)R);
+    t->loss_segs = calloc((size_t)R * (size_t)R, sizeof(double));
+    t->rttvar = calloc((size_t)R * (size_t)R, sizeof(double));
+    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress || !t->loss || !t->loss_segs ||
+        !t->rttvar)
         return ncclSystemError;
     for (int i = 0; i < R * R; i++)
-        t->region_rtt[i] = -1;
+        t->region_rtt[i] = t->loss[i] = -1;
     if (t->rtt_measured)
         for (int a = 0; a < t->nnodes; a++)
             for (int b = 0; b < t->nnodes; b++) {

@@ -43,6 +43,11 @@ typedef struct {
     int bw_measured;
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
+    double *loss;           /* [R*R] segments lost from region i to j over the
+                             * bandwidth transfer (TCP_INFO: retransmitted, less
+                             * those the receiver saw twice), -1 unmeasured */
+    double *loss_segs;      /* [R*R] segments that figure counts */
+    double *rttvar;         /* [R*R] seconds: the kernel's RTT variation then */
     double *region_rtt;     /* [R*R] seconds, min over node pairs; -1 unknown */
     double *oneway;         /* [R] one-way delay of each region's link (s) */
     int streams_needed;     /* per WAN pair, from BDP and the socket window */

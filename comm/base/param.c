@@ -37,10 +37,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_TCP_CC] = {"GEOCCL_TCP_CC", GEO_PARAM_STR, NULL,
                           "TCP congestion control of GeoCCL's connections (TCP_CONGESTION, "
                           "e.g. cubic; one the kernel allows); unset: the host's default"},
-    [GEO_PARAM_WAN_CC] = {"GEOCCL_WAN_CC", GEO_PARAM_STR, "cubic",
+    [GEO_PARAM_WAN_CC] = {"GEOCCL_WAN_CC", GEO_PARAM_STR, "auto",
                           "TCP congestion control of the connections between regions, set "
-                          "once the regions are known (before the warm-up); host: leave them "
-                          "as the others (GEOCCL_TCP_CC or the host's default)"},
+                          "once the regions are known (before the warm-up); auto: per pair of "
+                          "regions from the loss the probe counted (cubic where none, bbr "
+                          "where some or unmeasured); host: leave them as the others "
+                          "(GEOCCL_TCP_CC or the host's default)"},
     [GEO_PARAM_WAN_WARMUP] = {"GEOCCL_WAN_WARMUP", GEO_PARAM_INT, "2",
                               "at init, the WAN connections of the hierarchical exchange carry "
                               "a short transfer (10 RTTs) so that their congestion control "

@@ -1887,6 +1887,21 @@ static int tcp_peer_pid(void *state, int peer)
     return pid;
 }
 
+static int tcp_link_stats(void *state, int peer, geoLinkStats *out)
+{
+    tcpState *st = state;
+    memset(out, 0, sizeof(*out));
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank ||
+        st->peers[peer].conns == NULL)
+        return -1;
+    for (int s = 0; s < st->nstreams; s++) {
+        tcpConn *c = &st->peers[peer].conns[s];
+        if (c->fd >= 0 && !c->local)
+            geoTcpInfoAdd(c->fd, out);
+    }
+    return out->conns > 0 ? 0 : -1;
+}
+
 static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int send)
 {
     tcpState *st = state;
@@ -2043,4 +2058,5 @@ const geoNetTransport geoNetTcp = {
     .hasMailbox = tcp_has_mailbox,
     .mail = tcp_mail,
     .peerPid = tcp_peer_pid,
+    .linkStats = tcp_link_stats,
 };

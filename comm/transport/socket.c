@@ -190,7 +190,7 @@ int geoSocketCheckParams(char *err, size_t len)
     /* The default WAN choice may be missing from a kernel: then the WAN
      * connections keep what the others have (wan_congestion, probe.c). */
     cc = geoSocketWanCc();
-    if (cc != NULL && geoParamIsSet(GEO_PARAM_WAN_CC) &&
+    if (cc != NULL && geoParamIsSet(GEO_PARAM_WAN_CC) && strcmp(cc, "auto") != 0 &&
         geoSocketCcAllowed("GEOCCL_WAN_CC", cc, err, len) != 0)
         return -1;
     int64_t ka = geoParamInt(GEO_PARAM_KEEPALIVE);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "comm/transport/tcp_info.h"
 #include "comm/base/error.h"
 #include "comm/transport/net_local.h"
 #include "comm/transport/socket.h"
@@ -136,6 +137,10 @@ typedef struct geoNetTransport {
      * same-host socket or the streams disagree.  What a peer says of its
      * own pid is never used for access to memory. */
     int (*peerPid)(void *state, int peer);
+    /* Optional (may be NULL): the kernel's counters of the network
+     * connections to peer (same-host ones left out), summed; 0, or -1 when
+     * the pair has none or the kernel counts nothing. */
+    int (*linkStats)(void *state, int peer, geoLinkStats *out);
 } geoNetTransport;
 
 #define GEO_NET_MAIL_BYTES 48

@@ -1,0 +1,50 @@
+/* TCP_INFO through the kernel's own layout (linux/tcp.h): glibc's struct
+ * tcp_info stops before the segment counters (tcpi_data_segs_out, Linux
+ * 4.6; tcpi_dsack_dups, 5.0).  The kernel copies min(its size, ours)
+ * bytes and says how many, so a field past what it copied is absent, not
+ * zero. */
+#include "config.h"
+#include "comm/transport/tcp_info.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <linux/tcp.h>
+
+#ifndef SOL_TCP
+#define SOL_TCP 6
+#endif
+
+int geoTcpInfoAdd(int fd, geoLinkStats *acc)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+
+    memset(&ti, 0, sizeof(ti));
+    if (getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &len) != 0)
+        return -1;
+    if (len < offsetof(struct tcp_info, tcpi_data_segs_out) + sizeof(ti.tcpi_data_segs_out)) {
+        errno = ENOTSUP;
+        return -1;
+    }
+    acc->segs_out += ti.tcpi_data_segs_out;
+    acc->retrans += ti.tcpi_total_retrans;
+    if (len >= offsetof(struct tcp_info, tcpi_dsack_dups) + sizeof(ti.tcpi_dsack_dups))
+        acc->spurious += ti.tcpi_dsack_dups;
+    double srtt = ti.tcpi_rtt * 1e-6, var = ti.tcpi_rttvar * 1e-6;
+    if (srtt > acc->srtt)
+        acc->srtt = srtt;
+    if (var > acc->rttvar)
+        acc->rttvar = var;
+    acc->conns++;
+    return 0;
+}
+
+double geoLinkLoss(const geoLinkStats *a, const geoLinkStats *b)
+{
+    if (b->segs_out <= a->segs_out)
+        return 0;
+    double lost = (double)(b->retrans - a->retrans) - (double)(b->spurious - a->spurious);
+    return lost > 0 ? lost / (double)(b->segs_out - a->segs_out) : 0;
+}
