@@ -663,6 +663,48 @@ static void test_simulate_4x1024(void)
     free(out);
 }
 
+/* The WAN congestion control choice: the Mathis rate against the share a
+ * pair carries, cubic on clean or nearly clean paths, BBR on lossy or
+ * unmeasured ones, streams where there is no BBR. */
+static void test_wan_cc_choice(void)
+{
+    char why[192];
+    int n;
+    const double share = 50e6 / 8 / 2, rtt = 0.05; /* 100 Mbit/s, 3 regions x 2 ranks */
+    /* Mathis at 0.1%, 50 ms: 1448 / 0.05 * sqrt(1500) = 1.12 MB/s = 9.0 Mbit/s */
+    CU_ASSERT_DOUBLE_EQUAL(topoLossRate(rtt, 1e-3, 1448) * 8e-6, 8.97, 0.01);
+    CU_ASSERT_TRUE(isinf(topoLossRate(rtt, 0, 1448)));
+    /* clean: cubic */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 0, 3400, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_CUBIC);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "no segment lost of 3400"));
+    CU_ASSERT_EQUAL(n, 2);
+    /* 0.1% of 3400 (3.4 segments): cubic would hold 18 Mbit/s on 2 streams, 25 needed */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-3, 3400, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_BBR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cubic would hold"));
+    /* a loss small enough for cubic: 1 in 100000 holds 2 x 28 Mbit/s > 1.25 x 25 */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-5, 200000, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_CUBIC);
+    /* the same loss at 1 Gbit/s needs more than cubic holds */
+    CU_ASSERT_EQUAL(topoWanCcChoice(10 * share, rtt, 1e-5, 200000, 2, 1, 8, &n, why,
+                                    sizeof(why)), TOPO_CC_BBR);
+    /* too few segments to call it a measurement, or none: bbr */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 0, 100, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, -1, 0, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_BBR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "not measured"));
+    /* no bbr: cubic on the streams the loss term asks, capped */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-3, 3400, 2, 0, 8, &n, why, sizeof(why)),
+                    TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(n, 4); /* ceil(1.25 x 25 / 8.97) */
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "no bbr"));
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-2, 3400, 2, 0, 8, &n, why, sizeof(why)),
+                    TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(n, 8);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS)
@@ -687,6 +729,7 @@ int main(void)
     CU_add_test(s, "topoModelFromFile", test_model_from_file);
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
     CU_add_test(s, "simulate 4 x 1024 ranks", test_simulate_4x1024);
+    CU_add_test(s, "WAN congestion control from loss", test_wan_cc_choice);
 
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
