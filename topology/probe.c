@@ -963,6 +963,21 @@ static void apply_file(const geoProbeCtx *pc, geoTopo *t)
                 t->region_rtt[a * R + b] = t->region_rtt[b * R + a] = tf->rtts[k].ms * 1e-3;
         }
     }
+    /* Loss figures, unless measured now.  One the user wrote (no segment
+     * count) is taken as a measurement. */
+    for (int k = 0; k < tf->nlosses; k++) {
+        int a = -1, b = -1;
+        for (int g = 0; g < R; g++) {
+            if (strncmp(tf->losses[k].from, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                a = g;
+            if (strncmp(tf->losses[k].to, m->names[g], TOPO_REGION_LABEL_LEN) == 0)
+                b = g;
+        }
+        if (a >= 0 && b >= 0 && a != b && !t->bw_measured) {
+            t->loss[a * R + b] = tf->losses[k].fraction;
+            t->loss_segs[a * R + b] = tf->losses[k].segs > 0 ? tf->losses[k].segs : 1e9;
+        }
+    }
     t->from_file = R > 1 && rates == R;
 }
 
@@ -1468,6 +1483,12 @@ int geoTopoWrite(const geoTopo *t, const topoRegionMap *m, int nranks, FILE *f)
          * kept in use on links slow enough that extra ones cost nothing. */
         fprintf(f, "streams %d\n",
                 t->streams_used > t->streams_needed ? t->streams_used : t->streams_needed);
+    if (t->bw_measured && t->loss != NULL)
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < R; b++)
+                if (a != b && t->loss[a * R + b] >= 0 && t->loss_segs[a * R + b] > 0)
+                    fprintf(f, "loss %s %s %.4g%% segments=%.0f\n", m->names[a], m->names[b],
+                            t->loss[a * R + b] * 100, t->loss_segs[a * R + b]);
     if (t->intra_Bps > 0)
         fprintf(f, "intra bw=%.0f delay=%.4f\n", t->intra_Bps, t->intra_alpha * 1e3);
     return ferror(f) ? -1 : 0;

@@ -206,11 +206,53 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
             nr[tf->nrtts++] = rt;
             if (add_region(tf, rt.a) < 0 || add_region(tf, rt.b) < 0)
                 goto oom;
+        } else if (strcmp(tok[0], "loss") == 0) {
+            topoFileLoss ls = {.segs = 0};
+            char *e = NULL;
+            if (n != 4 && n != 5) {
+                snprintf(err, errlen, "%s:%d: expected 'loss FROM TO PERCENT [segments=N]'",
+                         name, lineno);
+                goto fail;
+            }
+            if (strlen(tok[1]) >= TOPO_REGION_LABEL_LEN || strlen(tok[2]) >= TOPO_REGION_LABEL_LEN)
+                goto bad_name;
+            if (strcmp(tok[1], tok[2]) == 0) {
+                snprintf(err, errlen, "%s:%d: loss from '%s' to itself (two different regions "
+                         "expected)", name, lineno, tok[1]);
+                goto fail;
+            }
+            double pct = strtod(tok[3], &e);
+            if (e != NULL && *e == '%')
+                e++;
+            if (e == tok[3] || *e || !(pct >= 0 && pct <= 100)) {
+                snprintf(err, errlen, "%s:%d: bad loss '%s' (percent, 0 to 100)", name, lineno,
+                         tok[3]);
+                goto fail;
+            }
+            if (n == 5) {
+                e = NULL;
+                double v = strncmp(tok[4], "segments=", 9) == 0 ? strtod(tok[4] + 9, &e) : -1;
+                if (e == NULL || e == tok[4] + 9 || *e || !(v >= 0)) {
+                    snprintf(err, errlen, "%s:%d: bad '%s' (segments=N)", name, lineno, tok[4]);
+                    goto fail;
+                }
+                ls.segs = v;
+            }
+            ls.fraction = pct / 100;
+            snprintf(ls.from, sizeof(ls.from), "%s", tok[1]);
+            snprintf(ls.to, sizeof(ls.to), "%s", tok[2]);
+            topoFileLoss *nl = realloc(tf->losses, sizeof(*nl) * (size_t)(tf->nlosses + 1));
+            if (nl == NULL)
+                goto oom;
+            tf->losses = nl;
+            nl[tf->nlosses++] = ls;
+            if (add_region(tf, ls.from) < 0 || add_region(tf, ls.to) < 0)
+                goto oom;
         } else {
             snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] "
                      "[delay=MS] [ranks=N]', 'rank N REGION', 'host ADDR REGION', 'intra "
-                     "[bw=RATE] [delay=MS]', 'streams N' or 'rtt REGION1 REGION2 MS'", name,
-                     lineno, tok[0]);
+                     "[bw=RATE] [delay=MS]', 'streams N', 'rtt REGION1 REGION2 MS' or 'loss "
+                     "FROM TO PERCENT'", name, lineno, tok[0]);
             goto fail;
         }
         continue;
@@ -260,6 +302,7 @@ void topoFileFree(topoFile *tf)
     free(tf->regions);
     free(tf->rules);
     free(tf->rtts);
+    free(tf->losses);
     memset(tf, 0, sizeof(*tf));
     tf->intra_delay_ms = -1;
 }

@@ -28,6 +28,11 @@
  *   rtt NAME1 NAME2 MS                 measured round-trip time between two
  *                                      (different) regions; the model uses
  *                                      it instead of the sum of delays
+ *   loss FROM TO PERCENT [segments=N]  share of TCP segments lost from
+ *                                      region FROM to region TO (what the
+ *                                      probe counted over N segments; N
+ *                                      omitted: a figure the user knows);
+ *                                      GEOCCL_WAN_CC=auto chooses from it
  *
  * A rank line wins over a host line; addresses win over host names.  A
  * region named in a rank/host/rtt line need not be declared.  For intra,
@@ -60,12 +65,20 @@ typedef struct {
 } topoFileRtt;
 
 typedef struct {
+    char from[TOPO_REGION_LABEL_LEN], to[TOPO_REGION_LABEL_LEN];
+    double fraction;  /* lost / sent, 0..1 */
+    double segs;      /* segments counted; 0: given by the user */
+} topoFileLoss;
+
+typedef struct {
     topoFileRegion *regions;
     int nregions;
     topoFileRule *rules;
     int nrules;
     topoFileRtt *rtts;
     int nrtts;
+    topoFileLoss *losses;
+    int nlosses;
     double intra_bw_bytes;  /* intra bw=, bytes/s; 0 unknown */
     double intra_delay_ms;  /* intra delay=; < 0 unknown */
     int streams;            /* streams N; 0 unknown */

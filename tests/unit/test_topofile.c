@@ -286,8 +286,17 @@ static void test_parse_model_keys(void)
                                "streams 8\n"
                                "rtt a b 62\n"
                                "rtt b c 7.5ms  # c is declared by this line\n"
-                               "rtt b a 64\n";
+                               "rtt b a 64\n"
+                               "loss a b 0.1%\n"
+                               "loss b a 1.5 segments=3400\n";
     CU_ASSERT_EQUAL_FATAL(topoFileParse(text, "m.topo", &tf, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL_FATAL(tf.nlosses, 2);
+    CU_ASSERT_STRING_EQUAL(tf.losses[0].from, "a");
+    CU_ASSERT_STRING_EQUAL(tf.losses[0].to, "b");
+    CU_ASSERT_DOUBLE_EQUAL(tf.losses[0].fraction, 0.001, 1e-15);
+    CU_ASSERT_EQUAL(tf.losses[0].segs, 0);
+    CU_ASSERT_DOUBLE_EQUAL(tf.losses[1].fraction, 0.015, 1e-15);
+    CU_ASSERT_EQUAL(tf.losses[1].segs, 3400);
     CU_ASSERT_EQUAL(tf.nregions, 3);
     const topoFileRegion *a = find_region(&tf, "a"), *b = find_region(&tf, "b");
     CU_ASSERT_PTR_NOT_NULL_FATAL(a);
@@ -341,6 +350,13 @@ static void test_parse_model_errors(void)
     expect_error("rtt a b -4\n", 1, "bad rtt");
     expect_error("rtt a b nan\n", 1, "bad rtt");
     expect_error("rtt a b 5s\n", 1, "bad rtt");
+    expect_error("loss a b\n", 1, "loss FROM TO PERCENT");
+    expect_error("loss a a 1\n", 1, "itself");
+    expect_error("loss a b 101\n", 1, "bad loss");
+    expect_error("loss a b -1\n", 1, "bad loss");
+    expect_error("loss a b lots\n", 1, "bad loss");
+    expect_error("loss a b 1 segs=4\n", 1, "segments=N");
+    expect_error("loss a b 1 segments=-4\n", 1, "segments=N");
     /* the message for an unknown statement lists the new forms too */
     expect_error("\nlink a b\n", 2, "'streams N'");
 }
