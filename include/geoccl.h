@@ -153,6 +153,17 @@ ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec)
  * comm lives.  ncclInvalidArgument for a NULL/dead comm or NULL name. */
 ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
 
+/* What GEOCCL_WAN_CC=auto (the default) chose for the connections from
+ * region `from` to region `to`: [out] cc "cubic" or "bbr" ("" where it did
+ * not choose: GEOCCL_WAN_CC named one, or one region), [out] why, the
+ * reason in words, [out] loss, the share of TCP segments the probe's
+ * transfer lost on that pair (< 0: not measured).  Every rank computes
+ * every pair from the figures all ranks hold; whether the kernel has bbr
+ * is this rank's.  Any output may be NULL; valid while comm lives.
+ * ncclInvalidArgument for a NULL/dead comm or a region out of range. */
+ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char **cc,
+                                  const char **why, double *loss);
+
 /* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
  * lives), [out] leaderRank (its lowest rank), [out] region, [out] nicGbit
  * (nominal rate of the node's data interface as its kernel reports it; -1

@@ -162,6 +162,15 @@ static void print_human(ncclComm_t comm, const probeView *v)
     if (v->wan_cc && v->wan_cc[0])
         printf("# connections between regions: congestion control %s (GEOCCL_WAN_CC)\n",
                v->wan_cc);
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < R; b++) {
+            const char *cc = "", *why = "";
+            double loss = -1;
+            if (a != b && geocclCommGetWanPlan(comm, a, b, &cc, &why, &loss) == ncclSuccess &&
+                cc[0])
+                printf("#   region %d%s%s -> %d%s%s: %s (%s)\n", a, names[a][0] ? " " : "",
+                       names[a], b, names[b][0] ? " " : "", names[b], cc, why);
+        }
     if (v->warm_pairs > 0)
         printf("# then %.3f s warming the WAN connections of %d pair%s of regions "
                "(GEOCCL_WAN_WARMUP)\n", v->warm_s, v->warm_pairs, v->warm_pairs == 1 ? "" : "s");

@@ -34,6 +34,8 @@ void geoTopoFree(geoTopo *t)
     free(t->loss);
     free(t->loss_segs);
     free(t->rttvar);
+    free(t->wan_choice);
+    free(t->wan_why);
     free(t->region_rtt);
     free(t->oneway);
     memset(t, 0, sizeof(*t));
@@ -1103,24 +1105,41 @@ static int kernel_has_cc(const char *name)
  * elsewhere and where nothing was measured (a topology file, a labelled
  * single host).  Each rank sets its own sending side; the choice is made
  * from figures every rank holds, so the ranks of a region agree. */
-static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, const geoTopo *t)
+static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, geoTopo *t)
 {
     const topoRegionMap *m = pc->regions;
     int R = m->nregions, g = m->region_of[pc->rank], set = 0, bbr_ok = kernel_has_cc("bbr");
     const char *chosen = NULL;
 
+    free(t->wan_choice);
+    free(t->wan_why);
+    t->wan_choice = malloc(sizeof(int) * (size_t)R * (size_t)R);
+    t->wan_why = calloc((size_t)R * (size_t)R, sizeof(*t->wan_why));
+    if (t->wan_choice == NULL || t->wan_why == NULL)
+        return ncclSystemError;
+    int streams = t->streams_used > 0 ? t->streams_used : pc->nstreams;
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < R; b++) {
+            int want, k = a * R + b;
+            t->wan_choice[k] = -1;
+            if (a == b)
+                continue;
+            double share = pair_rate(t, R, a, b) / m->size[a];
+            double rtt = t->region_rtt != NULL ? t->region_rtt[k] : 0;
+            double loss = t->loss != NULL ? t->loss[k] : -1;
+            double segs = t->loss_segs != NULL ? t->loss_segs[k] : 0;
+            t->wan_choice[k] = topoWanCcChoice(share, rtt, loss, segs, streams, bbr_ok,
+                                               pc->nstreams, &want, t->wan_why[k],
+                                               sizeof(t->wan_why[k]));
+            if (a == g && want > streams)
+                geoWarn(GEO_LOG_NET, "WAN region %d -> %d: cubic needs %d streams on this "
+                        "loss, %d in use; set GEOCCL_NSTREAMS=%d or install bbr", a, b, want,
+                        streams, want);
+        }
     for (int h = 0; h < R; h++) {
         if (h == g)
             continue;
-        char why[192];
-        int streams = t->streams_used > 0 ? t->streams_used : pc->nstreams, want;
-        double share = pair_rate(t, R, g, h) / m->size[g];
-        double rtt = t->region_rtt != NULL ? t->region_rtt[g * R + h] : 0;
-        double loss = t->loss != NULL ? t->loss[g * R + h] : -1;
-        double segs = t->loss_segs != NULL ? t->loss_segs[g * R + h] : 0;
-        int c = topoWanCcChoice(share, rtt, loss, segs, streams, bbr_ok, pc->nstreams, &want,
-                                why, sizeof(why));
-        const char *cc = c == TOPO_CC_BBR ? "bbr" : "cubic";
+        const char *cc = t->wan_choice[g * R + h] == TOPO_CC_BBR ? "bbr" : "cubic";
         int err = 0, n = 0;
         for (int r = 0; r < pc->nranks; r++)
             if (m->region_of[r] == h) {
@@ -1131,15 +1150,13 @@ static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, const geoTopo *t)
         if (err != 0) {
             geoInfo(GEO_LOG_NET, "WAN connections to region %d keep the host's congestion "
                     "control (%s refused: %s)", h, cc, strerror(err));
+            t->wan_choice[g * R + h] = -1;
             continue;
         }
         if (pc->rank == m->members[g][0] || geoDebugLevel() >= GEO_LEVEL_TRACE)
             geoInfo(GEO_LOG_NET | GEO_LOG_INIT, "WAN plan: region %d -> %d (%d peer%s): %s (%s; "
-                    "GEOCCL_WAN_CC=auto)", g, h, n, n == 1 ? "" : "s", cc, why);
-        if (want > streams)
-            geoWarn(GEO_LOG_NET, "WAN region %d -> %d: cubic needs %d streams on this loss, "
-                    "%d in use; set GEOCCL_NSTREAMS=%d or install bbr", g, h, want, streams,
-                    want);
+                    "GEOCCL_WAN_CC=auto)", g, h, n, n == 1 ? "" : "s", cc,
+                    t->wan_why[g * R + h]);
         chosen = chosen == NULL || strcmp(chosen, cc) == 0 ? cc : "mixed";
         set++;
     }

@@ -27,6 +27,8 @@
 #include "topology/regions.h"
 #include "topology/topofile.h"
 
+#define GEO_PROBE_WHY_LEN 192
+
 typedef struct {
     int nnodes;
     int *node_of;           /* [nranks] node of each rank */
@@ -48,6 +50,9 @@ typedef struct {
                              * those the receiver saw twice), -1 unmeasured */
     double *loss_segs;      /* [R*R] segments that figure counts */
     double *rttvar;         /* [R*R] seconds: the kernel's RTT variation then */
+    int *wan_choice;        /* [R*R] GEOCCL_WAN_CC=auto's choice from region i to j
+                             * (TOPO_CC_*), -1 none; every rank computes every pair */
+    char (*wan_why)[GEO_PROBE_WHY_LEN]; /* [R*R] why, in words */
     double *region_rtt;     /* [R*R] seconds, min over node pairs; -1 unknown */
     double *oneway;         /* [R] one-way delay of each region's link (s) */
     int streams_needed;     /* per WAN pair, from BDP and the socket window */

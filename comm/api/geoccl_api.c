@@ -196,6 +196,25 @@ ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char **cc,
+                                  const char **why, double *loss)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWanPlan") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetWanPlan: NULL or dead comm");
+    const geoTopo *t = &comm->topo;
+    GEO_RETURN_IF(from < 0 || to < 0 || from >= t->nregions || to >= t->nregions,
+                  ncclInvalidArgument, "geocclCommGetWanPlan: regions %d, %d out of range (%d "
+                  "regions)", from, to, t->nregions);
+    int k = from * t->nregions + to, c = t->wan_choice != NULL ? t->wan_choice[k] : -1;
+    if (cc)
+        *cc = c == TOPO_CC_BBR ? "bbr" : c == TOPO_CC_CUBIC ? "cubic" : "";
+    if (why)
+        *why = c >= 0 && t->wan_why != NULL ? t->wan_why[k] : "";
+    if (loss)
+        *loss = t->loss != NULL ? t->loss[k] : -1;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetNode(ncclComm_t comm, int node, const char **addr, int *leaderRank,
                                int *region, double *nicGbit)
 {
