@@ -198,6 +198,9 @@ static int model_ok(const topoModel *m)
         m->chunk == 0 || m->hier_slice == 0)
         return 0;
     for (int q = 0; q < m->nregions; q++)
+        if (!(m->loss[q] >= 0 && m->loss[q] < 1))
+            return 0;
+    for (int q = 0; q < m->nregions; q++)
         if (m->ranks[q] < 1 || !(m->egress_Bps[q] > 0) || !(m->lat_s[q] >= 0) ||
             !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]))
             return 0;
@@ -237,6 +240,15 @@ static double wan_rate(const topoModel *m, int q, double streams)
     double r = m->egress_Bps[q] * m->wan_goodput;
     if (m->stream_Bps > 0)
         r = fmin(r, streams * m->stream_Bps);
+    if (m->loss[q] > 0 && m->loss_driven[q]) {
+        /* Each stream at the loss term of the region's longest round trip
+         * (the exchange's pace is its slowest pair's). */
+        double rtt = 0;
+        for (int j = 0; j < m->nregions; j++)
+            if (j != q)
+                rtt = fmax(rtt, 2 * oneway(m, q, j));
+        r = fmin(r, streams * topoLossRate(rtt, m->loss[q], 1448));
+    }
     return r;
 }
 
@@ -558,6 +570,24 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
             fastest = fmax(fastest, m.egress_Bps[q] * m.wan_goodput);
         m.wan_streams = tf->streams;
         m.stream_Bps = m.nregions > 1 ? fastest / tf->streams : 0;
+    }
+    /* Loss lines: each region's worst outgoing pair, under what
+     * GEOCCL_WAN_CC=auto would run there (topoWanCcChoice with bbr). */
+    for (int k = 0; k < tf->nlosses; k++)
+        for (int q = 0; q < m.nregions; q++)
+            if (strcmp(tf->losses[k].from, m.names[q]) == 0)
+                m.loss[q] = fmax(m.loss[q], tf->losses[k].fraction);
+    for (int q = 0; q < m.nregions && m.nregions > 1; q++) {
+        char why[192];
+        int n;
+        double rtt = 0, segs = 1e9;
+        for (int j = 0; j < m.nregions; j++)
+            if (j != q)
+                rtt = fmax(rtt, 2 * oneway(&m, q, j));
+        double share = m.egress_Bps[q] * m.wan_goodput / (m.nregions - 1) / m.ranks[q];
+        m.loss_driven[q] = m.loss[q] > 0 &&
+                           topoWanCcChoice(share, rtt, m.loss[q], segs, m.wan_streams, 1,
+                                           m.wan_streams, &n, why, sizeof(why)) == TOPO_CC_CUBIC;
     }
     *out = m;
     return 0;

@@ -79,6 +79,13 @@ typedef struct {
      * once (the probe's figure, or a topology file's): the sharing of cores
      * is in it already, so cpu_share does not scale the intra transfers. */
     int intra_shared;
+    /* Share of TCP segments lost on region i's egress (0: none), and
+     * whether its connections run a loss-driven congestion control
+     * (cubic, reno: 1) or BBR (0).  A loss-driven connection holds
+     * topoLossRate of the region's RTTs and that loss, whatever the link
+     * could carry; BBR has no such term. */
+    double loss[TOPO_MODEL_MAX_REGIONS];
+    int loss_driven[TOPO_MODEL_MAX_REGIONS];
 } topoModel;
 
 /* One codec's costs.  Throughputs are of raw (uncompressed) bytes on one

@@ -57,14 +57,18 @@ static void print_text(const char *path, const topoModel *m, const topoPlan *pla
     char r[32];
     fprintf(out, "# geoccl-probe --simulate %s\n", path);
     fprintf(out, "%d regions, %d ranks\n", plan->nregions, plan->nranks);
-    fprintf(out, "  %-20s %8s %14s %10s\n", "region", "ranks", "WAN egress", "delay (ms)");
+    fprintf(out, "  %-20s %8s %14s %10s %16s\n", "region", "ranks", "WAN egress", "delay (ms)",
+            "loss (control)");
     for (int q = 0; q < m->nregions; q++) {
         rate_text(m->egress_Bps[q], r, sizeof(r));
-        char d[32];
+        char d[32], l[32] = "-";
         /* 0 with RTT lines: the file gave measured RTTs instead */
         snprintf(d, sizeof(d), m->lat_s[q] > 0 ? "%.3g" : "-", m->lat_s[q] * 1e3);
-        fprintf(out, "  %-20s %8d %14s %10s\n", m->names[q], m->ranks[q],
-                m->nregions > 1 ? r : "-", d);
+        if (m->loss[q] > 0)
+            snprintf(l, sizeof(l), "%.3g%% (%s)", m->loss[q] * 100,
+                     m->loss_driven[q] ? "cubic" : "bbr");
+        fprintf(out, "  %-20s %8d %14s %10s %16s\n", m->names[q], m->ranks[q],
+                m->nregions > 1 ? r : "-", d, l);
     }
     rate_text(m->intra_Bps, r, sizeof(r));
     fprintf(out, "intra-region: %.3g us per message, %s per rank\n", m->intra_alpha_s * 1e6, r);

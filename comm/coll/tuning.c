@@ -5,6 +5,7 @@
 #include "comm/base/param.h"
 #include "topology/model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,27 @@ static int coll_of(geoOpType t)
     case GEO_OP_BROADCAST: return TOPO_COLL_BROADCAST;
     default: return -1;
     }
+}
+
+/* Whether the congestion control named (comm->wan_cc; "" = the host's)
+ * is BBR, which has no loss term. */
+static int cc_is_bbr(const char *name)
+{
+    char host[32] = "";
+    if (name == NULL || name[0] == '\0') {
+        const char *tcp = geoParamStr(GEO_PARAM_TCP_CC);
+        FILE *f = NULL;
+        if (tcp != NULL && tcp[0] != '\0')
+            snprintf(host, sizeof(host), "%s", tcp);
+        else if ((f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) != NULL) {
+            if (fgets(host, sizeof(host), f) == NULL)
+                host[0] = '\0';
+            fclose(f);
+        }
+        host[strcspn(host, "\n")] = '\0';
+        name = host;
+    }
+    return strcmp(name, "bbr") == 0;
 }
 
 /* The model from the probe's figures or the topology file; 0, or -1 with
@@ -89,6 +111,20 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
             share = (double)same / p->ncpu;
     }
     m->cpu_share = share;
+    /* Loss: each region's worst outgoing pair as the probe counted it (or
+     * the file said), and whether that pair runs a loss-driven control:
+     * auto's choice, or the one named (GEOCCL_WAN_CC), or the host's. */
+    for (int g = 0; g < R && t->loss != NULL; g++)
+        for (int h = 0; h < R; h++) {
+            double p = t->loss[g * R + h];
+            if (h == g || !(p > m->loss[g]) || !(p < 1))
+                continue;
+            m->loss[g] = p;
+            if (t->wan_choice != NULL && t->wan_choice[g * R + h] >= 0)
+                m->loss_driven[g] = t->wan_choice[g * R + h] == TOPO_CC_CUBIC;
+            else
+                m->loss_driven[g] = !cc_is_bbr(comm->wan_cc);
+        }
     /* Connections are made; the probe may have told WAN pairs to use fewer. */
     m->wan_streams = t->streams_used > 0 ? t->streams_used : comm->nstreams;
     m->chunk = comm->chunk_size;

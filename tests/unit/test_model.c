@@ -207,6 +207,30 @@ static void test_hier_near_bound(void)
     }
 }
 
+/* The loss term: a loss-driven control at 1% on 50 ms holds
+ * 2 x 2.8 Mbit/s per pair where the hierarchical all-reduce needs
+ * 25 Mbit/s (3x2 at 100 Mbit/s): the prediction grows by that ratio; BBR
+ * on the same loss, or no loss, predicts the link. */
+static void test_loss_term(void)
+{
+    topoModel m;
+    emulated(&m, 3, 2, "100mbit");
+    double clean = topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0);
+    for (int q = 0; q < 3; q++)
+        m.loss[q] = 0.01;
+    double bbr = topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0);
+    CU_ASSERT_DOUBLE_EQUAL(bbr, clean, 1e-9);
+    for (int q = 0; q < 3; q++)
+        m.loss_driven[q] = 1;
+    double cubic = topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0);
+    /* per stream 1448 / 0.05 * sqrt(150) = 355 kB/s; a region's 2 ranks x 2 peers x 2 streams */
+    double rate = 8 * 1448 / 0.05 * sqrt(150), bound = 4.0 / 3 * 64 * MiB / rate;
+    CU_ASSERT(cubic > 3 * clean);
+    CU_ASSERT(cubic >= bound && cubic < 1.2 * bound);
+    m.loss[0] = 1.5; /* not a share */
+    CU_ASSERT(topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0) < 0);
+}
+
 static void test_compression_and_streams(void)
 {
     topoModel m;
@@ -730,6 +754,7 @@ int main(void)
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
     CU_add_test(s, "simulate 4 x 1024 ranks", test_simulate_4x1024);
     CU_add_test(s, "WAN congestion control from loss", test_wan_cc_choice);
+    CU_add_test(s, "loss term of a loss-driven control", test_loss_term);
 
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
