@@ -1070,20 +1070,21 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
 }
 
 /* The congestion control of the connections to other regions
- * (GEOCCL_WAN_CC, default cubic), set before the warm-up so that it is the
- * one warmed.  Why not the host's: on the emulated 3 x 2 regions at
- * 1 Gbit/s, 25 ms (BENCHMARKS.md as of commit 0e2c4a7), a 256 MiB hierarchical
- * all-reduce took 3.02-3.05 s with cubic and 3.2-3.3 s with BBR (the bound is
- * 2.86 s).  The exchange's WAN flows carry fixed shares and the slowest one
- * sets the pace; when some finish early, cubic's windows fill the link at
- * once, while BBR paces each remaining flow at the share it measured and
- * widens it by a quarter every eight round trips.  What cubic costs: after
- * more than a retransmission timeout of idle (~0.25 s at 50 ms), Linux
- * restarts its window (net.ipv4.tcp_slow_start_after_idle; BBR is exempt),
- * so a 1 MiB all-reduce after 0.5 s of idle took 120-135 ms against BBR's
- * 67 ms; and on paths with random loss BBR holds its rate where cubic backs
- * off: GEOCCL_WAN_CC=bbr (or host) for those.  Each rank sets its own
- * sending side; the peer's choice is the peer's. */
+ * (GEOCCL_WAN_CC), set before the warm-up so that it is the one warmed.
+ * auto (the default) chooses per pair of regions (wan_congestion_auto);
+ * a name forces one; host leaves the host's.  Why a choice and not one
+ * control: on the emulated 3 x 2 regions at 1 Gbit/s, 25 ms, a 256 MiB
+ * hierarchical all-reduce took 3.02-3.05 s with cubic and 3.2-3.3 s with
+ * BBR (bound 2.86 s): the exchange's WAN flows carry fixed shares and the
+ * slowest sets the pace; when some finish early, cubic's windows fill the
+ * link at once, while BBR paces each remaining flow at the share it
+ * measured and widens it by a quarter every eight round trips.  On a path
+ * with random loss cubic backs off at every loss and BBR does not (3x2 at
+ * 100 Mbit/s with 0.1% loss, 16 MiB: 3.48 s against 1.93 s, bound 1.79 s).
+ * Cubic also restarts its window after a retransmission timeout of idle
+ * (net.ipv4.tcp_slow_start_after_idle; BBR is exempt): a 1 MiB all-reduce
+ * after 0.5 s of idle took 120-135 ms against BBR's 67 ms.  Each rank sets
+ * its own sending side; the peer's choice is the peer's. */
 static int kernel_has_cc(const char *name)
 {
     char buf[256] = "";
