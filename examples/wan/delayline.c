@@ -5,8 +5,8 @@
  * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
- *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY]
- *             [-G] [-v]
+ *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS [-R]] [-l LOSS_PCT | -g P,R[,H[,K]]]
+ *             [-S SEED] [-s STATS_FILE] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY] [-G] [-v]
  *
  * -i  TUN device to attach (created if absent; an existing persistent one
  *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
@@ -17,6 +17,25 @@
  *     [0, JITTER_MS), but never released before the packet ahead of it, so
  *     the order of packets is kept (as on a real path, where jitter is
  *     queueing, not reordering).
+ * -R  with -j: each packet's extra hold is drawn on its own and packets
+ *     leave in due-time order, not arrival order, so a packet held less
+ *     than the one ahead of it overtakes it (reordering, as on a path that
+ *     spreads packets over links of different lengths).
+ * -l  random loss: each packet is dropped with probability LOSS_PCT/100,
+ *     independently of the others (0 .. 100, fractional allowed).
+ * -g  bursty loss, the Gilbert-Elliott model, all four in percent: a
+ *     two-state chain stepped once per packet, P = P(good -> bad), R =
+ *     P(bad -> good); a packet is lost with probability 100-H percent in
+ *     the bad state and 100-K in the good one (defaults H = 0, K = 100:
+ *     every packet lost in the bad state, none in the good, the Gilbert
+ *     model). Mean loss: P/(P+R) (1-h) + R/(P+R) (1-k). Excludes -l.
+ * -S  seed of the random draws (jitter, loss); the default mixes the
+ *     time and the pid. The same seed and the same packets give the same
+ *     losses and holds: loss and jitter draw from streams of their own, so
+ *     adding jitter does not change which packets are lost.
+ * -s  also write the counters to STATS_FILE as "key value" lines (packets
+ *     in, forwarded, lost to the model, dropped for a full queue, ...),
+ *     replaced whole on SIGUSR1 and at exit, for scripts.
  * -q  most bytes held at once (suffix K, M or G; default 256M). A packet
  *     that does not fit is dropped and counted, as a full router queue does.
  * -r  run both threads SCHED_FIFO at this priority (1..99). On a machine
@@ -45,8 +64,14 @@
  * CLOCK_MONOTONIC. A second thread writes the packet at the head of the ring
  * back into the device when it is due: it sleeps on a futex with an absolute
  * CLOCK_MONOTONIC deadline (timer slack 1 ns), so it wakes for the due time
- * or for a stop request, never polls. Every packet has the same delay, so the
- * ring is in due order and the order of packets is kept. One reader, one
+ * or for a stop request, never polls. Every packet has the same delay (or,
+ * with -j, a hold never shorter than the one ahead of it), so the ring is
+ * in due order and the order of packets is kept. With -R the ring is in
+ * arrival order and not in due order: the writer keeps a min-heap (on due
+ * time) of the records it has seen, writes the earliest when due, marks it
+ * sent, and frees ring space by moving the head past sent records, so a
+ * long-held packet keeps the space behind it until it leaves (the queue
+ * bound counts it). One reader, one
  * writer: the ring needs only the two positions, published with
  * release/acquire. The writer sleeps on the futex when the ring is empty;
  * the reader wakes it only on that transition.
@@ -62,6 +87,16 @@
  * tbf sits before the device and counts a GSO packet as its segments' bytes
  * (it splits one larger than its burst). The header is stored with the
  * packet and only -t reads it; the byte counters leave it out.
+ *
+ * Loss (-l, -g) is decided when a packet is read, before it is queued: a
+ * lost packet takes no ring space and is counted. With offload one record
+ * is a GSO packet of up to 44 MTU-sized segments, and losing it loses all
+ * of them at once, a burst no real path of that loss rate makes; hence
+ * geoccl-wan runs its delay lines with -G when a loss model is on.
+ *
+ * Random numbers come from a splitmix64-style generator per use (a 64-bit
+ * counter stepped by an odd constant, each value passed through a
+ * multiply-xorshift finaliser), seeded from -S through the same mix.
  *
  * Tampering (-t) and checksums. A changed byte must come with a TCP checksum
  * that matches, or the receiver drops the segment and TCP sends it again
@@ -118,9 +153,10 @@
  * starts at offset 0. */
 struct rec {
   uint32_t len;
-  uint32_t wrap;
+  uint32_t wrap;                 /* REC_PKT, REC_WRAP or (writer, -R) REC_SENT */
   int64_t due_ns;
 };
+enum { REC_PKT = 0, REC_WRAP = 1, REC_SENT = 2 };
 _Static_assert(sizeof(struct rec) == REC_ALIGN, "record header size");
 
 /* Counters: each has one writing thread (reader or writer); anyone may read
@@ -136,6 +172,50 @@ struct stats {
   _Atomic uint64_t tcp_payload_pkts;       /* -t: TCP packets with payload seen */
   _Atomic uint64_t tamper_csum;            /* -t: tampered, full checksum updated */
   _Atomic uint64_t tamper_partial;         /* -t: tampered, checksum left to the kernel */
+  _Atomic uint64_t lost_pkts, lost_bytes;  /* -l, -g: dropped by the loss model */
+  _Atomic uint64_t reordered;              /* -R: sent before a packet that came earlier */
+};
+
+/* A small generator: splitmix64 (Steele, Lea, Flood 2014) as described,
+ * a Weyl sequence through a 64-bit mixing function. */
+struct rng {
+  uint64_t s;
+};
+
+static uint64_t mix64(uint64_t z)
+{
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static inline uint64_t rng_next(struct rng *g)
+{
+  g->s += 0x9e3779b97f4a7c15ULL;
+  return mix64(g->s);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static inline double rng_unit(struct rng *g)
+{
+  return (double)(rng_next(g) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Loss models, decided by the reader per packet. */
+enum { LOSS_NONE, LOSS_RANDOM, LOSS_GILBERT };
+struct loss {
+  int model;
+  double p_loss;                           /* LOSS_RANDOM */
+  double p, r, loss_bad, loss_good;        /* LOSS_GILBERT, probabilities */
+  int bad;                                 /* LOSS_GILBERT: current state */
+  struct rng g;
+};
+
+/* Writer side of -R: records seen but not yet sent, by due time. */
+struct pend {
+  int64_t due_ns;
+  uint64_t pos;                            /* absolute ring offset of the record */
+  uint64_t seq;                            /* arrival order */
 };
 
 struct line {
@@ -145,7 +225,11 @@ struct line {
   int64_t delay_ns;
   int64_t jitter_ns;                       /* -j: uniform extra hold */
   int64_t last_due_ns;                     /* reader only: keeps FIFO order */
-  uint64_t rng;                            /* reader only: xorshift64 state */
+  int reorder;                             /* -R: holds independent, order not kept */
+  struct rng jit;                          /* reader only: jitter draws */
+  struct loss loss;                        /* reader only */
+  const char *stats_path;                  /* -s */
+  uint64_t seed;                           /* -S, or the one chosen */
   uint64_t tamper_every;                   /* -t: 0 = off */
   unsigned char *mem;
   uint64_t cap;                            /* multiple of REC_ALIGN */
@@ -162,11 +246,18 @@ static unsigned char scratch[MAX_PKT];
 static void usage(FILE *f)
 {
   fprintf(f,
-          "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS] [-q MAX_QUEUE_BYTES] [-r RT_PRIO]\n"
-          "                 [-t EVERY] [-G] [-v]\n"
+          "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS [-R]] [-l LOSS_PCT | -g P,R[,H[,K]]]\n"
+          "                 [-S SEED] [-s STATS_FILE] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY]\n"
+          "                 [-G] [-v]\n"
           "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
           "  milliseconds, then gives it back to the kernel.\n"
           "  -j  add a uniform random hold in [0, JITTER_MS), order kept\n"
+          "  -R  with -j: holds drawn independently, later packets may overtake\n"
+          "  -l  drop each packet with probability LOSS_PCT percent\n"
+          "  -g  Gilbert-Elliott loss, percent: P(good->bad), P(bad->good),\n"
+          "      pass in bad H (default 0), pass in good K (default 100)\n"
+          "  -S  seed of the random draws (default: time and pid)\n"
+          "  -s  write counters to STATS_FILE on SIGUSR1 and at exit\n"
           "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
           "  -r  SCHED_FIFO priority 1..99 for its threads (default: none)\n"
           "  -t  flip one payload byte of every EVERY-th TCP packet with payload,\n"
@@ -310,6 +401,25 @@ static void tamper(struct line *l, unsigned char *rec, size_t n)
   counter_add(&l->st.tamper_csum, 1);
 }
 
+/* Whether the next packet is lost; steps the Gilbert-Elliott chain. */
+static int loss_draw(struct loss *m)
+{
+  switch (m->model) {
+  case LOSS_RANDOM:
+    return rng_unit(&m->g) < m->p_loss;
+  case LOSS_GILBERT: {
+    /* The state moves first, then the packet is lost or not in the state
+     * it finds (the stationary mean loss is the same either way). */
+    double u = rng_unit(&m->g);
+    if (m->bad ? u < m->r : u < m->p)
+      m->bad = !m->bad;
+    return rng_unit(&m->g) < (m->bad ? m->loss_bad : m->loss_good);
+  }
+  default:
+    return 0;
+  }
+}
+
 /* Reads what the device has ready (up to READ_BATCH packets). Returns 0, or
  * -1 after printing the cause when the device failed. */
 static int read_batch(struct line *l)
@@ -342,19 +452,26 @@ static int read_batch(struct line *l)
       }
       memcpy(r + 1, scratch, (size_t)n);
     }
+    if (loss_draw(&l->loss)) {
+      /* Written into the ring (or scratch) but not published: the space
+       * is reused by the next packet. A wrap record written for it by
+       * ring_reserve is not published either. */
+      counter_add(&l->st.lost_pkts, 1);
+      counter_add(&l->st.lost_bytes, (uint64_t)n - l->hdr);
+      continue;
+    }
     if (l->tamper_every)
       tamper(l, (unsigned char *)(r + 1), (size_t)n);
     r->len = (uint32_t)n;
-    r->wrap = 0;
+    r->wrap = REC_PKT;
     r->due_ns = now + l->delay_ns;
     if (l->jitter_ns > 0) {
-      l->rng ^= l->rng << 13;
-      l->rng ^= l->rng >> 7;
-      l->rng ^= l->rng << 17;
-      r->due_ns += (int64_t)(l->rng % (uint64_t)l->jitter_ns);
-      if (r->due_ns < l->last_due_ns)
-        r->due_ns = l->last_due_ns;
-      l->last_due_ns = r->due_ns;
+      r->due_ns += (int64_t)(rng_next(&l->jit) % (uint64_t)l->jitter_ns);
+      if (!l->reorder) {
+        if (r->due_ns < l->last_due_ns)
+          r->due_ns = l->last_due_ns;
+        l->last_due_ns = r->due_ns;
+      }
     }
     tail = t + rec_size((uint32_t)n);
     publish(l, tail);
@@ -386,6 +503,8 @@ static void write_packet(struct line *l, const struct rec *r)
   counter_add(&l->st.tx_bytes, r->len - l->hdr);
 }
 
+static void note_late(struct line *l, int64_t now, int64_t due);
+
 static void *writer_main(void *arg)
 {
   struct line *l = arg;
@@ -415,12 +534,7 @@ static void *writer_main(void *arg)
       continue;
     }
     write_packet(l, r);
-    uint64_t late = (uint64_t)(now - r->due_ns);
-    counter_add(&l->st.late_sum_ns, late);
-    if (late > counter(&l->st.late_max_ns))
-      atomic_store_explicit(&l->st.late_max_ns, late, memory_order_relaxed);
-    if (late > 1000000)
-      counter_add(&l->st.late_over_1ms, 1);
+    note_late(l, now, r->due_ns);
     head += rec_size(r->len);
     atomic_store_explicit(&l->head, head, memory_order_release);
   }
@@ -439,6 +553,180 @@ static void *writer_main(void *arg)
   return NULL;
 }
 
+/* The writer of -R: sends records in due order, whatever their order in the
+ * ring (see "How it works"). Returns when stopped; on a failed allocation
+ * it stops the delay line (status 1 via l->stop = 2). */
+struct heap {
+  struct pend *v;
+  size_t n, cap;
+};
+
+static int pend_before(const struct pend *a, const struct pend *b)
+{
+  return a->due_ns < b->due_ns || (a->due_ns == b->due_ns && a->seq < b->seq);
+}
+
+static int heap_push(struct heap *h, struct pend e)
+{
+  if (h->n == h->cap) {
+    size_t cap = h->cap ? 2 * h->cap : 1024;
+    struct pend *v = realloc(h->v, cap * sizeof *v);
+    if (!v)
+      return -1;
+    h->v = v;
+    h->cap = cap;
+  }
+  size_t i = h->n++;
+  while (i > 0 && pend_before(&e, &h->v[(i - 1) / 2])) {
+    h->v[i] = h->v[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  h->v[i] = e;
+  return 0;
+}
+
+static struct pend heap_pop(struct heap *h)
+{
+  struct pend top = h->v[0], last = h->v[--h->n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= h->n)
+      break;
+    if (c + 1 < h->n && pend_before(&h->v[c + 1], &h->v[c]))
+      c++;
+    if (!pend_before(&h->v[c], &last))
+      break;
+    h->v[i] = h->v[c];
+    i = c;
+  }
+  if (h->n)
+    h->v[i] = last;
+  return top;
+}
+
+static void note_late(struct line *l, int64_t now, int64_t due)
+{
+  uint64_t late = (uint64_t)(now - due);
+  counter_add(&l->st.late_sum_ns, late);
+  if (late > counter(&l->st.late_max_ns))
+    atomic_store_explicit(&l->st.late_max_ns, late, memory_order_relaxed);
+  if (late > 1000000)
+    counter_add(&l->st.late_over_1ms, 1);
+}
+
+static void *writer_reorder_main(void *arg)
+{
+  struct line *l = arg;
+  struct heap h = {0};
+  uint64_t seq = 1, max_sent = 0;
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  uint64_t head = atomic_load_explicit(&l->head, memory_order_relaxed), scan = head;
+  while (!atomic_load_explicit(&l->stop, memory_order_relaxed)) {
+    uint32_t wseq = atomic_load_explicit(&l->wake, memory_order_seq_cst);
+    uint64_t tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+    while (scan != tail) {
+      struct rec *r = (struct rec *)(l->mem + scan % l->cap);
+      if (r->wrap == REC_WRAP) {
+        scan += l->cap - scan % l->cap;
+        continue;
+      }
+      if (heap_push(&h, (struct pend){.due_ns = r->due_ns, .pos = scan, .seq = seq++}) < 0) {
+        fprintf(stderr, "delayline %s: out of memory for the reorder heap (%zu packets held)\n",
+                l->ifname, h.n);
+        atomic_store(&l->stop, 2);
+        kill(getpid(), SIGTERM);           /* to the main thread's signalfd */
+        break;
+      }
+      scan += rec_size(r->len);
+    }
+    /* Space back to the reader: everything before the oldest unsent record. */
+    uint64_t old_head = head;
+    while (head != scan) {
+      struct rec *r = (struct rec *)(l->mem + head % l->cap);
+      if (r->wrap == REC_WRAP)
+        head += l->cap - head % l->cap;
+      else if (r->wrap == REC_SENT)
+        head += rec_size(r->len);
+      else
+        break;
+    }
+    if (head != old_head)
+      atomic_store_explicit(&l->head, head, memory_order_release);
+    int64_t now = mono_ns();
+    if (h.n == 0 || h.v[0].due_ns > now) {
+      /* A packet still to come is due at least one delay after it comes:
+       * if the earliest held one is due before that, nothing can overtake
+       * it and the reader need not wake us. Otherwise it must. */
+      int need_wake = h.n == 0 || h.v[0].due_ns - now > l->delay_ns;
+      if (need_wake) {
+        atomic_store_explicit(&l->writer_idle, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&l->tail, memory_order_seq_cst) == scan &&
+            !atomic_load_explicit(&l->stop, memory_order_seq_cst))
+          futex_wait_until(&l->wake, wseq, h.n ? h.v[0].due_ns : 0);
+        atomic_store_explicit(&l->writer_idle, 0, memory_order_relaxed);
+      } else {
+        futex_wait_until(&l->wake, wseq, h.v[0].due_ns);
+      }
+      continue;
+    }
+    struct pend e = heap_pop(&h);
+    struct rec *r = (struct rec *)(l->mem + e.pos % l->cap);
+    write_packet(l, r);
+    note_late(l, now, e.due_ns);
+    if (e.seq < max_sent)
+      counter_add(&l->st.reordered, 1);
+    else
+      max_sent = e.seq;
+    r->wrap = REC_SENT;
+  }
+  /* Count what is left (the reader has stopped by now). */
+  uint64_t tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+  while (head != tail) {
+    const struct rec *r = (const struct rec *)(l->mem + head % l->cap);
+    if (r->wrap == REC_WRAP) {
+      head += l->cap - head % l->cap;
+      continue;
+    }
+    if (r->wrap == REC_PKT)
+      counter_add(&l->st.discarded, 1);
+    head += rec_size(r->len);
+  }
+  atomic_store_explicit(&l->head, head, memory_order_release);
+  free(h.v);
+  return NULL;
+}
+
+/* -s: the counters as "key value" lines, replaced whole (written beside
+ * it, then renamed) so that a reader never sees half a file. */
+static void write_stats_file(struct line *l)
+{
+  if (!l->stats_path)
+    return;
+  char tmp[PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", l->stats_path) >= (int)sizeof tmp)
+    return;
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    fprintf(stderr, "delayline %s: write %s: %s\n", l->ifname, tmp, strerror(errno));
+    return;
+  }
+  struct stats *s = &l->st;
+  fprintf(f,
+          "seed %" PRIu64 "\nin_pkts %" PRIu64 "\nin_bytes %" PRIu64 "\nout_pkts %" PRIu64
+          "\nout_bytes %" PRIu64 "\nlost_pkts %" PRIu64 "\nlost_bytes %" PRIu64
+          "\nqueue_drop_pkts %" PRIu64 "\nwrite_errors %" PRIu64 "\nreordered %" PRIu64
+          "\ndiscarded %" PRIu64 "\nlate_avg_us %.1f\nlate_max_us %.1f\nlate_over_1ms %" PRIu64 "\n",
+          l->seed, counter(&s->rx_pkts), counter(&s->rx_bytes), counter(&s->tx_pkts),
+          counter(&s->tx_bytes), counter(&s->lost_pkts), counter(&s->lost_bytes),
+          counter(&s->drop_pkts), counter(&s->tx_errors), counter(&s->reordered),
+          counter(&s->discarded),
+          counter(&s->tx_pkts) ? (double)counter(&s->late_sum_ns) / (double)counter(&s->tx_pkts) / 1e3 : 0.0,
+          (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms));
+  if (fclose(f) != 0 || rename(tmp, l->stats_path) != 0)
+    fprintf(stderr, "delayline %s: write %s: %s\n", l->ifname, l->stats_path, strerror(errno));
+}
+
 static void print_stats(struct line *l)
 {
   struct stats *s = &l->st;
@@ -452,19 +740,24 @@ static void print_stats(struct line *l)
              counter(&s->tamper_csum) + counter(&s->tamper_partial),
              counter(&s->tcp_payload_pkts), l->tamper_every, counter(&s->tamper_csum),
              counter(&s->tamper_partial));
+  char model[200] = "";
+  if (l->loss.model != LOSS_NONE || l->reorder)
+    snprintf(model, sizeof model, "; lost (model) %" PRIu64 " pkts %" PRIu64 " B; reordered %" PRIu64
+             "; seed %" PRIu64, counter(&s->lost_pkts), counter(&s->lost_bytes),
+             counter(&s->reordered), l->seed);
   /* One call: stderr is unbuffered and the writer may report an error. */
   fprintf(stderr,
           "delayline %s: delay %.3f ms; in %" PRIu64 " pkts %" PRIu64 " B; out %" PRIu64
           " pkts %" PRIu64 " B; dropped (queue full) %" PRIu64 " pkts %" PRIu64
           " B; write errors %" PRIu64 "; held now %" PRIu64 " B, most %" PRIu64
           " B of %" PRIu64 "; late avg %.1f us max %.1f us, >1 ms %" PRIu64
-          "; discarded at exit %" PRIu64 "%s\n",
+          "; discarded at exit %" PRIu64 "%s%s\n",
           l->ifname, (double)l->delay_ns / 1e6, counter(&s->rx_pkts), counter(&s->rx_bytes), tx,
           counter(&s->tx_bytes), counter(&s->drop_pkts), counter(&s->drop_bytes),
           counter(&s->tx_errors), queued, counter(&s->max_queued), l->cap,
           tx ? (double)counter(&s->late_sum_ns) / (double)tx / 1e3 : 0.0,
           (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms),
-          counter(&s->discarded), tampered);
+          counter(&s->discarded), model, tampered);
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -527,13 +820,61 @@ int main(int argc, char **argv)
 {
   static struct line l;
   const char *ifname = NULL;
-  double delay_ms = -1, jitter_ms = 0;
-  uint64_t qbytes = DEFAULT_QUEUE, tamper_every = 0;
-  int verbose = 0, rt_prio = 0, offload = 1, opt;
+  double delay_ms = -1, jitter_ms = 0, loss_pct = 0, ge[4] = {0, 0, 0, 100};
+  uint64_t qbytes = DEFAULT_QUEUE, tamper_every = 0, seed = 0;
+  int verbose = 0, rt_prio = 0, offload = 1, opt, have_seed = 0, reorder = 0, gilbert = 0;
+  const char *stats_path = NULL;
   char *end;
 
-  while ((opt = getopt(argc, argv, "i:d:j:q:r:t:Gvh")) != -1) {
+  while ((opt = getopt(argc, argv, "i:d:j:Rl:g:S:s:q:r:t:Gvh")) != -1) {
     switch (opt) {
+    case 'R':
+      reorder = 1;
+      break;
+    case 'l':
+      errno = 0;
+      loss_pct = strtod(optarg, &end);
+      if (errno || end == optarg || *end || !(loss_pct >= 0 && loss_pct <= 100)) {
+        fprintf(stderr, "delayline: -l %s: want a loss in percent, 0..100\n", optarg);
+        return 2;
+      }
+      break;
+    case 'g': {
+      /* P,R[,H[,K]], percent each; H and K keep their defaults (0, 100)
+       * when left out. */
+      const char *q = optarg;
+      int n = 0;
+      for (; n < 4; n++) {
+        errno = 0;
+        ge[n] = strtod(q, &end);
+        if (errno || end == q || !(ge[n] >= 0 && ge[n] <= 100))
+          break;
+        if (*end != ',') {
+          n++;
+          break;
+        }
+        q = end + 1;
+      }
+      if (n < 2 || *end || (n == 4 && *end) || ge[0] + ge[1] <= 0) {
+        fprintf(stderr, "delayline: -g %s: want P,R[,H[,K]] in percent (0..100), P+R > 0\n",
+                optarg);
+        return 2;
+      }
+      gilbert = 1;
+      break;
+    }
+    case 'S':
+      errno = 0;
+      seed = strtoull(optarg, &end, 0);
+      if (errno || end == optarg || *end || optarg[0] == '-') {
+        fprintf(stderr, "delayline: -S %s: want an unsigned 64-bit seed\n", optarg);
+        return 2;
+      }
+      have_seed = 1;
+      break;
+    case 's':
+      stats_path = optarg;
+      break;
     case 'i':
       ifname = optarg;
       break;
@@ -599,10 +940,33 @@ int main(int argc, char **argv)
     return 2;
   }
 
+  if (gilbert && loss_pct > 0) {
+    fprintf(stderr, "delayline: -l and -g are two loss models; give one\n");
+    return 2;
+  }
+
   snprintf(l.ifname, sizeof l.ifname, "%s", ifname);
   l.delay_ns = (int64_t)(delay_ms * 1e6 + 0.5);
   l.jitter_ns = (int64_t)(jitter_ms * 1e6 + 0.5);
-  l.rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)getpid();
+  l.reorder = reorder && l.jitter_ns > 0;
+  if (!have_seed)
+    seed = mix64((uint64_t)time(NULL) * 0x100000001b3ULL ^ (uint64_t)getpid() ^
+                 (uint64_t)mono_ns());
+  l.seed = seed;
+  /* Two streams, far apart in the Weyl sequence's state space. */
+  l.jit.s = mix64(seed ^ 0x6a697474657200ULL);
+  l.loss.g.s = mix64(seed ^ 0x6c6f73730000ULL);
+  if (loss_pct > 0) {
+    l.loss.model = LOSS_RANDOM;
+    l.loss.p_loss = loss_pct / 100.0;
+  } else if (gilbert) {
+    l.loss.model = LOSS_GILBERT;
+    l.loss.p = ge[0] / 100.0;
+    l.loss.r = ge[1] / 100.0;
+    l.loss.loss_bad = 1.0 - ge[2] / 100.0;
+    l.loss.loss_good = 1.0 - ge[3] / 100.0;
+  }
+  l.stats_path = stats_path;
   l.cap = qbytes & ~(uint64_t)(REC_ALIGN - 1);
   l.tamper_every = tamper_every;
 
@@ -647,15 +1011,17 @@ int main(int argc, char **argv)
   }
 
   pthread_t writer;
-  int err = pthread_create(&writer, NULL, writer_main, &l);
+  int err = pthread_create(&writer, NULL, l.reorder ? writer_reorder_main : writer_main, &l);
   if (err) {
     fprintf(stderr, "delayline: start writer thread: %s\n", strerror(err));
     return 1;
   }
   if (verbose)
-    fprintf(stderr, "delayline %s: delay %.3f ms, queue bound %" PRIu64 " B, pid %ld%s\n",
-            l.ifname, delay_ms, l.cap, (long)getpid(),
-            tamper_every ? ", tampering with TCP payload (-t)" : "");
+    fprintf(stderr, "delayline %s: delay %.3f ms, jitter %.3f ms%s, loss %s, seed %" PRIu64
+            ", queue bound %" PRIu64 " B, pid %ld%s\n",
+            l.ifname, delay_ms, jitter_ms, l.reorder ? " (reordering)" : "",
+            l.loss.model == LOSS_RANDOM ? "random" : l.loss.model == LOSS_GILBERT ? "gilbert" : "none",
+            seed, l.cap, (long)getpid(), tamper_every ? ", tampering with TCP payload (-t)" : "");
 
   int status = 0;
   struct pollfd pfd[2] = {{.fd = l.fd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
@@ -671,9 +1037,10 @@ int main(int argc, char **argv)
       struct signalfd_siginfo si;
       int stop = 0;
       while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo == SIGUSR1)
+        if (si.ssi_signo == SIGUSR1) {
           print_stats(&l);
-        else
+          write_stats_file(&l);
+        } else
           stop = 1;
       }
       if (stop)
@@ -696,6 +1063,9 @@ int main(int argc, char **argv)
   pthread_join(writer, NULL);
   if (verbose)
     print_stats(&l);
+  write_stats_file(&l);
+  if (atomic_load(&l.stop) == 2)
+    status = 1;
   close(l.fd);
   munmap(l.mem, l.cap);
   return status;

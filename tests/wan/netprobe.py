@@ -14,6 +14,16 @@ iperf3 are missing. Standard library only.
       rate after the first S seconds (default 2):  receiver N Mbits/sec
   netprobe.py tcp-send ADDR PORT [-t SECONDS]
       Connect and send as fast as TCP allows for SECONDS (default 8).
+  netprobe.py udp-flood ADDR PORT [-c COUNT] [-i INTERVAL] [-s BYTES]
+      Send COUNT datagrams (default 5000) numbered 0..COUNT-1, INTERVAL
+      seconds apart on average (default 0.0002), BYTES each (default 200).
+  netprobe.py udp-count ADDR PORT -c COUNT [--idle S] [--timeout S]
+      Receive udp-flood's datagrams until all COUNT came or S seconds
+      (default 1) pass without one after the first (--timeout: before the
+      first, default 30), and print one line of key=value: sent, received,
+      lost, inversions (datagrams that came after one with a higher
+      number), lost_after_lost (losses whose predecessor was lost too) and
+      dups.
 """
 import argparse
 import math
@@ -112,10 +122,65 @@ def tcp_send(args):
     return 0
 
 
+def udp_flood(args):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    s.connect((args.addr, args.port))
+    pad = b"\0" * max(0, args.size - 4)
+    t0 = time.monotonic()
+    for seq in range(args.count):
+        due = t0 + seq * args.interval
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        while True:
+            try:
+                s.send(struct.pack("!I", seq) + pad)
+                break
+            except (BlockingIOError, ConnectionRefusedError):
+                time.sleep(0.001)
+    return 0
+
+
+def udp_count(args):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.bind((args.addr, args.port))
+    s.settimeout(args.timeout)
+    seen = bytearray(args.count)
+    received = inversions = dups = 0
+    top = -1
+    try:
+        while received < args.count:
+            data = s.recv(65536)
+            s.settimeout(args.idle)
+            if len(data) < 4:
+                continue
+            seq = struct.unpack("!I", data[:4])[0]
+            if seq >= args.count:
+                continue
+            if seen[seq]:
+                dups += 1
+                continue
+            seen[seq] = 1
+            received += 1
+            if seq < top:
+                inversions += 1
+            else:
+                top = seq
+    except socket.timeout:
+        pass
+    lost = args.count - received
+    after = sum(1 for i in range(1, args.count) if not seen[i] and not seen[i - 1])
+    print("sent=%d received=%d lost=%d inversions=%d lost_after_lost=%d dups=%d"
+          % (args.count, received, lost, inversions, after, dups))
+    return 0 if received else 1
+
+
 def main():
     p = argparse.ArgumentParser(description="probes for the emulated-WAN tests")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("udp-echo", "udp-ping", "tcp-sink", "tcp-send"):
+    for name in ("udp-echo", "udp-ping", "tcp-sink", "tcp-send", "udp-flood", "udp-count"):
         sp = sub.add_parser(name)
         sp.add_argument("addr")
         sp.add_argument("port", type=int)
@@ -129,9 +194,17 @@ def main():
             sp.add_argument("--timeout", type=float, default=30)
         if name == "tcp-send":
             sp.add_argument("-t", type=float, default=8)
+        if name == "udp-flood":
+            sp.add_argument("-c", dest="count", type=int, default=5000)
+            sp.add_argument("-i", dest="interval", type=float, default=0.0002)
+            sp.add_argument("-s", dest="size", type=int, default=200)
+        if name == "udp-count":
+            sp.add_argument("-c", dest="count", type=int, required=True)
+            sp.add_argument("--idle", type=float, default=1)
+            sp.add_argument("--timeout", type=float, default=30)
     args = p.parse_args()
     fn = {"udp-echo": udp_echo, "udp-ping": udp_ping, "tcp-sink": tcp_sink,
-          "tcp-send": tcp_send}[args.cmd]
+          "tcp-send": tcp_send, "udp-flood": udp_flood, "udp-count": udp_count}[args.cmd]
     return fn(args)
 
 
