@@ -244,11 +244,13 @@ enum { TOPO_CC_CUBIC = 0, TOPO_CC_BBR = 1 };
 /* The congestion control for this rank's connections to one peer in
  * another region, and the streams they need (*streams, at most
  * max_streams):
- * - loss measured (segs >= TOPO_LOSS_MIN_SEGS) and no segment lost, or
- *   streams x topoLossRate >= TOPO_CC_HEADROOM x share: cubic (on a clean
- *   path it fills the link sooner after a pair's flows finish: 3 emulated
- *   regions x 2 ranks at 1 Gbit/s, 256 MiB: 3.02-3.13 s against BBR's
- *   3.18-3.24 s);
+ * - loss measured (segs >= TOPO_LOSS_MIN_SEGS) and, at the highest loss
+ *   its count leaves plausible (about 95%, one-sided), streams x
+ *   topoLossRate >= TOPO_CC_HEADROOM x share: cubic (on a clean path it
+ *   fills the link sooner after a pair's flows finish: 3 emulated regions
+ *   x 2 ranks at 1 Gbit/s, 256 MiB: 3.02-3.13 s against BBR's 3.18-3.24 s);
+ *   the probe's few thousand segments rarely suffice, a topology file's
+ *   "loss A B 0" (a figure the user knows) does;
  * - otherwise BBR when the kernel has it (bbr_ok);
  * - otherwise cubic on as many streams as the loss term asks.
  * share: the bytes/s this rank's connections to the peer carry in a

@@ -55,6 +55,10 @@
 #   --cc ALGO              TCP congestion control inside the regions, for every
 #                          tool (geoccl-wan up --cc; default: the host's)
 #   --mtu BYTES            MTU between regions (geoccl-wan up --mtu; default 1500)
+#   -p, --paths LIST       path conditions, ';'-separated, each a list of
+#                          geoccl-wan up options: e.g. "--loss 0.1 --seed 1"
+#                          or "--jitter 10 --reorder"; "" (the default) is a
+#                          clean path; every topology x rate runs each
 #   -s, --sizes MIN-MAX    size range in MiB, stepped by -f (default 1-256)
 #   -f, --factor N         size step factor (default 4)
 #   -a, --algos LIST       what to run (default hier,flat,ompi,ompiring,gloochunked,gloo)
@@ -123,6 +127,7 @@ gloo_ring_max=
 wname=gbench
 cc=
 mtu=1500
+paths=("")
 outdir=
 port=29600
 wait_max=3600
@@ -136,6 +141,7 @@ while [ $# -gt 0 ]; do
     -d|--delay) delay=${2:?}; shift 2;;
     --cc) cc=${2:?}; shift 2;;
     --mtu) mtu=${2:?}; shift 2;;
+    -p|--paths) IFS=';' read -r -a paths <<< "${2?}"; [ ${#paths[@]} -gt 0 ] || paths=(""); shift 2;;
     -s|--sizes) sizes=${2:?}; shift 2;;
     -f|--factor) factor=${2:?}; shift 2;;
     -a|--algos) algos=${2:?}; shift 2;;
@@ -175,7 +181,7 @@ done
 report() {
   local bps=$1 bpsl=${2:-$1}
   echo
-  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}$([ "${mtu:-1500}" = 1500 ] || echo ", MTU $mtu")"
+  echo "### $R regions x $P ranks ($N ranks), $rate per region, $delay one-way, TCP ${cc:-of the host}$([ "${mtu:-1500}" = 1500 ] || echo ", MTU $mtu")${path:+, path: $path}"
   echo
   awk -v R="$R" -v P="$P" -v bps="$bps" -v bpsl="$bpsl" -v dir="$cdir" -v sizes="${size_list[*]}" '
     function load(kind,   f, line, a, n, grp) {
@@ -322,7 +328,7 @@ if [ -n "$report_dir" ]; then
   for cdir in "$report_dir"/*/; do
     cdir=${cdir%/}
     [ -f "$cdir/config" ] || continue
-    R='' P='' rate='' bps='' bpsl='' delay='' sizes='' cc='' mtu=1500
+    R='' P='' rate='' bps='' bpsl='' delay='' sizes='' cc='' mtu=1500 path=''
     # shellcheck disable=SC1091 # written by this script
     . "$cdir/config"
     read -r -a size_list <<< "$sizes"
@@ -435,9 +441,9 @@ wan_up_wait() {  # R RATE
       waited=$((waited + 20))
       continue
     fi
-    if "$wan" up -n "$wname" -r "$1" --rates "${2//\//,}" --delay "$delay" ${cc:+--cc "$cc"} --mtu "$mtu" -q 2>"$cdir/wan-up.err"; then
+    if "$wan" up -n "$wname" -r "$1" --rates "${2//\//,}" --delay "$delay" ${cc:+--cc "$cc"} --mtu "$mtu" $path -q 2>"$cdir/wan-up.err"; then
       wan_up=1
-      log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay, TCP ${cc:-of the host}"
+      log "waited $waited s for the WAN; '$wname' up: $1 regions, $2, $delay, TCP ${cc:-of the host}${path:+, path $path}"
       return 0
     fi
     local rc=$?
@@ -584,68 +590,70 @@ t_start=$(date +%s)
 for tp in ${topos//,/ }; do
   R=${tp%x*} P=${tp#*x} N=$((R * P))
   for rate in ${rates//,/ }; do
-    bpsl=$(rate_list_bps "$rate" "$R") || die "rate '$rate': $R regions need 1 or $R rates"
-    # the fastest region's rate stands for the configuration where one is needed
-    bps=$(tr ' ' '\n' <<< "$bpsl" | sort -n | tail -n 1)
-    cfg=${tp}-${rate//\//-}
-    cdir=$outdir/$cfg
-    mkdir -p "$cdir"
-    : > "$cdir/runs.txt"
-    : > "$cdir/monitor.txt"
-    : > "$cdir/commands.txt"
-    echo "R=$R P=$P rate=$rate bps=$bps bpsl='$bpsl' delay=$delay sizes='${size_list[*]}' cc='$cc' mtu=$mtu" > "$cdir/config"
-    wan_up_wait "$R" "$rate" || { status=1; continue; }
-    {
-      echo "== $cfg: $(date -u +%T) uptime: $(uptime)"
-      "$wan" status -n "$wname"
-    } >> "$cdir/machine.txt"
-    monitor "$R" "$cdir/monitor.txt" "$cdir/top.txt" &
-    monitor_pid=$!
-    grm=${gloo_ring_max:-$([ "$bps" -lt 1000000000 ] && echo 16 || echo 64)}
-    for grp in small big; do
-      if [ "$grp" = small ]; then
-        [ ${#small_list[@]} -gt 0 ] || continue
-        b=$((small_list[0] * MiB)) e=$((small_list[${#small_list[@]} - 1] * MiB)) n=$iters w=$warmup
-      else
-        [ ${#big_list[@]} -gt 0 ] || continue
-        b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
-      fi
-      for kind in hier hierclear hiereq flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
-        has "$kind" || continue
-        ke=$e
-        if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&
-           [[ ,$slow_algos, != *,$kind,* ]]; then
-          # the largest size of this group below --slow-min, if any
-          [ "$b" -ge $((slow_min * MiB)) ] && continue
-          while [ "$ke" -ge $((slow_min * MiB)) ]; do ke=$((ke / factor)); done
-          [ "$ke" -lt "$b" ] && continue
+    for path in "${paths[@]}"; do
+      bpsl=$(rate_list_bps "$rate" "$R") || die "rate '$rate': $R regions need 1 or $R rates"
+      # the fastest region's rate stands for the configuration where one is needed
+      bps=$(tr ' ' '\n' <<< "$bpsl" | sort -n | tail -n 1)
+      cfg=${tp}-${rate//\//-}${path:+-$(tr -c 'A-Za-z0-9.\n' '_' <<< "${path//--/}" | tr -s '_' | sed 's/^_//; s/_$//')}
+      cdir=$outdir/$cfg
+      mkdir -p "$cdir"
+      : > "$cdir/runs.txt"
+      : > "$cdir/monitor.txt"
+      : > "$cdir/commands.txt"
+      echo "R=$R P=$P rate=$rate bps=$bps bpsl='$bpsl' delay=$delay sizes='${size_list[*]}' cc='$cc' mtu=$mtu path='$path'" > "$cdir/config"
+      wan_up_wait "$R" "$rate" || { status=1; continue; }
+      {
+        echo "== $cfg: $(date -u +%T) uptime: $(uptime)"
+        "$wan" status -n "$wname"
+      } >> "$cdir/machine.txt"
+      monitor "$R" "$cdir/monitor.txt" "$cdir/top.txt" &
+      monitor_pid=$!
+      grm=${gloo_ring_max:-$([ "$bps" -lt 1000000000 ] && echo 16 || echo 64)}
+      for grp in small big; do
+        if [ "$grp" = small ]; then
+          [ ${#small_list[@]} -gt 0 ] || continue
+          b=$((small_list[0] * MiB)) e=$((small_list[${#small_list[@]} - 1] * MiB)) n=$iters w=$warmup
+        else
+          [ ${#big_list[@]} -gt 0 ] || continue
+          b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
         fi
-        if [ "$kind" = gloo ]; then
-          [ "$b" -gt $((grm * MiB)) ] && continue
-          while [ "$ke" -gt $((grm * MiB)) ]; do ke=$((ke / factor)); done
-        fi
-        measure "$kind" "$grp" "$b" "$ke" "$n" "$w"
+        for kind in hier hierclear hiereq flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
+          has "$kind" || continue
+          ke=$e
+          if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&
+             [[ ,$slow_algos, != *,$kind,* ]]; then
+            # the largest size of this group below --slow-min, if any
+            [ "$b" -ge $((slow_min * MiB)) ] && continue
+            while [ "$ke" -ge $((slow_min * MiB)) ]; do ke=$((ke / factor)); done
+            [ "$ke" -lt "$b" ] && continue
+          fi
+          if [ "$kind" = gloo ]; then
+            [ "$b" -gt $((grm * MiB)) ] && continue
+            while [ "$ke" -gt $((grm * MiB)) ]; do ke=$((ke / factor)); done
+          fi
+          measure "$kind" "$grp" "$b" "$ke" "$n" "$w"
+        done
       done
-    done
-    kill "$monitor_pid" 2>/dev/null; wait "$monitor_pid" 2>/dev/null; monitor_pid=
-    # The delay lines' counters (packets, drops, lateness) into dlI.log.
-    for ((i = 0; i < R; i++)); do
-      pf=/run/geoccl-wan/$wname/dl$i.pid
-      [ -f "$pf" ] && kill -USR1 "$(cat "$pf")" 2>/dev/null
-    done
-    sleep 1
-    {
-      echo "== $cfg end: $(date -u +%T) uptime: $(uptime)"
-      "$wan" status -n "$wname"
+      kill "$monitor_pid" 2>/dev/null; wait "$monitor_pid" 2>/dev/null; monitor_pid=
+      # The delay lines' counters (packets, drops, lateness) into dlI.log.
       for ((i = 0; i < R; i++)); do
-        echo "-- delay line r$i:"; tail -n 3 "/run/geoccl-wan/$wname/dl$i.log" 2>/dev/null
+        pf=/run/geoccl-wan/$wname/dl$i.pid
+        [ -f "$pf" ] && kill -USR1 "$(cat "$pf")" 2>/dev/null
       done
-    } >> "$cdir/machine.txt"
-    "$wan" down -n "$wname" -q
-    wan_up=0
-    report "$bps" "$bpsl" | tee "$cdir/report.md"
-    grep -h 'destroy:' "$cdir"/hier*.*.err "$cdir"/flat.*.err 2>/dev/null | sed 's/^/# /' > "$cdir/phases.txt"
-    echo "# $cfg done at $(date -u +%T), $(( $(date +%s) - t_start )) s since start"
+      sleep 1
+      {
+        echo "== $cfg end: $(date -u +%T) uptime: $(uptime)"
+        "$wan" status -n "$wname"
+        for ((i = 0; i < R; i++)); do
+          echo "-- delay line r$i:"; tail -n 3 "/run/geoccl-wan/$wname/dl$i.log" 2>/dev/null
+        done
+      } >> "$cdir/machine.txt"
+      "$wan" down -n "$wname" -q
+      wan_up=0
+      report "$bps" "$bpsl" | tee "$cdir/report.md"
+      grep -h 'destroy:' "$cdir"/hier*.*.err "$cdir"/flat.*.err 2>/dev/null | sed 's/^/# /' > "$cdir/phases.txt"
+      echo "# $cfg done at $(date -u +%T), $(( $(date +%s) - t_start )) s since start"
+    done
   done
 done
 echo "# total $(( $(date +%s) - t_start )) s; raw outputs in $outdir"

@@ -698,20 +698,24 @@ static void test_wan_cc_choice(void)
     /* Mathis at 0.1%, 50 ms: 1448 / 0.05 * sqrt(1500) = 1.12 MB/s = 9.0 Mbit/s */
     CU_ASSERT_DOUBLE_EQUAL(topoLossRate(rtt, 1e-3, 1448) * 8e-6, 8.97, 0.01);
     CU_ASSERT_TRUE(isinf(topoLossRate(rtt, 0, 1448)));
-    /* clean: cubic */
+    /* none lost of the probe's 3400 segments still allows 0.11%: bbr */
     CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 0, 3400, 2, 1, 8, &n, why, sizeof(why)),
-                    TOPO_CC_CUBIC);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "no segment lost of 3400"));
+                    TOPO_CC_BBR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "0 of 3400 segments, at most 0.107%"));
     CU_ASSERT_EQUAL(n, 2);
-    /* 0.1% of 3400 (3.4 segments): cubic would hold 18 Mbit/s on 2 streams, 25 needed */
+    /* a clean path the user vouches for (topology file: 1e9 segments): cubic */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 0, 1e9, 2, 1, 8, &n, why, sizeof(why)),
+                    TOPO_CC_CUBIC);
+    /* 0.1% of 3400 (3.4 segments): cubic might hold 11 Mbit/s on 2 streams, 25 needed */
     CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-3, 3400, 2, 1, 8, &n, why, sizeof(why)),
                     TOPO_CC_BBR);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cubic would hold"));
-    /* a loss small enough for cubic: 1 in 100000 holds 2 x 28 Mbit/s > 1.25 x 25 */
-    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-5, 200000, 2, 1, 8, &n, why, sizeof(why)),
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cubic might hold"));
+    /* a loss small enough for cubic, counted over enough segments:
+     * 1 in 100000 of 2e6 holds 2 x 26 Mbit/s > 1.25 x 25 */
+    CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 1e-5, 2e6, 2, 1, 8, &n, why, sizeof(why)),
                     TOPO_CC_CUBIC);
     /* the same loss at 1 Gbit/s needs more than cubic holds */
-    CU_ASSERT_EQUAL(topoWanCcChoice(10 * share, rtt, 1e-5, 200000, 2, 1, 8, &n, why,
+    CU_ASSERT_EQUAL(topoWanCcChoice(10 * share, rtt, 1e-5, 2e6, 2, 1, 8, &n, why,
                                     sizeof(why)), TOPO_CC_BBR);
     /* too few segments to call it a measurement, or none: bbr */
     CU_ASSERT_EQUAL(topoWanCcChoice(share, rtt, 0, 100, 2, 1, 8, &n, why, sizeof(why)),
