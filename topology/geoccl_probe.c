@@ -324,7 +324,20 @@ static void print_json(ncclComm_t comm, const probeView *v)
            t->secProbe, t->secRtt, t->secBw, t->secWait);
     printf(" \"warm_pairs\": %d, \"warm_s\": %.4f, \"wan_cc\": \"%s\",\n", v->warm_pairs,
            v->warm_s, v->wan_cc ? v->wan_cc : "");
-    printf(" \"plan\": ");
+    /* The congestion control chosen per pair of regions (reasons carry no
+     * quote or backslash: they are the library's own words). */
+    printf(" \"wan_plan\": [");
+    for (int a = 0, first = 1; a < R; a++)
+        for (int b = 0; b < R; b++) {
+            const char *cc = "", *why = "";
+            double loss = -1;
+            if (a == b || geocclCommGetWanPlan(comm, a, b, &cc, &why, &loss) != ncclSuccess)
+                continue;
+            printf("%s{\"from\": %d, \"to\": %d, \"cc\": \"%s\", \"loss\": %.6g, "
+                   "\"why\": \"%s\"}", first ? "" : ", ", a, b, cc, loss, why);
+            first = 0;
+        }
+    printf("],\n \"plan\": ");
     fflush(stdout);
     geocclCommPrintPlan(comm, stdout, 1);
     printf("}\n");
