@@ -2,7 +2,8 @@
 # bench_plan.sh: the cost model and the automatic plan against
 # measurement, on emulated regions (examples/wan/geoccl-wan). Needs root.
 #
-#   sudo tests/perf/bench_plan.sh [-t TOPOS] [-r RATES] [-d DELAY_MS] [-n ITERS] BUILDDIR
+#   sudo tests/perf/bench_plan.sh [-t TOPOS] [-r RATES] [-d DELAY_MS] [-n ITERS]
+#                                 [-e MAX] [-p PATHS] BUILDDIR
 #
 # For every topology RxP and rate (defaults 3x2,2x4 and 100mbit,1gbit, 25 ms
 # one-way) the script brings the WAN up, and with no region labels:
@@ -10,7 +11,7 @@
 #      links; FILE is the topology it wrote.
 #   2. geoccl-probe --simulate FILE --json: the model's predicted all-reduce
 #      time per size for flat and hierarchical (default chunk and slice).
-#   3. geoccl-perf, float sum all-reduce 64 KiB .. 256 MiB (x4), with
+#   3. geoccl-perf, float sum all-reduce 64 KiB .. MAX (x4; -e, default 256M), with
 #      GEOCCL_TOPO_FILE=FILE (every run plans from the same figures):
 #        flat   GEOCCL_ALGO=flat  (chunk and slice at their defaults, set)
 #        hier   GEOCCL_ALGO=hier  (likewise)
@@ -22,6 +23,10 @@
 # A topology may also be uneven and asymmetric: SIZES@RATES@DELAYS, e.g.
 # 2+3+1@100mbit/1gbit/1gbit@25/10/5 (region sizes, each region's egress
 # rate and one-way delay in ms); -r and -d do not apply to it.
+# -p PATHS runs every configuration once per path condition: a
+# ';'-separated list of geoccl-wan up options, "" a clean path, e.g.
+# -p ';--loss 1 --seed 1' (the probe then measures each pair's loss, the
+# topology file carries it and --simulate predicts from it).
 # Everything (outputs, the topology file, the commands) is kept in the
 # directory printed at the end.
 set -uo pipefail
@@ -34,12 +39,16 @@ TOPOS=3x2,2x4
 RATES=100mbit,1gbit
 DELAY=25
 ITERS=3
+MAX=256M
+PATHS=
 while [ $# -gt 1 ]; do
     case $1 in
         -t) TOPOS=$2; shift 2;;
         -r) RATES=$2; shift 2;;
         -d) DELAY=$2; shift 2;;
         -n) ITERS=$2; shift 2;;
+        -e) MAX=$2; shift 2;;
+        -p) PATHS=$2; shift 2;;
         *) echo "unknown option $1"; exit 2;;
     esac
 done
@@ -87,7 +96,7 @@ for topo in ${TOPOS//,/ }; do
         for ((g = 0; g < ${#sz[@]}; g++)); do
             for ((k = 0; k < sz[g]; k++)); do REG+=("$g"); done
         done
-        up=(-r "${#sz[@]}" --rates "${rates//\//,}" --delays "${delays//\//,}")
+        up0=(-r "${#sz[@]}" --rates "${rates//\//,}" --delays "${delays//\//,}")
         cfgs=("$sizes-${rates//\//-}")
     else
         R=${topo%x*} P=${topo#*x}
@@ -95,14 +104,22 @@ for topo in ${TOPOS//,/ }; do
         cfgs=()
         for rate in ${RATES//,/ }; do cfgs+=("$topo-$rate"); done
     fi
-    for cfg in "${cfgs[@]}"; do
-        [[ $topo == *@* ]] || up=(-r "$R" --rate "${cfg##*-}" --delay "${DELAY}ms")
+    IFS=';' read -r -a paths <<< "$PATHS"
+    [ ${#paths[@]} -gt 0 ] || paths=("")
+    [[ $PATHS == *';' ]] && paths+=("")
+    for base in "${cfgs[@]}"; do
+      for path in "${paths[@]}"; do
+        read -r -a pathargs <<< "$path"
+        cfg=$base
+        [ -z "$path" ] || cfg=$base-$(echo "$path" | tr -s ' ' | sed 's/^ //;s/ $//;s/--//g;s/ /-/g')
+        [[ $topo == *@* ]] || up0=(-r "$R" --rate "${base##*-}" --delay "${DELAY}ms")
+        up=("${up0[@]}" "${pathargs[@]}")
         "$WAN" down -n "$NAME" -q >/dev/null 2>&1
         "$WAN" up -n "$NAME" -q "${up[@]}" || exit 1
         echo "== $cfg" >> "$OUT/commands.txt"
         run_ranks "$OUT/$cfg.probe" -- "$BUILD/geoccl-probe" --json -o "$OUT/$cfg.topo"
         "$BUILD/geoccl-probe" --simulate "$OUT/$cfg.topo" --json > "$OUT/$cfg.sim" 2>&1
-        perf=("$BUILD/geoccl-perf" -b 64K -e 256M -f 4 -n "$ITERS" -w 1 -c 1)
+        perf=("$BUILD/geoccl-perf" -b 64K -e "$MAX" -f 4 -n "$ITERS" -w 1 -c 1)
         run_ranks "$OUT/$cfg.flat" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=flat \
             GEOCCL_CHUNK_SIZE=512K GEOCCL_HIER_SLICE=4M -- "${perf[@]}"
         run_ranks "$OUT/$cfg.hier" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" GEOCCL_ALGO=hier \
@@ -110,6 +127,7 @@ for topo in ${TOPOS//,/ }; do
         run_ranks "$OUT/$cfg.auto" GEOCCL_TOPO_FILE="$OUT/$cfg.topo" -- "${perf[@]}"
         "$WAN" down -n "$NAME" -q >/dev/null 2>&1
         python3 "$SRC/tests/perf/plan_table.py" "$OUT" "$cfg"
+      done
     done
 done
 echo
