@@ -10,7 +10,8 @@ Communication is one all-reduce of all parameters per round, H times less
 often than data-parallel training. With --regions 2 (or real regions), the
 all-reduce crosses GeoCCL's WAN path, where GEOCCL_COMPRESS (e.g. int8)
 compresses the pseudo-gradients (error feedback included). Rank 0 prints
-per round the time of the H inner steps and of the all-reduce, and at the
+per round the time of the H inner steps (with the wait for the slowest
+rank) and of the all-reduce, and at the
 end the test accuracy and GeoCCL's bytes between regions."""
 import time
 
@@ -38,6 +39,9 @@ def main(args, rank, world):
             inner.zero_grad()
             torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
             inner.step()
+        # The ranks finish their inner steps at different times: meet
+        # first, so that the all-reduce's time is the all-reduce's.
+        dist.barrier()
         t1 = time.perf_counter()
         # pseudo-gradient, averaged over the ranks in one all-reduce
         off = 0
