@@ -314,6 +314,10 @@ def scenario_ops(rank, world, init):
     same(b, torch.tensor([True, False, True]), "bool all_reduce")
     check_async_order(rank, world, geo)
     dist.barrier(group=geo)
+    # abort: later calls are refused with a clear error, destroy still works
+    geo.abort()
+    with pytest.raises(RuntimeError, match="aborted"):
+        dist.all_reduce(torch.ones(2), group=geo)
     dist.destroy_process_group()
 
 
