@@ -186,11 +186,12 @@ std::vector<at::Tensor> WorkGeoCCL::result() { return outputs_; }
 c10::intrusive_ptr<c10::ivalue::Future> WorkGeoCCL::getFuture() { return future_; }
 
 void WorkGeoCCL::complete(std::exception_ptr error) {
-  finish(error);
+  // The future first: whoever wait() wakes may look at it at once.
   if (error)
     future_->setError(error);
   else
     future_->markCompleted(c10::IValue(outputs_));
+  finish(error);
 }
 
 /*

@@ -165,12 +165,14 @@ def check_all_reduce(rank, world, geo, gloo, dtype, strided):
             dist.all_reduce(c, op=op, group=gloo)
             b = c.to(dtype)
         same(a, b, "all_reduce %s %s strided=%s" % (op, dtype, strided))
-    if dtype in FLOATS:
-        a = data(rank, n, dtype, strided)
-        dist.all_reduce(a, op=dist.ReduceOp.AVG, group=geo)
-        c = data(rank, n, torch.float64, False)
-        dist.all_reduce(c, group=gloo)
-        same(a, (c / world).to(dtype), "all_reduce AVG %s" % dtype)
+    # AVG (Gloo has none): Gloo's sum over the ranks; integers divide as
+    # NCCL's ncclAvg does, rounding toward zero
+    a = data(rank, n, dtype, strided)
+    dist.all_reduce(a, op=dist.ReduceOp.AVG, group=geo)
+    c = data(rank, n, torch.float64, False)
+    dist.all_reduce(c, group=gloo)
+    want = (c / world) if dtype in FLOATS else torch.trunc(c / world)
+    same(a, want.to(dtype), "all_reduce AVG %s" % dtype)
 
 
 def check_others(rank, world, geo, gloo, dtype, strided):
