@@ -1,0 +1,79 @@
+/*
+ * geoccl._C: the Python face of the process group (geoccl/torch.py
+ * registers it with torch.distributed).
+ */
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <geoccl.h>
+
+#include "process_group.hpp"
+
+namespace py = pybind11;
+using geoccl_torch::ProcessGroupGeoCCL;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "GeoCCL's torch.distributed backend (see geoccl.torch)";
+  // The base class lives in torch's own module; import it so that pybind11
+  // knows it before the subclass is declared.
+  py::object base = py::module::import("torch._C._distributed_c10d").attr(GEOCCL_TORCH_BASE_NAME);
+
+  py::class_<ProcessGroupGeoCCL, c10::intrusive_ptr<ProcessGroupGeoCCL>>(m, "ProcessGroupGeoCCL",
+                                                                          base)
+      .def(py::init<const c10::intrusive_ptr<::c10d::Store>&, int, int,
+                    std::chrono::milliseconds>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Forms the GeoCCL communicator of the group; collective over its ranks.")
+      .def("abort", &ProcessGroupGeoCCL::abort, py::call_guard<py::gil_scoped_release>(),
+           "Makes the work in progress fail and refuses later calls.")
+      .def(
+          "compression",
+          [](ProcessGroupGeoCCL& pg) {
+            const char* name = nullptr;
+            pg.callOnWorker("geocclCommGetCompression", [&name](ncclComm_t comm) {
+              return geocclCommGetCompression(comm, &name);
+            });
+            return std::string(name ? name : "");
+          },
+          py::call_guard<py::gil_scoped_release>(),
+          "The codec GeoCCL uses between regions for this group's all-reduces.")
+      .def(
+          "set_compression",
+          [](ProcessGroupGeoCCL& pg, const std::string& spec) {
+            pg.callOnWorker("geocclCommSetCompression", [&spec](ncclComm_t comm) {
+              return geocclCommSetCompression(comm, spec.c_str());
+            });
+          },
+          py::arg("spec"), py::call_guard<py::gil_scoped_release>(),
+          "Sets the codec between regions (the values of GEOCCL_COMPRESS), after the work "
+          "queued before; every rank must set the same.")
+      .def(
+          "stats",
+          [](ProcessGroupGeoCCL& pg) {
+            geocclStats st;
+            {
+              py::gil_scoped_release nogil;
+              pg.callOnWorker("geocclCommGetStats",
+                              [&st](ncclComm_t comm) { return geocclCommGetStats(comm, &st); });
+            }
+            py::dict d;
+            d["bytes_intra"] = st.bytesIntra;
+            d["bytes_wan"] = st.bytesWan;
+            d["bytes_wan_raw"] = st.bytesWanRaw;
+            d["calls_flat"] = st.callsFlat;
+            d["calls_hier"] = st.callsHier;
+            d["sec_codec"] = st.secCodec;
+            return d;
+          },
+          "GeoCCL's counters of this group's communicator (geocclCommGetStats).");
+
+  m.def("version", [] { return std::string(geocclVersionString()); });
+  m.attr("torch_api") = GEOCCL_TORCH_BASE_NAME;
+#ifdef GEOCCL_TORCH_CUDA
+  m.attr("cuda") = true;
+#else
+  m.attr("cuda") = false;
+#endif
+}

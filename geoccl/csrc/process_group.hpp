@@ -1,0 +1,196 @@
+/*
+ * The `geoccl` backend of torch.distributed: a c10d process group whose
+ * collectives are GeoCCL's NCCL API calls.
+ *
+ * Which PyTorch API it implements is chosen when it is compiled:
+ *  - torch 1.x: a subclass of c10d::ProcessGroup (the collectives are its
+ *    virtual methods); its work objects are c10d::Work where the headers
+ *    have torch/csrc/distributed/c10d/Work.hpp, else ProcessGroup::Work;
+ *  - torch 2.x: a subclass of c10d::Backend, which a c10d::ProcessGroup
+ *    made by torch.distributed dispatches to.
+ *
+ * Threads: every collective is queued, in call order, to one worker thread
+ * per process group, which makes GeoCCL's calls (a GeoCCL communicator is
+ * used by one thread at a time). The calling thread returns at once with a
+ * work object; wait() blocks until the worker has run the call and raises
+ * the GeoCCL error text (ncclGetErrorString and ncclGetLastError) when it
+ * failed. The communicator is only touched by the worker, except
+ * ncclCommAbort, which GeoCCL allows from any thread.
+ *
+ * Buffers: CPU tensors take GeoCCL's host path (the call returns with the
+ * result in place). CUDA tensors, when the extension was built with the
+ * CUDA toolkit, take its device path on a stream of the process group that
+ * waits for the caller's stream first; the worker waits for that stream
+ * before it completes the work.
+ */
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#define GEOCCL_TORCH_BASE_NAME "Backend"
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#if defined(__has_include)
+#if __has_include(<torch/csrc/distributed/c10d/Work.hpp>)
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#define GEOCCL_TORCH_HAVE_WORK_HPP 1
+#endif
+#endif
+#define GEOCCL_TORCH_BASE_NAME "ProcessGroup"
+#endif
+
+#include <nccl.h>
+
+namespace geoccl_torch {
+
+#if TORCH_VERSION_MAJOR >= 2
+using BaseGroup = ::c10d::Backend;
+using BaseWork = ::c10d::Work;
+#elif defined(GEOCCL_TORCH_HAVE_WORK_HPP)
+using BaseGroup = ::c10d::ProcessGroup;
+using BaseWork = ::c10d::Work;
+#else
+using BaseGroup = ::c10d::ProcessGroup;
+using BaseWork = ::c10d::ProcessGroup::Work;
+#endif
+
+/* One queued collective. Completes once, from the worker thread; wait()
+ * (the base class's) then returns or rethrows the error. */
+class WorkGeoCCL : public BaseWork {
+ public:
+  WorkGeoCCL(int rank, ::c10d::OpType type, const char* title,
+             std::vector<at::Tensor> outputs, std::chrono::milliseconds defaultTimeout);
+  ~WorkGeoCCL() override;
+
+  /* timeout kNoTimeout: the group's timeout (init_process_group's); when
+   * it passes first, throws saying so (the call itself goes on until
+   * GeoCCL finishes or fails it). */
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  /* Called once by the worker: error is null on success. */
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::chrono::milliseconds defaultTimeout_;
+  std::string title_;
+};
+
+class ProcessGroupGeoCCL : public BaseGroup {
+ public:
+  /* Forms the GeoCCL communicator of size ranks: rank 0 makes the unique
+   * id (address and secret of its bootstrap root) and puts it in store;
+   * the others read it from there (waiting up to the store's timeout).
+   * Blocks until every rank has joined (GEOCCL_TIMEOUT). Throws with
+   * GeoCCL's error text when that fails. timeout is the default of
+   * wait() on this group's work (kNoTimeout: none beyond GeoCCL's own). */
+  ProcessGroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout);
+  ~ProcessGroupGeoCCL() override;
+
+  const std::string getBackendName() const override { return "geoccl"; }
+
+  c10::intrusive_ptr<BaseWork> broadcast(std::vector<at::Tensor>& tensors,
+                                         const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> allreduce(std::vector<at::Tensor>& tensors,
+                                         const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> reduce(std::vector<at::Tensor>& tensors,
+                                      const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                         std::vector<at::Tensor>& inputs,
+                                         const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                               const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs,
+                                      const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                             std::vector<int64_t>& outputSplits,
+                                             std::vector<int64_t>& inputSplits,
+                                             const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> alltoall(std::vector<at::Tensor>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<BaseWork> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                    int tag) override;
+  c10::intrusive_ptr<BaseWork> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                    int tag) override;
+  c10::intrusive_ptr<BaseWork> recvAnysource(std::vector<at::Tensor>& tensors,
+                                             int tag) override;
+  c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  /* Stops the work in progress (it fails) and every later call on this
+   * group; any thread. */
+  void abort();
+  /* Runs fn(comm) on the worker thread after the work queued before it
+   * (geoccl.h's queries and settings want the thread that issues the
+   * collectives) and waits; throws GeoCCL's error text when it fails. */
+  void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
+
+  /* What the worker runs for one work: the GeoCCL calls, returning the
+   * first result that is not ncclSuccess. */
+  using Job = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
+
+ private:
+  struct Item {
+    c10::intrusive_ptr<WorkGeoCCL> work;
+    Job job;
+    std::function<void()> post;  // after the call: copies into the caller's tensors
+    std::string what;  // "allreduce #3 (float32, 1024 elements)"
+    bool device;
+    int deviceIndex;
+    void* readyEvent;  // cudaEvent_t recorded on the caller's stream
+  };
+
+  c10::intrusive_ptr<BaseWork> enqueue(::c10d::OpType type, const char* name,
+                                       const std::vector<at::Tensor>& inputs,
+                                       std::vector<at::Tensor> outputs, Job job,
+                                       std::function<void()> post = nullptr);
+  void run();
+  void runOne(Item& item);
+
+  ncclComm_t comm_ = nullptr;
+  std::chrono::milliseconds timeout_;
+  uint64_t seq_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  bool aborted_ = false;
+  std::thread worker_;
+
+  void* stream_ = nullptr;  // cudaStream_t of the device path, made at first use
+  int streamDevice_ = -1;
+};
+
+}  // namespace geoccl_torch

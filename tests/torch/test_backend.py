@@ -1,0 +1,444 @@
+"""The geoccl torch.distributed backend against Gloo, 4 processes on loopback.
+
+Each test spawns WORLD processes; each process forms a geoccl group and a
+Gloo group over the same ranks and checks every result of geoccl against
+what Gloo gives for the same inputs (or, for the calls Gloo lacks, against
+Gloo's all-reduce of the same data). Run by tests/torch/run_torch.sh with
+PYTHONPATH set to the build tree.
+"""
+import datetime
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 4
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.int32, torch.int64, torch.uint8, torch.int8]
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------- harness
+
+def _child(fn, rank, world, init, env, q):
+    try:
+        os.environ.update(env)
+        import geoccl.torch  # noqa: F401  registers the backend
+        hard_exit = fn(rank, world, init)
+        q.put((rank, None))
+        if hard_exit:  # its group's peers are gone: no clean shutdown
+            q.close()
+            q.join_thread()
+            os._exit(0)
+    except BaseException:  # the parent prints it
+        q.put((rank, traceback.format_exc()))
+        sys.exit(1)
+
+
+def run_ranks(fn, init, env=None, timeout=90, expect_exit=None):
+    """Runs fn(rank, world, init) in WORLD spawned processes; fails with the
+    tracebacks of the ranks that failed. expect_exit: {rank: exit code} of
+    ranks that are meant to die without reporting."""
+    expect_exit = expect_exit or {}
+    env = dict(env or {})
+    env.setdefault("GEOCCL_SOCKET_IFNAME", "lo")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, r, WORLD, init, env, q))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + timeout
+    reports = {}
+    while len(reports) < WORLD - len(expect_exit) and time.time() < deadline:
+        try:
+            rank, err = q.get(timeout=1)
+            reports[rank] = err
+        except Exception:
+            if all(not p.is_alive() for p in procs) and q.empty():
+                break
+    for p in procs:
+        p.join(max(1, deadline - time.time()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert not hung, "ranks %s still ran after %d s (hang)" % (hung, timeout)
+    failed = {r: e for r, e in reports.items() if e}
+    assert not failed, "\n".join("rank %d:\n%s" % kv for kv in sorted(failed.items()))
+    for r, code in expect_exit.items():
+        assert procs[r].exitcode == code, "rank %d exited %s, not %d" % (
+            r, procs[r].exitcode, code)
+    missing = [r for r in range(WORLD) if r not in reports and r not in expect_exit]
+    assert not missing, "ranks %s reported nothing (exit codes %s)" % (
+        missing, [p.exitcode for p in procs])
+
+
+def file_init(tmp_path):
+    return {"kind": "file", "path": str(tmp_path / "store")}
+
+
+def env_init():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return {"kind": "env", "port": port}
+
+
+def init_groups(rank, world, init):
+    """The default group is geoccl; returns (geoccl group, gloo group)."""
+    if init["kind"] == "file":
+        store = dist.FileStore(init["path"], world)
+        dist.init_process_group("geoccl", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+    else:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(init["port"]),
+                          RANK=str(rank), WORLD_SIZE=str(world))
+        dist.init_process_group("geoccl", init_method="env://",
+                                timeout=datetime.timedelta(seconds=60))
+    assert dist.get_backend() == "geoccl"
+    gloo = dist.new_group(backend="gloo")
+    return dist.group.WORLD, gloo
+
+
+# ------------------------------------------------------------ the inputs
+
+def data(rank, n, dtype, strided, salt=0):
+    """Small integers (exact in every dtype, products of WORLD of them fit
+    int8), different on every rank; strided: a non-contiguous view."""
+    v = (torch.arange(n, dtype=torch.int64) * 7 + rank + salt) % 3 + 1
+    v = v.to(dtype)
+    if strided:
+        base = torch.zeros(n, 2, dtype=dtype)
+        base[:, 1] = v
+        v = base[:, 1]
+        assert n < 2 or not v.is_contiguous()
+    return v
+
+
+def empty(n, dtype, strided):
+    if strided:
+        return torch.full((n, 3), 99, dtype=dtype)[:, 2]
+    return torch.full((n,), 99, dtype=dtype)
+
+
+def same(a, b, what):
+    assert a.dtype == b.dtype, what
+    assert torch.equal(a, b), "%s:\ngeoccl %s\ngloo   %s" % (what, a, b)
+
+
+def gloo_takes(fn):
+    """Runs fn (a Gloo call); False when Gloo does not take its dtype."""
+    try:
+        fn()
+        return True
+    except RuntimeError as e:
+        if "upported" in str(e) or "type" in str(e).lower():
+            return False
+        raise
+
+
+# ------------------------------------------------------------- scenarios
+
+REDUCE_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+
+
+def check_all_reduce(rank, world, geo, gloo, dtype, strided):
+    n = 37
+    for op in REDUCE_OPS:
+        a = data(rank, n, dtype, strided)
+        b = a.clone()
+        dist.all_reduce(a, op=op, group=geo)
+        if not gloo_takes(lambda: dist.all_reduce(b, op=op, group=gloo)):
+            # Gloo lacks this dtype: its result in int64
+            c = data(rank, n, torch.int64, False)
+            dist.all_reduce(c, op=op, group=gloo)
+            b = c.to(dtype)
+        same(a, b, "all_reduce %s %s strided=%s" % (op, dtype, strided))
+    # AVG (Gloo has none): Gloo's sum over the ranks; integers divide as
+    # NCCL's ncclAvg does, rounding toward zero
+    a = data(rank, n, dtype, strided)
+    dist.all_reduce(a, op=dist.ReduceOp.AVG, group=geo)
+    c = data(rank, n, torch.float64, False)
+    dist.all_reduce(c, group=gloo)
+    want = (c / world) if dtype in FLOATS else torch.trunc(c / world)
+    same(a, want.to(dtype), "all_reduce AVG %s" % dtype)
+
+
+def check_others(rank, world, geo, gloo, dtype, strided):
+    n = 11
+
+    # broadcast from rank 1
+    a = data(rank, n, dtype, strided)
+    dist.broadcast(a, src=1, group=geo)
+    same(a, data(1, n, dtype, strided), "broadcast %s" % dtype)
+
+    # all_gather into a list, against Gloo's
+    outs = [empty(n, dtype, strided) for _ in range(world)]
+    dist.all_gather(outs, data(rank, n, dtype, strided), group=geo)
+    ref = [torch.zeros(n, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(ref, data(rank, n, torch.int64, False), group=gloo)
+    for i in range(world):
+        same(outs[i], ref[i].to(dtype), "all_gather %s part %d" % (dtype, i))
+
+    # all_gather into one tensor
+    one = torch.full((world * n,), 99, dtype=dtype)
+    dist._all_gather_base(one, data(rank, n, dtype, strided), group=geo)
+    same(one, torch.cat(ref).to(dtype), "_all_gather_base %s" % dtype)
+
+    # reduce_scatter: Gloo has none; its all-reduce of the same inputs
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+        ins = [data(rank, n, dtype, strided, salt=i) for i in range(world)]
+        out = empty(n, dtype, strided)
+        dist.reduce_scatter(out, ins, op=op, group=geo)
+        full = torch.cat([data(rank, n, torch.int64, False, salt=i) for i in range(world)])
+        dist.all_reduce(full, op=op, group=gloo)
+        want = full[rank * n:(rank + 1) * n].to(dtype)
+        same(out, want, "reduce_scatter %s %s" % (op, dtype))
+        out2 = torch.full((n,), 99, dtype=dtype)
+        dist._reduce_scatter_base(out2, torch.cat(ins), op=op, group=geo)
+        same(out2, want, "_reduce_scatter_base %s %s" % (op, dtype))
+
+    # reduce to rank 2
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MIN):
+        a = data(rank, n, dtype, strided)
+        dist.reduce(a, dst=2, op=op, group=geo)
+        b = data(rank, n, torch.int64, False)
+        dist.reduce(b, dst=2, op=op, group=gloo)
+        if rank == 2:
+            same(a, b.to(dtype), "reduce %s %s" % (op, dtype))
+
+    # gather to rank 3, scatter from rank 0, against Gloo's
+    outs = [empty(n, dtype, strided) for _ in range(world)] if rank == 3 else None
+    dist.gather(data(rank, n, dtype, strided), outs, dst=3, group=geo)
+    gref = [torch.zeros(n, dtype=torch.int64) for _ in range(world)] if rank == 3 else None
+    dist.gather(data(rank, n, torch.int64, False), gref, dst=3, group=gloo)
+    if rank == 3:
+        for i in range(world):
+            same(outs[i], gref[i].to(dtype), "gather %s part %d" % (dtype, i))
+    ins = [data(i, n, dtype, strided, salt=5) for i in range(world)] if rank == 0 else None
+    out = empty(n, dtype, strided)
+    dist.scatter(out, ins, src=0, group=geo)
+    sins = [data(i, n, torch.int64, False, salt=5) for i in range(world)] if rank == 0 else None
+    sref = torch.zeros(n, dtype=torch.int64)
+    dist.scatter(sref, sins, src=0, group=gloo)
+    same(out, sref.to(dtype), "scatter %s" % dtype)
+
+    # all_to_all_single, equal and uneven splits, against Gloo's
+    inp = data(rank, world * 3, dtype, strided)
+    out = torch.full((world * 3,), 99, dtype=dtype)
+    dist.all_to_all_single(out, inp, group=geo)
+    ref = torch.zeros(world * 3, dtype=torch.int64)
+    dist.all_to_all_single(ref, data(rank, world * 3, torch.int64, False), group=gloo)
+    same(out, ref.to(dtype), "all_to_all_single %s" % dtype)
+    in_splits = [(rank + p) % 3 for p in range(world)]       # what rank sends to p
+    out_splits = [(p + rank) % 3 for p in range(world)]      # what p sends to rank
+    inp = data(rank, sum(in_splits), dtype, False, salt=1)
+    out = torch.full((sum(out_splits),), 99, dtype=dtype)
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=geo)
+    ref = torch.zeros(sum(out_splits), dtype=torch.int64)
+    dist.all_to_all_single(ref, data(rank, sum(in_splits), torch.int64, False, salt=1),
+                           out_splits, in_splits, group=gloo)
+    same(out, ref.to(dtype), "all_to_all_single uneven %s" % dtype)
+
+    # all_to_all of lists (Gloo has none): part p of rank q is q's data(salt=p)
+    ins = [data(rank, p + 1, dtype, strided, salt=p) for p in range(world)]
+    outs = [empty(rank + 1, dtype, strided) for _ in range(world)]
+    dist.all_to_all(outs, ins, group=geo)
+    for q in range(world):
+        same(outs[q], data(q, rank + 1, dtype, False, salt=rank), "all_to_all %s from %d" % (dtype, q))
+
+    # send/recv around the ring (even ranks send first)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    mine, got = data(rank, n, dtype, strided, salt=9), empty(n, dtype, strided)
+    if rank % 2 == 0:
+        dist.send(mine, right, group=geo)
+        dist.recv(got, left, group=geo)
+    else:
+        dist.recv(got, left, group=geo)
+        dist.send(mine, right, group=geo)
+    same(got, data(left, n, dtype, False, salt=9), "send/recv %s" % dtype)
+
+
+def check_async_order(rank, world, geo):
+    """Work objects return at once and complete in call order."""
+    ts = [torch.full((1000,), float(rank + i)) for i in range(20)]
+    works = [dist.all_reduce(t, group=geo, async_op=True) for t in ts]
+    futs = [w.get_future() for w in works]
+    for w in reversed(works):
+        w.wait()
+    for i, t in enumerate(ts):
+        assert torch.all(t == sum(r + i for r in range(world))), i
+    for f in futs:
+        assert f.done()
+        assert isinstance(f.value(), list) and f.value()[0].numel() == 1000
+
+
+def check_invalid(rank, world, geo):
+    def raises(fn, text):
+        with pytest.raises((RuntimeError, ValueError)) as e:
+            fn()
+        assert text in str(e.value), "%r not in %r" % (text, str(e.value))
+
+    raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16), group=geo), "dtype")
+    raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND,
+                                   group=geo), "BAND")
+    raises(lambda: dist.all_gather([torch.ones(3)] * (world - 1), torch.ones(3), group=geo),
+           "output tensors")
+    raises(lambda: dist._all_gather_base(torch.ones(5), torch.ones(3), group=geo), "elements")
+    raises(lambda: dist.all_reduce(torch.ones(2, 2).to_sparse(), group=geo), "dense")
+    raises(lambda: dist.recv(torch.ones(1), group=geo), "source")
+    # nothing was sent: the group still works
+    t = torch.ones(4)
+    dist.all_reduce(t, group=geo)
+    assert torch.all(t == world)
+
+
+def scenario_ops(rank, world, init):
+    geo, gloo = init_groups(rank, world, init)
+    check_invalid(rank, world, geo)
+    for dtype in DTYPES:
+        for strided in (False, True):
+            check_all_reduce(rank, world, geo, gloo, dtype, strided)
+            check_others(rank, world, geo, gloo, dtype, strided)
+    b = torch.tensor([rank == 1, False, True])
+    dist.all_reduce(b, group=geo)          # bool SUM: logical or
+    same(b, torch.tensor([True, False, True]), "bool all_reduce")
+    check_async_order(rank, world, geo)
+    dist.barrier(group=geo)
+    # abort: later calls are refused with a clear error, destroy still works
+    geo.abort()
+    with pytest.raises(RuntimeError, match="aborted"):
+        dist.all_reduce(torch.ones(2), group=geo)
+    dist.destroy_process_group()
+
+
+def scenario_ddp(rank, world, init):
+    geo, gloo = init_groups(rank, world, init)
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 4))
+
+    nets = {}
+    for name, group in (("geoccl", geo), ("gloo", gloo)):
+        m = model()
+        if rank == 1:  # DDP's start-up broadcast must undo this
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(1.0)
+        ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=group,
+                                                        bucket_cap_mb=0.001)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(8):
+            x = torch.randn(8, 16, generator=g)
+            y = torch.randint(0, 4, (8,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        nets[name] = [p.detach().clone() for p in m.parameters()]
+    for a, b in zip(nets["geoccl"], nets["gloo"]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+    # every rank holds the same model
+    flat = torch.cat([p.reshape(-1) for p in nets["geoccl"]])
+    lo, hi = flat.clone(), flat.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=geo)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=geo)
+    assert torch.equal(lo, hi)
+    dist.destroy_process_group()
+
+
+def scenario_death(rank, world, init):
+    geo, _ = init_groups(rank, world, init)
+    t = torch.ones(1 << 16)
+    for _ in range(3):
+        dist.all_reduce(t, group=geo)
+    dist.barrier(group=geo)
+    if rank == world - 1:
+        os._exit(17)  # dies between two collectives, without a word
+    t0 = time.time()
+    with pytest.raises(RuntimeError) as e:
+        for _ in range(1000):
+            dist.all_reduce(t, group=geo)
+    took = time.time() - t0
+    msg = str(e.value)
+    assert "geoccl: allreduce #" in msg and "failed" in msg, msg
+    assert "rank" in msg, msg  # GeoCCL's last error names the peer
+    limit = float(os.environ["GEOCCL_TIMEOUT"]) * 2 + 5
+    assert took < limit, "failed after %.1f s (GEOCCL_TIMEOUT %s)" % (took, os.environ["GEOCCL_TIMEOUT"])
+    # the group stays failed, with the same kind of message
+    with pytest.raises(RuntimeError, match="geoccl"):
+        dist.all_reduce(t, group=geo)
+    return True
+
+
+def scenario_compress(rank, world, init):
+    """Two labelled regions on loopback and GEOCCL_COMPRESS=int8: the
+    float32 all-reduce is compressed between them (GeoCCL's counters say
+    so), stays within the codec's error of Gloo's and is the same on every
+    rank."""
+    os.environ["GEOCCL_REGION"] = "r%d" % (rank * 2 // world)
+    geo, gloo = init_groups(rank, world, init)
+    assert geo.compression() == "int8", geo.compression()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(1 << 16, generator=g)
+    a, b = x.clone(), x.clone()
+    before = geo.stats()
+    dist.all_reduce(a, group=geo)
+    after = geo.stats()
+    dist.all_reduce(b, group=gloo)
+    err = (a - b).abs().max().item()
+    bound = 4 * b.abs().max().item() / 127
+    assert 0 < err < bound, "int8 error %g, bound %g" % (err, bound)
+    sent = after["bytes_wan"] - before["bytes_wan"]
+    raw = after["bytes_wan_raw"] - before["bytes_wan_raw"]
+    assert 0 < sent < raw / 2, "sent %d of %d bytes between regions" % (sent, raw)
+    lo, hi = a.clone(), a.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=gloo)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=gloo)
+    assert torch.equal(lo, hi), "ranks differ"
+    i = torch.arange(10, dtype=torch.int64) + rank  # not a float sum: exact
+    j = i.clone()
+    dist.all_reduce(i, group=geo)
+    dist.all_reduce(j, group=gloo)
+    same(i, j, "int64 all_reduce under int8 compression")
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------- tests
+
+def test_every_op_and_dtype_against_gloo(tmp_path):
+    run_ranks(scenario_ops, file_init(tmp_path), timeout=100)
+
+
+def test_ddp_matches_gloo_env_init():
+    run_ranks(scenario_ddp, env_init(), timeout=60)
+
+
+def test_compression_between_regions(tmp_path):
+    run_ranks(scenario_compress, file_init(tmp_path), env={"GEOCCL_COMPRESS": "int8"},
+              timeout=60)
+
+
+def test_dead_rank_fails_wait_no_hang():
+    # The survivors report before they exit; rank 3 exits 17 without a word.
+    run_ranks(scenario_death, env_init(), env={"GEOCCL_TIMEOUT": "5"}, timeout=60,
+              expect_exit={WORLD - 1: 17})
+
+
+def test_backend_registered():
+    import geoccl.torch  # noqa: F401
+    assert "GEOCCL" in dist.Backend._plugins
+    assert dist.Backend("geoccl") == "geoccl"
