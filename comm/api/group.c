@@ -21,6 +21,7 @@ typedef struct geoInitJob {
     ncclUniqueId id;
     ncclConfig_t config;
     int has_config;
+    int dev;                /* the caller's current device at the call */
     ncclResult_t res;
     struct geoInitJob *next;
 } geoInitJob;
@@ -53,6 +54,7 @@ ncclResult_t geoGroupAddInit(ncclComm_t *out, int nranks, const ncclUniqueId *id
     j->nranks = nranks;
     j->rank = rank;
     j->id = *id;
+    j->dev = geoDevCurrent();
     if (config) {
         j->config = *config;
         j->has_config = 1;
@@ -112,6 +114,7 @@ static void *comm_work_main(void *arg)
 static void *init_job_main(void *arg)
 {
     geoInitJob *j = arg;
+    geoInitDevice = j->dev;
     j->res = geoCommInitInternal(j->out, j->nranks, &j->id, j->rank,
                                  j->has_config ? &j->config : NULL, 1);
     return NULL;

@@ -703,6 +703,7 @@ static void *nonblocking_init_main(void *arg)
 }
 
 __thread const struct ncclComm *geoInitParent;
+__thread int geoInitDevice = GEO_INIT_DEV_CURRENT;
 
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *uid,
                                  int rank, const ncclConfig_t *config, int allow_env_root)
@@ -736,8 +737,11 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         free(comm);
         GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");
     }
-    /* NCCL's rule: the communicator belongs to the device current at init. */
-    comm->cuda_dev = geoDevCurrent();
+    /* NCCL's rule: the communicator belongs to the device current in the
+     * caller's thread at the call (or devlist's entry); a thread of our own
+     * that runs the init on the caller's behalf passes it in geoInitDevice,
+     * since its own current device is 0. */
+    comm->cuda_dev = geoInitDevice != GEO_INIT_DEV_CURRENT ? geoInitDevice : geoDevCurrent();
     ncclConfig_t dflt_cfg = NCCL_CONFIG_INITIALIZER;
     comm->real_cfg = dflt_cfg;
     /* Only the members the caller's (possibly older, smaller) config has. */
@@ -842,7 +846,7 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myran
 
 typedef struct {
     ncclComm_t *out;
-    int n, rank;
+    int n, rank, dev;
     ncclUniqueId id;
     ncclResult_t res;
 } allArgs;
@@ -850,6 +854,7 @@ typedef struct {
 static void *init_all_main(void *arg)
 {
     allArgs *a = arg;
+    geoInitDevice = a->dev;
     a->res = geoCommInitInternal(a->out, a->n, &a->id, a->rank, NULL, 0);
     return NULL;
 }
@@ -858,9 +863,14 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     ncclUniqueId id;
     ncclResult_t res = ncclSuccess;
-    (void)devlist;
     GEO_RETURN_IF(comms == NULL, ncclInvalidArgument, "ncclCommInitAll: comm is NULL");
     GEO_RETURN_IF(ndev < 1, ncclInvalidArgument, "ncclCommInitAll: ndev %d < 1", ndev);
+    /* As NCCL: rank i on devlist[i], or on device i without a devlist;
+     * without a GPU the communicators are host-only (device -1). */
+    const int have_gpu = geoDevCurrent() >= 0;
+    for (int i = 0; devlist && have_gpu && i < ndev; i++)
+        GEO_RETURN_IF(devlist[i] < 0, ncclInvalidArgument,
+                      "ncclCommInitAll: devlist[%d] = %d is not a device", i, devlist[i]);
     GEO_CHECK(geoBootstrapNewRoot(&id));
     allArgs *a = calloc((size_t)ndev, sizeof(*a));
     pthread_t *t = calloc((size_t)ndev, sizeof(*t));
@@ -870,7 +880,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
         GEO_RETURN_IF(1, ncclSystemError, "out of memory");
     }
     for (int i = 0; i < ndev; i++) {
-        a[i] = (allArgs){.out = &comms[i], .n = ndev, .rank = i, .id = id, .res = ncclSuccess};
+        a[i] = (allArgs){.out = &comms[i], .n = ndev, .rank = i, .id = id, .res = ncclSuccess,
+                         .dev = !have_gpu ? -1 : devlist ? devlist[i] : i};
         comms[i] = NULL;
         if (pthread_create(&t[i], NULL, init_all_main, &a[i]) != 0) {
             a[i].res = ncclSystemError;

@@ -187,6 +187,12 @@ ncclResult_t geoCommBuildRegions(struct ncclComm *comm);
 /* Set by split/shrink around their geoCommInitInternal call (same thread):
  * the parent whose topology the child takes over. */
 extern __thread const struct ncclComm *geoInitParent;
+/* The CUDA device a communicator initialised on this thread belongs to,
+ * set by threads that init on a caller's behalf (ncclCommInitAll, inits
+ * inside a group): GEO_INIT_DEV_CURRENT (the default) reads the thread's
+ * current device, -1 is no GPU. */
+#define GEO_INIT_DEV_CURRENT (-2)
+extern __thread int geoInitDevice;
 
 /* Bootstrap-level helpers used by split/shrink. */
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *id,

@@ -201,7 +201,8 @@ static struct geoDevState *dev_state(struct ncclComm *comm)
         if (st) {
             pthread_mutex_init(&st->lock, NULL);
             pthread_cond_init(&st->cv, NULL);
-            comm->dev = st;
+            /* geoDevAsyncError reads it without the lock */
+            __atomic_store_n(&comm->dev, st, __ATOMIC_RELEASE);
         }
     }
     pthread_mutex_unlock(&comm->lock);
@@ -266,13 +267,16 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
                         comm->cuda_dev);
         return ncclUnhandledCudaError;
     }
-    GEO_REAL_CALL(r, st->lib, CommInitRankConfig, &st->real, n, msg.id, me, &cfg);
+    /* Made into a local and published once complete: geoDevAsyncError
+     * (ncclCommGetAsyncError, any thread) reads st->real without a lock, and
+     * NCCL writes its output argument before its init has finished. */
+    geoRealComm made = NULL;
+    GEO_REAL_CALL(r, st->lib, CommInitRankConfig, &made, n, msg.id, me, &cfg);
     if (prev >= 0 && prev != comm->cuda_dev)
         cudaSetDevice(prev);
-    if (r != ncclSuccess) {
-        st->real = NULL;
+    if (r != ncclSuccess)
         return real_error(comm, st->lib, NULL, "ncclCommInitRankConfig", r);
-    }
+    __atomic_store_n(&st->real, made, __ATOMIC_RELEASE);
     geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "%s: real NCCL communicator of region '%s' ready: "
             "local rank %d of %d on CUDA device %d (NCCL %d from %s)", fn,
             comm->peers[comm->rank].region[0] ? comm->peers[comm->rank].region : "default",
@@ -1832,11 +1836,12 @@ void geoDevResetErrorFeedback(struct ncclComm *comm)
 
 ncclResult_t geoDevAsyncError(struct ncclComm *comm)
 {
-    struct geoDevState *st = comm->dev;
+    struct geoDevState *st = __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE);
     ncclResult_t r = ncclSuccess, a = ncclSuccess;
-    if (st == NULL || st->real == NULL)
-        return ncclSuccess;
-    GEO_REAL_CALL(r, st->lib, CommGetAsyncError, st->real, &a);
+    geoRealComm rc = st ? __atomic_load_n(&st->real, __ATOMIC_ACQUIRE) : NULL;
+    if (rc == NULL)
+        return ncclSuccess; /* st->lib was set before st->real was published */
+    GEO_REAL_CALL(r, st->lib, CommGetAsyncError, rc, &a);
     return r != ncclSuccess ? r : a;
 }
 

@@ -404,8 +404,67 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     return bad;
 }
 
+/* "devices": communicators made off the caller's thread belong to the
+ * device the caller chose: ncclCommInitAll's devlist, and inits inside
+ * ncclGroupStart/End (run by GeoCCL on threads of its own) take the device
+ * current in the calling thread at each ncclCommInitRank.  Needs 4
+ * devices (the emulation: GEO_EMU_DEVICES=4).  In-process, no fork. */
+static int check_devices(void)
+{
+    const int rank = 0;
+    ncclComm_t comm = NULL, comms[3] = {NULL, NULL, NULL};
+    int n = 0, bad = 0;
+    const int devlist[3] = {2, 1, 3};
+    CK(cudaGetDeviceCount(&n));
+    if (n < 4) {
+        printf("SKIP: dev_allreduce devices: %d device(s), 4 needed\n", n);
+        return 77;
+    }
+    CK(cudaSetDevice(0));
+    NK(ncclCommInitAll(comms, 3, devlist));
+    for (int i = 0; i < 3; i++) {
+        int d = -1;
+        comm = comms[i];
+        NK(ncclCommCuDevice(comms[i], &d));
+        if (d != devlist[i]) {
+            fprintf(stderr, "ncclCommInitAll: rank %d on device %d, devlist says %d\n", i, d,
+                    devlist[i]);
+            bad = 1;
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        ncclCommDestroy(comms[i]);
+    ncclUniqueId id;
+    comm = NULL;
+    NK(ncclGetUniqueId(&id));
+    NK(ncclGroupStart());
+    for (int i = 0; i < 3; i++) {
+        CK(cudaSetDevice(i + 1));
+        NK(ncclCommInitRank(&comms[i], 3, id, i));
+    }
+    NK(ncclGroupEnd());
+    for (int i = 0; i < 3; i++) {
+        int d = -1;
+        comm = comms[i];
+        NK(ncclCommCuDevice(comms[i], &d));
+        if (d != i + 1) {
+            fprintf(stderr, "grouped ncclCommInitRank: rank %d on device %d, the caller's "
+                    "was %d\n", i, d, i + 1);
+            bad = 1;
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        ncclCommDestroy(comms[i]);
+    printf("%s: dev_allreduce devices: ncclCommInitAll devlist, grouped inits\n",
+           bad ? "FAIL" : "PASS");
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "devices") == 0)
+        return check_devices();
+
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;
     const char *codec = argc > 3 ? argv[3] : NULL;

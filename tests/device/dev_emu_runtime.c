@@ -463,24 +463,40 @@ static void run_free(emuOp *op) { emu_release(op->dst, 0); }
 
 /* ---- the runtime API ----------------------------------------------------- */
 
+/* GEO_EMU_DEVICES=N (default 1, at most 16) devices, each thread with its
+ * own current device starting at 0, as in CUDA: code that reads the
+ * current device on a thread the caller did not set up sees device 0.
+ * Memory and streams are not split between the devices. */
+static __thread int emu_cur_dev;
+
+static int emu_ndev(void)
+{
+    const char *e = getenv("GEO_EMU_DEVICES");
+    int n = e ? atoi(e) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
 cudaError_t cudaGetDeviceCount(int *count)
 {
     if (count == NULL)
         return emu_error(cudaErrorInvalidValue);
-    *count = 1;
+    *count = emu_ndev();
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device)
 {
-    return device == 0 ? cudaSuccess : emu_error(cudaErrorInvalidDevice);
+    if (device < 0 || device >= emu_ndev())
+        return emu_error(cudaErrorInvalidDevice);
+    emu_cur_dev = device;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *device)
 {
     if (device == NULL)
         return emu_error(cudaErrorInvalidValue);
-    *device = 0;
+    *device = emu_cur_dev;
     return cudaSuccess;
 }
 

@@ -109,5 +109,9 @@ for c in 0 1; do
     queued $c GEOCCL_COMPRESS_STOCHASTIC=7 "$bin" 2 "$mib" queued:int8
     queued $c DEV_ALLREDUCE_SWITCH=topk:0.5 "$bin" 2 "$mib" queued:topk:0.05
 done
+# Communicators made on GeoCCL's own threads (ncclCommInitAll, inits in a
+# group) belong to the device the caller chose, not to device 0.
+echo "== GEO_EMU_DEVICES=4 $bin devices"
+GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
 echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
