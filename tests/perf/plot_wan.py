@@ -14,7 +14,12 @@ GeoCCL and MPI tools add the in-place columns and GeoCCL its WAN bytes per
 rank; Gloo has one column, in place). Every number plotted is read from
 those files; bench_wan.sh --report prints the same figures as tables.
 
-For every configuration it writes DIR/wan-RxP-RATE.png (delay, congestion
+A configuration run over several paths (bench_wan.sh -p: loss, jitter)
+gets one figure across them instead, DIR/wan-RxP-RATE-paths.png: per path,
+time / bound of every tool at the largest size all the runs share, as bars
+with their values (the dotted line: 1.15).
+
+Otherwise, for every configuration it writes DIR/wan-RxP-RATE.png (delay, congestion
 control and MTU join the name when not 25ms, the host's and 1500): on the
 left the all-reduce time per call against the size (log-log), on the right
 time / bound, where bound = 2(R-1)/R x bytes / (rate / 8), the time every
@@ -104,6 +109,7 @@ def read_config(path):
     cfg.setdefault("delay", "")
     cfg.setdefault("cc", "")
     cfg["mtu"] = cfg.get("mtu") or "1500"
+    cfg.setdefault("path", "")
     return cfg
 
 
@@ -149,7 +155,29 @@ def read_runs(path):
 
 
 def config_key(cfg):
-    return (cfg["R"], cfg["P"], cfg["bps"], cfg["delay"], cfg["cc"], cfg["mtu"])
+    return (cfg["R"], cfg["P"], cfg["bps"], cfg["delay"], cfg["cc"], cfg["mtu"], cfg["path"])
+
+
+def path_label(path):
+    """A short name for geoccl-wan's path options ('' is the clean path)."""
+    if not path:
+        return "clean"
+    words, out, i = path.split(), [], 0
+    while i < len(words):
+        w = words[i]
+        v = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+        if w == "--loss" and v:
+            out.append("%s%% loss" % v)
+        elif w == "--jitter" and v:
+            out.append("%s ms jitter" % v)
+        elif w == "--reorder":
+            out.append("reordering")
+        elif w == "--seed":
+            pass
+        else:
+            out.append(w.lstrip("-") + (" " + v if v else ""))
+        i += 2 if v else 1
+    return ", ".join(out) or "clean"
 
 
 def config_name(cfg):
@@ -160,6 +188,8 @@ def config_name(cfg):
         name += "-" + cfg["cc"]
     if cfg["mtu"] != "1500":
         name += "-mtu" + cfg["mtu"]
+    if cfg["path"]:
+        name += "-" + "_".join(w.lstrip("-") for w in cfg["path"].split())
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
 
 
@@ -302,6 +332,79 @@ def plot(plt, ent, path, in_place, dpi):
     plt.close(fig)
 
 
+def path_order(key):
+    """Clean first, then by loss rate, then the rest by name."""
+    m = re.search(r"--loss\s+([0-9.]+)", key[-1])
+    return (key[-1] != "", m is None, float(m.group(1)) if m else 0.0, key[-1])
+
+
+def merged_runs(ents):
+    """The runs of several configurations as one span per output folder."""
+    runs = {}
+    for e in ents:
+        for d, t in e["runs"].items():
+            runs.setdefault(os.path.dirname(d), []).extend(t)
+    return {os.path.join(d, ""): t for d, t in runs.items()}
+
+
+def plot_paths(plt, ents, path, in_place, dpi):
+    """One configuration run over several paths (bench_wan.sh -p): per
+    path, time / bound of every tool at the largest size all runs share."""
+    cfg = ents[0]["cfg"]
+    R, P, bps = cfg["R"], cfg["P"], cfg["bps"]
+    kinds = set(k for e in ents for k in e["kinds"])
+    order = [k for k in KINDS if k in kinds] + sorted(k for k in kinds if k not in KINDS)
+    common = None
+    for e in ents:
+        for k in e["kinds"]:
+            sz = set(e["kinds"][k])
+            common = sz if common is None else common & sz
+    if not common:
+        return False
+    size = max(common)
+    bound = 2.0 * (R - 1) / R * size / (bps / 8.0)
+    fig, ax = plt.subplots(figsize=(13, 6))
+    width = 0.8 / max(1, len(order))
+    spare = iter(["tab:olive", "tab:pink", "darkblue", "darkgreen", "darkred", "gold"] * 9)
+    for j, k in enumerate(order):
+        label, colour, _, _ = KINDS.get(k, ("GeoCCL " + k, None, "-", "."))
+        colour = colour or next(spare)
+        xs, ys, bad = [], [], []
+        for i, e in enumerate(ents):
+            row = e["kinds"].get(k, {}).get(size)
+            if row is None:
+                continue
+            xs.append(i + (j - (len(order) - 1) / 2.0) * width)
+            ys.append(row[0] / bound)
+            if row[1]:
+                bad.append((xs[-1], ys[-1]))
+        bars = ax.bar(xs, ys, width, color=colour, label=label)
+        for b, y in zip(bars, ys):
+            ax.annotate("%.2f" % y, (b.get_x() + b.get_width() / 2, y), ha="center",
+                        va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+        for x, y in bad:
+            ax.plot([x], [y], "x", color="red", ms=12, mew=2)
+    ax.axhline(1.0, color="black", lw=1, label="bound 2(R-1)/R x size / rate")
+    ax.axhline(1.0 / GOODPUT, color="black", lw=1, ls="--",
+               label="bound at TCP goodput (0.965 x rate)")
+    ax.axhline(1.15, color="black", lw=1, ls=":", label="1.15 x bound")
+    ax.set_xticks(range(len(ents)))
+    ax.set_xticklabels([path_label(e["cfg"]["path"]) for e in ents])
+    ax.set_xlabel("path between regions (geoccl-wan up options)")
+    ax.set_ylabel("time / bound, %s %s, max over ranks"
+                  % (size_label(size), "in place" if in_place else "out of place"))
+    ax.grid(True, axis="y", alpha=0.3)
+    runs = merged_runs(ents)
+    fig.suptitle("%d regions x %d ranks, %s egress per region, %s one way: lossy and "
+                 "jittery paths\nrun %s" % (R, P, rate_text(bps), cfg["delay"] or "?",
+                                             run_dates(runs)), fontsize=10)
+    fig.legend(loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(
         prog="plot_wan.py", description=__doc__.split("\n")[0],
@@ -319,7 +422,33 @@ def main():
               % " ".join(args.outdirs), file=sys.stderr)
         return 1
     os.makedirs(args.outdir, exist_ok=True)
+    # Configurations run over several paths: one figure across the paths.
+    groups = {}
+    for key in configs:
+        groups.setdefault(key[:-1], []).append(key)
+    done = set()
+    for base in sorted(groups):
+        keys = groups[base]
+        if len(keys) < 2:
+            continue
+        keys.sort(key=path_order)
+        ents = [configs[k] for k in keys]
+        c = ents[0]["cfg"]
+        name = (config_name(dict(c, path="")) + "-paths" +
+                ("-inplace" if args.in_place else "") + ".png")
+        path = os.path.join(args.outdir, name)
+        if not plot_paths(plt, ents, path, args.in_place, args.dpi):
+            continue
+        done.update(keys)
+        runs = merged_runs(ents)
+        print("plot_wan.py: wrote %s (%d paths)" % (path, len(keys)), file=sys.stderr)
+        if args.markdown is not None:
+            print("![%dx%d at %s over %d paths: time / bound, run %s](%s/%s)"
+                  % (c["R"], c["P"], c["rate"], len(keys), run_dates(runs),
+                     args.markdown.rstrip("/"), name))
     for key in sorted(configs):
+        if key in done:
+            continue
         ent = configs[key]
         name = config_name(ent["cfg"]) + ("-inplace" if args.in_place else "") + ".png"
         path = os.path.join(args.outdir, name)
