@@ -61,6 +61,7 @@ KINDS = {
     "hier": ("GeoCCL hierarchical", "tab:blue", "-", "o"),
     "hierclear": ("GeoCCL hierarchical, not encrypted", "tab:olive", "-.", "o"),
     "hiereq": ("GeoCCL hierarchical, equal shares", "tab:pink", "-.", "o"),
+    "hiercubic": ("GeoCCL hierarchical, GEOCCL_WAN_CC=cubic", "darkblue", "-.", "o"),
     "hierint8": ("GeoCCL hierarchical, int8", "tab:cyan", "-", "^"),
     "hierlossless": ("GeoCCL hierarchical, lossless", "tab:purple", "-", "v"),
     "flat": ("GeoCCL flat ring", "tab:green", "-", "s"),
