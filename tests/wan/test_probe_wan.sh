@@ -29,11 +29,12 @@
 #   h. 3 regions x 2 nodes at 100 Mbit/s, 20 ms one-way plus 10 ms of
 #      jitter that reorders, 1% random loss on region 0's egress only: the
 #      regions found exactly; the WAN plan (GEOCCL_WAN_CC=auto) puts region
-#      0's connections on bbr, naming a loss near 1%, and measures the other
+#      0's connections on bbr, naming a loss of 0.4-5%, and measures the other
 #      pairs near 0.
 #   h2. the topology file h wrote, with the clean pairs declared clean by
-#      hand (loss A B 0): those run cubic, region 0's keep bbr, each with
-#      its reason.
+#      hand (loss A B 0), used as is (GEOCCL_PROBE=1; geoccl-probe's own
+#      default, 2, would measure again and let the measurement win): those
+#      run cubic, region 0's keep bbr, each with its reason.
 #   g. a rank killed (SIGKILL) while the probe runs (0.6 s after the start,
 #      GEOCCL_TIMEOUT=5): the other 5 ranks fail their init, naming a peer,
 #      within GEOCCL_TIMEOUT + 5 s of the kill.
@@ -143,6 +144,10 @@ for e in sys.argv[2:]:
         bad += 1
 print("   regions %s; egress Mbit/s %s; one-way ms %s; probe %.3f s" % (
     regions, j.get("egress_mbit"), j.get("oneway_ms"), j.get("probe_s", -1)))
+if bad:
+    for p in j.get("wan_plan", []):
+        print("   plan %s -> %s: %s, loss %s (%s)" % (p.get("from"), p.get("to"), p.get("cc"),
+                                                   p.get("loss"), p.get("why")))
 sys.exit(1 if bad else 0)
 EOF
 }
@@ -307,12 +312,15 @@ fi
 wan_up -r 3 --rate 100mbit --delay 20 --jitter 10 --reorder --losses 1,0,0 --seed 11 --nodes 2
 echo "== h. 3 regions x 2 nodes, 100 Mbit/s, 20 ms + 10 ms reordering jitter, 1% loss out of region 0, no labels"
 LAYOUT="0:0 0:1 1:0 1:1 2:0 2:1"
-# (the 1% path: the probe's ~3000 segments lose ~30; the clean ones a
-# few at most, which reordering's spurious retransmissions could add to)
+# (the 1% path: the probe's ~3000 segments lose ~30. The figure is TCP's
+# retransmissions per segment sent, which counts a lost retransmission
+# again and, after a timeout, segments that were not lost: 1.5-2.8% on
+# this path, hence up to 5%. The clean ones a few at most, which
+# reordering's spurious retransmissions could add to.)
 plan_of() { echo "[p for p in j['wan_plan'] if p['from'] == $1 and p['to'] == $2][0]"; }
 if ranks "$WORK/h" 29710 "$LAYOUT" GEOCCL_PROBE=2 -- --json -o "$WORK/h.topo"; then
     if check "$WORK/h/rank0.out" 'regions == [[0, 1], [2, 3], [4, 5]]' 'j["regions_measured"]' \
-        "all($(plan_of 0 h)['cc'] == 'bbr' and 0.004 < $(plan_of 0 h)['loss'] < 0.025 and 'cubic might hold' in $(plan_of 0 h)['why'] for h in (1, 2))" \
+        "all($(plan_of 0 h)['cc'] == 'bbr' and 0.004 < $(plan_of 0 h)['loss'] < 0.05 and 'cubic might hold' in $(plan_of 0 h)['why'] for h in (1, 2))" \
         "$(plan_of 1 2)['loss'] < 0.003" "$(plan_of 2 1)['loss'] < 0.003"; then
         pass "h. 1% loss and reordering jitter: regions exact, bbr on the lossy region's links"
     else
@@ -327,7 +335,7 @@ n1=$(awk '$1 == "region" {print $2}' "$WORK/h.topo" | sed -n 2p)
 n2=$(awk '$1 == "region" {print $2}' "$WORK/h.topo" | sed -n 3p)
 printf 'loss %s %s 0\nloss %s %s 0\n' "$n1" "$n2" "$n2" "$n1" >> "$WORK/h.topo"
 if [ -n "$n1" ] && [ -n "$n2" ] &&
-    ranks "$WORK/h2" 29711 "$LAYOUT" GEOCCL_TOPO_FILE="$WORK/h.topo" -- --json; then
+    ranks "$WORK/h2" 29711 "$LAYOUT" GEOCCL_TOPO_FILE="$WORK/h.topo" GEOCCL_PROBE=1 -- --json; then
     if check "$WORK/h2/rank0.out" "$(plan_of 1 2)['cc'] == 'cubic'" "$(plan_of 2 1)['cc'] == 'cubic'" \
         "$(plan_of 0 1)['cc'] == 'bbr'" "$(plan_of 0 2)['cc'] == 'bbr'" \
         "'0 of 1000000000' in $(plan_of 1 2)['why']" "'cubic might hold' in $(plan_of 0 1)['why']"; then
