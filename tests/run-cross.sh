@@ -7,7 +7,7 @@
 #
 # Copies the distributed sources (make distdir), configures them with
 # --host=HOST and without the optional packages (their HOST builds are not
-# installed here: CUDA, NCCL, zstd, ibverbs, MPI, CUnit), and builds the
+# installed here: CUDA, NCCL, zstd, ibverbs, MPI, CUnit, PyTorch), and builds the
 # library, the tools and the test programs that need none of them.  Where
 # qemu-user runs HOST programs, the codec fuzzer (every decoder on mutated
 # input, bounds checked by guards) runs under it for a few seconds.
@@ -34,7 +34,7 @@ fi
 mkdir -p "$work/build"
 cd "$work/build" || exit 1
 if ! "$src/configure" --host="$host" --without-cuda --without-nccl --without-zstd \
-        --without-ibverbs --without-mpi --without-cunit > configure.log 2>&1; then
+        --without-ibverbs --without-mpi --without-cunit --without-python > configure.log 2>&1; then
     tail -n 30 configure.log
     echo "cross $host: configure failed (logs in $work)"
     exit 1

@@ -5,7 +5,8 @@
 # --with-python=PYTHON  use this interpreter (fail if it has no torch)
 # --without-python      do not build the extension
 # (no option)           /usr/bin/python3 first (Debian's, where
-#                       python3-torch installs), then python3 on PATH
+#                       python3-torch installs), then python3 on PATH;
+#                       none when cross compiling
 #
 # Sets PYTHON, TORCH_CXXFLAGS, TORCH_LIBS, TORCH_VERSION; HAVE_TORCH
 # (AM_CONDITIONAL) and geoccl_have_torch / geoccl_torch_where.
@@ -18,6 +19,9 @@ AC_ARG_WITH([python],
          built for (default: /usr/bin/python3, then python3 on PATH);
          --without-python skips it])],
     [], [with_python=guess])
+# A cross build cannot link against this machine's torch: guess no.
+AS_IF([test "x$with_python" = xguess && test "x$cross_compiling" = xyes],
+      [with_python=no])
 
 geoccl_have_torch=no
 geoccl_torch_where=disabled
