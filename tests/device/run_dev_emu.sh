@@ -65,16 +65,27 @@ run() {
 
 # The emulated kernels run some 10^5 to 10^6 elements a second: the codec
 # checks leave out the 4 Mi-element count (DEV_ALLREDUCE_MAX_COUNT), topk
-# (the slowest kernels) keeps the 1000-element count only.  A 64 KiB
-# GEOCCL_HIER_SLICE cuts the larger calls in many rounds of sub-chunks, so
-# the pipelined schedule (GX_DEPTH) runs, not only its one-round case.
-big=1048579
+# (the slowest kernels: its 1000-element calls on 3 ranks took some 640
+# emulated launches a rank and 1-2 minutes) keeps that count and 2 ranks
+# only; 3 ranks run int8 and sign through the same exchange.  A
+# 64 KiB GEOCCL_HIER_SLICE cuts the larger calls in many rounds of
+# sub-chunks, so the pipelined schedule (GX_DEPTH) runs, not only its
+# one-round case.
+# Under the sanitizers (GEOCCL_SANITIZE: tests/run-sanitizers.sh, where the
+# emulated kernels run 5-10x slower) the codecs run at 1000 elements and
+# topk only queued (below): what the sanitizers look for here is in the
+# threads and buffers of the device path, which the exact runs and the
+# queued ones cover; the kernels' own memory use is tests/device/codec_emu's
+# under address,undefined.
+big=1048579 tk=1
+[ -n "${GEOCCL_SANITIZE:-}" ] && big=1000 tk=0
 sl=GEOCCL_HIER_SLICE=65536
 for n in 2 3; do
     run yes word env $sl "$bin" "$n" "$mib"
     run yes word env $sl DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" int8
     run yes word env DEV_ALLREDUCE_MAX_COUNT=$big "$bin" "$n" "$mib" sign
-    run yes word env DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" "$n" "$mib" topk:0.05
+    [ "$n" = 2 ] && [ "$tk" = 1 ] &&
+        run yes word env DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" "$n" "$mib" topk:0.05
     run no word "$bin" "$n" "$mib" staged
     run no word env GEOCCL_CUDA_CODECS=0 "$bin" "$n" "$mib" int8
 done
@@ -114,4 +125,4 @@ done
 echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
-echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk, staged, host int8, host-function waits, lagging device"
+echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk$([ "$tk" = 1 ] || echo " (queued only)"), staged, host int8, host-function waits, lagging device"

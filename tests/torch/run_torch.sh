@@ -25,6 +25,17 @@ if ! "$python" -c 'import pytest' 2>/dev/null; then
   exit 77
 fi
 
+# Built with sanitizers (tests/run-sanitizers.sh): the interpreter was not,
+# and the sanitizer runtimes must load before anything else, so they are
+# preloaded (the ones _C.so links); Python's own allocations at exit are
+# not this project's leaks.
+if [ -n "${GEOCCL_SANITIZE:-}" ]; then
+  rt=$(ldd "$builddir/geoccl/_C.so" | awk '$1 ~ /^lib(asan|ubsan|tsan)\.so/ {print $3}' | tr '\n' ' ')
+  LD_PRELOAD="$rt${LD_PRELOAD:+ $LD_PRELOAD}"
+  ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export LD_PRELOAD ASAN_OPTIONS
+fi
+
 # The build tree's geoccl/ (with _C.so) must win over any installed one.
 PYTHONPATH="$builddir${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
