@@ -32,7 +32,7 @@ fi
 if [ -n "${GEOCCL_SANITIZE:-}" ]; then
   rt=$(ldd "$builddir/geoccl/_C.so" | awk '$1 ~ /^lib(asan|ubsan|tsan)\.so/ {print $3}' | tr '\n' ' ')
   LD_PRELOAD="$rt${LD_PRELOAD:+ $LD_PRELOAD}"
-  ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
   export LD_PRELOAD ASAN_OPTIONS
 fi
 
