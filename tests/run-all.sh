@@ -39,11 +39,13 @@ rm -f test-suite.log
 make -j2 check
 check_status=$?
 
-# Per-test results, from the .trs files of the parallel harness.
+# Per-test results, from the .trs files of the parallel harness, with each
+# test's wall time (tests/timed.sh).
 echo "== results"
 find . -name '*.trs' -newer config.status 2>/dev/null | sort | while read -r trs; do
     result=$(sed -n 's/^:test-result: *//p' "$trs" | head -n 1)
-    printf '  %-6s %s\n' "${result:-?}" "${trs%.trs}"
+    wall=$(sed -n 's/^geoccl-test-wall: //p' "${trs%.trs}.log" 2>/dev/null | tail -n 1)
+    printf '  %-6s %-36s %s\n' "${result:-?}" "${trs%.trs}" "${wall:+($wall)}"
 done
 
 count() {

@@ -633,9 +633,17 @@ static void correctness(cudaStream_t st, int *dstatus)
         fflush(stdout);
     }
     /* topk with more than 1024 tiles (the tile scan runs in several rounds;
-     * the emulation build has 256-element tiles), ties included. */
+     * the emulation build has 256-element tiles), ties included.  Under
+     * the sanitizers (GEOCCL_SANITIZE, set by make check in those builds)
+     * only the last of the four, ties with error feedback: each takes
+     * about 43 s of emulation there against 4 s in the plain build, which
+     * runs all four. */
+    const char *san = getenv("GEOCCL_SANITIZE");
+    int bigFirst = san != NULL && san[0] != '\0' ? 3 : 0;
     for (int ef = 0; ef <= 1; ef++) {
         for (int pat = PAT_RANDOM; pat <= PAT_TIES; pat += PAT_TIES - PAT_RANDOM) {
+            if (2 * ef + (pat == PAT_TIES) < bigFirst)
+                continue;
             Case c;
             memset(&c, 0, sizeof c);
             c.codec = GEO_CODEC_TOPK;
