@@ -1080,7 +1080,8 @@ static double pair_rate(const geoTopo *t, int R, int g, int h)
  * link at once, while BBR paces each remaining flow at the share it
  * measured and widens it by a quarter every eight round trips.  On a path
  * with random loss cubic backs off at every loss and BBR does not (3x2 at
- * 100 Mbit/s with 0.1% loss, 16 MiB: 3.48 s against 1.93 s, bound 1.79 s).
+ * 100 Mbit/s with 0.1% loss, 64 MiB: 18.1 s against 8.4 s, bound 7.16 s;
+ * BENCHMARKS.md, "Lossy and jittery paths").
  * Cubic also restarts its window after a retransmission timeout of idle
  * (net.ipv4.tcp_slow_start_after_idle; BBR is exempt): a 1 MiB all-reduce
  * after 0.5 s of idle took 120-135 ms against BBR's 67 ms.  Each rank sets
