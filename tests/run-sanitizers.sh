@@ -36,8 +36,7 @@ modes=("$@")
 # took, alone, about 190, 130, 70 and 33 s, the rest under 10 s).
 thread_tests="tests/test_hier tests/device/run_dev_emu.sh tests/test_collectives \
 tests/test_peer_death tests/test_transport tests/test_bootstrap tests/unit/test_shm_ring"
-thread_programs="tests/test_transport tests/unit/test_shm_ring tests/test_collectives \
-tests/test_hier tests/test_bootstrap tests/test_peer_death tests/device/dev_allreduce-emu"
+thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')tests/device/dev_allreduce-emu"
 
 # Left out under address,undefined: the probe over emulated regions (about
 # 6 minutes of namespaces, shaping and delays; the probe's code runs in

@@ -380,9 +380,9 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
         return bad;
     }
     /* Figures: MIB MiB of floats, 2 warm-up calls, then 10 timed
-     * (DEV_ALLREDUCE_ITERS=N: N timed, one warm-up when N is 1; the
-     * sanitizer builds' make check says 1, where the figures mean nothing
-     * and only the pipelined compressed calls are wanted). */
+     * (DEV_ALLREDUCE_ITERS=N: N timed, one warm-up when N is 1;
+     * run_dev_emu.sh says 1: an emulated kernel's figures mean nothing,
+     * only the pipelined compressed calls are wanted there). */
     const char *it = getenv("DEV_ALLREDUCE_ITERS");
     const int iters = it && atoi(it) > 0 ? atoi(it) : 10;
     size_t n = mib * (1 << 20) / sizeof(float);
