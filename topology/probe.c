@@ -650,24 +650,18 @@ static void probe_cc(geoProbeCtx *pc, const int *leaders, int R, int me)
             pc->net->ops->setCongestion(pc->net->state, leaders[q], cc);
 }
 
-/* TCP_INFO of this rank's connections to peers[q] (q != me): into s[q]
- * (before == NULL), or the window since before[q] into
- * out[q] = loss, out[R + q] = segments, out[2R + q] = RTT variation
- * (-1, 0, 0 where the transport counts nothing). */
-static void link_stats(geoProbeCtx *pc, const int *peers, int R, int me, geoLinkStats *s,
-                       const geoLinkStats *before, double *out)
+/* TCP_INFO of this rank's connections to peers[q] (q != me), summed over
+ * their streams and counted since they opened: out[q] = data segments
+ * sent, out[R + q] = received, out[2R + q] = RTT variation (-1, -1, 0 where
+ * the transport counts nothing). */
+static void link_stats(geoProbeCtx *pc, const int *peers, int R, int me, double *out)
 {
     for (int q = 0; q < R; q++) {
         geoLinkStats now;
         int ok = q != me && pc->net->ops->linkStats != NULL &&
                  pc->net->ops->linkStats(pc->net->state, peers[q], &now) == 0;
-        if (out == NULL) {
-            if (ok)
-                s[q] = now;
-            continue;
-        }
-        out[q] = ok ? geoLinkLoss(&before[q], &now) : -1;
-        out[R + q] = ok ? (double)(now.segs_out - before[q].segs_out) : 0;
+        out[q] = ok ? (double)now.segs_out : -1;
+        out[R + q] = ok ? (double)now.segs_in : -1;
         out[2 * R + q] = ok ? now.rttvar : 0;
     }
 }
@@ -700,37 +694,40 @@ static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
     dur = dur < 0.25 ? 0.25 : dur > 1.5 ? 1.5 : dur;
     if (me >= 0) {
         double *col = malloc(sizeof(double) * (size_t)R * (size_t)R);
-        /* What this leader's sending side saw toward each other leader:
-         * [loss, segments, RTT variation] per region. */
+        /* What this leader's connections to each other leader counted:
+         * [sent, received, RTT variation] per region. */
         double *seen = malloc(sizeof(double) * 3 * (size_t)R);
         double *all = malloc(sizeof(double) * 3 * (size_t)R * (size_t)R);
-        geoLinkStats *s0 = calloc((size_t)R, sizeof(geoLinkStats));
-        if (col == NULL || seen == NULL || all == NULL || s0 == NULL)
+        if (col == NULL || seen == NULL || all == NULL)
             res = ncclSystemError;
         if (res == ncclSuccess) {
             probe_cc(pc, leaders, R, me);
-            link_stats(pc, leaders, R, me, s0, NULL, NULL);
             res = bw_transfer(pc, leaders, R, me, dur, in);
         }
-        if (res == ncclSuccess)
-            link_stats(pc, leaders, R, me, s0, s0, seen);
         /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
         if (res == ncclSuccess)
             res = exchange_among(pc, leaders, R, me, in, sizeof(double) * (size_t)R, col);
-        if (res == ncclSuccess)
+        /* Counted after that exchange: a leader finishes it only once every
+         * other has received all of its transfer, so what it sent has
+         * arrived or was lost, retransmissions included; the receiver's
+         * count, taken after the same exchange, then tells the loss. */
+        if (res == ncclSuccess) {
+            link_stats(pc, leaders, R, me, seen);
             res = exchange_among(pc, leaders, R, me, seen, sizeof(double) * 3 * (size_t)R, all);
+        }
         if (res == ncclSuccess)
             for (int g = 0; g < R; g++)
                 for (int q = 0; q < R; q++) {
+                    double sent = all[(size_t)g * 3 * R + q];
+                    double got = all[(size_t)q * 3 * R + R + g];
                     t->bw[q * R + g] = col[g * R + q];
-                    t->loss[g * R + q] = all[(size_t)g * 3 * R + q];
-                    t->loss_segs[g * R + q] = all[(size_t)g * 3 * R + R + q];
+                    t->loss[g * R + q] = q == g || sent < 0 || got < 0 ? -1 : geoLinkLoss(sent, got);
+                    t->loss_segs[g * R + q] = q == g || sent < 0 || got < 0 ? 0 : sent;
                     t->rttvar[g * R + q] = all[(size_t)g * 3 * R + 2 * R + q];
                 }
         free(col);
         free(seen);
         free(all);
-        free(s0);
     }
     if (res == ncclSuccess) {
         int g = m->region_of[pc->rank];

@@ -45,10 +45,11 @@ typedef struct {
     int bw_measured;
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
-    double *loss;           /* [R*R] segments lost from region i to j over the
-                             * bandwidth transfer (TCP_INFO: retransmitted, less
-                             * those the receiver saw twice), -1 unmeasured */
-    double *loss_segs;      /* [R*R] segments that figure counts */
+    double *loss;           /* [R*R] fraction of the data segments region i's
+                             * leader sent to j's, bandwidth transfer included,
+                             * that j's never received (TCP_INFO: i's segments
+                             * out less j's in), -1 unmeasured */
+    double *loss_segs;      /* [R*R] segments sent that figure counts */
     double *rttvar;         /* [R*R] seconds: the kernel's RTT variation then */
     int *wan_choice;        /* [R*R] GEOCCL_WAN_CC=auto's choice from region i to j
                              * (TOPO_CC_*), -1 none; every rank computes every pair */

@@ -29,6 +29,7 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
         return -1;
     }
     acc->segs_out += ti.tcpi_data_segs_out;
+    acc->segs_in += ti.tcpi_data_segs_in;
     acc->retrans += ti.tcpi_total_retrans;
     if (len >= offsetof(struct tcp_info, tcpi_dsack_dups) + sizeof(ti.tcpi_dsack_dups))
         acc->spurious += ti.tcpi_dsack_dups;
@@ -41,10 +42,9 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
     return 0;
 }
 
-double geoLinkLoss(const geoLinkStats *a, const geoLinkStats *b)
+double geoLinkLoss(double sent, double received)
 {
-    if (b->segs_out <= a->segs_out)
+    if (sent <= 0 || received >= sent)
         return 0;
-    double lost = (double)(b->retrans - a->retrans) - (double)(b->spurious - a->spurious);
-    return lost > 0 ? lost / (double)(b->segs_out - a->segs_out) : 0;
+    return (sent - received) / sent;
 }
