@@ -44,6 +44,17 @@ double harness_time_scale(void)
   return v >= 1 ? v : 1;
 }
 
+int harness_race_matrix(void)
+{
+  const char *s = getenv("GEOCCL_SANITIZE");
+  return s != NULL && strstr(s, "thread") != NULL;
+}
+
+int harness_race_keeps(ncclDataType_t t, ncclRedOp_t op)
+{
+  return !harness_race_matrix() || t == ncclFloat32 || op == ncclSum;
+}
+
 double harness_now(void)
 {
   struct timespec ts;

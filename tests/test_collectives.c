@@ -98,6 +98,8 @@ static size_t make_cases(coll_t coll, int nranks, int big, tcase *out)
           for (int ri = 0; ri < nroots; ri++)
             for (int pat = 0; pat < npat; pat++) {
               size_t count;
+              if (!harness_race_keeps((ncclDataType_t)t, (ncclRedOp_t)op))
+                continue;
               if (ci < sizeof(small_counts) / sizeof(small_counts[0])) {
                 count = small_counts[ci];
               } else {

@@ -175,6 +175,8 @@ static size_t make_cases(tcase *out)
       for (int ip = 0; ip < 2; ip++)
         for (size_t ci = 0; ci <= NSMALL; ci++) {
           size_t count;
+          if (!harness_race_keeps((ncclDataType_t)t, (ncclRedOp_t)op))
+            continue;
           if (ci < NSMALL) {
             count = small_counts[ci];
           } else {
