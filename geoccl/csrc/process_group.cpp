@@ -8,7 +8,9 @@
 #include <stdexcept>
 
 #include <ATen/core/ivalue.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #ifdef GEOCCL_TORCH_CUDA
 #include <cuda_runtime.h>
@@ -61,22 +63,86 @@ const char* opName(const ::c10d::ReduceOp& op) {
   }
 }
 
-/* GeoCCL's reduction for op on t; throws for the ones NCCL's API lacks. */
-ncclRedOp_t ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
+/* GeoCCL's reduction for op on t: a built-in one, or PREMUL_SUM's factor
+ * (torch's _make_nccl_premul_sum: a double, or a one-element tensor per
+ * input), which becomes an ncclRedOpCreatePreMulSum op on the worker thread
+ * for the call and is destroyed after it (the op needs the communicator).
+ * Throws, before anything is queued, for the ones NCCL's API lacks. */
+struct RedOp {
+  ncclRedOp_t op = ncclSum;
+  bool premul = false;
+  double factor = 0;
+
+  /* The op for one call on comm with elements of dt into *out. */
+  ncclResult_t make(ncclComm_t comm, ncclDataType_t dt, ncclRedOp_t* out) const {
+    if (!premul) {
+      *out = op;
+      return ncclSuccess;
+    }
+    union {
+      float f;
+      double d;
+      uint16_t h;
+      int32_t i32;
+      int64_t i64;
+      uint32_t u32;
+      uint64_t u64;
+      int8_t i8;
+      uint8_t u8;
+    } v;
+    memset(&v, 0, sizeof(v));
+    switch (dt) {
+      case ncclFloat32: v.f = static_cast<float>(factor); break;
+      case ncclFloat64: v.d = factor; break;
+      case ncclFloat16: v.h = c10::Half(static_cast<float>(factor)).x; break;
+      case ncclBfloat16: v.h = c10::BFloat16(static_cast<float>(factor)).x; break;
+      case ncclInt32: v.i32 = static_cast<int32_t>(factor); break;
+      case ncclInt64: v.i64 = static_cast<int64_t>(factor); break;
+      case ncclInt8: v.i8 = static_cast<int8_t>(factor); break;
+      case ncclUint8: v.u8 = static_cast<uint8_t>(factor); break;
+      default: return ncclInvalidArgument;
+    }
+    return ncclRedOpCreatePreMulSum(out, &v, dt, ncclScalarHostImmediate, comm);
+  }
+  void release(ncclComm_t comm, ncclRedOp_t made) const {
+    if (premul) ncclRedOpDestroy(made, comm);
+  }
+};
+
+RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
   const bool isBool = t.scalar_type() == at::kBool;
+  RedOp r;
   switch (op.op_) {
-    case ::c10d::ReduceOp::SUM: return isBool ? ncclMax : ncclSum;       // logical or
-    case ::c10d::ReduceOp::PRODUCT: return isBool ? ncclMin : ncclProd;  // logical and
-    case ::c10d::ReduceOp::MIN: return ncclMin;
-    case ::c10d::ReduceOp::MAX: return ncclMax;
+    case ::c10d::ReduceOp::SUM: r.op = isBool ? ncclMax : ncclSum; return r;       // logical or
+    case ::c10d::ReduceOp::PRODUCT: r.op = isBool ? ncclMin : ncclProd; return r;  // logical and
+    case ::c10d::ReduceOp::MIN: r.op = ncclMin; return r;
+    case ::c10d::ReduceOp::MAX: r.op = ncclMax; return r;
     case ::c10d::ReduceOp::AVG:
       TORCH_CHECK(!isBool, "geoccl: ReduceOp.AVG is not defined on bool tensors");
-      return ncclAvg;
+      r.op = ncclAvg;
+      return r;
+    case ::c10d::ReduceOp::PREMUL_SUM: {
+      TORCH_CHECK(!isBool, "geoccl: ReduceOp.PREMUL_SUM is not defined on bool tensors");
+      auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(sup != nullptr,
+                  "geoccl: ReduceOp.PREMUL_SUM needs its factor (make the op with "
+                  "torch.distributed._make_nccl_premul_sum(factor))");
+      if (sup->tensor_factors.empty()) {
+        r.factor = sup->double_factor;
+      } else {
+        const at::Tensor& f = sup->tensor_factors[0];
+        TORCH_CHECK(f.numel() == 1, "geoccl: PREMUL_SUM's factor tensor has ", f.numel(),
+                    " elements; it needs 1");
+        r.factor = f.item<double>();
+      }
+      r.premul = true;
+      return r;
+    }
     default:
       TORCH_CHECK(false, "geoccl: ReduceOp.", opName(op),
-                  " is not supported (SUM, AVG, PRODUCT, MIN, MAX are)");
+                  " is not supported (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM are)");
   }
-  return ncclSum;  // not reached
+  return r;  // not reached
 }
 
 void checkTensor(const at::Tensor& t, const char* what) {
@@ -374,7 +440,7 @@ void ProcessGroupGeoCCL::runOne(Item& item) {
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
-  ncclRedOp_t op = ncclOp(opts.reduceOp, t);
+  RedOp op = ncclOp(opts.reduceOp, t);
   ncclDataType_t dt = ncclType(t);
   at::Tensor buf = dense(t);
   CopyBack back;
@@ -382,7 +448,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tenso
   return enqueue(
       ::c10d::OpType::ALLREDUCE, "allreduce", {buf}, {t},
       [buf, op, dt](ncclComm_t comm, cudaStream_t s) {
-        return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, comm, s);
+        ncclRedOp_t o;
+        ncclResult_t r = op.make(comm, dt, &o);
+        if (r != ncclSuccess) return r;
+        r = ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, comm, s);
+        op.release(comm, o);
+        return r;
       },
       back);
 }
@@ -391,7 +462,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "geoccl: allreduce_coalesced needs at least one tensor");
   std::vector<at::Tensor> bufs;
-  std::vector<ncclRedOp_t> ops;
+  std::vector<RedOp> ops;
   CopyBack back;
   for (const auto& t : tensors) {
     checkLike(t, tensors[0], "a tensor of allreduce_coalesced");
@@ -403,8 +474,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce_coalesced(
       ::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", bufs, tensors,
       [bufs, ops](ncclComm_t comm, cudaStream_t s) {
         for (size_t i = 0; i < bufs.size(); i++) {
-          ncclResult_t r = ncclAllReduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(),
-                                         ncclType(bufs[i]), ops[i], comm, s);
+          ncclRedOp_t o;
+          ncclResult_t r = ops[i].make(comm, ncclType(bufs[i]), &o);
+          if (r != ncclSuccess) return r;
+          r = ncclAllReduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(),
+                            ncclType(bufs[i]), o, comm, s);
+          ops[i].release(comm, o);
           if (r != ncclSuccess) return r;
         }
         return ncclSuccess;
@@ -437,7 +512,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>&
   TORCH_CHECK(opts.rootTensor == 0, "geoccl: reduce rootTensor must be 0, got ", opts.rootTensor);
   checkRoot(opts.rootRank, size_, "reduce");
   int root = static_cast<int>(opts.rootRank);
-  ncclRedOp_t op = ncclOp(opts.reduceOp, t);
+  RedOp op = ncclOp(opts.reduceOp, t);
   ncclDataType_t dt = ncclType(t);
   at::Tensor buf = dense(t);
   CopyBack back;
@@ -445,7 +520,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>&
   return enqueue(
       ::c10d::OpType::REDUCE, "reduce", {buf}, {t},
       [buf, op, dt, root](ncclComm_t comm, cudaStream_t s) {
-        return ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, root, comm, s);
+        ncclRedOp_t o;
+        ncclResult_t r = op.make(comm, dt, &o);
+        if (r != ncclSuccess) return r;
+        r = ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, root, comm, s);
+        op.release(comm, o);
+        return r;
       },
       back);
 }
@@ -593,7 +673,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
     TORCH_CHECK(i.numel() == n, "geoccl: reduce_scatter input has ", i.numel(),
                 " elements but the output has ", n);
   }
-  ncclRedOp_t op = ncclOp(opts.reduceOp, out);
+  RedOp op = ncclOp(opts.reduceOp, out);
   ncclDataType_t dt = ncclType(out);
   std::vector<at::Tensor> flats;
   for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
@@ -604,7 +684,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
   return enqueue(
       ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat}, {out},
       [flat, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
-        return ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, comm, s);
+        ncclRedOp_t o;
+        ncclResult_t r = op.make(comm, dt, &o);
+        if (r != ncclSuccess) return r;
+        r = ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        op.release(comm, o);
+        return r;
       },
       back);
 }
@@ -615,7 +700,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
   checkLike(output, input, "the reduce_scatter output");
   TORCH_CHECK(input.numel() == output.numel() * size_, "geoccl: _reduce_scatter_base input has ",
               input.numel(), " elements; it needs ", size_, " x ", output.numel());
-  ncclRedOp_t op = ncclOp(opts.reduceOp, input);
+  RedOp op = ncclOp(opts.reduceOp, input);
   ncclDataType_t dt = ncclType(input);
   at::Tensor src = dense(input);
   at::Tensor dst = dense(output);
@@ -624,7 +709,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
   return enqueue(
       ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src}, {output},
       [src, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
-        return ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, comm, s);
+        ncclRedOp_t o;
+        ncclResult_t r = op.make(comm, dt, &o);
+        if (r != ncclSuccess) return r;
+        r = ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        op.release(comm, o);
+        return r;
       },
       back);
 }

@@ -173,6 +173,30 @@ def check_all_reduce(rank, world, geo, gloo, dtype, strided):
     dist.all_reduce(c, group=gloo)
     want = (c / world) if dtype in FLOATS else torch.trunc(c / world)
     same(a, want.to(dtype), "all_reduce AVG %s" % dtype)
+    # PREMUL_SUM (what FSDP and DDP's pre-divide ask NCCL for): the sum of
+    # factor x input, the factor a float or a one-element tensor. Gloo has
+    # none: Gloo's sum of the inputs pre-multiplied, exact here (0.5 or 3
+    # times small integers); also through reduce and reduce_scatter.
+    f = 0.5 if dtype in FLOATS else 3.0
+    for op in (dist._make_nccl_premul_sum(f),
+               dist._make_nccl_premul_sum([torch.tensor([f], dtype=torch.float64)])):
+        a = data(rank, n, dtype, strided)
+        dist.all_reduce(a, op=op, group=geo)
+        c = data(rank, n, torch.float64, False) * f
+        dist.all_reduce(c, group=gloo)
+        same(a, c.to(dtype), "all_reduce PREMUL_SUM %s %s" % (f, dtype))
+        a = data(rank, n, dtype, strided)
+        dist.reduce(a, dst=world - 1, op=op, group=geo)
+        if rank == world - 1:
+            same(a, c.to(dtype), "reduce PREMUL_SUM %s %s" % (f, dtype))
+        out = empty(3, dtype, False)
+        dist.reduce_scatter(out, [data(rank, 3, dtype, False, salt=q) for q in range(world)],
+                            op=op, group=geo)
+        for q in range(world):  # the reduced input q, which rank q keeps
+            c = data(rank, 3, torch.float64, False, salt=q) * f
+            dist.all_reduce(c, group=gloo)
+            if q == rank:
+                same(out, c.to(dtype), "reduce_scatter PREMUL_SUM %s %s" % (f, dtype))
 
 
 def check_others(rank, world, geo, gloo, dtype, strided):
@@ -293,6 +317,8 @@ def check_invalid(rank, world, geo):
     raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16), group=geo), "dtype")
     raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND,
                                    group=geo), "BAND")
+    raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool),
+                                   op=dist._make_nccl_premul_sum(2.0), group=geo), "PREMUL_SUM")
     raises(lambda: dist.all_gather([torch.ones(3)] * (world - 1), torch.ones(3), group=geo),
            "output tensors")
     raises(lambda: dist._all_gather_base(torch.ones(5), torch.ones(3), group=geo), "elements")
