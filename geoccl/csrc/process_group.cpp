@@ -104,8 +104,15 @@ struct RedOp {
     }
     return ncclRedOpCreatePreMulSum(out, &v, dt, ncclScalarHostImmediate, comm);
   }
-  void release(ncclComm_t comm, ncclRedOp_t made) const {
-    if (premul) ncclRedOpDestroy(made, comm);
+  /* call(op) with the op made for comm and dt, destroyed after it. */
+  template <typename F>
+  ncclResult_t with(ncclComm_t comm, ncclDataType_t dt, F call) const {
+    ncclRedOp_t o;
+    ncclResult_t r = make(comm, dt, &o);
+    if (r != ncclSuccess) return r;
+    r = call(o);
+    if (premul) ncclRedOpDestroy(o, comm);
+    return r;
   }
 };
 
@@ -448,12 +455,9 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tenso
   return enqueue(
       ::c10d::OpType::ALLREDUCE, "allreduce", {buf}, {t},
       [buf, op, dt](ncclComm_t comm, cudaStream_t s) {
-        ncclRedOp_t o;
-        ncclResult_t r = op.make(comm, dt, &o);
-        if (r != ncclSuccess) return r;
-        r = ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, comm, s);
-        op.release(comm, o);
-        return r;
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, comm, s);
+        });
       },
       back);
 }
@@ -474,12 +478,10 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce_coalesced(
       ::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", bufs, tensors,
       [bufs, ops](ncclComm_t comm, cudaStream_t s) {
         for (size_t i = 0; i < bufs.size(); i++) {
-          ncclRedOp_t o;
-          ncclResult_t r = ops[i].make(comm, ncclType(bufs[i]), &o);
-          if (r != ncclSuccess) return r;
-          r = ncclAllReduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(),
-                            ncclType(bufs[i]), o, comm, s);
-          ops[i].release(comm, o);
+          ncclResult_t r = ops[i].with(comm, ncclType(bufs[i]), [&](ncclRedOp_t o) {
+            return ncclAllReduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(),
+                                 ncclType(bufs[i]), o, comm, s);
+          });
           if (r != ncclSuccess) return r;
         }
         return ncclSuccess;
@@ -520,12 +522,9 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>&
   return enqueue(
       ::c10d::OpType::REDUCE, "reduce", {buf}, {t},
       [buf, op, dt, root](ncclComm_t comm, cudaStream_t s) {
-        ncclRedOp_t o;
-        ncclResult_t r = op.make(comm, dt, &o);
-        if (r != ncclSuccess) return r;
-        r = ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, root, comm, s);
-        op.release(comm, o);
-        return r;
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, root, comm, s);
+        });
       },
       back);
 }
@@ -684,12 +683,9 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
   return enqueue(
       ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat}, {out},
       [flat, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
-        ncclRedOp_t o;
-        ncclResult_t r = op.make(comm, dt, &o);
-        if (r != ncclSuccess) return r;
-        r = ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
-        op.release(comm, o);
-        return r;
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        });
       },
       back);
 }
@@ -709,12 +705,9 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
   return enqueue(
       ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src}, {output},
       [src, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
-        ncclRedOp_t o;
-        ncclResult_t r = op.make(comm, dt, &o);
-        if (r != ncclSuccess) return r;
-        r = ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
-        op.release(comm, o);
-        return r;
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        });
       },
       back);
 }
