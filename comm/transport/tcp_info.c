@@ -1,6 +1,6 @@
 /* TCP_INFO through the kernel's own layout (linux/tcp.h): glibc's struct
- * tcp_info stops before the segment counters (tcpi_data_segs_out, Linux
- * 4.6; tcpi_dsack_dups, 5.0).  The kernel copies min(its size, ours)
+ * tcp_info stops before the segment counters (tcpi_data_segs_in and
+ * tcpi_data_segs_out, Linux 4.6).  The kernel copies min(its size, ours)
  * bytes and says how many, so a field past what it copied is absent, not
  * zero. */
 #include "config.h"
@@ -30,9 +30,6 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
     }
     acc->segs_out += ti.tcpi_data_segs_out;
     acc->segs_in += ti.tcpi_data_segs_in;
-    acc->retrans += ti.tcpi_total_retrans;
-    if (len >= offsetof(struct tcp_info, tcpi_dsack_dups) + sizeof(ti.tcpi_dsack_dups))
-        acc->spurious += ti.tcpi_dsack_dups;
     double srtt = ti.tcpi_rtt * 1e-6, var = ti.tcpi_rttvar * 1e-6;
     if (srtt > acc->srtt)
         acc->srtt = srtt;

@@ -9,8 +9,6 @@
 typedef struct {
     uint64_t segs_out;  /* data segments sent, retransmissions included */
     uint64_t segs_in;   /* data segments received, duplicates included */
-    uint64_t retrans;   /* segments retransmitted */
-    uint64_t spurious;  /* retransmissions the receiver reported as duplicates (DSACK) */
     double srtt;        /* seconds: the largest smoothed RTT of the connections */
     double rttvar;      /* seconds: the largest RTT variation (mean deviation) */
     int conns;          /* connections counted */
