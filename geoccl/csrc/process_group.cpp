@@ -83,12 +83,6 @@ struct RedOp {
       float f;
       double d;
       uint16_t h;
-      int32_t i32;
-      int64_t i64;
-      uint32_t u32;
-      uint64_t u64;
-      int8_t i8;
-      uint8_t u8;
     } v;
     memset(&v, 0, sizeof(v));
     switch (dt) {
@@ -96,10 +90,6 @@ struct RedOp {
       case ncclFloat64: v.d = factor; break;
       case ncclFloat16: v.h = c10::Half(static_cast<float>(factor)).x; break;
       case ncclBfloat16: v.h = c10::BFloat16(static_cast<float>(factor)).x; break;
-      case ncclInt32: v.i32 = static_cast<int32_t>(factor); break;
-      case ncclInt64: v.i64 = static_cast<int64_t>(factor); break;
-      case ncclInt8: v.i8 = static_cast<int8_t>(factor); break;
-      case ncclUint8: v.u8 = static_cast<uint8_t>(factor); break;
       default: return ncclInvalidArgument;
     }
     return ncclRedOpCreatePreMulSum(out, &v, dt, ncclScalarHostImmediate, comm);
@@ -129,7 +119,11 @@ RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
       r.op = ncclAvg;
       return r;
     case ::c10d::ReduceOp::PREMUL_SUM: {
-      TORCH_CHECK(!isBool, "geoccl: ReduceOp.PREMUL_SUM is not defined on bool tensors");
+      // as NCCL's PyTorch backend: a factor that is not an integer has no
+      // meaning in an integer sum (a cast would turn 0.5 into 0)
+      TORCH_CHECK(at::isFloatingType(t.scalar_type()),
+                  "geoccl: ReduceOp.PREMUL_SUM needs a floating-point tensor (float32, "
+                  "float64, float16, bfloat16), got ", dtypeName(t));
       auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(sup != nullptr,
                   "geoccl: ReduceOp.PREMUL_SUM needs its factor (make the op with "

@@ -175,9 +175,15 @@ def check_all_reduce(rank, world, geo, gloo, dtype, strided):
     same(a, want.to(dtype), "all_reduce AVG %s" % dtype)
     # PREMUL_SUM (what FSDP and DDP's pre-divide ask NCCL for): the sum of
     # factor x input, the factor a float or a one-element tensor. Gloo has
-    # none: Gloo's sum of the inputs pre-multiplied, exact here (0.5 or 3
-    # times small integers); also through reduce and reduce_scatter.
-    f = 0.5 if dtype in FLOATS else 3.0
+    # none: Gloo's sum of the inputs pre-multiplied, exact here (0.5 times
+    # small integers); also through reduce and reduce_scatter. Integer
+    # tensors are refused, as by NCCL's backend.
+    f = 0.5
+    if dtype not in FLOATS:
+        with pytest.raises(RuntimeError, match="PREMUL_SUM needs a floating-point"):
+            dist.all_reduce(data(rank, n, dtype, strided), op=dist._make_nccl_premul_sum(f),
+                            group=geo)
+        return
     for op in (dist._make_nccl_premul_sum(f),
                dist._make_nccl_premul_sum([torch.tensor([f], dtype=torch.float64)])):
         a = data(rank, n, dtype, strided)
