@@ -187,6 +187,13 @@ ncclResult_t geocclCommGetRtt(ncclComm_t comm, double *rttMs);
 ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
                                 double *egressMbit, double *onewayMs);
 
+/* [out] ingressMbit, nregions long: the rate that reaches region i from the
+ * others where its downlink held flows back while every region sent to
+ * every other (or a topology file's in=), 0 where no limit of its own was
+ * seen.  The hierarchical all-reduce's shares use the slower of a region's
+ * egress and ingress.  ncclInvalidArgument for a bad comm or NULL output. */
+ncclResult_t geocclCommGetIngress(ncclComm_t comm, double *ingressMbit);
+
 /* Writes the regions, node addresses and link figures as a topology file
  * (the format GEOCCL_TOPO_FILE loads; with it the next init skips the
  * probe).  ncclInvalidArgument for a bad comm or NULL path; ncclSystemError

@@ -115,7 +115,7 @@ typedef struct {
     int have_rtt;
     double *rtt;            /* [N*N] ms */
     double *bw, *rrtt;      /* [R*R] Mbit/s, ms */
-    double *eg, *ow;        /* [R] Mbit/s, ms */
+    double *eg, *ow, *in;   /* [R] Mbit/s, ms, Mbit/s (0: no ingress limit seen) */
     int warm_pairs;         /* geocclCommGetWarmup */
     const char *wan_cc;     /* geocclCommGetWanCongestion, rank 0's */
     double warm_s;          /* the slowest rank's warm-up */
@@ -128,6 +128,7 @@ static void view_free(probeView *v)
     free(v->rrtt);
     free(v->eg);
     free(v->ow);
+    free(v->in);
 }
 
 static int view_read(ncclComm_t comm, probeView *v)
@@ -138,7 +139,10 @@ static int view_read(ncclComm_t comm, probeView *v)
     v->rrtt = malloc(sizeof(double) * (size_t)R * (size_t)R);
     v->eg = malloc(sizeof(double) * (size_t)R);
     v->ow = malloc(sizeof(double) * (size_t)R);
-    if (!v->rtt || !v->bw || !v->rrtt || !v->eg || !v->ow)
+    v->in = calloc((size_t)R, sizeof(double));
+    if (!v->rtt || !v->bw || !v->rrtt || !v->eg || !v->ow || !v->in)
+        return -1;
+    if (geocclCommGetIngress(comm, v->in) != ncclSuccess)
         return -1;
     v->have_rtt = geocclCommGetRtt(comm, v->rtt) == ncclSuccess;
     return geocclCommGetLinks(comm, v->bw, v->rrtt, v->eg, v->ow) == ncclSuccess ? 0 : -1;
@@ -219,7 +223,7 @@ static void print_human(ncclComm_t comm, const probeView *v)
                "once%s\n# %-12s", t->bwMeasured ? "" : " (not measured)", "");
         for (int j = 0; j < R; j++)
             printf(" %10s", names[j]);
-        printf(" %10s %10s\n", "egress", "one-way ms");
+        printf(" %10s %10s %10s\n", "egress", "ingress", "one-way ms");
         for (int i = 0; i < R; i++) {
             printf("# %-12s", names[i]);
             for (int j = 0; j < R; j++)
@@ -227,7 +231,10 @@ static void print_human(ncclComm_t comm, const probeView *v)
                     printf(" %10s", "-");
                 else
                     printf(" %10.1f", bw[i * R + j]);
-            printf(" %10.1f %10.2f\n", eg[i], ow[i]);
+            if (v->in[i] > 0)
+                printf(" %10.1f %10.1f %10.2f\n", eg[i], v->in[i], ow[i]);
+            else
+                printf(" %10.1f %10s %10.2f\n", eg[i], "-", ow[i]);
         }
         printf("# region RTT, ms:");
         for (int i = 0; i < R; i++)
@@ -315,6 +322,9 @@ static void print_json(ncclComm_t comm, const probeView *v)
     printf("],\n \"egress_mbit\": [");
     for (int i = 0; i < R; i++)
         printf("%s%.3f", i ? ", " : "", eg[i]);
+    printf("], \"ingress_mbit\": [");
+    for (int i = 0; i < R; i++)
+        printf("%s%.3f", i ? ", " : "", v->in[i]);
     printf("], \"oneway_ms\": [");
     for (int i = 0; i < R; i++)
         printf("%s%.4f", i ? ", " : "", ow[i]);

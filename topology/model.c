@@ -74,8 +74,14 @@
  *     T = max_q [(P_q - 1) a + (P_q - 1)/P_q S / B] + max_q (N - P_q) S/N / E_q + ow
  * Neither is pipelined in the library, so neither is here.
  *
- * Not modelled: ingress limits (the emulator and the clouds shape egress),
- * TCP slow start (connections stay warm between calls) and reduction
+ * Ingress.  A region whose downlink is slower than what the others send it
+ * (ingress_Bps, I_q) receives at that rate: every formula above takes, per
+ * region, the slower of sending its bytes at E_q and receiving its bytes at
+ * I_q (the hierarchical all-reduce sends and receives the same amount, so
+ * its shares and bound use min(E_q, I_q)); a ring or chain edge into
+ * region q+1 runs at min(E_q, I_{q+1}).  I_q = 0: no limit of its own.
+ *
+ * Not modelled: TCP slow start (connections stay warm between calls) and reduction
  * arithmetic (memory-bound, far above WAN rates).  CPU contention between
  * ranks that share cores only as a factor (cpu_share, ranks per CPU on the
  * most crowded host) on the hierarchical all-reduce's caller work per
@@ -202,7 +208,8 @@ static int model_ok(const topoModel *m)
             return 0;
     for (int q = 0; q < m->nregions; q++)
         if (m->ranks[q] < 1 || !(m->egress_Bps[q] > 0) || !(m->lat_s[q] >= 0) ||
-            !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]))
+            !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]) ||
+            !(m->ingress_Bps[q] >= 0) || !isfinite(m->ingress_Bps[q]))
             return 0;
     return 1;
 }
@@ -252,6 +259,20 @@ static double wan_rate(const topoModel *m, int q, double streams)
     return r;
 }
 
+/* What can reach region q from the others: its ingress limit at goodput,
+ * or no limit of its own (INFINITY: the senders' egress sets the pace). */
+static double in_rate(const topoModel *m, int q)
+{
+    return m->ingress_Bps[q] > 0 ? m->ingress_Bps[q] * m->wan_goodput : INFINITY;
+}
+
+/* Seconds for region q to send out bytes and receive in bytes over the WAN
+ * at once (full duplex: the slower direction sets it). */
+static double wan_time(const topoModel *m, int q, double streams, double out, double in)
+{
+    return fmax(out / wan_rate(m, q, streams), in / in_rate(m, q));
+}
+
 /* ---- flat ---------------------------------------------------------------- */
 
 /* Ring of `steps` steps with segments of seg bytes (the header comment's
@@ -277,7 +298,9 @@ static double ring_time(const topoModel *m, int N, int steps, double seg, size_t
         if (N == R) /* no intra edge */
             edge = 0;
         for (int q = 0; q < R; q++) {
-            double rate = wan_rate(m, q, ns), lat = oneway(m, q, (q + 1) % R);
+            /* The WAN edge into the next region: its ingress may be lower. */
+            double rate = fmin(wan_rate(m, q, ns), in_rate(m, (q + 1) % R));
+            double lat = oneway(m, q, (q + 1) % R);
             edge = fmax(edge, seg / rate);
             max_lat = fmax(max_lat, lat);
             cycle += (m->ranks[q] - 1) * (a + c / m->intra_Bps) + c / rate + lat;
@@ -292,7 +315,7 @@ static double direct_time(const topoModel *m, int N, double S, int ns)
     for (int q = 0; q < m->nregions; q++) {
         double pairs = (double)m->ranks[q] * (N - m->ranks[q]);
         if (pairs > 0)
-            wan = fmax(wan, pairs * S / wan_rate(m, q, pairs * ns));
+            wan = fmax(wan, wan_time(m, q, pairs * ns, pairs * S, pairs * S));
         intra = fmax(intra, (m->ranks[q] - 1) * S / m->intra_Bps);
     }
     return wan + (m->nregions > 1 ? max_oneway(m) : 0) + m->intra_alpha_s + intra;
@@ -314,7 +337,7 @@ static double chain_time(const topoModel *m, int N, double S, size_t chunk, int 
             slowest = fmax(slowest, (nchunk - 1) * a + rest / m->intra_Bps);
         }
         if (q + 1 < m->nregions) {
-            double rate = wan_rate(m, q, ns);
+            double rate = fmin(wan_rate(m, q, ns), in_rate(m, q + 1));
             first += oneway(m, q, q + 1) + c / rate;
             slowest = fmax(slowest, rest / rate);
         }
@@ -344,9 +367,13 @@ static double predict_flat(const topoModel *m, int coll, double S, size_t chunk,
 
 /* ---- hierarchical --------------------------------------------------------- */
 
+/* The rate region q's share of the hierarchical all-reduce moves at: it
+ * sends and receives the same bytes, so the slower of its egress and its
+ * ingress. */
 static double hier_egress(const topoModel *m, int q)
 {
-    return wan_rate(m, q, m->ranks[q] * (m->nregions - 1) * (double)m->wan_streams);
+    return fmin(wan_rate(m, q, m->ranks[q] * (m->nregions - 1) * (double)m->wan_streams),
+                in_rate(m, q));
 }
 
 double topoHierWanPerByte(const topoModel *m, const unsigned *w)
@@ -355,6 +382,25 @@ double topoHierWanPerByte(const topoModel *m, const unsigned *w)
     for (int q = 0; q < m->nregions; q++)
         t = fmax(t, (1 + (m->nregions - 2) * (double)w[q] / TOPO_SHARE_ONE) / hier_egress(m, q));
     return t;
+}
+
+void topoIngressFromRates(int R, const double *bw, double *ingress)
+{
+    for (int h = 0; h < R; h++) {
+        int held = 0;
+        double in = 0;
+        for (int g = 0; g < R; g++) {
+            if (g == h)
+                continue;
+            double rate = bw[g * R + h], best = 0;
+            for (int k = 0; k < R; k++)
+                if (k != g && k != h)
+                    best = fmax(best, bw[g * R + k]);
+            in += rate > 0 ? rate : 0;
+            held |= rate >= 0 && best > 0 && rate < 0.5 * best;
+        }
+        ingress[h] = held && in > 0 ? in : 0;
+    }
 }
 
 int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
@@ -439,7 +485,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
         K = fmax(K, (m->intra_shared ? 1 : crowd) * 2 * rs + crowd * (c + waits * a));
         /* 2 (R-1)/R L with equal shares */
         double wan_bytes = (1 + (R - 2) * (double)w[q] / TOPO_SHARE_ONE) * L;
-        W = fmax(W, wan_bytes / ratio / wan_rate(m, q, P * (R - 1) * ns));
+        W = fmax(W, wan_time(m, q, P * (R - 1) * ns, wan_bytes / ratio, wan_bytes / ratio));
     }
     double ow = max_oneway(m);
     double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));
@@ -463,7 +509,8 @@ static double predict_hier(const topoModel *m, int coll, const topoCodecCost *co
     case TOPO_COLL_ALLGATHER:
         for (int q = 0; q < R; q++) {
             double P = m->ranks[q];
-            t1 = fmax(t1, (R - 1) * P * blk / wan_rate(m, q, P * (R - 1) * ns));
+            /* out: my blocks to R-1 regions; in: the other regions' blocks */
+            t1 = fmax(t1, wan_time(m, q, P * (R - 1) * ns, (R - 1) * P * blk, (N - P) * blk));
             t2 = fmax(t2, (P - 1) * a + (S - blk - (N - P) * blk / P) / B);
         }
         return t1 + max_oneway(m) + a + t2;
@@ -471,7 +518,7 @@ static double predict_hier(const topoModel *m, int coll, const topoCodecCost *co
         for (int q = 0; q < R; q++) {
             double P = m->ranks[q];
             t1 = fmax(t1, (P - 1) * a + (P - 1) / P * S / B);
-            t2 = fmax(t2, (N - P) * blk / wan_rate(m, q, P * (R - 1) * ns));
+            t2 = fmax(t2, wan_time(m, q, P * (R - 1) * ns, (N - P) * blk, (R - 1) * P * blk));
         }
         return t1 + t2 + max_oneway(m);
     default:
@@ -546,6 +593,7 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
             return -1;
         }
         m.egress_Bps[q] = g->bw_bytes;
+        m.ingress_Bps[q] = g->in_bytes;
         if (g->delay_ms >= 0) {
             m.lat_s[q] = g->delay_ms / 1000.0;
             continue;

@@ -51,6 +51,9 @@ typedef struct {
     char names[TOPO_MODEL_MAX_REGIONS][TOPO_REGION_LABEL_LEN]; /* for printing */
     int ranks[TOPO_MODEL_MAX_REGIONS];         /* ranks per region, >= 1 */
     double egress_Bps[TOPO_MODEL_MAX_REGIONS]; /* WAN egress rate, bytes/s, > 0 */
+    /* Limit on what reaches region q from the others, bytes/s (a slow
+     * downlink; the same goodput factor as egress_Bps); 0: none of its own. */
+    double ingress_Bps[TOPO_MODEL_MAX_REGIONS];
     double lat_s[TOPO_MODEL_MAX_REGIONS];      /* one-way WAN delay, s, >= 0 */
     /* Measured RTT between regions i and j in seconds; 0 = unknown, use
      * lat_s[i] + lat_s[j].  Symmetric (both halves are read). */
@@ -111,7 +114,7 @@ extern const int topoDefaultNCodecs;
 void topoModelInit(topoModel *m);
 
 /* Builds a model from a topology file: regions in file order with their
- * ranks= (or the number of `rank` lines naming them), bw= and delay=;
+ * ranks= (or the number of `rank` lines naming them), bw=, in= and delay=;
  * `rtt` lines, `intra` and `streams` (defaults of topoModelInit where
  * absent).  File rates are link rates, so wan_goodput = 1448/1500.  Returns
  * 0; or -1 with a message in err naming the region and what it lacks
@@ -193,7 +196,8 @@ void topoPlanJson(const topoPlan *plan, FILE *f);
  * its own share to R-1 regions.  With two regions that is L whatever the
  * split; with more, equal shares make the slowest link carry as much as the
  * fastest.  topoHierShares picks the split that minimises the slowest
- * region's time max_q L (1 + (R-2) f_q) / E_q (E_q: its egress goodput):
+ * region's time max_q L (1 + (R-2) f_q) / E_q (E_q: the slower of its
+ * egress and its ingress goodput):
  * water-filling, where every region with a share finishes together and a
  * region too slow for any share (f_q = 0) still sends its partial once,
  * so L / min_q E_q is the least any split can take.  Shares are fixed-point,
@@ -207,6 +211,17 @@ int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS]);
  * all-reduce with shares w: max_q (1 + (R-2) w_q / ONE) / E_q.  Times the
  * message size it is the all-reduce's WAN bound for that split. */
 double topoHierWanPerByte(const topoModel *m, const unsigned *w);
+
+/* A region's ingress limit from the probe's rates bw[g * R + h] (region g
+ * to h, bytes/s, every pair sending at once): a downlink that holds flows
+ * back shows as a flow g -> h at under half the rate of g's fastest flow to
+ * a third region (the sender had the capacity: its other flows got it), and
+ * then what h received in all is its ingress; ingress[h] = 0 where no flow
+ * into h was held back (nothing to tell it from the senders' egress).
+ * Needs 3 regions or more (with two, each sender has one flow and a slow
+ * downlink reads as the other's slow uplink, which the model treats
+ * alike). */
+void topoIngressFromRates(int R, const double *bw, double *ingress);
 
 /* Slices in flight of the hierarchical all-reduce when GEOCCL_HIER_DEPTH
  * is 0 (comm/coll/coll_hier.c geoHierDepth, and the prediction here): a quarter

@@ -31,6 +31,7 @@ void geoTopoFree(geoTopo *t)
     free(t->nic_gbit);
     free(t->bw);
     free(t->egress);
+    free(t->ingress);
     free(t->loss);
     free(t->loss_segs);
     free(t->rttvar);
@@ -859,6 +860,7 @@ void geoTopoInheritFree(geoTopoInherit *inh)
 {
     free(inh->names);
     free(inh->egress);
+    free(inh->ingress);
     free(inh->oneway);
     free(inh->rtt);
     memset(inh, 0, sizeof(*inh));
@@ -873,9 +875,10 @@ int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
         return 0;
     inh->names = calloc((size_t)R, sizeof(*inh->names));
     inh->egress = calloc((size_t)R, sizeof(double));
+    inh->ingress = calloc((size_t)R, sizeof(double));
     inh->oneway = calloc((size_t)R, sizeof(double));
     inh->rtt = calloc((size_t)R * (size_t)R, sizeof(double));
-    if (!inh->names || !inh->egress || !inh->oneway || !inh->rtt) {
+    if (!inh->names || !inh->egress || !inh->ingress || !inh->oneway || !inh->rtt) {
         geoTopoInheritFree(inh);
         return -1;
     }
@@ -884,6 +887,7 @@ int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
     for (int g = 0; g < R; g++) {
         snprintf(inh->names[g], sizeof(inh->names[g]), "%s", m->names[g]);
         inh->egress[g] = t->egress ? t->egress[g] : 0;
+        inh->ingress[g] = t->ingress ? t->ingress[g] : 0;
         inh->oneway[g] = t->oneway ? t->oneway[g] : 0;
         for (int h = 0; h < R; h++)
             inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * R + h] : -1;
@@ -911,6 +915,7 @@ static void apply_inherit(const geoProbeCtx *pc, geoTopo *t)
                 idx[g] = k;
         if (idx[g] >= 0 && inh->egress[idx[g]] > 0) {
             t->egress[g] = inh->egress[idx[g]];
+            t->ingress[g] = inh->ingress[idx[g]];
             found++;
         }
         if (idx[g] >= 0)
@@ -940,6 +945,7 @@ static void apply_file(const geoProbeCtx *pc, geoTopo *t)
                 continue;
             if (tf->regions[k].bw_bytes > 0 && !t->bw_measured) {
                 t->egress[g] = tf->regions[k].bw_bytes;
+                t->ingress[g] = tf->regions[k].in_bytes;
                 rates++;
             }
             if (tf->regions[k].delay_ms >= 0 && !t->rtt_measured)
@@ -1368,10 +1374,12 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
     t->oneway = calloc((size_t)R, sizeof(double));
     t->bw = calloc((size_t)R * (size_t)R, sizeof(double));
     t->egress = calloc((size_t)R, sizeof(double));
+    t->ingress = calloc((size_t)R, sizeof(double));
     t->loss = malloc(sizeof(double) * (size_t)R * (size_t)R);
     t->loss_segs = calloc((size_t)R * (size_t)R, sizeof(double));
     t->rttvar = calloc((size_t)R * (size_t)R, sizeof(double));
-    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress || !t->loss || !t->loss_segs ||
+    if (!t->region_rtt || !t->oneway || !t->bw || !t->egress || !t->ingress || !t->loss ||
+        !t->loss_segs ||
         !t->rttvar)
         return ncclSystemError;
     for (int i = 0; i < R * R; i++)
@@ -1422,6 +1430,7 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
                 }
         }
         t->streams_needed = (int)worst;
+        topoIngressFromRates(R, t->bw, t->ingress);
     }
     /* The probe's own cost starts when every leader has arrived (the
      * warm-up round trip); before that, ranks wait for slower peers. */
@@ -1471,12 +1480,19 @@ int geoTopoWrite(const geoTopo *t, const topoRegionMap *m, int nranks, FILE *f)
             "probe\n", nranks, t->nnodes, R);
     fprintf(f, "# bw: link rate estimated from the measured TCP goodput (x 1500/1448)\n");
     for (int g = 0; g < R; g++) {
-        char rate[32] = "";
+        char rate[64] = "";
         if (t->bw_measured && t->egress && t->egress[g] > 0) {
             char r[24];
             /* Files hold link rates; what TCP measured is 1448/1500 of it. */
             rate_str(t->egress[g] * 1500.0 / 1448.0, r, sizeof(r));
             snprintf(rate, sizeof(rate), " bw=%s", r);
+        }
+        if (t->ingress && t->ingress[g] > 0) {
+            char r[24];
+            size_t len = strlen(rate);
+            rate_str(t->bw_measured ? t->ingress[g] * 1500.0 / 1448.0 : t->ingress[g], r,
+                     sizeof(r));
+            snprintf(rate + len, sizeof(rate) - len, " in=%s", r);
         }
         fprintf(f, "region %s ranks=%d%s", m->names[g][0] ? m->names[g] : "default", m->size[g],
                 rate);

@@ -45,6 +45,9 @@ typedef struct {
     int bw_measured;
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
+    double *ingress;        /* [R] what reaches a region when its downlink held
+                             * it back (topoIngressFromRates), or a file's
+                             * in=; 0: no limit of its own seen */
     double *loss;           /* [R*R] fraction of the data segments region i's
                              * leader sent to j's, bandwidth transfer included,
                              * that j's never received (TCP_INFO: i's segments
@@ -79,7 +82,7 @@ typedef struct {
     char label[32];
     int nregions;
     char (*names)[32];
-    double *egress, *oneway, *rtt; /* [R], [R], [R*R] */
+    double *egress, *ingress, *oneway, *rtt; /* [R], [R], [R], [R*R] */
     int bw_known;           /* egress holds rates (measured or from a file) */
     int bw_measured;        /* they were measured (goodput), not link rates */
     double intra_Bps, intra_alpha;

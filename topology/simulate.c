@@ -57,18 +57,20 @@ static void print_text(const char *path, const topoModel *m, const topoPlan *pla
     char r[32];
     fprintf(out, "# geoccl-probe --simulate %s\n", path);
     fprintf(out, "%d regions, %d ranks\n", plan->nregions, plan->nranks);
-    fprintf(out, "  %-20s %8s %14s %10s %16s\n", "region", "ranks", "WAN egress", "delay (ms)",
-            "loss (control)");
+    fprintf(out, "  %-20s %8s %14s %14s %10s %16s\n", "region", "ranks", "WAN egress",
+            "WAN ingress", "delay (ms)", "loss (control)");
     for (int q = 0; q < m->nregions; q++) {
         rate_text(m->egress_Bps[q], r, sizeof(r));
-        char d[32], l[32] = "-";
+        char d[32], l[32] = "-", in[32] = "no limit";
+        if (m->ingress_Bps[q] > 0)
+            rate_text(m->ingress_Bps[q], in, sizeof(in));
         /* 0 with RTT lines: the file gave measured RTTs instead */
         snprintf(d, sizeof(d), m->lat_s[q] > 0 ? "%.3g" : "-", m->lat_s[q] * 1e3);
         if (m->loss[q] > 0)
             snprintf(l, sizeof(l), "%.3g%% (%s)", m->loss[q] * 100,
                      m->loss_driven[q] ? "cubic" : "bbr");
-        fprintf(out, "  %-20s %8d %14s %10s %16s\n", m->names[q], m->ranks[q],
-                m->nregions > 1 ? r : "-", d, l);
+        fprintf(out, "  %-20s %8d %14s %14s %10s %16s\n", m->names[q], m->ranks[q],
+                m->nregions > 1 ? r : "-", m->nregions > 1 ? in : "-", d, l);
     }
     rate_text(m->intra_Bps, r, sizeof(r));
     fprintf(out, "intra-region: %.3g us per message, %s per rank\n", m->intra_alpha_s * 1e6, r);
@@ -141,8 +143,9 @@ static void print_json(const char *path, const topoModel *m, const topoPlan *pla
     for (int q = 0; q < m->nregions; q++) {
         fprintf(out, "%s{\"name\": ", q ? ", " : "");
         json_str(out, m->names[q]);
-        fprintf(out, ", \"ranks\": %d, \"egress_Bps\": %.6g, \"delay_s\": %.6g}",
-                m->ranks[q], m->egress_Bps[q], m->lat_s[q]);
+        fprintf(out, ", \"ranks\": %d, \"egress_Bps\": %.6g, \"ingress_Bps\": %.6g, "
+                "\"delay_s\": %.6g}", m->ranks[q], m->egress_Bps[q], m->ingress_Bps[q],
+                m->lat_s[q]);
     }
     fprintf(out, "],\n \"intra\": {\"alpha_s\": %.6g, \"Bps\": %.6g},\n \"wan\": {\"streams\": %d, "
             "\"stream_Bps\": %.6g, \"goodput\": %.6g},\n \"rtt_s\": [", m->intra_alpha_s,

@@ -97,6 +97,13 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                                  name, lineno, tok[i] + 3);
                         goto fail;
                     }
+                } else if (strncmp(tok[i], "in=", 3) == 0) {
+                    tf->regions[g].in_bytes = topoParseRate(tok[i] + 3);
+                    if (!(tf->regions[g].in_bytes > 0)) {
+                        snprintf(err, errlen, "%s:%d: bad rate '%s' (use 100mbit, 1gbit...)",
+                                 name, lineno, tok[i] + 3);
+                        goto fail;
+                    }
                 } else if (strncmp(tok[i], "delay=", 6) == 0) {
                     tf->regions[g].delay_ms = parse_ms(tok[i] + 6, 0);
                     if (tf->regions[g].delay_ms < 0) {
@@ -249,7 +256,7 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
             if (add_region(tf, ls.from) < 0 || add_region(tf, ls.to) < 0)
                 goto oom;
         } else {
-            snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] "
+            snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] [in=RATE] "
                      "[delay=MS] [ranks=N]', 'rank N REGION', 'host ADDR REGION', 'intra "
                      "[bw=RATE] [delay=MS]', 'streams N', 'rtt REGION1 REGION2 MS' or 'loss "
                      "FROM TO PERCENT'", name, lineno, tok[0]);

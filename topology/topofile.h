@@ -2,12 +2,15 @@
  * each rank or host is in and, when known, how fast each region's WAN link
  * is.  Format, one statement per line, '#' starts a comment:
  *
- *   region NAME [bw=RATE] [delay=MS] [ranks=N]
+ *   region NAME [bw=RATE] [in=RATE] [delay=MS] [ranks=N]
  *                                      declare a region; RATE like 100mbit,
  *                                      1gbit, 10gbit or bytes/s (125M): the
  *                                      rate of the region's WAN egress, which
  *                                      all its traffic to other regions
- *                                      shares; delay is the one-way WAN delay
+ *                                      shares; in= the rate of what reaches
+ *                                      it from the others, when that is
+ *                                      lower (a slow downlink; default: no
+ *                                      limit of its own); delay is the one-way WAN delay
  *                                      in ms (RTT between two regions = the
  *                                      sum of their delays); ranks is how
  *                                      many ranks the region has (for
@@ -48,6 +51,7 @@
 typedef struct {
     char name[TOPO_REGION_LABEL_LEN];
     double bw_bytes;  /* bytes/s; 0 unknown */
+    double in_bytes;  /* in=: ingress limit, bytes/s; 0 none known */
     double delay_ms;  /* one-way; < 0 unknown */
     int ranks;        /* ranks=; 0 unknown */
 } topoFileRegion;

@@ -271,6 +271,17 @@ ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetIngress(ncclComm_t comm, double *ingressMbit)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetIngress") != ncclSuccess ||
+                      ingressMbit == NULL,
+                  ncclInvalidArgument, "geocclCommGetIngress: NULL or dead comm, or NULL output");
+    const geoTopo *t = &comm->topo;
+    for (int i = 0; i < comm->regions.nregions; i++)
+        ingressMbit[i] = t->ingress ? t->ingress[i] * 8e-6 : 0;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommWriteTopology") != ncclSuccess || path == NULL,

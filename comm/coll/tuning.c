@@ -72,6 +72,7 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
                                                                           : "default");
         m->ranks[g] = rm->size[g];
         m->egress_Bps[g] = t->egress[g];
+        m->ingress_Bps[g] = t->ingress != NULL ? t->ingress[g] : 0;
         m->lat_s[g] = t->oneway[g];
         if (!(t->egress[g] > 0)) {
             *why = "no WAN rate known (labels on one host, GEOCCL_PROBE=0, or a topology file "

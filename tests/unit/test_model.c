@@ -595,6 +595,95 @@ static void test_model_from_file(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Ingress: a slow downlink                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void test_ingress(void)
+{
+    const double M = 1e6 / 8; /* bytes/s of a Mbit/s */
+    topoModel up, down;
+    char err[512] = "";
+    /* region r0's uplink at 100 Mbit/s, or its downlink only: the
+     * hierarchical all-reduce sends and receives the same bytes, so both
+     * give r0 no share and the same bound. */
+    CU_ASSERT_EQUAL_FATAL(model_from("region r0 bw=100mbit delay=25 ranks=2\n"
+                                     "region r1 bw=1gbit delay=25 ranks=2\n"
+                                     "region r2 bw=1gbit delay=25 ranks=2\n"
+                                     "intra bw=140M delay=0.2\n", &up, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL_FATAL(model_from("region r0 bw=1gbit in=100mbit delay=25 ranks=2\n"
+                                     "region r1 bw=1gbit delay=25 ranks=2\n"
+                                     "region r2 bw=1gbit delay=25 ranks=2\n"
+                                     "intra bw=140M delay=0.2\n", &down, err, sizeof(err)), 0);
+    CU_ASSERT_DOUBLE_EQUAL(down.ingress_Bps[0], 100 * M, 1e-3);
+    CU_ASSERT_EQUAL(down.ingress_Bps[1], 0);
+    unsigned wu[TOPO_MODEL_MAX_REGIONS], wd[TOPO_MODEL_MAX_REGIONS];
+    CU_ASSERT_EQUAL(topoHierShares(&up, wu), 1);
+    CU_ASSERT_EQUAL(topoHierShares(&down, wd), 1);
+    CU_ASSERT_EQUAL(wd[0], 0);
+    for (int q = 0; q < 3; q++)
+        CU_ASSERT_EQUAL(wu[q], wd[q]);
+    double b = topoHierWanPerByte(&down, wd) * 64 * MiB;
+    CU_ASSERT_DOUBLE_EQUAL(b, 64 * MiB / (100 * M * 1448 / 1500), 1e-6);
+    double tu = topoPredict(&up, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0);
+    double td = topoPredict(&down, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0);
+    CU_ASSERT_DOUBLE_EQUAL(td, tu, 0.01 * tu);
+    CU_ASSERT(td >= b);
+    /* without its in= the same links look 10x faster */
+    down.ingress_Bps[0] = 0;
+    CU_ASSERT(topoPredict(&down, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0) <
+              0.3 * td);
+    down.ingress_Bps[0] = 100 * M;
+    /* the flat ring's edge into r0 runs at its ingress; all-gather: r0
+     * receives (N - 2) blocks at 100 Mbit/s */
+    CU_ASSERT(topoPredict(&down, TOPO_COLL_ALLREDUCE, TOPO_ALGO_FLAT, NULL, 64 * MiB, 0, 0) >
+              2.0 * 5 / 6 * 64 * MiB / (100 * M));
+    CU_ASSERT(topoPredict(&down, TOPO_COLL_ALLGATHER, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0) >
+              4.0 / 6 * 64 * MiB / (100 * M));
+    down.ingress_Bps[0] = -1;
+    CU_ASSERT(topoPredict(&down, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, MiB, 0, 0) < 0);
+    {
+        topoFile tf;
+        CU_ASSERT_EQUAL(topoFileParse("region a bw=1gbit in=fast\n", "t", &tf, err,
+                                      sizeof(err)), -1);
+        CU_ASSERT(strstr(err, "t:1: bad rate 'fast'") != NULL);
+    }
+
+    /* From the probe's all-to-all rates (Mbit/s here; any unit works). */
+    double in[4];
+    /* r0's downlink at 100: the flows into it get 50 each while the same
+     * senders' flows to the third region get 950 */
+    const double slow_down[9] = {0, 500, 500, 50, 0, 950, 50, 950, 0};
+    topoIngressFromRates(3, slow_down, in);
+    CU_ASSERT_DOUBLE_EQUAL(in[0], 100, 1e-9);
+    CU_ASSERT_EQUAL(in[1], 0);
+    CU_ASSERT_EQUAL(in[2], 0);
+    /* r0's uplink at 100 (egress): nothing held back on the way in */
+    const double slow_up[9] = {0, 50, 50, 500, 0, 500, 500, 500, 0};
+    topoIngressFromRates(3, slow_up, in);
+    CU_ASSERT(in[0] == 0 && in[1] == 0 && in[2] == 0);
+    /* the ladder 50/100/200/400 (egress): each sender splits its uplink
+     * evenly, so no region reads as held back, the 400 one included */
+    double lad[16];
+    const double e[4] = {50, 100, 200, 400};
+    for (int g = 0; g < 4; g++)
+        for (int h = 0; h < 4; h++)
+            lad[g * 4 + h] = g == h ? 0 : e[g] / 3;
+    topoIngressFromRates(4, lad, in);
+    for (int h = 0; h < 4; h++)
+        CU_ASSERT_EQUAL(in[h], 0);
+    /* two slow downlinks (r0, r1 at 100; uplinks 1 Gbit/s) */
+    const double two[9] = {0, 50, 950, 50, 0, 950, 50, 50, 0};
+    topoIngressFromRates(3, two, in);
+    CU_ASSERT_DOUBLE_EQUAL(in[0], 100, 1e-9);
+    CU_ASSERT_DOUBLE_EQUAL(in[1], 100, 1e-9);
+    CU_ASSERT_EQUAL(in[2], 0);
+    /* two regions: nothing to compare with */
+    const double pair[4] = {0, 100, 1000, 0};
+    topoIngressFromRates(2, pair, in);
+    CU_ASSERT(in[0] == 0 && in[1] == 0);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Simulate                                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -755,6 +844,8 @@ int main(void)
     CU_add_test(s, "plan: forced choices", test_plan_forced);
     CU_add_test(s, "plan: print and JSON", test_plan_print);
     CU_add_test(s, "topoModelFromFile", test_model_from_file);
+    CU_add_test(s, "ingress: a slow downlink in shares, predictions and the probe's rates",
+                test_ingress);
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
     CU_add_test(s, "simulate 4 x 1024 ranks", test_simulate_4x1024);
     CU_add_test(s, "WAN congestion control from loss", test_wan_cc_choice);
