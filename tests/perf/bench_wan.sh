@@ -88,7 +88,8 @@
 #
 # Output: per configuration, a markdown table (times are the out-of-place
 # average per call, maximum over ranks; in-place times are in the raw
-# tables), the bound 2(R-1)/R x bytes / (rate/8) (uneven rates E_q: the least
+# tables), the bound 2(R-1)/R x bytes / (rate/8) (uneven rates E_q, each the
+# lower of a region's egress and an --ingress-rate(s) path option: the least
 # over splits of max_q (1 + (R-2) f_q) x bytes / E_q, which the hierarchical
 # all-reduce's shares reach; with one rate it is the same formula), the same bound at the TCP
 # goodput the emulated link delivers (0.965 x rate: tbf counts IP bytes, TCP
@@ -417,6 +418,29 @@ rate_list_bps() {  # RATE R
   for p in "${parts[@]}"; do out+=("$(rate_bps "$p")") || return 1; done
   echo "${out[*]}"
 }
+# The rates the bound uses: each region's egress, or its ingress where a
+# path option (--ingress-rate RATE, --ingress-rates R0,R1,..; "none" = no
+# limit) makes that lower: the hierarchical all-reduce sends and receives the
+# same bytes per region.  EGRESS_BPS R PATH
+with_ingress() {
+  local eg=() in=() q words=() i r
+  read -r -a eg <<< "$1"
+  read -r -a words <<< "$3"
+  for ((i = 0; i < ${#words[@]}; i++)); do
+    case ${words[i]} in
+      --ingress-rate) for ((q = 0; q < $2; q++)); do in[q]=${words[i + 1]}; done;;
+      --ingress-rates) IFS=, read -r -a in <<< "${words[i + 1]}";;
+    esac
+  done
+  for ((q = 0; q < $2; q++)); do
+    r=${in[q]:-none}
+    if [ "$r" != none ]; then
+      r=$(rate_bps "$r") || return 1
+      [ "$r" -lt "${eg[q]}" ] && eg[q]=$r
+    fi
+  done
+  echo "${eg[*]}"
+}
 for rt in ${rates//,/ }; do
   for r1 in ${rt//\// }; do rate_bps "$r1" >/dev/null || die "rate '$r1': want e.g. 100mbit, 1gbit"; done
 done
@@ -595,6 +619,7 @@ for tp in ${topos//,/ }; do
   for rate in ${rates//,/ }; do
     for path in "${paths[@]}"; do
       bpsl=$(rate_list_bps "$rate" "$R") || die "rate '$rate': $R regions need 1 or $R rates"
+      bpsl=$(with_ingress "$bpsl" "$R" "$path") || die "path '$path': bad ingress rate"
       # the fastest region's rate stands for the configuration where one is needed
       bps=$(tr ' ' '\n' <<< "$bpsl" | sort -n | tail -n 1)
       cfg=${tp}-${rate//\//-}${path:+-$(tr -c 'A-Za-z0-9.\n' '_' <<< "${path//--/}" | tr -s '_' | sed 's/^_//; s/_$//')}
