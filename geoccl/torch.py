@@ -3,7 +3,8 @@
     import geoccl.torch
     torch.distributed.init_process_group("geoccl")   # env://, a store, ...
 
-Importing this module registers the backend. The communicator's unique id
+Importing this module registers the backend; ``backend(group)`` gives the
+group's ProcessGroupGeoCCL. The communicator's unique id
 (the bootstrap root's address and the communicator's secret) travels
 through the process group's store: whoever can read the store can join the
 communicator, so keep the store on a trusted network (as the store itself
@@ -13,6 +14,7 @@ CPU tensors take GeoCCL's host path; CUDA tensors its device path (when
 ``geoccl._C.cuda`` is true). GeoCCL's environment (GEOCCL_COMPRESS,
 GEOCCL_TIMEOUT, GEOCCL_REGION, ...) applies as it does to any program.
 """
+import torch as _torch
 import torch.distributed as _dist
 
 try:
@@ -25,6 +27,20 @@ except ImportError as e:  # the extension was not built, or libgeoccl is missing
 
 ProcessGroupGeoCCL = _C.ProcessGroupGeoCCL
 BACKEND = "geoccl"
+
+
+def backend(group=None):
+    """The ProcessGroupGeoCCL behind group (default: the default group),
+    whose compression(), set_compression() and stats() are GeoCCL's own.
+    With torch 1.x that is the group itself; with 2.x the group is torch's
+    ProcessGroup and this is the c10d Backend it dispatches to."""
+    pg = _dist.group.WORLD if group is None else group
+    if isinstance(pg, ProcessGroupGeoCCL):
+        return pg
+    b = pg._get_backend(_torch.device("cpu"))
+    if not isinstance(b, ProcessGroupGeoCCL):
+        raise ValueError("group's backend is %s, not geoccl" % _dist.get_backend(pg))
+    return b
 
 
 def _create(store, rank, world_size, timeout):

@@ -8,8 +8,8 @@
 #                       python3-torch installs), then python3 on PATH;
 #                       none when cross compiling
 #
-# Sets PYTHON, TORCH_CXXFLAGS, TORCH_LIBS, TORCH_VERSION; HAVE_TORCH
-# (AM_CONDITIONAL) and geoccl_have_torch / geoccl_torch_where.
+# Sets PYTHON, TORCH_CXXFLAGS, TORCH_CXXSTD, TORCH_LIBS, TORCH_VERSION;
+# HAVE_TORCH (AM_CONDITIONAL) and geoccl_have_torch / geoccl_torch_where.
 
 AC_DEFUN([GEOCCL_CHECK_TORCH],
 [AC_REQUIRE([AC_PROG_CXX])dnl
@@ -26,6 +26,7 @@ AS_IF([test "x$with_python" = xguess && test "x$cross_compiling" = xyes],
 geoccl_have_torch=no
 geoccl_torch_where=disabled
 TORCH_CXXFLAGS=
+TORCH_CXXSTD=
 TORCH_LIBS=
 TORCH_VERSION=
 
@@ -74,8 +75,30 @@ print("yes" if torch.version.cuda and os.path.exists(os.path.join(lib, "libc10_c
 ])
 AS_IF([test "x$geoccl_have_torch" = xyes && test -z "$CXX"],
       [geoccl_have_torch=no; geoccl_torch_where="no C++ compiler"])
+# The C++ standard torch's headers need: C++17 up to some 2.x release,
+# C++20 since (ATen.h stops with #error below that). Preprocessing is
+# enough to tell, and much cheaper than compiling.
+AS_IF([test "x$geoccl_have_torch" = xyes], [
+    AC_LANG_PUSH([C++])
+    geoccl_save_CPPFLAGS=$CPPFLAGS
+    for geoccl_std in -std=c++17 -std=c++20; do
+        AC_MSG_CHECKING([whether torch's headers accept $geoccl_std])
+        CPPFLAGS="$geoccl_save_CPPFLAGS $geoccl_std $TORCH_CXXFLAGS"
+        AC_PREPROC_IFELSE([AC_LANG_SOURCE([[#include <ATen/ATen.h>]])],
+                          [AC_MSG_RESULT([yes]); TORCH_CXXSTD=$geoccl_std; break],
+                          [AC_MSG_RESULT([no])])
+    done
+    CPPFLAGS=$geoccl_save_CPPFLAGS
+    AC_LANG_POP([C++])
+    AS_IF([test -z "$TORCH_CXXSTD"],
+          [geoccl_have_torch=no
+           geoccl_torch_where="torch $TORCH_VERSION: its headers need a newer C++ than $CXX has"
+           AS_IF([test "x$with_python" != xguess],
+                 [AC_MSG_ERROR([--with-python=$with_python: $geoccl_torch_where])])])
+])
 AC_SUBST([PYTHON])
 AC_SUBST([TORCH_CXXFLAGS])
+AC_SUBST([TORCH_CXXSTD])
 AC_SUBST([TORCH_LIBS])
 AC_SUBST([TORCH_VERSION])
 AM_CONDITIONAL([HAVE_TORCH], [test "x$geoccl_have_torch" = xyes])

@@ -68,9 +68,11 @@ def main(args, rank, world):
     acc = common.accuracy(model, xte, yte)
     wan = ""
     if args.backend == "geoccl":
-        st = dist.group.WORLD.stats()
+        import geoccl.torch
+        pg = geoccl.torch.backend()
+        st = pg.stats()
         wan = ", codec %s, %d bytes to other regions (%d uncompressed)" % (
-            dist.group.WORLD.compression(), st["bytes_wan"], st["bytes_wan_raw"])
+            pg.compression(), st["bytes_wan"], st["bytes_wan_raw"])
     if rank == 0:
         print("backend %s  ranks %d  regions %d  H %d  rounds %d: %.2f ms inner per round, "
               "%.2f ms all-reduce per round, test accuracy %.4f%s" % (

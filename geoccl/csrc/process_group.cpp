@@ -106,6 +106,18 @@ struct RedOp {
   }
 };
 
+/* The factor tensor of a PREMUL_SUM, undefined when the factor is a
+ * double: torch 1.13 keeps a list of them (tensor_factors), 2.x one
+ * (tensor_factor). */
+template <typename S>
+auto premulFactor(const S& s, int) -> decltype(s.tensor_factors, at::Tensor()) {
+  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
+}
+template <typename S>
+auto premulFactor(const S& s, long) -> decltype(s.tensor_factor, at::Tensor()) {
+  return s.tensor_factor;
+}
+
 RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
   const bool isBool = t.scalar_type() == at::kBool;
   RedOp r;
@@ -128,10 +140,10 @@ RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
       TORCH_CHECK(sup != nullptr,
                   "geoccl: ReduceOp.PREMUL_SUM needs its factor (make the op with "
                   "torch.distributed._make_nccl_premul_sum(factor))");
-      if (sup->tensor_factors.empty()) {
+      const at::Tensor f = premulFactor(*sup, 0);
+      if (!f.defined()) {
         r.factor = sup->double_factor;
       } else {
-        const at::Tensor& f = sup->tensor_factors[0];
         TORCH_CHECK(f.numel() == 1, "geoccl: PREMUL_SUM's factor tensor has ", f.numel(),
                     " elements; it needs 1");
         r.factor = f.item<double>();

@@ -44,6 +44,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #define GEOCCL_TORCH_BASE_NAME "Backend"
+#define GEOCCL_TORCH_OVERRIDE_2 override
 #else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #if defined(__has_include)
@@ -53,6 +54,7 @@
 #endif
 #endif
 #define GEOCCL_TORCH_BASE_NAME "ProcessGroup"
+#define GEOCCL_TORCH_OVERRIDE_2
 #endif
 
 #include <nccl.h>
@@ -149,8 +151,9 @@ class ProcessGroupGeoCCL : public BaseGroup {
   c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
 
   /* Stops the work in progress (it fails) and every later call on this
-   * group; any thread. */
-  void abort();
+   * group; any thread. With torch 2.x it overrides Backend::abort, which
+   * the ProcessGroup's abort() calls. */
+  void abort() GEOCCL_TORCH_OVERRIDE_2;
   /* Runs fn(comm) on the worker thread after the work queued before it
    * (geoccl.h's queries and settings want the thread that issues the
    * collectives) and waits; throws GeoCCL's error text when it fails. */

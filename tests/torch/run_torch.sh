@@ -5,12 +5,19 @@
 # interpreter has no pytest.
 #
 # make check runs it from the top build directory with GEOCCL_HAVE_TORCH,
-# GEOCCL_PYTHON and GEOCCL_TEST_SRCDIR in the environment.
+# GEOCCL_PYTHON and GEOCCL_TEST_SRCDIR in the environment; without
+# GEOCCL_PYTHON it takes PYTHON from the build's Makefile.
 set -u
 
 srcdir=${GEOCCL_TEST_SRCDIR:-${srcdir:-.}}
 builddir=${GEOCCL_TEST_BUILDDIR:-.}
-python=${GEOCCL_PYTHON:-/usr/bin/python3}
+# Run by hand: the interpreter configure found (its torch is the one _C.so
+# was built against; another torch's would fail to load it).
+python=${GEOCCL_PYTHON:-}
+if [ -z "$python" ] && [ -f "$builddir/Makefile" ]; then
+  python=$(sed -n 's/^PYTHON = //p' "$builddir/Makefile")
+fi
+python=${python:-/usr/bin/python3}
 
 if [ "${GEOCCL_HAVE_TORCH:-no}" != yes ]; then
   echo "configured without PyTorch (no Python 3 with torch and its headers); skipping"

@@ -22,6 +22,7 @@ WORLD = 4
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
           torch.int32, torch.int64, torch.uint8, torch.int8]
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+TORCH1 = torch.__version__.startswith("1.")
 
 
 # ---------------------------------------------------------------- harness
@@ -184,8 +185,10 @@ def check_all_reduce(rank, world, geo, gloo, dtype, strided):
             dist.all_reduce(data(rank, n, dtype, strided), op=dist._make_nccl_premul_sum(f),
                             group=geo)
         return
+    # the factor tensor: a list of one with torch 1.x, the tensor with 2.x
+    tf = torch.tensor([f], dtype=torch.float64)
     for op in (dist._make_nccl_premul_sum(f),
-               dist._make_nccl_premul_sum([torch.tensor([f], dtype=torch.float64)])):
+               dist._make_nccl_premul_sum([tf] if TORCH1 else tf)):
         a = data(rank, n, dtype, strided)
         dist.all_reduce(a, op=op, group=geo)
         c = data(rank, n, torch.float64, False) * f
@@ -423,13 +426,15 @@ def scenario_compress(rank, world, init):
     rank."""
     os.environ["GEOCCL_REGION"] = "r%d" % (rank * 2 // world)
     geo, gloo = init_groups(rank, world, init)
-    assert geo.compression() == "int8", geo.compression()
+    import geoccl.torch
+    pg = geoccl.torch.backend(geo)
+    assert pg.compression() == "int8", pg.compression()
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(1 << 16, generator=g)
     a, b = x.clone(), x.clone()
-    before = geo.stats()
+    before = pg.stats()
     dist.all_reduce(a, group=geo)
-    after = geo.stats()
+    after = pg.stats()
     dist.all_reduce(b, group=gloo)
     err = (a - b).abs().max().item()
     bound = 4 * b.abs().max().item() / 127
