@@ -127,15 +127,64 @@ struct geoDevState {
 
 static int gpu_count;
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+/* Set when a CUDA driver is installed but this runtime cannot use it (most
+ * often a driver older than the runtime's major version needs): the machine
+ * has GPUs that we must not silently treat as absent. */
+static char gpu_problem[384];
+
+/* "13.0" from CUDA's 1000 * major + 10 * minor. */
+static void cuda_version_text(int v, char *buf, size_t len)
+{
+    snprintf(buf, len, "%d.%d", v / 1000, v % 1000 / 10);
+}
 
 static void count_gpus(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        n = 0;
-        cudaGetLastError();
+    int n = 0, drv = 0, rt = 0;
+    char dtxt[16], rtxt[16];
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess) {
+        gpu_count = n;
+        return;
     }
-    gpu_count = n;
+    cudaGetLastError();
+    gpu_count = 0;
+    /* cudaDriverGetVersion answers 0 when no driver (libcuda.so.1) loads;
+     * both answer without a usable device. */
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) {
+        cudaGetLastError();
+        drv = 0;
+    }
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) {
+        cudaGetLastError();
+        rt = CUDART_VERSION;
+    }
+    cuda_version_text(drv, dtxt, sizeof(dtxt));
+    cuda_version_text(rt, rtxt, sizeof(rtxt));
+    if (e == cudaErrorNoDevice || drv == 0) {
+        geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "no GPU: %s; host buffers only",
+                drv == 0 ? "no CUDA driver is installed (libcuda.so.1 not found)"
+                         : "the CUDA driver sees no device");
+        return;
+    }
+    if (e == cudaErrorInsufficientDriver)
+        snprintf(gpu_problem, sizeof(gpu_problem),
+                 "the CUDA driver supports CUDA %s, but GeoCCL's CUDA runtime is %s and needs "
+                 "a driver for CUDA %d.x: update the driver, or build GeoCCL with a CUDA "
+                 "toolkit no newer than %s (./configure --with-cuda=DIR)", dtxt, rtxt,
+                 rt / 1000, dtxt);
+    else
+        snprintf(gpu_problem, sizeof(gpu_problem),
+                 "the CUDA runtime %s cannot use the GPUs (driver for CUDA %s): "
+                 "cudaGetDeviceCount failed with %s (%s)", rtxt, dtxt, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+    geoWarn(GEO_LOG_INIT | GEO_LOG_CUDA, "%s", gpu_problem);
+}
+
+const char *geoDevProblem(void)
+{
+    pthread_once(&gpu_once, count_gpus);
+    return gpu_problem[0] ? gpu_problem : NULL;
 }
 
 int geoDevCurrent(void)
@@ -179,6 +228,41 @@ static ncclResult_t cuda_error(struct ncclComm *comm, const char *what, cudaErro
         if (geo_ce_ != cudaSuccess)                         \
             return cuda_error((comm), (what), geo_ce_);     \
     } while (0)
+
+/* The communicator's device made current for the duration of a call, the
+ * caller's restored after it, as NCCL does: events, pinned memory and
+ * stream-ordered allocations belong to the device current when they are
+ * made, and the caller's thread may have another one current (PyTorch's
+ * watchdog thread aborts with device 0 current). */
+typedef struct {
+    int prev;
+    int switched;
+} devGuard;
+
+static ncclResult_t dev_enter(struct ncclComm *comm, devGuard *g)
+{
+    g->prev = -1;
+    g->switched = 0;
+    if (comm->cuda_dev < 0)
+        return ncclSuccess;
+    if (cudaGetDevice(&g->prev) != cudaSuccess) {
+        cudaGetLastError();
+        g->prev = -1;
+    }
+    if (g->prev == comm->cuda_dev)
+        return ncclSuccess;
+    cudaError_t e = cudaSetDevice(comm->cuda_dev);
+    if (e != cudaSuccess)
+        return cuda_error(comm, "selecting the communicator's CUDA device", e);
+    g->switched = 1;
+    return ncclSuccess;
+}
+
+static void dev_leave(const devGuard *g)
+{
+    if (g->switched && g->prev >= 0 && cudaSetDevice(g->prev) != cudaSuccess)
+        cudaGetLastError();
+}
 
 static ncclResult_t real_error(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
                                const char *what, ncclResult_t r)
@@ -1780,20 +1864,24 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
     struct ncclComm *comm = op->comm;
     struct geoDevState *st;
     ncclResult_t r;
+    devGuard g;
 
     GEO_CHECK(dev_ready(comm, fn, &st));
     comm->op_seq++;
     geoErrSetOp(&comm->err, "%s #%llu (%zu elements, device)",
              geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
     if (comm->regions.nregions == 1) {
+        /* NVIDIA's NCCL selects the communicator's device itself */
         if (geoGroupActive())
             GEO_CHECK(geoNcclRealGroupOpen(st->lib));
         return pass_through(comm, st, op, fn);
     }
+    GEO_CHECK(dev_enter(comm, &g));
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     r = op->type == GEO_OP_ALLREDUCE ? hier_allreduce(comm, st, op)
                                      : staged_collective(comm, st, op);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    dev_leave(&g);
     return r;
 }
 
@@ -1828,9 +1916,11 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
 void geoDevResetErrorFeedback(struct ncclComm *comm)
 {
     struct geoDevState *st = comm->dev;
-    if (st != NULL && st->ef_ready) {
+    devGuard g;
+    if (st != NULL && st->ef_ready && dev_enter(comm, &g) == ncclSuccess) {
         st->ef_stream_valid = 0;
         geoEfReset(&st->ef);
+        dev_leave(&g);
     }
 }
 
@@ -1863,8 +1953,13 @@ void geoDevFree(struct ncclComm *comm, int abort)
 {
     struct geoDevState *st = comm->dev;
     ncclResult_t r;
+    devGuard g;
     if (st == NULL)
         return;
+    /* Failing to select the device leaves the caller's current: the frees
+     * below still work there (they are not bound to a device). */
+    if (dev_enter(comm, &g) != ncclSuccess)
+        g.switched = 0;
     if (st->thread_live) {
         if (!abort && geoDevDrain(comm) != ncclSuccess)
             abort = 1;
@@ -1909,11 +2004,13 @@ void geoDevFree(struct ncclComm *comm, int abort)
     pthread_mutex_destroy(&st->lock);
     free(st);
     comm->dev = NULL;
+    dev_leave(&g);
 }
 
 #else /* !HAVE_CUDA: no GPU can exist, so no device buffer can reach us */
 
 int geoDevCurrent(void) { return -1; }
+const char *geoDevProblem(void) { return NULL; }
 int geoDevIsDevicePtr(const void *p)
 {
     (void)p;

@@ -15,7 +15,10 @@
  * through the host), exact results checked; no figures.
  *
  * Without CODEC: exact transfer; checks sum and avg results on odd and even
- * counts against the exact sums.  With CODEC (int8, fp16, bf16, int4, sign,
+ * counts against the exact sums.  DEV_ALLREDUCE_OTHER_DEVICE=1 (needs 2
+ * devices): the communicator and stream are on device 1 and each of these
+ * calls is made with device 0 current, as from a thread that never set the
+ * device; the calls must work and leave device 0 current.  With CODEC (int8, fp16, bf16, int4, sign,
  * topk:<k>, lossless; set with geocclCommSetCompression): the chunks are
  * encoded on the GPU (lossless: on the host); checks that every rank holds
  * bit-identical results (a hash per rank, compared by the parent), over two
@@ -314,7 +317,9 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     id = shared_id->id;
     snprintf(label, sizeof(label), "r%d", rank);
     setenv("GEOCCL_REGION", label, 1);
-    CK(cudaSetDevice(0));
+    /* DEV_ALLREDUCE_OTHER_DEVICE: everything on device 1 (see the top) */
+    const int other = getenv("DEV_ALLREDUCE_OTHER_DEVICE") != NULL;
+    CK(cudaSetDevice(other ? 1 : 0));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     NK(ncclCommInitRank(&comm, nranks, id, rank));
@@ -343,8 +348,20 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
             CK(cudaMalloc((void **)&d_in, n * sizeof(float)));
             CK(cudaMalloc((void **)&d_out, n * sizeof(float)));
             CK(cudaMemcpy(d_in, h, n * sizeof(float), cudaMemcpyHostToDevice));
+            if (other)
+                CK(cudaSetDevice(0));
             NK(ncclAllReduce(d_in, avg ? d_in : d_out, n, ncclFloat, avg ? ncclAvg : ncclSum, comm,
                              s));
+            if (other) {
+                int cur = -1;
+                CK(cudaGetDevice(&cur));
+                if (cur != 0) {
+                    fprintf(stderr, "rank %d: ncclAllReduce left device %d current, the "
+                            "caller's was 0\n", rank, cur);
+                    bad = 1;
+                }
+                CK(cudaSetDevice(1));
+            }
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(h, avg ? d_in : d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
             size_t wrong = 0;
@@ -408,6 +425,42 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     return bad;
 }
 
+/* "driver old|none": the CUDA driver is too old for the runtime (old) or
+ * absent (none); run under the emulation with GEO_EMU_DRIVER_VERSION set
+ * to match.  old: ncclCommInitRank must fail with ncclUnhandledCudaError
+ * and an error text that names the driver (it is printed; the caller
+ * checks the versions in it); none: it must succeed, host-only (device
+ * -1).  In-process, one rank. */
+static int check_driver(const char *want)
+{
+    const int rank = 0;
+    ncclComm_t comm = NULL;
+    ncclUniqueId id;
+    int rt = 0;
+    CK(cudaRuntimeGetVersion(&rt));
+    printf("dev_allreduce: CUDA runtime %d.%d\n", rt / 1000, rt % 1000 / 10);
+    NK(ncclGetUniqueId(&id));
+    ncclResult_t r = ncclCommInitRank(&comm, 1, id, 0);
+    const char *txt = ncclGetLastError(NULL);
+    printf("dev_allreduce driver %s: ncclCommInitRank: %s: %s\n", want, ncclGetErrorString(r),
+           r == ncclSuccess ? "-" : txt);
+    if (strcmp(want, "old") == 0) {
+        int ok = r == ncclUnhandledCudaError && strstr(txt, "driver") != NULL;
+        printf("%s: dev_allreduce driver old: init refused, naming the driver\n",
+               ok ? "PASS" : "FAIL");
+        return !ok;
+    }
+    int d = 0;
+    if (r == ncclSuccess)
+        ncclCommCuDevice(comm, &d);
+    int ok = r == ncclSuccess && d == -1;
+    if (comm)
+        ncclCommDestroy(comm);
+    printf("%s: dev_allreduce driver none: host-only communicator (device %d)\n",
+           ok ? "PASS" : "FAIL", d);
+    return !ok;
+}
+
 /* "devices": communicators made off the caller's thread belong to the
  * device the caller chose: ncclCommInitAll's devlist, and inits inside
  * ncclGroupStart/End (run by GeoCCL on threads of its own) take the device
@@ -468,6 +521,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "devices") == 0)
         return check_devices();
+    if (argc > 2 && strcmp(argv[1], "driver") == 0)
+        return check_driver(argv[2]);
 
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;
