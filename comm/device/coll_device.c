@@ -64,7 +64,12 @@
 typedef CUresult (*waitValueFn)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
                                 unsigned int flags);
 
-/* Pinned staging for one job in flight. */
+/* Pinned staging for one job in flight.  Pinned memory is never freed
+ * while the communicator lives: cudaFreeHost waits for every stream of the
+ * device (the trainer's compute streams too), so a slot that must grow
+ * keeps its old buffer on the communicator's retired list (see slot_get),
+ * and everything goes at ncclCommDestroy; ncclCommAbort frees none of it
+ * (see geoDevFree). */
 typedef struct {
     char *host;
     size_t cap;
@@ -73,6 +78,13 @@ typedef struct {
     int busy;               /* a job owns it (until done completes) */
     int exchanged;          /* the exchange thread is finished with it */
 } devSlot;
+
+/* A staging buffer a slot outgrew (slot_get). */
+typedef struct devRetired {
+    void *host;
+    size_t bytes;
+    struct devRetired *next;
+} devRetired;
 
 struct gxJob;
 
@@ -106,6 +118,7 @@ struct geoDevState {
     int wait_value_checked;
     devSlot slots[GEO_DEV_MAX_SLOTS];
     int nslots;
+    devRetired *retired;        /* outgrown staging, freed at destroy */
     devJob *head, *tail;
     int pending;                /* jobs queued or running */
     int stop, aborting;
@@ -121,6 +134,7 @@ struct geoDevState {
     int ef_stream_valid;
     cudaEvent_t ef_ev;          /* recorded after each GPU-encoded call */
     cudaStream_t last_stream;   /* ... on this stream */
+    int ef_leak;                /* abort could not order the frees: keep them */
 };
 
 /* ---- small CUDA helpers -------------------------------------------------- */
@@ -1323,6 +1337,8 @@ static void dev_ef_release(void *ctx, void *p, size_t bytes)
 {
     struct geoDevState *st = ctx;
     (void)bytes;
+    if (st->ef_leak)
+        return;
     if (st->ef_stream_valid) {
         if (cudaFreeAsync(p, st->ef_stream) != cudaSuccess)
             cudaGetLastError();
@@ -1386,21 +1402,41 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
     return ncclSuccess;
 }
 
-/* A free staging slot of at least bytes (user thread). */
+/* Staging capacity for a request of bytes: a power of two of at least
+ * 64 KiB, so that a slot grows a few times at most as call sizes rise and
+ * serves every smaller call afterwards. */
+static size_t slot_cap_for(size_t bytes)
+{
+    size_t c = (size_t)64 << 10;
+    while (c < bytes && c < ((size_t)1 << (sizeof(size_t) * 8 - 2)))
+        c <<= 1;
+    return c < bytes ? bytes : c;
+}
+
+/* A free staging slot of at least bytes (user thread).  Chooses, in this
+ * order: the smallest free slot that is large enough; a new slot while
+ * there are fewer than GEO_DEV_MAX_SLOTS; the largest free slot, grown.
+ * Pinning happens only for a new or a grown slot, never a cudaFreeHost:
+ * a grown slot's old buffer is kept (st->retired) until destroy.  Bound:
+ * the retired buffers of a slot are powers of two below its capacity, so
+ * they hold less than the slot itself. */
 static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size_t bytes,
                              devSlot **out)
 {
     double t0 = geoNow();
     for (;;) {
-        devSlot *pick = NULL;
+        devSlot *pick = NULL, *largest = NULL;
         pthread_mutex_lock(&st->lock);
-        for (int i = 0; i < st->nslots && pick == NULL; i++) {
+        for (int i = 0; i < st->nslots; i++) {
             devSlot *s = &st->slots[i];
             if (s->busy && s->exchanged && cudaEventQuery(s->done) == cudaSuccess)
                 s->busy = 0;
-            if (!s->busy && (s->cap >= bytes || i == st->nslots - 1 ||
-                             st->nslots == GEO_DEV_MAX_SLOTS))
+            if (s->busy)
+                continue;
+            if (s->cap >= bytes && (pick == NULL || s->cap < pick->cap))
                 pick = s;
+            if (largest == NULL || s->cap > largest->cap)
+                largest = s;
         }
         if (pick == NULL && st->nslots < GEO_DEV_MAX_SLOTS) {
             pick = &st->slots[st->nslots];
@@ -1414,21 +1450,34 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
             }
             st->nslots++;
         }
+        if (pick == NULL)
+            pick = largest;
         if (pick)
             pick->busy = 1;
         pthread_mutex_unlock(&st->lock);
         if (pick) {
             if (pick->cap < bytes) {
-                if (pick->host)
-                    cudaFreeHost(pick->host);
-                pick->host = NULL;
-                pick->cap = 0;
-                cudaError_t e = cudaHostAlloc((void **)&pick->host, bytes, cudaHostAllocPortable);
+                size_t cap = slot_cap_for(bytes);
+                void *h = NULL;
+                devRetired *old = pick->host ? malloc(sizeof(*old)) : NULL;
+                cudaError_t e = pick->host && old == NULL
+                                    ? cudaErrorMemoryAllocation
+                                    : cudaHostAlloc(&h, cap, cudaHostAllocPortable);
                 if (e != cudaSuccess) {
-                    pick->busy = 0;
+                    free(old);
+                    slot_put(st, pick);
                     return cuda_error(comm, "cudaHostAlloc of a staging buffer", e);
                 }
-                pick->cap = bytes;
+                if (old) {
+                    old->host = pick->host;
+                    old->bytes = pick->cap;
+                    pthread_mutex_lock(&st->lock);
+                    old->next = st->retired;
+                    st->retired = old;
+                    pthread_mutex_unlock(&st->lock);
+                }
+                pick->host = h;
+                pick->cap = cap;
             }
             pick->exchanged = 0;
             *out = pick;
@@ -1984,19 +2033,66 @@ void geoDevFree(struct ncclComm *comm, int abort)
             geoWarn(GEO_LOG_CUDA, "the real NCCL communicator's %s failed: %s",
                     abort ? "abort" : "destroy", st->lib->GetErrorString(r));
     }
-    /* cudaFreeHost waits for the device: queued copies into the slots and
-     * waits on the flag are finished before the memory goes. */
+    /* Destroy: cudaFreeHost waits for the whole device, so queued copies
+     * into the slots and waits on the flag are finished before the memory
+     * goes.  Abort must not wait: it runs when some stream is stuck (a
+     * collective whose peer died; PyTorch's watchdog aborts communicators
+     * one after the other exactly then), and cudaFreeHost would wait for
+     * that stream, whoever owns it.  So abort frees no pinned memory: the
+     * slots' buffers, the retired ones and the flag stay allocated until
+     * the process ends (queued copies may still land in them, so they
+     * could not be reused either).  The bound is what this communicator
+     * had pinned, logged below; events are released without waiting. */
+    size_t kept = 0;
     for (int i = 0; i < st->nslots; i++) {
-        if (st->slots[i].host)
-            cudaFreeHost(st->slots[i].host);
+        if (st->slots[i].host) {
+            if (abort)
+                kept += st->slots[i].cap;
+            else
+                cudaFreeHost(st->slots[i].host);
+        }
         cudaEventDestroy(st->slots[i].ready);
         cudaEventDestroy(st->slots[i].done);
     }
-    if (st->flag)
-        cudaFreeHost(st->flag);
+    while (st->retired) {
+        devRetired *x = st->retired;
+        st->retired = x->next;
+        if (abort)
+            kept += x->bytes;
+        else
+            cudaFreeHost(x->host);
+        free(x);
+    }
+    if (st->flag) {
+        if (abort)
+            kept += 64;
+        else
+            cudaFreeHost(st->flag);
+    }
+    if (kept > 0)
+        geoInfo(GEO_LOG_CUDA, "ncclCommAbort: %zu bytes of pinned staging left allocated "
+                "until the process ends (freeing pinned memory waits for every stream of the "
+                "device, and one may be stuck)", kept);
     if (st->ef_ready) {
         st->ef_stream_valid = 0;
-        geoEfFree(&st->ef);
+        if (abort) {
+            /* The residuals are freed on a stream of our own once the last
+             * call that used them is past (ef_ev): nothing waits here. */
+            cudaStream_t fs = NULL;
+            if (cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking) == cudaSuccess &&
+                (st->ef_ev == NULL || cudaStreamWaitEvent(fs, st->ef_ev, 0) == cudaSuccess)) {
+                st->ef_stream = fs;
+                st->ef_stream_valid = 1;
+            } else {
+                cudaGetLastError();
+                st->ef_leak = 1; /* bounded by GEOCCL_EF_MAX_BYTES */
+            }
+            geoEfFree(&st->ef);
+            if (fs)
+                cudaStreamDestroy(fs); /* returns at once; its work still runs */
+        } else {
+            geoEfFree(&st->ef);
+        }
     }
     if (st->ef_ev)
         cudaEventDestroy(st->ef_ev);

@@ -50,6 +50,9 @@
  *    CUDART_VERSION).  A major version below the runtime's makes
  *    cudaGetDeviceCount fail with cudaErrorInsufficientDriver, as a real
  *    runtime does on an old driver; 0 stands for no driver installed.
+ *  - cudaFreeHost counts as a pinned free and cudaHostAlloc as a pinned
+ *    allocation; geoEmuPinnedCounts() reads both, so a test can tell
+ *    whether a hot path re-pins its staging.
  *  - GEO_EMU_STATS=1: cudaStreamDestroy prints what went through the
  *    emulation ("cuda emulation stats: ..."), so that a test can tell which
  *    path a call took.
@@ -122,6 +125,7 @@ static struct CUstream_st *emu_null_stream;
 static __thread cudaError_t emu_last_error;
 /* GEO_EMU_STATS */
 static unsigned long emu_n_launch, emu_n_wait_value, emu_n_host_fn, emu_n_copy;
+static unsigned long emu_n_pin, emu_n_unpin;
 
 static void emu_count(unsigned long *n) { __atomic_add_fetch(n, 1, __ATOMIC_RELAXED); }
 
@@ -591,15 +595,26 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
 {
     (void)flags;
+    emu_count(&emu_n_pin);
     return emu_alloc(ptr, bytes, 1);
 }
 
+/* As CUDA's, it waits for every stream of the device: one stream stuck (a
+ * collective whose peer died) holds it, whoever owns that stream. */
 cudaError_t cudaFreeHost(void *ptr)
 {
     if (ptr == NULL)
         return cudaSuccess;
+    emu_count(&emu_n_unpin);
     emu_drain_all("cudaFreeHost's device synchronisation");
     return emu_release(ptr, 1);
+}
+
+void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees);
+void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees)
+{
+    *allocs = __atomic_load_n(&emu_n_pin, __ATOMIC_RELAXED);
+    *frees = __atomic_load_n(&emu_n_unpin, __ATOMIC_RELAXED);
 }
 
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)

@@ -132,6 +132,13 @@ done
 # group) belong to the device the caller chose, not to device 0.
 echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
+# Pinned staging: growing sizes free no pinned memory, repeated sizes pin
+# nothing new (the emulation counts cudaHostAlloc and cudaFreeHost).
+run yes word "$bin" 2 "$mib" pinned
+# ncclCommAbort while another stream of the process and the communicator's
+# own are stuck: it must return (the emulated cudaFreeHost, like CUDA's,
+# waits for every stream, so a free in abort would hold it).
+run yes word "$bin" 2 "$mib" abort
 # The caller's thread has another device current than the communicator's:
 # events, pinned memory and stream-ordered allocations must still be the
 # communicator's device's (the emulation refuses an event recorded on a
