@@ -717,6 +717,12 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     GEO_RETURN_IF(rank < 0 || rank >= nranks, ncclInvalidArgument,
                   "ncclCommInitRank: rank %d is outside [0, %d)", rank, nranks);
     GEO_CHECK(check_config(config));
+    /* A driver too old for our CUDA runtime would otherwise read as "no
+     * GPU": device buffers would then be taken for host memory. */
+    const char *cuda_problem = geoDevProblem();
+    GEO_RETURN_IF(cuda_problem != NULL, ncclUnhandledCudaError, "ncclCommInitRank: %s",
+                  cuda_problem);
+    geoNcclCheckBinding();
     GEO_CHECK(geoBootstrapDecode(uid, &id));
 
     comm = calloc(1, sizeof(*comm));

@@ -64,7 +64,12 @@
 typedef CUresult (*waitValueFn)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
                                 unsigned int flags);
 
-/* Pinned staging for one job in flight. */
+/* Pinned staging for one job in flight.  Pinned memory is never freed
+ * while the communicator lives: cudaFreeHost waits for every stream of the
+ * device (the trainer's compute streams too), so a slot that must grow
+ * keeps its old buffer on the communicator's retired list (see slot_get),
+ * and everything goes at ncclCommDestroy; ncclCommAbort frees none of it
+ * (see geoDevFree). */
 typedef struct {
     char *host;
     size_t cap;
@@ -73,6 +78,13 @@ typedef struct {
     int busy;               /* a job owns it (until done completes) */
     int exchanged;          /* the exchange thread is finished with it */
 } devSlot;
+
+/* A staging buffer a slot outgrew (slot_get). */
+typedef struct devRetired {
+    void *host;
+    size_t bytes;
+    struct devRetired *next;
+} devRetired;
 
 struct gxJob;
 
@@ -106,6 +118,7 @@ struct geoDevState {
     int wait_value_checked;
     devSlot slots[GEO_DEV_MAX_SLOTS];
     int nslots;
+    devRetired *retired;        /* outgrown staging, freed at destroy */
     devJob *head, *tail;
     int pending;                /* jobs queued or running */
     int stop, aborting;
@@ -121,21 +134,71 @@ struct geoDevState {
     int ef_stream_valid;
     cudaEvent_t ef_ev;          /* recorded after each GPU-encoded call */
     cudaStream_t last_stream;   /* ... on this stream */
+    int ef_leak;                /* abort could not order the frees: keep them */
 };
 
 /* ---- small CUDA helpers -------------------------------------------------- */
 
 static int gpu_count;
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+/* Set when a CUDA driver is installed but this runtime cannot use it (most
+ * often a driver older than the runtime's major version needs): the machine
+ * has GPUs that we must not silently treat as absent. */
+static char gpu_problem[384];
+
+/* "13.0" from CUDA's 1000 * major + 10 * minor. */
+static void cuda_version_text(int v, char *buf, size_t len)
+{
+    snprintf(buf, len, "%d.%d", v / 1000, v % 1000 / 10);
+}
 
 static void count_gpus(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        n = 0;
-        cudaGetLastError();
+    int n = 0, drv = 0, rt = 0;
+    char dtxt[16], rtxt[16];
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess) {
+        gpu_count = n;
+        return;
     }
-    gpu_count = n;
+    cudaGetLastError();
+    gpu_count = 0;
+    /* cudaDriverGetVersion answers 0 when no driver (libcuda.so.1) loads;
+     * both answer without a usable device. */
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) {
+        cudaGetLastError();
+        drv = 0;
+    }
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) {
+        cudaGetLastError();
+        rt = CUDART_VERSION;
+    }
+    cuda_version_text(drv, dtxt, sizeof(dtxt));
+    cuda_version_text(rt, rtxt, sizeof(rtxt));
+    if (e == cudaErrorNoDevice || drv == 0) {
+        geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "no GPU: %s; host buffers only",
+                drv == 0 ? "no CUDA driver is installed (libcuda.so.1 not found)"
+                         : "the CUDA driver sees no device");
+        return;
+    }
+    if (e == cudaErrorInsufficientDriver)
+        snprintf(gpu_problem, sizeof(gpu_problem),
+                 "the CUDA driver supports CUDA %s, but GeoCCL's CUDA runtime is %s and needs "
+                 "a driver for CUDA %d.x: update the driver, or build GeoCCL with a CUDA "
+                 "toolkit no newer than %s (./configure --with-cuda=DIR)", dtxt, rtxt,
+                 rt / 1000, dtxt);
+    else
+        snprintf(gpu_problem, sizeof(gpu_problem),
+                 "the CUDA runtime %s cannot use the GPUs (driver for CUDA %s): "
+                 "cudaGetDeviceCount failed with %s (%s)", rtxt, dtxt, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+    geoWarn(GEO_LOG_INIT | GEO_LOG_CUDA, "%s", gpu_problem);
+}
+
+const char *geoDevProblem(void)
+{
+    pthread_once(&gpu_once, count_gpus);
+    return gpu_problem[0] ? gpu_problem : NULL;
 }
 
 int geoDevCurrent(void)
@@ -179,6 +242,41 @@ static ncclResult_t cuda_error(struct ncclComm *comm, const char *what, cudaErro
         if (geo_ce_ != cudaSuccess)                         \
             return cuda_error((comm), (what), geo_ce_);     \
     } while (0)
+
+/* The communicator's device made current for the duration of a call, the
+ * caller's restored after it, as NCCL does: events, pinned memory and
+ * stream-ordered allocations belong to the device current when they are
+ * made, and the caller's thread may have another one current (PyTorch's
+ * watchdog thread aborts with device 0 current). */
+typedef struct {
+    int prev;
+    int switched;
+} devGuard;
+
+static ncclResult_t dev_enter(struct ncclComm *comm, devGuard *g)
+{
+    g->prev = -1;
+    g->switched = 0;
+    if (comm->cuda_dev < 0)
+        return ncclSuccess;
+    if (cudaGetDevice(&g->prev) != cudaSuccess) {
+        cudaGetLastError();
+        g->prev = -1;
+    }
+    if (g->prev == comm->cuda_dev)
+        return ncclSuccess;
+    cudaError_t e = cudaSetDevice(comm->cuda_dev);
+    if (e != cudaSuccess)
+        return cuda_error(comm, "selecting the communicator's CUDA device", e);
+    g->switched = 1;
+    return ncclSuccess;
+}
+
+static void dev_leave(const devGuard *g)
+{
+    if (g->switched && g->prev >= 0 && cudaSetDevice(g->prev) != cudaSuccess)
+        cudaGetLastError();
+}
 
 static ncclResult_t real_error(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
                                const char *what, ncclResult_t r)
@@ -1239,6 +1337,8 @@ static void dev_ef_release(void *ctx, void *p, size_t bytes)
 {
     struct geoDevState *st = ctx;
     (void)bytes;
+    if (st->ef_leak)
+        return;
     if (st->ef_stream_valid) {
         if (cudaFreeAsync(p, st->ef_stream) != cudaSuccess)
             cudaGetLastError();
@@ -1302,21 +1402,41 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
     return ncclSuccess;
 }
 
-/* A free staging slot of at least bytes (user thread). */
+/* Staging capacity for a request of bytes: a power of two of at least
+ * 64 KiB, so that a slot grows a few times at most as call sizes rise and
+ * serves every smaller call afterwards. */
+static size_t slot_cap_for(size_t bytes)
+{
+    size_t c = (size_t)64 << 10;
+    while (c < bytes && c < ((size_t)1 << (sizeof(size_t) * 8 - 2)))
+        c <<= 1;
+    return c < bytes ? bytes : c;
+}
+
+/* A free staging slot of at least bytes (user thread).  Chooses, in this
+ * order: the smallest free slot that is large enough; a new slot while
+ * there are fewer than GEO_DEV_MAX_SLOTS; the largest free slot, grown.
+ * Pinning happens only for a new or a grown slot, never a cudaFreeHost:
+ * a grown slot's old buffer is kept (st->retired) until destroy.  Bound:
+ * the retired buffers of a slot are powers of two below its capacity, so
+ * they hold less than the slot itself. */
 static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size_t bytes,
                              devSlot **out)
 {
     double t0 = geoNow();
     for (;;) {
-        devSlot *pick = NULL;
+        devSlot *pick = NULL, *largest = NULL;
         pthread_mutex_lock(&st->lock);
-        for (int i = 0; i < st->nslots && pick == NULL; i++) {
+        for (int i = 0; i < st->nslots; i++) {
             devSlot *s = &st->slots[i];
             if (s->busy && s->exchanged && cudaEventQuery(s->done) == cudaSuccess)
                 s->busy = 0;
-            if (!s->busy && (s->cap >= bytes || i == st->nslots - 1 ||
-                             st->nslots == GEO_DEV_MAX_SLOTS))
+            if (s->busy)
+                continue;
+            if (s->cap >= bytes && (pick == NULL || s->cap < pick->cap))
                 pick = s;
+            if (largest == NULL || s->cap > largest->cap)
+                largest = s;
         }
         if (pick == NULL && st->nslots < GEO_DEV_MAX_SLOTS) {
             pick = &st->slots[st->nslots];
@@ -1330,21 +1450,34 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
             }
             st->nslots++;
         }
+        if (pick == NULL)
+            pick = largest;
         if (pick)
             pick->busy = 1;
         pthread_mutex_unlock(&st->lock);
         if (pick) {
             if (pick->cap < bytes) {
-                if (pick->host)
-                    cudaFreeHost(pick->host);
-                pick->host = NULL;
-                pick->cap = 0;
-                cudaError_t e = cudaHostAlloc((void **)&pick->host, bytes, cudaHostAllocPortable);
+                size_t cap = slot_cap_for(bytes);
+                void *h = NULL;
+                devRetired *old = pick->host ? malloc(sizeof(*old)) : NULL;
+                cudaError_t e = pick->host && old == NULL
+                                    ? cudaErrorMemoryAllocation
+                                    : cudaHostAlloc(&h, cap, cudaHostAllocPortable);
                 if (e != cudaSuccess) {
-                    pick->busy = 0;
+                    free(old);
+                    slot_put(st, pick);
                     return cuda_error(comm, "cudaHostAlloc of a staging buffer", e);
                 }
-                pick->cap = bytes;
+                if (old) {
+                    old->host = pick->host;
+                    old->bytes = pick->cap;
+                    pthread_mutex_lock(&st->lock);
+                    old->next = st->retired;
+                    st->retired = old;
+                    pthread_mutex_unlock(&st->lock);
+                }
+                pick->host = h;
+                pick->cap = cap;
             }
             pick->exchanged = 0;
             *out = pick;
@@ -1780,20 +1913,24 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
     struct ncclComm *comm = op->comm;
     struct geoDevState *st;
     ncclResult_t r;
+    devGuard g;
 
     GEO_CHECK(dev_ready(comm, fn, &st));
     comm->op_seq++;
     geoErrSetOp(&comm->err, "%s #%llu (%zu elements, device)",
              geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
     if (comm->regions.nregions == 1) {
+        /* NVIDIA's NCCL selects the communicator's device itself */
         if (geoGroupActive())
             GEO_CHECK(geoNcclRealGroupOpen(st->lib));
         return pass_through(comm, st, op, fn);
     }
+    GEO_CHECK(dev_enter(comm, &g));
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     r = op->type == GEO_OP_ALLREDUCE ? hier_allreduce(comm, st, op)
                                      : staged_collective(comm, st, op);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    dev_leave(&g);
     return r;
 }
 
@@ -1828,9 +1965,11 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
 void geoDevResetErrorFeedback(struct ncclComm *comm)
 {
     struct geoDevState *st = comm->dev;
-    if (st != NULL && st->ef_ready) {
+    devGuard g;
+    if (st != NULL && st->ef_ready && dev_enter(comm, &g) == ncclSuccess) {
         st->ef_stream_valid = 0;
         geoEfReset(&st->ef);
+        dev_leave(&g);
     }
 }
 
@@ -1863,8 +2002,13 @@ void geoDevFree(struct ncclComm *comm, int abort)
 {
     struct geoDevState *st = comm->dev;
     ncclResult_t r;
+    devGuard g;
     if (st == NULL)
         return;
+    /* Failing to select the device leaves the caller's current: the frees
+     * below still work there (they are not bound to a device). */
+    if (dev_enter(comm, &g) != ncclSuccess)
+        g.switched = 0;
     if (st->thread_live) {
         if (!abort && geoDevDrain(comm) != ncclSuccess)
             abort = 1;
@@ -1889,19 +2033,66 @@ void geoDevFree(struct ncclComm *comm, int abort)
             geoWarn(GEO_LOG_CUDA, "the real NCCL communicator's %s failed: %s",
                     abort ? "abort" : "destroy", st->lib->GetErrorString(r));
     }
-    /* cudaFreeHost waits for the device: queued copies into the slots and
-     * waits on the flag are finished before the memory goes. */
+    /* Destroy: cudaFreeHost waits for the whole device, so queued copies
+     * into the slots and waits on the flag are finished before the memory
+     * goes.  Abort must not wait: it runs when some stream is stuck (a
+     * collective whose peer died; PyTorch's watchdog aborts communicators
+     * one after the other exactly then), and cudaFreeHost would wait for
+     * that stream, whoever owns it.  So abort frees no pinned memory: the
+     * slots' buffers, the retired ones and the flag stay allocated until
+     * the process ends (queued copies may still land in them, so they
+     * could not be reused either).  The bound is what this communicator
+     * had pinned, logged below; events are released without waiting. */
+    size_t kept = 0;
     for (int i = 0; i < st->nslots; i++) {
-        if (st->slots[i].host)
-            cudaFreeHost(st->slots[i].host);
+        if (st->slots[i].host) {
+            if (abort)
+                kept += st->slots[i].cap;
+            else
+                cudaFreeHost(st->slots[i].host);
+        }
         cudaEventDestroy(st->slots[i].ready);
         cudaEventDestroy(st->slots[i].done);
     }
-    if (st->flag)
-        cudaFreeHost(st->flag);
+    while (st->retired) {
+        devRetired *x = st->retired;
+        st->retired = x->next;
+        if (abort)
+            kept += x->bytes;
+        else
+            cudaFreeHost(x->host);
+        free(x);
+    }
+    if (st->flag) {
+        if (abort)
+            kept += 64;
+        else
+            cudaFreeHost(st->flag);
+    }
+    if (kept > 0)
+        geoInfo(GEO_LOG_CUDA, "ncclCommAbort: %zu bytes of pinned staging left allocated "
+                "until the process ends (freeing pinned memory waits for every stream of the "
+                "device, and one may be stuck)", kept);
     if (st->ef_ready) {
         st->ef_stream_valid = 0;
-        geoEfFree(&st->ef);
+        if (abort) {
+            /* The residuals are freed on a stream of our own once the last
+             * call that used them is past (ef_ev): nothing waits here. */
+            cudaStream_t fs = NULL;
+            if (cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking) == cudaSuccess &&
+                (st->ef_ev == NULL || cudaStreamWaitEvent(fs, st->ef_ev, 0) == cudaSuccess)) {
+                st->ef_stream = fs;
+                st->ef_stream_valid = 1;
+            } else {
+                cudaGetLastError();
+                st->ef_leak = 1; /* bounded by GEOCCL_EF_MAX_BYTES */
+            }
+            geoEfFree(&st->ef);
+            if (fs)
+                cudaStreamDestroy(fs); /* returns at once; its work still runs */
+        } else {
+            geoEfFree(&st->ef);
+        }
     }
     if (st->ef_ev)
         cudaEventDestroy(st->ef_ev);
@@ -1909,11 +2100,13 @@ void geoDevFree(struct ncclComm *comm, int abort)
     pthread_mutex_destroy(&st->lock);
     free(st);
     comm->dev = NULL;
+    dev_leave(&g);
 }
 
 #else /* !HAVE_CUDA: no GPU can exist, so no device buffer can reach us */
 
 int geoDevCurrent(void) { return -1; }
+const char *geoDevProblem(void) { return NULL; }
 int geoDevIsDevicePtr(const void *p)
 {
     (void)p;

@@ -13,6 +13,12 @@ struct ncclComm;
 /* The calling thread's CUDA device, or -1 when there is no GPU (no driver,
  * no device, or a build without CUDA). */
 int geoDevCurrent(void);
+/* NULL, or why a CUDA driver is installed but the runtime GeoCCL was built
+ * with cannot use it (for instance a driver older than the runtime's major
+ * version needs), naming the driver's and the runtime's CUDA versions:
+ * such a machine has GPUs that must not be taken for absent.  Logged at
+ * WARN once, the first time the GPUs are counted. */
+const char *geoDevProblem(void);
 /* 1 when p is device or managed memory (which the host path must not
  * touch), 0 for host memory or without a GPU. */
 int geoDevIsDevicePtr(const void *p);

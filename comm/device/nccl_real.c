@@ -244,6 +244,36 @@ const char *geoNcclRealError(void)
     return real_ok ? "" : real_error;
 }
 
+/* ---- who the process's NCCL calls reach --------------------------------- */
+
+static pthread_once_t binding_once = PTHREAD_ONCE_INIT;
+
+static void check_binding(void)
+{
+    static const char *const names[] = {"ncclCommInitRank", "ncclAllReduce"};
+    /* Our own addresses as the process sees them (the canonical ones, which
+     * may be a non-PIE program's PLT entries, as dlsym's answer would be). */
+    void *const ours[] = {(void *)ncclCommInitRank, (void *)ncclAllReduce};
+    Dl_info mine, theirs;
+    if (dladdr((void *)geoNcclRealOpen, &mine) == 0)
+        return;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *f = dlsym(RTLD_DEFAULT, names[i]);
+        if (f == NULL || f == ours[i] || dladdr(f, &theirs) == 0 ||
+            theirs.dli_fbase == mine.dli_fbase)
+            continue;
+        geoWarn(GEO_LOG_INIT, "%s in this process resolves to %s, not to GeoCCL (%s): code "
+                "that calls NCCL through the global symbol scope runs NVIDIA's NCCL; load "
+                "libgeoccl first (LD_PRELOAD=libgeoccl.so, and check that ld.so did not "
+                "print \"cannot be preloaded\") or link with -lgeoccl instead of -lnccl",
+                names[i], theirs.dli_fname ? theirs.dli_fname : "another object",
+                mine.dli_fname ? mine.dli_fname : "libgeoccl");
+        return;
+    }
+}
+
+void geoNcclCheckBinding(void) { pthread_once(&binding_once, check_binding); }
+
 /* ---- groups ------------------------------------------------------------ */
 
 ncclResult_t geoNcclRealGroupOpen(const geoNcclRealLib *lib)

@@ -81,6 +81,13 @@ const char *geoNcclRealError(void);
 int geoNcclRealOpen(const char *path, geoNcclRealLib *lib, char *err, size_t errlen);
 void geoNcclRealClose(geoNcclRealLib *lib);
 
+/* Once per process: WARN when the first ncclCommInitRank and ncclAllReduce
+ * in the process's global scope are not GeoCCL's (NVIDIA's libnccl was
+ * loaded ahead of us, e.g. an LD_PRELOAD that failed while libgeoccl was
+ * loaded later by other means): callers bound through that scope reach
+ * NVIDIA's NCCL, not GeoCCL.  Names the object that holds them. */
+void geoNcclCheckBinding(void);
+
 /* Recursion guard.  NVIDIA's library calls some of its own exported
  * functions through the PLT (ncclGetVersion, ncclCommGetAsyncError,
  * ncclBroadcast, ncclMemAlloc, ...).  When it was loaded before us (a

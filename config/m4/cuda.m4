@@ -1,6 +1,7 @@
 # CUDA toolkit: nvcc, cuda_runtime.h and libcudart.
 #
-# Sets: NVCC, NVCC_GENCODE, CUDA_DIR, CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS;
+# Sets: NVCC, NVCC_GENCODE, CUDA_DIR, CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS,
+# CUDA_LIB_LDFLAGS (libgeoccl's own link: keeps the static runtime unexported);
 # HAVE_CUDA (config.h and AM_CONDITIONAL). The build never needs a GPU: only
 # the compiler, the headers and the runtime library are checked.
 
@@ -26,6 +27,7 @@ CUDA_DIR=
 CUDA_CPPFLAGS=
 CUDA_LDFLAGS=
 CUDA_LIBS=
+CUDA_LIB_LDFLAGS=
 NVCC_GENCODE=
 
 AS_IF([test "x$with_cuda" != xno], [
@@ -64,7 +66,20 @@ AS_IF([test "x$with_cuda" != xno], [
         CUDA_LDFLAGS="-L$geoccl_libdir"
         dnl Host code that nvcc emits is C++ (static guards, exception
         dnl personality), so libstdc++ comes with libcudart.
-        CUDA_LIBS="-lcudart -lstdc++"
+        dnl The static runtime where the toolkit has it, as NVIDIA's NCCL
+        dnl links it: libgeoccl then needs no libcudart.so.N on the loader
+        dnl path (PyTorch carries its own, often of another major version,
+        dnl outside that path; a missing dependency makes ld.so ignore an
+        dnl LD_PRELOAD of libgeoccl).  Its symbols are kept out of
+        dnl libgeoccl's exports (CUDA_LIB_LDFLAGS), so a preloaded libgeoccl
+        dnl never takes the place of the trainer's own CUDA runtime.
+        AS_IF([test -f "$geoccl_libdir/libcudart_static.a"],
+              [CUDA_LIBS="-lcudart_static -ldl -lrt -lpthread -lstdc++"
+               CUDA_LIB_LDFLAGS="-Wl,--exclude-libs,libcudart_static.a"
+               geoccl_cudart=static],
+              [CUDA_LIBS="-lcudart -lstdc++"
+               CUDA_LIB_LDFLAGS=
+               geoccl_cudart="shared (no libcudart_static.a)"])
         geoccl_have_cuda=yes
         break
     done
@@ -99,14 +114,14 @@ _GEOCCL_EOF
                  [AC_MSG_WARN([$geoccl_nvcc_error])
                   geoccl_have_cuda=no
                   geoccl_cuda_where="$CUDA_DIR: nvcc cannot build kernels (see config.log)"
-                  CUDA_DIR= ; CUDA_CPPFLAGS= ; CUDA_LDFLAGS= ; CUDA_LIBS= ; NVCC_GENCODE=],
+                  CUDA_DIR= ; CUDA_CPPFLAGS= ; CUDA_LDFLAGS= ; CUDA_LIBS= ; CUDA_LIB_LDFLAGS= ; NVCC_GENCODE=],
                  [rm -f conftest.cu conftest.$OBJEXT
                   AC_MSG_ERROR([$geoccl_nvcc_error])])])
     rm -f conftest.cu conftest.$OBJEXT
 ])
 AS_IF([test "x$geoccl_have_cuda" = xyes], [
     geoccl_nvcc_version=`$NVCC --version 2>/dev/null | sed -n 's/.*release \([[0-9.]]*\).*/\1/p'`
-    geoccl_cuda_where="$CUDA_DIR (nvcc $geoccl_nvcc_version, $CUDA_LDFLAGS, archs: $geoccl_archs)"
+    geoccl_cuda_where="$CUDA_DIR (nvcc $geoccl_nvcc_version, $CUDA_LDFLAGS, runtime $geoccl_cudart, archs: $geoccl_archs)"
     AC_DEFINE([HAVE_CUDA], [1], [Define to 1 to build the CUDA parts (kernels, device buffers).])
 ])
 GEOCCL_COMPONENT_RESULT([CUDA], [cuda])
@@ -116,5 +131,6 @@ AC_SUBST([CUDA_DIR])
 AC_SUBST([CUDA_CPPFLAGS])
 AC_SUBST([CUDA_LDFLAGS])
 AC_SUBST([CUDA_LIBS])
+AC_SUBST([CUDA_LIB_LDFLAGS])
 AC_SUBST([NVCC_GENCODE])
 ])

@@ -10,12 +10,26 @@
  * CODEC "queued:<codec>": four compressed calls queued back to back, a
  * hash of their results printed (see check_queued).
  *
+ * CODEC "pinned": float all-reduces of growing sizes, then the same sizes
+ * again; under the CPU emulation (geoEmuPinnedCounts) no pinned memory may
+ * be freed during the calls and the second pass may pin nothing new.
+ *
+ * CODEC "abort": with one stream of the process stuck (a host function that
+ * waits, as a collective whose peer died would) and the communicator's own
+ * stream stuck before a queued all-reduce (which needs a larger staging
+ * slot), the all-reduce must be enqueued and ncclCommAbort must return
+ * within 10 s (a watchdog fails the rank at 20 s); then the streams are let
+ * go and must finish.
+ *
  * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
  * all-to-all on device buffers across the regions (GeoCCL stages them
  * through the host), exact results checked; no figures.
  *
  * Without CODEC: exact transfer; checks sum and avg results on odd and even
- * counts against the exact sums.  With CODEC (int8, fp16, bf16, int4, sign,
+ * counts against the exact sums.  DEV_ALLREDUCE_OTHER_DEVICE=1 (needs 2
+ * devices): the communicator and stream are on device 1 and each of these
+ * calls is made with device 0 current, as from a thread that never set the
+ * device; the calls must work and leave device 0 current.  With CODEC (int8, fp16, bf16, int4, sign,
  * topk:<k>, lossless; set with geocclCommSetCompression): the chunks are
  * encoded on the GPU (lossless: on the host); checks that every rank holds
  * bit-identical results (a hash per rank, compared by the parent), over two
@@ -28,6 +42,7 @@
 #define GEOCCL_HAVE_CUDA_RUNTIME 1
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <stdio.h>
@@ -156,6 +171,140 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
                 cudaFree(d);
             }
     return bad;
+}
+
+/* The emulation's counts of cudaHostAlloc and cudaFreeHost calls
+ * (tests/device/dev_emu_runtime.c); absent with the real runtime. */
+void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees) __attribute__((weak));
+
+static int check_pinned(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
+{
+    const size_t sizes[] = {1000, 30000, 300000, 1000000};
+    const int nsz = (int)(sizeof(sizes) / sizeof(sizes[0]));
+    unsigned long a0 = 0, f0 = 0, a1 = 0, f1 = 0, a2 = 0, f2 = 0;
+    float *h = malloc(sizes[nsz - 1] * sizeof(float)), *d;
+    int bad = 0;
+    CK(cudaMalloc((void **)&d, sizes[nsz - 1] * sizeof(float)));
+    if (geoEmuPinnedCounts)
+        geoEmuPinnedCounts(&a0, &f0);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < nsz; k++) {
+            size_t n = sizes[k];
+            for (size_t i = 0; i < n; i++)
+                h[i] = value(rank, i);
+            CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+            NK(ncclAllReduce(d, d, n, ncclFloat, ncclSum, comm, s));
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+            size_t wrong = 0;
+            for (size_t i = 0; i < n; i++) {
+                float want = 0;
+                for (int r = 0; r < nranks; r++)
+                    want += value(r, i);
+                wrong += h[i] != want;
+            }
+            if (wrong) {
+                fprintf(stderr, "rank %d: pinned: count %zu: %zu wrong elements\n", rank, n,
+                        wrong);
+                bad = 1;
+            }
+        }
+        if (geoEmuPinnedCounts)
+            geoEmuPinnedCounts(pass == 0 ? &a1 : &a2, pass == 0 ? &f1 : &f2);
+    }
+    if (geoEmuPinnedCounts) {
+        if (f2 != f0) {
+            fprintf(stderr, "rank %d: pinned: %lu cudaFreeHost calls during the all-reduces\n",
+                    rank, f2 - f0);
+            bad = 1;
+        }
+        if (a2 != a1) {
+            fprintf(stderr, "rank %d: pinned: the repeated sizes pinned %lu new buffers\n", rank,
+                    a2 - a1);
+            bad = 1;
+        }
+        if (rank == 0)
+            printf("dev_allreduce: pinned: %lu pinned allocations for the first pass, %lu for "
+                   "the second, %lu frees\n", a1 - a0, a2 - a1, f2 - f0);
+    } else if (rank == 0) {
+        printf("dev_allreduce: pinned: results checked; pinned-memory counts need the CPU "
+               "emulation\n");
+    }
+    cudaFree(d);
+    free(h);
+    return bad;
+}
+
+/* Released by the main thread once ncclCommAbort returned; a stuck host
+ * function gives up by itself after 60 s so that a failing run ends. */
+static volatile int abort_release;
+
+static void CUDART_CB stuck_fn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 60000 && !__atomic_load_n(&abort_release, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+}
+
+static void *abort_watchdog(void *arg)
+{
+    int rank = *(int *)arg;
+    sleep(20);
+    fprintf(stderr, "rank %d: FAIL: ncclAllReduce or ncclCommAbort still blocked after 20 s "
+            "while a stream was stuck\n", rank);
+    fflush(NULL);
+    _exit(3);
+    return NULL;
+}
+
+static int check_abort(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
+{
+    enum { AN = 100000 };
+    float *h = malloc(AN * sizeof(float)), *d;
+    int *di;
+    cudaStream_t other;
+    (void)nranks;
+    /* a compressed call first: pinned slots, the flag and device residuals
+     * exist when the communicator is aborted */
+    NK(geocclCommSetCompression(comm, "int8"));
+    for (size_t i = 0; i < AN; i++)
+        h[i] = value(rank, i) * 0.37f;
+    CK(cudaMalloc((void **)&d, AN * sizeof(float)));
+    CK(cudaMalloc((void **)&di, AN * sizeof(int)));
+    CK(cudaMemcpy(d, h, AN * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemset(di, 0, AN * sizeof(int)));
+    NK(ncclAllReduce(d, d, AN, ncclFloat, ncclSum, comm, s));
+    CK(cudaStreamSynchronize(s));
+    /* from here on nothing may block on the stuck streams: neither the
+     * enqueue (a staging slot that grows must not free pinned memory) nor
+     * the abort */
+    pthread_t wd;
+    int wrank = rank;
+    if (pthread_create(&wd, NULL, abort_watchdog, &wrank) != 0)
+        return 1;
+    /* another stream of the process, stuck */
+    CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    CK(cudaLaunchHostFunc(other, stuck_fn, NULL));
+    /* our stream stuck before a queued cross-region all-reduce (int32: the
+     * host exchange, whose enqueue launches no kernel) */
+    CK(cudaLaunchHostFunc(s, stuck_fn, NULL));
+    NK(ncclAllReduce(di, di, AN, ncclInt32, ncclSum, comm, s));
+    double t0 = now();
+    ncclResult_t r = ncclCommAbort(comm);
+    double t = now() - t0;
+    pthread_cancel(wd);
+    pthread_join(wd, NULL);
+    __atomic_store_n(&abort_release, 1, __ATOMIC_RELEASE);
+    CK(cudaStreamSynchronize(other));
+    CK(cudaStreamSynchronize(s));
+    cudaStreamDestroy(other);
+    cudaFree(d);
+    cudaFree(di);
+    free(h);
+    int ok = r == ncclSuccess && t < 10;
+    printf("%s: rank %d: ncclCommAbort with two streams stuck returned %s in %.3f s\n",
+           ok ? "PASS" : "FAIL", rank, ncclGetErrorString(r), t);
+    return !ok;
 }
 
 /* dev_allreduce N MIB staged: the other collectives across regions on
@@ -314,13 +463,24 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     id = shared_id->id;
     snprintf(label, sizeof(label), "r%d", rank);
     setenv("GEOCCL_REGION", label, 1);
-    CK(cudaSetDevice(0));
+    /* DEV_ALLREDUCE_OTHER_DEVICE: everything on device 1 (see the top) */
+    const int other = getenv("DEV_ALLREDUCE_OTHER_DEVICE") != NULL;
+    CK(cudaSetDevice(other ? 1 : 0));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     NK(ncclCommInitRank(&comm, nranks, id, rank));
     int bad = 0;
     const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
-    if (codec && strcmp(codec, "staged") == 0) {
+    if (codec && strcmp(codec, "abort") == 0) {
+        int bad_abort = check_abort(rank, nranks, comm, s);
+        cudaStreamDestroy(s);
+        return bad_abort; /* the communicator is gone */
+    }
+    if (codec && strcmp(codec, "pinned") == 0) {
+        bad |= check_pinned(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec && strcmp(codec, "staged") == 0) {
         bad |= check_staged(rank, nranks, comm, s);
         codec = NULL;
         mib = 0; /* checks only */
@@ -343,8 +503,20 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
             CK(cudaMalloc((void **)&d_in, n * sizeof(float)));
             CK(cudaMalloc((void **)&d_out, n * sizeof(float)));
             CK(cudaMemcpy(d_in, h, n * sizeof(float), cudaMemcpyHostToDevice));
+            if (other)
+                CK(cudaSetDevice(0));
             NK(ncclAllReduce(d_in, avg ? d_in : d_out, n, ncclFloat, avg ? ncclAvg : ncclSum, comm,
                              s));
+            if (other) {
+                int cur = -1;
+                CK(cudaGetDevice(&cur));
+                if (cur != 0) {
+                    fprintf(stderr, "rank %d: ncclAllReduce left device %d current, the "
+                            "caller's was 0\n", rank, cur);
+                    bad = 1;
+                }
+                CK(cudaSetDevice(1));
+            }
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(h, avg ? d_in : d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
             size_t wrong = 0;
@@ -408,6 +580,42 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     return bad;
 }
 
+/* "driver old|none": the CUDA driver is too old for the runtime (old) or
+ * absent (none); run under the emulation with GEO_EMU_DRIVER_VERSION set
+ * to match.  old: ncclCommInitRank must fail with ncclUnhandledCudaError
+ * and an error text that names the driver (it is printed; the caller
+ * checks the versions in it); none: it must succeed, host-only (device
+ * -1).  In-process, one rank. */
+static int check_driver(const char *want)
+{
+    const int rank = 0;
+    ncclComm_t comm = NULL;
+    ncclUniqueId id;
+    int rt = 0;
+    CK(cudaRuntimeGetVersion(&rt));
+    printf("dev_allreduce: CUDA runtime %d.%d\n", rt / 1000, rt % 1000 / 10);
+    NK(ncclGetUniqueId(&id));
+    ncclResult_t r = ncclCommInitRank(&comm, 1, id, 0);
+    const char *txt = ncclGetLastError(NULL);
+    printf("dev_allreduce driver %s: ncclCommInitRank: %s: %s\n", want, ncclGetErrorString(r),
+           r == ncclSuccess ? "-" : txt);
+    if (strcmp(want, "old") == 0) {
+        int ok = r == ncclUnhandledCudaError && strstr(txt, "driver") != NULL;
+        printf("%s: dev_allreduce driver old: init refused, naming the driver\n",
+               ok ? "PASS" : "FAIL");
+        return !ok;
+    }
+    int d = 0;
+    if (r == ncclSuccess)
+        ncclCommCuDevice(comm, &d);
+    int ok = r == ncclSuccess && d == -1;
+    if (comm)
+        ncclCommDestroy(comm);
+    printf("%s: dev_allreduce driver none: host-only communicator (device %d)\n",
+           ok ? "PASS" : "FAIL", d);
+    return !ok;
+}
+
 /* "devices": communicators made off the caller's thread belong to the
  * device the caller chose: ncclCommInitAll's devlist, and inits inside
  * ncclGroupStart/End (run by GeoCCL on threads of its own) take the device
@@ -468,6 +676,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "devices") == 0)
         return check_devices();
+    if (argc > 2 && strcmp(argv[1], "driver") == 0)
+        return check_driver(argv[2]);
 
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;

@@ -41,6 +41,18 @@
  *  - GEO_EMU_DELAY_US=N: each queued operation first sleeps a random 0..N
  *    microseconds, so the "device" lags behind the host as a real one
  *    does, and a missing synchronisation shows as a wrong result.
+ *  - Streams and events belong to the device current when they are made;
+ *    recording an event on a stream of another device fails with
+ *    cudaErrorInvalidResourceHandle, as in CUDA (the null stream is shared
+ *    by every device here and takes any event).
+ *  - GEO_EMU_DRIVER_VERSION=N: the CUDA version the emulated driver
+ *    supports (cudaDriverGetVersion; default: the runtime's own,
+ *    CUDART_VERSION).  A major version below the runtime's makes
+ *    cudaGetDeviceCount fail with cudaErrorInsufficientDriver, as a real
+ *    runtime does on an old driver; 0 stands for no driver installed.
+ *  - cudaFreeHost counts as a pinned free and cudaHostAlloc as a pinned
+ *    allocation; geoEmuPinnedCounts() reads both, so a test can tell
+ *    whether a hot path re-pins its staging.
  *  - GEO_EMU_STATS=1: cudaStreamDestroy prints what went through the
  *    emulation ("cuda emulation stats: ..."), so that a test can tell which
  *    path a call took.
@@ -90,6 +102,7 @@ struct CUstream_st {
     emuOp *head, *tail;
     unsigned long enqueued, completed; /* operations */
     int stop;
+    int dev;                 /* the device current at creation; -1: any */
     struct CUstream_st *next_stream;
 };
 
@@ -99,6 +112,7 @@ struct CUevent_st {
     double t;                /* when it was reached */
     int refs;                /* queued operations that point at it */
     int destroyed;           /* freed when the last of them is done */
+    int dev;                 /* the device current at creation */
 };
 
 /* One lock and one condition variable for everything: the emulation is for
@@ -111,6 +125,7 @@ static struct CUstream_st *emu_null_stream;
 static __thread cudaError_t emu_last_error;
 /* GEO_EMU_STATS */
 static unsigned long emu_n_launch, emu_n_wait_value, emu_n_host_fn, emu_n_copy;
+static unsigned long emu_n_pin, emu_n_unpin;
 
 static void emu_count(unsigned long *n) { __atomic_add_fetch(n, 1, __ATOMIC_RELAXED); }
 
@@ -251,6 +266,9 @@ static cudaError_t emu_release(void *p, int host)
     return cudaSuccess;
 }
 
+/* The calling thread's current device (cudaSetDevice). */
+static __thread int emu_cur_dev;
+
 /* ---- streams ------------------------------------------------------------- */
 
 static void *emu_stream_main(void *arg)
@@ -290,6 +308,7 @@ static struct CUstream_st *emu_stream_new(void)
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
+    s->dev = emu_cur_dev;
     if (pthread_create(&s->thread, NULL, emu_stream_main, s) != 0) {
         free(s);
         return NULL;
@@ -314,6 +333,7 @@ static struct CUstream_st *emu_stream(cudaStream_t s)
             fprintf(stderr, "cuda emulation: cannot start the null stream's thread\n");
             abort();
         }
+        n->dev = -1;
         pthread_mutex_lock(&emu_lock);
         if (emu_null_stream == NULL)
             emu_null_stream = n;
@@ -467,8 +487,6 @@ static void run_free(emuOp *op) { emu_release(op->dst, 0); }
  * own current device starting at 0, as in CUDA: code that reads the
  * current device on a thread the caller did not set up sees device 0.
  * Memory and streams are not split between the devices. */
-static __thread int emu_cur_dev;
-
 static int emu_ndev(void)
 {
     const char *e = getenv("GEO_EMU_DEVICES");
@@ -476,10 +494,36 @@ static int emu_ndev(void)
     return n < 1 ? 1 : n > 16 ? 16 : n;
 }
 
+static int emu_driver_version(void)
+{
+    const char *e = getenv("GEO_EMU_DRIVER_VERSION");
+    return e && e[0] ? atoi(e) : CUDART_VERSION;
+}
+
+cudaError_t cudaDriverGetVersion(int *version)
+{
+    if (version == NULL)
+        return emu_error(cudaErrorInvalidValue);
+    *version = emu_driver_version();
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *version)
+{
+    if (version == NULL)
+        return emu_error(cudaErrorInvalidValue);
+    *version = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceCount(int *count)
 {
     if (count == NULL)
         return emu_error(cudaErrorInvalidValue);
+    /* minor-version compatibility: within a major version an older driver
+     * serves; below it (or without one) the runtime cannot start */
+    if (emu_driver_version() / 1000 < CUDART_VERSION / 1000)
+        return emu_error(cudaErrorInsufficientDriver);
     *count = emu_ndev();
     return cudaSuccess;
 }
@@ -551,15 +595,26 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
 {
     (void)flags;
+    emu_count(&emu_n_pin);
     return emu_alloc(ptr, bytes, 1);
 }
 
+/* As CUDA's, it waits for every stream of the device: one stream stuck (a
+ * collective whose peer died) holds it, whoever owns that stream. */
 cudaError_t cudaFreeHost(void *ptr)
 {
     if (ptr == NULL)
         return cudaSuccess;
+    emu_count(&emu_n_unpin);
     emu_drain_all("cudaFreeHost's device synchronisation");
     return emu_release(ptr, 1);
+}
+
+void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees);
+void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees)
+{
+    *allocs = __atomic_load_n(&emu_n_pin, __ATOMIC_RELAXED);
+    *frees = __atomic_load_n(&emu_n_unpin, __ATOMIC_RELAXED);
 }
 
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)
@@ -664,7 +719,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     if (event == NULL)
         return emu_error(cudaErrorInvalidValue);
     *event = calloc(1, sizeof(struct CUevent_st));
-    return *event ? cudaSuccess : emu_error(cudaErrorMemoryAllocation);
+    if (*event == NULL)
+        return emu_error(cudaErrorMemoryAllocation);
+    (*event)->dev = emu_cur_dev;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
@@ -688,6 +746,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     if (event == NULL)
         return emu_error(cudaErrorInvalidResourceHandle);
+    struct CUstream_st *s = emu_stream(stream);
+    if (s->dev >= 0 && s->dev != event->dev) {
+        fprintf(stderr, "cuda emulation: cudaEventRecord of an event of device %d on a stream "
+                "of device %d\n", event->dev, s->dev);
+        return emu_error(cudaErrorInvalidResourceHandle);
+    }
     emuOp *op = emu_op(run_record);
     if (op == NULL)
         return emu_error(cudaErrorMemoryAllocation);
@@ -851,6 +915,7 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     default: return "cudaErrorUnknown";
     }
 }
@@ -865,6 +930,8 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorInvalidResourceHandle: return "invalid resource handle (emulated)";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorNotSupported: return "operation not supported (emulated)";
+    case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version (emulated)";
     default: return "unknown error (emulated)";
     }
 }

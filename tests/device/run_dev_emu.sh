@@ -132,5 +132,30 @@ done
 # group) belong to the device the caller chose, not to device 0.
 echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
+# Pinned staging: growing sizes free no pinned memory, repeated sizes pin
+# nothing new (the emulation counts cudaHostAlloc and cudaFreeHost).
+run yes word "$bin" 2 "$mib" pinned
+# ncclCommAbort while another stream of the process and the communicator's
+# own are stuck: it must return (the emulated cudaFreeHost, like CUDA's,
+# waits for every stream, so a free in abort would hold it).
+run yes word "$bin" 2 "$mib" abort
+# The caller's thread has another device current than the communicator's:
+# events, pinned memory and stream-ordered allocations must still be the
+# communicator's device's (the emulation refuses an event recorded on a
+# stream of another device), and the caller's device comes back.
+run yes word env GEO_EMU_DEVICES=2 DEV_ALLREDUCE_OTHER_DEVICE=1 "$bin" 2 "$mib"
+# A driver older than the runtime: init refuses, naming both CUDA versions
+# (the emulated runtime is the toolkit's version); no driver: host-only.
+old_drv=1080
+echo "== GEO_EMU_DRIVER_VERSION=$old_drv $bin driver old"
+out=$(GEO_EMU_DRIVER_VERSION=$old_drv GEO_EMU_STATS=0 "$bin" driver old 2>&1)
+echo "$out"
+rt=$(echo "$out" | sed -n 's/^dev_allreduce: CUDA runtime //p')
+want="supports CUDA 1.8, but GeoCCL's CUDA runtime is $rt"
+if [ -z "$rt" ] || ! echo "$out" | grep -q '^PASS' || ! echo "$out" | grep -qF "$want"; then
+    echo "FAIL: driver old (wanted the text: $want)"; failed=$((failed + 1))
+fi
+echo "== GEO_EMU_DRIVER_VERSION=0 $bin driver none"
+GEO_EMU_DRIVER_VERSION=0 GEO_EMU_STATS=0 "$bin" driver none || { echo "FAIL: driver none"; failed=$((failed + 1)); }
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
 echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk$([ "$tk" = 1 ] || echo " (queued only)"), staged, host int8, host-function waits, lagging device"
