@@ -8,6 +8,7 @@
 #ifndef GEOCCL_H_
 #define GEOCCL_H_
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "nccl.h"
@@ -49,6 +50,15 @@ ncclResult_t geocclCommGetTransportInfo(ncclComm_t comm, int *nstreams, size_t *
  * the calling rank; any thread.  ncclInvalidArgument for a NULL or dead
  * comm or a NULL localPeers. */
 ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers);
+
+/* [out] reconnects: how many times a TCP connection to peer was reset (by
+ * a NAT gateway, a firewall, a route change) and resumed, nothing lost or
+ * repeated (GEOCCL_RECONNECT_TIMEOUT); [out] bytesResent: payload bytes sent
+ * to peer again because of that.  peer -1: summed over every peer.  Local
+ * to the calling rank; any thread.  Either output may be NULL.
+ * ncclInvalidArgument for a NULL or dead comm or a peer out of range. */
+ncclResult_t geocclCommGetReconnects(ncclComm_t comm, int peer, uint64_t *reconnects,
+                                     uint64_t *bytesResent);
 
 /* [out] singleCopy: 1 when the ranks of this rank's region, all on one
  * host, read each other's inputs directly (process_vm_readv) in the

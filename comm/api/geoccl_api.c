@@ -53,6 +53,30 @@ ncclResult_t geocclCommGetLocalPeers(ncclComm_t comm, int *localPeers)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetReconnects(ncclComm_t comm, int peer, uint64_t *reconnects,
+                                     uint64_t *bytesResent)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetReconnects") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommGetReconnects: NULL or dead comm");
+    GEO_RETURN_IF(peer < -1 || peer >= comm->nranks, ncclInvalidArgument,
+                  "geocclCommGetReconnects: peer %d is not -1 or in 0..%d", peer,
+                  comm->nranks - 1);
+    uint64_t n = 0, bytes = 0;
+    for (int p = peer < 0 ? 0 : peer; p < (peer < 0 ? comm->nranks : peer + 1); p++) {
+        uint64_t a = 0, b = 0;
+        if (p != comm->rank && comm->net.ops->resumeStats != NULL &&
+            comm->net.ops->resumeStats(comm->net.state, p, &a, &b) == 0) {
+            n += a;
+            bytes += b;
+        }
+    }
+    if (reconnects)
+        *reconnects = n;
+    if (bytesResent)
+        *bytesResent = bytes;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetSingleCopy") != ncclSuccess,

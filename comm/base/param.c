@@ -109,6 +109,17 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                              "out (then every 10 s, 6 unanswered end it), so that NAT tables "
                              "and firewalls keep idle connections between training steps; "
                              "0: the system's keepalive settings"},
+    [GEO_PARAM_RECONNECT_TIMEOUT] = {"GEOCCL_RECONNECT_TIMEOUT", GEO_PARAM_INT, "60",
+                                     "seconds a TCP connection that was reset (by a NAT "
+                                     "gateway, a firewall, a route change) may take to be "
+                                     "dialled again and resumed, nothing lost or repeated; a "
+                                     "peer whose process is gone is an error at once; 0: a "
+                                     "reset is an error at once"},
+    [GEO_PARAM_RESUME_BUFFER] = {"GEOCCL_RESUME_BUFFER", GEO_PARAM_INT, "64M",
+                                 "bytes each TCP connection keeps of what it sent until the "
+                                 "receiver acknowledges them, so that they can be sent again "
+                                 "after a reset; beyond it a reset before the receiver has "
+                                 "caught up is an error"},
     [GEO_PARAM_HIER_SHARES] = {"GEOCCL_HIER_SHARES", GEO_PARAM_STR, "auto",
                                "how the hierarchical all-reduce splits each piece among "
                                "regions: auto (by their measured WAN rates, when 3 or more "

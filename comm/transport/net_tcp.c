@@ -67,7 +67,39 @@
  * (process_vm_readv from the sender's buffer, as Open MPI's vader does with
  * CMA) was measured too: 256 KiB pieces moved no faster than the two
  * memcpys through a 2 MiB ring, and it needs ptrace rights, so it is not
- * used.  GEOCCL_SHM=2 keeps the sockets without rings; 0 is TCP only. */
+ * used.  GEOCCL_SHM=2 keeps the sockets without rings; 0 is TCP only.
+ *
+ * Resume after a reset (TCP connections; a same-host socket shares the
+ * peer's kernel and still fails hard).  NAT gateways, firewalls and route
+ * changes reset connections that did nothing wrong; a dead peer closes
+ * them (FIN) or refuses new ones.  Each TCP connection counts the data
+ * frames it has sent whole and received whole, over all its incarnations.
+ * The receiver tells its count to the sender in ack frames (a header with
+ * magic GEOK, its count in seq, sealed like a frame when the connection is
+ * encrypted), sent between two outgoing frames whenever it has received
+ * more; so headers are read as soon as they arrive, and a data header
+ * waits in tcpConn until its receive is posted, its payload in the kernel
+ * as before.  The sender keeps a copy of every frame it has sent whole
+ * (header and plaintext) until an ack covers it, up to
+ * GEOCCL_RESUME_BUFFER bytes per connection (beyond that it keeps none
+ * until the receiver has caught up, and a reset in that window is an
+ * error saying so).  Keeping the frame, not the user's buffer, keeps send
+ * completion eager, as before: waiting for acks could deadlock two ranks
+ * that send before they receive.
+ *
+ * On a reset (ECONNRESET, ECONNABORTED, EPIPE, ETIMEDOUT, unreachable),
+ * the end that dialled at set-up dials again and both prove the secret in
+ * the same handshake, with a resume flag and each end's received count
+ * bound in both MACs (the listener stays open for the communicator's life
+ * for this); a half-received frame is dropped, each end sends again what
+ * the other has not received whole, re-sealed under the new connection's
+ * keys, and the cursors go on: the result is the same bits as without the
+ * reset.  The other end meanwhile probes the dialler's listener: a refused
+ * connect (ECONNREFUSED: no process there any more) ends the wait at once,
+ * as a failed dial does; otherwise the wait ends after
+ * GEOCCL_RECONNECT_TIMEOUT.  A peer gone with nothing pending on the
+ * connection counts as closed, like a FIN: an operation that needs it
+ * fails when it is posted. */
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/base/crypto.h"
@@ -92,6 +124,10 @@
 #define GEO_FRAME_MAGIC 0x47454f46u /* "GEOF" */
 #define GEO_HELLO_MAGIC 0x47454f32u /* "GEO2": the hello of this protocol */
 #define GEO_ACCEPT_MAGIC 0x47454f41u /* "GEOA" */
+#define GEO_ACK_MAGIC 0x47454f4bu /* "GEOK": data frames received whole */
+/* Unproven resume handshakes served at once by the progress thread; more
+ * evict one at random (a peer dropped so dials again). */
+#define GEO_TCP_RESUME_PENDING 64
 #define GEO_CHALLENGE_BYTES 16
 /* Send buffer of a same-host socket: the default (net.core.wmem_default,
  * often 208 KiB) holds less than one frame, so every frame took several
@@ -132,6 +168,8 @@ typedef struct {
     int32_t stream;
     int32_t encrypt;       /* 1: the connector will encrypt this connection */
     int32_t cipher;        /* the connector's preferred cipher */
+    int32_t resume;        /* 1: this replaces a connection that was reset */
+    uint64_t count;        /* resume: data frames the connector has received whole */
     uint8_t nonce[GEO_CHALLENGE_BYTES];
     uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the connector's ephemeral X25519 key */
     uint8_t proof[GEO_SHA256_BYTES];
@@ -140,9 +178,20 @@ typedef struct {
 typedef struct {
     uint32_t magic;
     int32_t cipher;        /* the acceptor's choice; GEO_CIPHER_NONE: clear */
+    uint64_t count;        /* resume: data frames the acceptor has received whole */
     uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the acceptor's ephemeral X25519 key */
     uint8_t proof[GEO_SHA256_BYTES];
 } tcpAccept;
+
+/* A frame sent whole, kept until the receiver's count covers it. */
+typedef struct {
+    tcpFrameHdr hdr;
+    uint8_t *data;         /* GEO_TCP_FRAME bytes, owned by the slot */
+} tcpKept;
+
+enum { SEND_DATA, SEND_ACK, SEND_AGAIN }; /* what a connection's s_hdr is */
+
+struct tcpHs;
 
 typedef struct {
     int fd;
@@ -168,8 +217,25 @@ typedef struct {
     uint64_t r_seq;
     size_t r_frame;
     size_t r_off;
-    int r_active;
+    int r_checked;         /* r_hdr (a data header) matched the posted receive */
     tcpFrameHdr r_hdr;
+    /* resume (track: a TCP connection) */
+    int track;
+    int s_kind;            /* SEND_*: what the half-sent s_hdr is */
+    int down;              /* reset: waiting for its next incarnation */
+    double down_since;
+    struct tcpHs *dial;    /* down, we dialled at set-up: the new handshake */
+    int probe_fd;          /* down, the peer dials: a connect to its listener */
+    double probe_when;
+    uint64_t s_count;      /* data frames sent whole (all incarnations) */
+    uint64_t r_count;      /* data frames received whole */
+    uint64_t a_sent;       /* the count last told the peer */
+    uint64_t a_got;        /* the count the peer last told */
+    uint64_t again;        /* next kept frame to send again (== s_count: none) */
+    tcpKept *kept;         /* ring of k_cap slots, k_len from k_head: frames */
+    size_t k_cap, k_head, k_len; /* k_base .. s_count - 1 */
+    uint64_t k_base;
+    size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER) */
 } tcpConn;
 
 typedef struct {
@@ -178,6 +244,9 @@ typedef struct {
     uint64_t posted[2];             /* next seq to assign */
     int active;                     /* streams new messages use (setStreams) */
     int closed_by_peer;
+    int gone;                       /* reset, and its process is gone */
+    uint64_t reconnects, resent;    /* connections resumed, payload bytes sent again */
+    char cc[16];                    /* congestion control set on it ("" none) */
 } tcpPeer;
 
 typedef struct {
@@ -202,6 +271,12 @@ typedef struct {
     int broken;
     ncclResult_t broken_res;
     int dropped;                    /* connections dropped during set-up */
+    /* after set-up: resume handshakes accepted on listen_fd */
+    int running;
+    struct tcpHs *rpend;
+    int nrpend;
+    double reconnect_s;             /* GEOCCL_RECONNECT_TIMEOUT */
+    int lowat;                      /* limitQueued's value, for new connections */
 } tcpState;
 
 static uint64_t hdr_check(const tcpFrameHdr *h)
@@ -277,6 +352,10 @@ static void break_locked(tcpState *st, ncclResult_t res)
                 if (peer->conns[s].fd >= 0)
                     shutdown(peer->conns[s].fd, SHUT_RDWR);
     }
+    /* No resume is taken any more: a peer dialling again is refused at
+     * once and knows we are gone. */
+    if (st->running && st->listen_fd >= 0)
+        shutdown(st->listen_fd, SHUT_RDWR);
     pthread_cond_broadcast(&st->cv);
 }
 
@@ -392,7 +471,98 @@ static void conn_kick(tcpConn *c)
     (void)rc; /* a dead peer shows as EOF where we drain doorbells */
 }
 
-/* Push bytes on one connection.  Returns 1 if progress was made. */
+/* ---- what resume keeps ---------------------------------------------- */
+
+static void conn_fail(tcpState *st, int p, int s, int err, const char *what);
+
+static tcpKept *kept_at(tcpConn *c, size_t i)
+{
+    return &c->kept[(c->k_head + i) % c->k_cap];
+}
+
+/* Keep a copy of the frame just sent whole (frame number c->s_count).
+ * Beyond c->k_max slots keep none until the receiver has caught up: the
+ * connection is then not resumable until it has (conn_resumed says so). */
+static void kept_push(tcpConn *c, const tcpFrameHdr *h, const void *payload)
+{
+    if (c->k_len == c->k_cap && c->k_cap < c->k_max) {
+        size_t ncap = c->k_cap ? 2 * c->k_cap : 8;
+        if (ncap > c->k_max)
+            ncap = c->k_max;
+        tcpKept *nk = calloc(ncap, sizeof(*nk));
+        if (nk != NULL) {
+            for (size_t i = 0; i < c->k_cap; i++)
+                nk[i] = *kept_at(c, i); /* the unused slots' buffers move too */
+            free(c->kept);
+            c->kept = nk;
+            c->k_head = 0;
+            c->k_cap = ncap;
+        }
+    }
+    tcpKept *k = c->k_len < c->k_cap ? kept_at(c, c->k_len) : NULL;
+    if (k != NULL && k->data == NULL)
+        k->data = malloc(GEO_TCP_FRAME);
+    if (k == NULL || k->data == NULL) {
+        /* Full (or out of memory): forget what is kept; frames before this
+         * one cannot be sent again. */
+        c->k_head = (c->k_head + c->k_len) % (c->k_cap ? c->k_cap : 1);
+        c->k_len = 0;
+        c->k_base = c->s_count + 1;
+        return;
+    }
+    k->hdr = *h;
+    memcpy(k->data, payload, h->len);
+    c->k_len++;
+}
+
+/* The receiver has n frames whole: forget those. */
+static void kept_ack(tcpConn *c, uint64_t n)
+{
+    while (c->k_len > 0 && c->k_base < n) {
+        c->k_head = (c->k_head + 1) % c->k_cap;
+        c->k_len--;
+        c->k_base++;
+    }
+    if (c->k_len == 0 && c->k_base < n)
+        c->k_base = n;
+}
+
+static void kept_free(tcpConn *c)
+{
+    for (size_t i = 0; i < c->k_cap; i++) {
+        if (c->kept[i].data != NULL)
+            geoWipe(c->kept[i].data, GEO_TCP_FRAME);
+        free(c->kept[i].data);
+    }
+    free(c->kept);
+    c->kept = NULL;
+    c->k_cap = c->k_len = c->k_head = 0;
+}
+
+static void hdr_fill(tcpFrameHdr *h, uint32_t magic, uint32_t len, uint64_t seq,
+                     uint64_t offset, uint64_t total)
+{
+    h->magic = magic;
+    h->len = len;
+    h->seq = seq;
+    h->offset = offset;
+    h->total = total;
+    h->check = hdr_check(h);
+}
+
+/* A failed send or receive: a reset on a TCP connection is resumed, the
+ * rest breaks the communicator. */
+static void io_failed(tcpState *st, int p, int s, int err, const char *what)
+{
+    if (st->peers[p].conns[s].track)
+        conn_fail(st, p, s, err, what);
+    else
+        peer_error(st, p, s, what);
+}
+
+/* Push bytes on one connection: first an ack when we have received more
+ * than we told, then frames kept from before a reset, then the cursor's.
+ * Returns 1 if progress was made. */
 static int progress_send(tcpState *st, int p, int s, double now)
 {
     tcpPeer *peer = &st->peers[p];
@@ -400,36 +570,56 @@ static int progress_send(tcpState *st, int p, int s, double now)
     int moved = 0;
 
     for (;;) {
-        geoNetRequest *r = cursor_req(peer, GEO_NET_SEND, s, &c->s_seq, &c->s_frame);
-        if (r == NULL)
-            return moved;
-        size_t len = frame_len(r, c->s_frame);
-        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len; /* bytes after the header */
-        char *payload = c->enc ? (char *)c->s_buf : r->buf + c->s_frame * GEO_TCP_FRAME;
+        geoNetRequest *r = NULL;
+        const char *plain = NULL; /* what a data frame's payload is made of */
         if (!c->s_active) {
-            c->s_hdr.magic = GEO_FRAME_MAGIC;
-            c->s_hdr.len = (uint32_t)len;
-            c->s_hdr.seq = r->seq;
-            c->s_hdr.offset = (uint64_t)c->s_frame * GEO_TCP_FRAME;
-            c->s_hdr.total = r->size;
-            c->s_hdr.check = hdr_check(&c->s_hdr);
+            if (c->track && c->r_count > c->a_sent)
+                c->s_kind = SEND_ACK;
+            else if (c->track && c->again < c->s_count)
+                c->s_kind = SEND_AGAIN;
+            else
+                c->s_kind = SEND_DATA;
+        }
+        if (c->s_kind == SEND_DATA) {
+            r = cursor_req(peer, GEO_NET_SEND, s, &c->s_seq, &c->s_frame);
+            if (r == NULL)
+                return moved;
+            plain = r->buf + c->s_frame * GEO_TCP_FRAME;
+        } else if (c->s_kind == SEND_AGAIN) {
+            plain = (const char *)kept_at(c, (size_t)(c->again - c->k_base))->data;
+        }
+        if (!c->s_active) {
+            if (c->s_kind == SEND_ACK) {
+                hdr_fill(&c->s_hdr, GEO_ACK_MAGIC, 0, c->r_count, 0, 0);
+                c->a_sent = c->r_count;
+            } else if (c->s_kind == SEND_AGAIN) {
+                c->s_hdr = kept_at(c, (size_t)(c->again - c->k_base))->hdr;
+            } else {
+                hdr_fill(&c->s_hdr, GEO_FRAME_MAGIC, (uint32_t)frame_len(r, c->s_frame), r->seq,
+                         (uint64_t)c->s_frame * GEO_TCP_FRAME, r->size);
+            }
             c->s_off = 0;
             c->s_active = 1;
             if (c->enc && geoAeadSeal(&c->tx_aead, c->s_ctr++, &c->s_hdr, sizeof(c->s_hdr),
-                                      r->buf + c->s_frame * GEO_TCP_FRAME, c->s_buf, len,
-                                      c->s_buf + len) != 0) {
+                                      plain ? plain : (const char *)c->s_buf, c->s_buf,
+                                      c->s_hdr.len, c->s_buf + c->s_hdr.len) != 0) {
                 peer_error(st, p, s, "could not be sent a frame: encryption failed (out of "
                            "memory?)");
                 return moved;
             }
         }
+        size_t len = c->s_hdr.len;
+        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len; /* bytes after the header */
+        char *payload = c->enc ? (char *)c->s_buf : (char *)plain;
         struct iovec iov[2];
         int n = 0;
         if (c->s_off < sizeof(tcpFrameHdr)) {
             iov[n].iov_base = (char *)&c->s_hdr + c->s_off;
             iov[n++].iov_len = sizeof(tcpFrameHdr) - c->s_off;
-            iov[n].iov_base = payload;
-            iov[n++].iov_len = flen;
+            if (flen > 0) {
+                iov[n].iov_base = payload;
+                iov[n++].iov_len = flen;
+            }
         } else {
             size_t done = c->s_off - sizeof(tcpFrameHdr);
             iov[n].iov_base = payload + done;
@@ -439,22 +629,98 @@ static int progress_send(tcpState *st, int p, int s, double now)
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return moved;
+            int err = errno;
             char why[128];
-            snprintf(why, sizeof(why), "failed while we sent to it: %s", strerror(errno));
-            peer_error(st, p, s, why);
+            snprintf(why, sizeof(why), "failed while we sent to it: %s", strerror(err));
+            io_failed(st, p, s, err, why);
             return moved;
         }
         moved = 1;
-        r->last_progress = now;
+        if (r != NULL)
+            r->last_progress = now;
         c->s_off += (size_t)w;
         if (c->s_off < sizeof(tcpFrameHdr) + flen)
             return moved;
         c->s_active = 0;
-        c->s_frame += frame_step(r);
-        complete_frame(st, peer, GEO_NET_SEND, r);
+        if (c->s_kind == SEND_AGAIN) {
+            c->again++;
+            peer->resent += len;
+        } else if (c->s_kind == SEND_DATA) {
+            if (c->track) {
+                kept_push(c, &c->s_hdr, plain);
+                c->again = ++c->s_count;
+            }
+            c->s_frame += frame_step(r);
+            complete_frame(st, peer, GEO_NET_SEND, r);
+        }
     }
 }
 
+/* got <= 0 from conn_recv (not EAGAIN): the peer closed (0) or the
+ * connection failed.  A close with nothing expected from it only marks
+ * it closed (the peer has finished); r: the receive waiting on it. */
+static void recv_failed(tcpState *st, int p, int s, ssize_t got, const geoNetRequest *r)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    char why[160];
+    if (got == 0) {
+        uint64_t sq = c->s_seq;
+        size_t sf = c->s_frame;
+        if (r == NULL && cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) != NULL) {
+            peer_error(st, p, s, "closed the connection while we sent to it (it died, or gave "
+                       "up because of another rank's failure)");
+            return;
+        }
+        if (r == NULL) {
+            c->closed = 1;
+            st->peers[p].closed_by_peer = 1;
+            geoInfo(GEO_LOG_NET, "rank %d closed its connection (stream %d)", p, s);
+            return;
+        }
+        snprintf(why, sizeof(why), "closed the connection while we waited for %zu bytes (it "
+                 "died, or gave up because of another rank's failure)", r->size);
+        peer_error(st, p, s, why);
+        return;
+    }
+    int err = errno;
+    snprintf(why, sizeof(why), "failed while we received from it: %s", strerror(err));
+    io_failed(st, p, s, err, why);
+}
+
+/* An ack frame's header (and tag) is in: the peer has c->r_hdr.seq of our
+ * frames whole.  0, or -1 after breaking the communicator. */
+static int take_ack(tcpState *st, int p, int s)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    const tcpFrameHdr *h = &c->r_hdr;
+    char why[200];
+    if (c->enc) {
+        if (geoAeadOpen(&c->rx_aead, c->r_ctr, h, sizeof(*h), c->r_buf, c->r_buf, 0,
+                        c->r_buf) != 0) {
+            snprintf(why, sizeof(why), "sent an acknowledgement that fails authentication "
+                     "(frame %llu of this connection: altered on the way, replayed, or not "
+                     "from that rank)", (unsigned long long)c->r_ctr);
+            peer_error(st, p, s, why);
+            return -1;
+        }
+        c->r_ctr++;
+    }
+    if (h->seq > c->s_count || h->seq < c->a_got) {
+        snprintf(why, sizeof(why), "acknowledged %llu frames where %llu were sent and %llu "
+                 "acknowledged before (a corrupt stream)", (unsigned long long)h->seq,
+                 (unsigned long long)c->s_count, (unsigned long long)c->a_got);
+        peer_error(st, p, s, why);
+        return -1;
+    }
+    c->a_got = h->seq;
+    kept_ack(c, h->seq);
+    return 0;
+}
+
+/* Pull bytes from one connection.  A TCP connection (c->track) reads
+ * headers whenever they come, so that acks are taken at once; a data
+ * header then waits until its receive is posted.  Others read only for a
+ * posted receive. */
 static int progress_recv(tcpState *st, int p, int s, double now)
 {
     tcpPeer *peer = &st->peers[p];
@@ -463,44 +729,53 @@ static int progress_recv(tcpState *st, int p, int s, double now)
 
     for (;;) {
         geoNetRequest *r = cursor_req(peer, GEO_NET_RECV, s, &c->r_seq, &c->r_frame);
-        if (r == NULL)
-            return moved;
-        size_t len = frame_len(r, c->r_frame);
-        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len;
-        /* A sealed frame lands in the connection's buffer: the user's sees
-         * only plaintext that passed its tag. */
-        char *payload = c->enc ? (char *)c->r_buf : r->buf + c->r_frame * GEO_TCP_FRAME;
-        if (!c->r_active) {
-            c->r_off = 0;
-            c->r_active = 1;
-        }
         ssize_t got;
         if (c->r_off < sizeof(tcpFrameHdr)) {
+            if (r == NULL && (!c->track || c->closed))
+                return moved;
             got = conn_recv(c, (char *)&c->r_hdr + c->r_off, sizeof(tcpFrameHdr) - c->r_off);
-        } else {
-            size_t done = c->r_off - sizeof(tcpFrameHdr);
-            got = conn_recv(c, payload + done, flen - done);
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                return moved;
+            if (got <= 0) {
+                recv_failed(st, p, s, got, r);
+                return moved;
+            }
+            moved = 1;
+            if (r != NULL)
+                r->last_progress = now;
+            c->r_off += (size_t)got;
+            if (c->r_off < sizeof(tcpFrameHdr))
+                continue;
+            c->r_checked = 0;
         }
-        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-            return moved;
-        if (got <= 0) {
-            char why[160];
-            if (got == 0)
-                snprintf(why, sizeof(why), "closed the connection while we waited for %zu "
-                         "bytes (it died, or gave up because of another rank's failure)",
-                         r->size);
-            else
-                snprintf(why, sizeof(why), "failed while we received from it: %s",
-                         strerror(errno));
-            peer_error(st, p, s, why);
-            return moved;
+        const tcpFrameHdr *h = &c->r_hdr;
+        if (c->track && h->magic == GEO_ACK_MAGIC) {
+            if (h->check != hdr_check(h) || h->len != 0) {
+                peer_error(st, p, s, "sent a malformed acknowledgement (a corrupt stream)");
+                return moved;
+            }
+            size_t tlen = c->enc ? GEO_AEAD_TAG_BYTES : 0, done = c->r_off - sizeof(*h);
+            if (done < tlen) {
+                got = conn_recv(c, c->r_buf + done, tlen - done);
+                if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                    return moved;
+                if (got <= 0) {
+                    recv_failed(st, p, s, got, r);
+                    return moved;
+                }
+                moved = 1;
+                c->r_off += (size_t)got;
+                if (c->r_off < sizeof(*h) + tlen)
+                    continue;
+            }
+            if (take_ack(st, p, s) != 0)
+                return moved;
+            c->r_off = 0;
+            continue;
         }
-        moved = 1;
-        r->last_progress = now;
-        size_t before = c->r_off;
-        c->r_off += (size_t)got;
-        if (before < sizeof(tcpFrameHdr) && c->r_off == sizeof(tcpFrameHdr)) {
-            const tcpFrameHdr *h = &c->r_hdr;
+        if (r == NULL)
+            return moved; /* a data header, held until its receive is posted */
+        if (!c->r_checked) {
             int hdr_ok = h->magic == GEO_FRAME_MAGIC && h->check == hdr_check(h) &&
                          h->seq == r->seq;
             if (hdr_ok && r->vlen && c->r_frame == 0) {
@@ -515,11 +790,10 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                 }
                 r->size = h->total;
                 r->nframes = h->total ? nframes_of(h->total) : 1;
-                len = frame_len(r, c->r_frame);
-                flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len;
             }
+            size_t want = frame_len(r, c->r_frame);
             if (!hdr_ok || h->total != r->size ||
-                h->offset != (uint64_t)c->r_frame * GEO_TCP_FRAME || h->len != len) {
+                h->offset != (uint64_t)c->r_frame * GEO_TCP_FRAME || h->len != want) {
                 char why[256];
                 snprintf(why, sizeof(why),
                          "sent a frame that does not match the posted receive (magic %#x seq "
@@ -527,14 +801,33 @@ static int progress_recv(tcpState *st, int p, int s, double now)
                          "mismatched counts or a corrupt stream%s)",
                          h->magic, (unsigned long long)h->seq, (unsigned long long)h->offset,
                          h->len, (unsigned long long)r->seq,
-                         (unsigned long long)c->r_frame * GEO_TCP_FRAME, len,
+                         (unsigned long long)c->r_frame * GEO_TCP_FRAME, want,
                          c->enc ? ", or the header was altered on the way" : "");
                 peer_error(st, p, s, why);
                 return moved;
             }
+            c->r_checked = 1;
         }
-        if (c->r_off < sizeof(tcpFrameHdr) + flen)
-            continue;
+        size_t len = h->len;
+        size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len;
+        /* A sealed frame lands in the connection's buffer: the user's sees
+         * only plaintext that passed its tag. */
+        char *payload = c->enc ? (char *)c->r_buf : r->buf + c->r_frame * GEO_TCP_FRAME;
+        size_t done = c->r_off - sizeof(tcpFrameHdr);
+        if (done < flen) {
+            got = conn_recv(c, payload + done, flen - done);
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                return moved;
+            if (got <= 0) {
+                recv_failed(st, p, s, got, r);
+                return moved;
+            }
+            moved = 1;
+            r->last_progress = now;
+            c->r_off += (size_t)got;
+            if (c->r_off < sizeof(tcpFrameHdr) + flen)
+                continue;
+        }
         if (c->enc) {
             if (geoAeadOpen(&c->rx_aead, c->r_ctr, &c->r_hdr, sizeof(c->r_hdr), c->r_buf,
                             c->r_buf, len, c->r_buf + len) != 0) {
@@ -550,7 +843,8 @@ static int progress_recv(tcpState *st, int p, int s, double now)
             c->r_ctr++;
             memcpy(r->buf + c->r_frame * GEO_TCP_FRAME, c->r_buf, len);
         }
-        c->r_active = 0;
+        c->r_off = 0;
+        c->r_count++;
         c->r_frame += frame_step(r);
         complete_frame(st, peer, GEO_NET_RECV, r);
     }
@@ -574,149 +868,36 @@ static int ring_drain(tcpConn *c)
     }
 }
 
-static void *progress_main(void *arg)
-{
-    tcpState *st = arg;
-    geoNetCtx *ctx = st->ctx;
-    int nfds_max = ctx->nranks * st->nstreams + 1;
-    struct pollfd *pfd = calloc((size_t)nfds_max, sizeof(*pfd));
-    int *map = calloc((size_t)nfds_max, sizeof(int));
-
-    geoDebugSetRank(ctx->rank);
-    if (pfd == NULL || map == NULL) {
-        pthread_mutex_lock(&st->lock);
-        geoErrSet(ctx->err, "out of memory in progress thread");
-        break_locked(st, ncclSystemError);
-        pthread_mutex_unlock(&st->lock);
-        free(pfd);
-        free(map);
-        return NULL;
-    }
-    pthread_mutex_lock(&st->lock);
-    while (!st->stop) {
-        double now = geoNow();
-        int n = 0;
-        /* Make all progress possible without blocking, then sleep in poll. */
-        for (int p = 0; p < ctx->nranks; p++) {
-            if (p == ctx->rank || st->broken)
-                continue;
-            for (int s = 0; s < st->nstreams; s++) {
-                tcpConn *c = &st->peers[p].conns[s];
-                if (c->fd < 0)
-                    continue;
-                if (!c->closed)
-                    progress_send(st, p, s, now);
-                if (st->broken)
-                    break;
-                /* A closed connection may still hold data sent before the
-                 * close: it is read when its receive is posted. */
-                progress_recv(st, p, s, now);
-                if (st->broken)
-                    break;
-                if (c->ring) {
-                    /* Waits for ring space or data end at the peer's
-                     * doorbell; the socket also tells of its death. */
-                    conn_kick(c);
-                    if (c->closed)
-                        continue;
-                    pfd[n] = (struct pollfd){.fd = c->fd, .events = POLLIN | POLLRDHUP};
-                    map[n++] = p * st->nstreams + s;
-                    continue;
-                }
-                short ev = c->closed ? 0 : POLLRDHUP;
-                uint64_t sq = c->s_seq, rq = c->r_seq;
-                size_t sf = c->s_frame, rf = c->r_frame;
-                if (!c->closed && cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf))
-                    ev |= POLLOUT;
-                if (cursor_req(&st->peers[p], GEO_NET_RECV, s, &rq, &rf))
-                    ev |= POLLIN;
-                if (ev == 0)
-                    continue;
-                pfd[n].fd = c->fd;
-                pfd[n].events = ev;
-                pfd[n].revents = 0;
-                map[n++] = p * st->nstreams + s;
-            }
-        }
-        pfd[n].fd = st->wake_fd;
-        pfd[n].events = POLLIN;
-        pfd[n].revents = 0;
-        pthread_mutex_unlock(&st->lock);
-        int rc = poll(pfd, (nfds_t)n + 1, 200);
-        pthread_mutex_lock(&st->lock);
-        if (rc < 0 && errno != EINTR) {
-            geoErrSet(ctx->err, "poll failed in progress thread: %s", strerror(errno));
-            break_locked(st, ncclSystemError);
-            continue;
-        }
-        if (pfd[n].revents & POLLIN) {
-            uint64_t v;
-            ssize_t r = read(st->wake_fd, &v, sizeof(v));
-            (void)r;
-        }
-        for (int i = 0; i < n && rc > 0; i++) {
-            int p = map[i] / st->nstreams, s = map[i] % st->nstreams;
-            tcpConn *c = &st->peers[p].conns[s];
-            if (c->ring) {
-                if (pfd[i].revents == 0 || !ring_drain(c))
-                    continue;
-            } else if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
-                       (pfd[i].revents & POLLIN && pfd[i].events & POLLIN)) {
-                continue;
-            }
-            /* Hang-up on a connection with no receive posted: remember it;
-             * an operation that needs this peer fails when it is posted.
-             * (A ring connection's receive fails once its ring is empty,
-             * see conn_recv.) */
-            if (c->closed && !c->ring)
-                continue;
-            uint64_t sq = c->s_seq;
-            size_t sf = c->s_frame;
-            /* A peer that closes a ring connection with our doorbells
-             * unread resets it (POLLERR, ECONNRESET): still a plain close;
-             * what it wrote stays readable in the ring. */
-            if (cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
-                (!c->ring && (pfd[i].revents & POLLERR))) {
-                peer_error(st, p, s, "closed or reset the connection (it died, or gave up "
-                           "because of another rank's failure)");
-                break;
-            }
-            c->closed = 1;
-            st->peers[p].closed_by_peer = 1;
-            geoInfo(GEO_LOG_NET, "rank %d closed its connection (stream %d)", p, s);
-        }
-    }
-    pthread_mutex_unlock(&st->lock);
-    free(pfd);
-    free(map);
-    return NULL;
-}
-
 /* ---- set-up ---------------------------------------------------------- */
 
 /* HMAC(secret, label | comm_hash | from | to | stream | encrypt | cipher |
- * Ca | Cc | connector's X25519 key | acceptor's): the connector's proof
- * (label "geoccl/v2/hello", cipher its preference, no acceptor key yet)
- * and the acceptor's (label "geoccl/v2/accept", cipher its choice).  The
- * ephemeral keys are bound, so a relay cannot put its own in. */
+ * resume | connector's count | acceptor's count | Ca | Cc | connector's
+ * X25519 key | acceptor's): the connector's proof (label "geoccl/v2/hello",
+ * cipher its preference, no acceptor key or count yet) and the acceptor's
+ * (label "geoccl/v2/accept", cipher its choice).  The ephemeral keys are
+ * bound, so a relay cannot put its own in; the counts are, so that it
+ * cannot make either end skip or repeat frames when a connection resumes. */
 static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *challenge,
-                      const tcpHello *m, int32_t cipher, const uint8_t *apub,
+                      const tcpHello *m, int32_t cipher, const uint8_t *apub, uint64_t acount,
                       uint8_t out[GEO_SHA256_BYTES])
 {
-    uint8_t msg[24 + 8 + 20 + 2 * GEO_CHALLENGE_BYTES + 2 * GEO_X25519_BYTES];
-    int32_t f[5] = {m->rank, m->to, m->stream, m->encrypt, cipher};
+    enum { F = 32, C = F + 24, N = C + 16, K = N + 2 * GEO_CHALLENGE_BYTES };
+    uint8_t msg[K + 2 * GEO_X25519_BYTES];
+    int32_t f[6] = {m->rank, m->to, m->stream, m->encrypt, cipher, m->resume};
+    uint64_t counts[2] = {m->count, acount};
     size_t l = strlen(label);
     memset(msg, 0, 24);
     memcpy(msg, label, l < 24 ? l : 24);
     memcpy(msg + 24, &ctx->comm_hash, 8);
-    memcpy(msg + 32, f, sizeof(f));
-    memcpy(msg + 52, challenge, GEO_CHALLENGE_BYTES);
-    memcpy(msg + 52 + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
-    memcpy(msg + 52 + 2 * GEO_CHALLENGE_BYTES, m->pub, GEO_X25519_BYTES);
+    memcpy(msg + F, f, sizeof(f));
+    memcpy(msg + C, counts, sizeof(counts));
+    memcpy(msg + N, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(msg + N + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
+    memcpy(msg + K, m->pub, GEO_X25519_BYTES);
     if (apub != NULL)
-        memcpy(msg + 52 + 2 * GEO_CHALLENGE_BYTES + GEO_X25519_BYTES, apub, GEO_X25519_BYTES);
+        memcpy(msg + K + GEO_X25519_BYTES, apub, GEO_X25519_BYTES);
     else
-        memset(msg + 52 + 2 * GEO_CHALLENGE_BYTES + GEO_X25519_BYTES, 0, GEO_X25519_BYTES);
+        memset(msg + K + GEO_X25519_BYTES, 0, GEO_X25519_BYTES);
     geoHmacSha256(ctx->secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
 }
 
@@ -843,9 +1024,10 @@ enum {
     HS_DROPPED    /* in: logged and closed */
 };
 
-typedef struct {
+typedef struct tcpHs {
     int fd;
     int out;        /* 1: we connect to (peer, stream); 0: we accepted */
+    int resume;     /* after set-up: it replaces a connection that was reset */
     int local;      /* out: over the peer's same-host socket; in: accepted there */
     int state;
     int peer;       /* in: -1 until a valid hello names it */
@@ -942,6 +1124,8 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             h->hello.stream = h->stream;
             h->hello.encrypt = ctx->encrypt != NULL && ctx->encrypt[h->peer];
             h->hello.cipher = ctx->cipher;
+            h->hello.resume = h->resume;
+            h->hello.count = h->resume ? st->peers[h->peer].conns[h->stream].r_count : 0;
             if (geoRandomBytes(h->hello.nonce, sizeof(h->hello.nonce)) != 0) {
                 why = "no randomness for our nonce";
                 goto refused;
@@ -952,7 +1136,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 why = "cannot make an X25519 key (out of memory?)";
                 goto refused;
             }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher, NULL,
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher, NULL, 0,
                       h->hello.proof);
             h->state = HS_HELLO;
             h->off = 0;
@@ -972,7 +1156,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
                 uint8_t expect[GEO_SHA256_BYTES];
                 int want_cipher = h->hello.encrypt ? h->ack.cipher : GEO_CIPHER_NONE;
                 hello_mac(ctx, "geoccl/v2/accept", h->challenge, &h->hello, h->ack.cipher,
-                          h->ack.pub, expect);
+                          h->ack.pub, h->ack.count, expect);
                 if (h->ack.magic != GEO_ACCEPT_MAGIC ||
                     !geoDigestEqual(expect, h->ack.proof, sizeof(expect))) {
                     why = "it did not prove the communicator's secret: another program on "
@@ -1010,16 +1194,20 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
         }
     }
 connect_failed:
-    if (geoSocketRetryable(h->err) && now < deadline) {
+    /* After set-up a listener is open for the peer's whole life: a
+     * refused connect means its process is gone. */
+    if (geoSocketRetryable(h->err) && now < deadline && !(h->resume && h->err == ECONNREFUSED)) {
         h->state = HS_RETRY;
         h->when = now + h->backoff;
         if (h->backoff < 0.1)
             h->backoff *= 2;
         return 0;
     }
-    geoErrSet(ctx->err, "init: cannot connect to rank %d at %s (host %s), stream %d: %s",
-                    h->peer, peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
-                    strerror(h->err));
+    geoErrSet(ctx->err, "%s: cannot connect to rank %d at %s (host %s), stream %d: %s%s",
+                    h->resume ? geoErrOp(ctx->err) : "init", h->peer, peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
+                    strerror(h->err), h->resume ? (h->err == ECONNREFUSED
+                                                   ? " (its process is gone)"
+                                                   : " (reconnecting after a reset)") : "");
     return -1;
 wait_or_refused:
     if (rc == 0)
@@ -1038,13 +1226,15 @@ wait_or_refused:
             h->backoff *= 2;
         return 0;
     }
-    geoErrSet(ctx->err, "init: rank %d at %s (host %s) closed our connection on stream %d "
+    geoErrSet(ctx->err, "%s: rank %d at %s (host %s) closed our connection on stream %d "
                     "during the handshake %d times (%s): it refused our proof, or dropped us "
-                    "among many unproven connections", h->peer, peer_str(st, h->peer, pa),
+                    "among many unproven connections", h->resume ? geoErrOp(ctx->err) : "init",
+                    h->peer, peer_str(st, h->peer, pa),
                     ctx->peers[h->peer].host, h->stream, h->drops, why);
     return -1;
 refused:
-    geoErrSet(ctx->err, "init: refused rank %d at %s (host %s) on stream %d: %s", h->peer,
+    geoErrSet(ctx->err, "%s: refused rank %d at %s (host %s) on stream %d: %s",
+                    h->resume ? geoErrOp(ctx->err) : "init", h->peer,
                     peer_str(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, why);
     return -1;
 }
@@ -1067,6 +1257,8 @@ static void hs_drop(tcpState *st, tcpHs *h, const char *why)
     h->fd = -1;
     h->state = HS_DROPPED;
 }
+
+static void resume_claim(tcpState *st, tcpHs *h);
 
 /* Advance an accepted handshake without blocking.  A stranger gets 16
  * random bytes and nothing else.  1: done; 0: waiting; -1: dropped
@@ -1094,11 +1286,13 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 goto wait_or_drop;
             if (m->magic != GEO_HELLO_MAGIC || m->rank <= ctx->rank ||
                 m->rank >= ctx->nranks || m->to != ctx->rank || m->stream < 0 ||
-                m->stream >= st->nstreams || st->peers[m->rank].conns[m->stream].fd >= 0) {
+                m->stream >= st->nstreams || m->resume != h->resume ||
+                (h->resume ? !st->peers[m->rank].conns[m->stream].track
+                           : st->peers[m->rank].conns[m->stream].fd >= 0)) {
                 hs_drop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, NULL, expect);
+            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, NULL, 0, expect);
             if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
                 char claim[96];
                 snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
@@ -1122,11 +1316,17 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                              ? GEO_CIPHER_AES256GCM
                              : GEO_CIPHER_CHACHA20POLY1305;
             /* Claim the slot now, so that a second connection claiming the
-             * same rank and stream is refused while our ack is in flight. */
+             * same rank and stream is refused while our ack is in flight.
+             * A resume takes it from the connection it replaces (whose
+             * reset we may not have seen yet) and from an older resume
+             * (the peer gave that one up). */
             h->peer = m->rank;
             h->stream = m->stream;
             tcpConn *c = &st->peers[h->peer].conns[h->stream];
+            if (h->resume)
+                resume_claim(st, h);
             memset(&h->ack, 0, sizeof(h->ack));
+            h->ack.count = h->resume ? c->r_count : 0;
             if (enc) {
                 void *eph = NULL;
                 uint8_t dh[GEO_X25519_BYTES];
@@ -1144,11 +1344,13 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             if (enc)
                 ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != cipher
                                        ? GEO_CIPHER_MIXED : cipher;
-            c->fd = h->fd;
-            c->local = h->local;
+            if (!h->resume) { /* a resumed connection is installed once our ack is out */
+                c->fd = h->fd;
+                c->local = h->local;
+            }
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
-            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.pub,
+            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.pub, h->ack.count,
                       h->ack.proof);
             h->state = HS_ACK;
             h->off = 0;
@@ -1158,6 +1360,8 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             rc = geoSocketStep(h->fd, &h->ack, sizeof(h->ack), &h->off, 1, &why);
             if (rc <= 0)
                 goto wait_or_drop;
+            if (h->resume)
+                st->peers[h->peer].conns[h->stream].fd = h->fd;
             h->fd = -1; /* now owned by peers[peer].conns[stream] */
             h->state = HS_DONE;
             return 1;
@@ -1168,6 +1372,15 @@ static int hs_in_step(tcpState *st, tcpHs *h)
 wait_or_drop:
     if (rc == 0)
         return 0;
+    if (h->resume && h->state == HS_HELLO && h->off == 0) {
+        /* Closed before a byte of hello: a peer probing whether we are
+         * alive (see conn_fail), or a scan. */
+        geoTrace(GEO_LOG_NET, "connection from %s closed before its hello", h->from);
+        close(h->fd);
+        h->fd = -1;
+        h->state = HS_DROPPED;
+        return -1;
+    }
     char text[128];
     snprintf(text, sizeof(text), "handshake failed (%s)", why);
     hs_drop(st, h, text);
@@ -1458,6 +1671,469 @@ oom:
     goto done;
 }
 
+/* ---- resume after a reset (see the top of this file) ------------------ */
+
+static int resettable(int err)
+{
+    return err == ECONNRESET || err == ECONNABORTED || err == EPIPE || err == ETIMEDOUT ||
+           err == EHOSTUNREACH || err == ENETUNREACH || err == ENETRESET || err == EHOSTDOWN;
+}
+
+/* Forget a connection's incarnation; what it counted and keeps stays. */
+static void conn_down(tcpState *st, int p, int s)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->down = 1;
+    c->down_since = geoNow();
+    c->s_active = 0;  /* a half-sent frame starts again; it was not counted */
+    c->r_off = 0;     /* a half-received one is dropped: the peer sends it again */
+    c->r_checked = 0;
+    conn_keys_free(c);
+}
+
+static void conn_fail(tcpState *st, int p, int s, int err, const char *what)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    char a[GEO_ADDR_STRLEN];
+    if (st->broken || st->stop || c->down)
+        return;
+    if (!c->track || !st->running || st->reconnect_s <= 0 || !resettable(err)) {
+        peer_error(st, p, s, what);
+        return;
+    }
+    geoWarn(GEO_LOG_NET, "rank %d (%s, host %s), stream %d: %s; %s (for up to %.0f s, "
+            "GEOCCL_RECONNECT_TIMEOUT)", p, peer_str(st, p, a), st->ctx->peers[p].host, s,
+            what, p < st->ctx->rank ? "dialling again" : "waiting for it to dial again",
+            st->reconnect_s);
+    conn_down(st, p, s);
+    if (p < st->ctx->rank) {
+        c->dial = calloc(1, sizeof(tcpHs));
+        if (c->dial == NULL) {
+            peer_error(st, p, s, "reset the connection, and we are out of memory to dial again");
+            return;
+        }
+        *c->dial = (tcpHs){.fd = -1, .out = 1, .resume = 1, .state = HS_RETRY, .peer = p,
+                           .stream = s, .when = c->down_since, .backoff = 1e-3};
+    } else {
+        c->probe_when = c->down_since;
+    }
+}
+
+/* Before a resume of h's slot is acknowledged: the slot's incarnation, if
+ * we have not seen it fail, and an older resume of it go. */
+static void resume_claim(tcpState *st, tcpHs *h)
+{
+    tcpConn *c = &st->peers[h->peer].conns[h->stream];
+    if (!c->down) {
+        geoInfo(GEO_LOG_NET, "rank %d, stream %d: it dialled again before we saw the "
+                "connection fail; replacing it", h->peer, h->stream);
+        conn_down(st, h->peer, h->stream);
+    }
+    for (int i = 0; i < st->nrpend; i++) {
+        tcpHs *o = &st->rpend[i];
+        if (o != h && o->state == HS_ACK && o->peer == h->peer && o->stream == h->stream)
+            hs_drop(st, o, "replaced by a newer resume of the same connection");
+    }
+}
+
+static void conn_free_resume(tcpConn *c)
+{
+    if (c->dial != NULL) {
+        if (c->dial->fd >= 0)
+            close(c->dial->fd);
+        geoX25519Free(c->dial->eph);
+        free(c->dial);
+        c->dial = NULL;
+    }
+    if (c->probe_fd >= 0)
+        close(c->probe_fd);
+    c->probe_fd = -1;
+}
+
+/* The new incarnation is up (c->fd) and the peer has n of our frames
+ * whole: send the rest again, then go on. */
+static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
+{
+    tcpPeer *peer = &st->peers[p];
+    tcpConn *c = &peer->conns[s];
+    char why[256];
+    conn_free_resume(c);
+    c->down = 0;
+    geoSocketTune(c->fd);
+    geoSocketSetNonBlocking(c->fd, 1);
+    if (peer->cc[0])
+        setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, peer->cc, (socklen_t)strlen(peer->cc));
+    if (st->lowat > 0)
+        setsockopt(c->fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &(unsigned){(unsigned)st->lowat},
+                   sizeof(unsigned));
+    if (n > c->s_count || n < c->k_base) {
+        if (n > c->s_count)
+            snprintf(why, sizeof(why), "resumed the connection claiming %llu of our frames "
+                     "where %llu were sent (a corrupt peer)", (unsigned long long)n,
+                     (unsigned long long)c->s_count);
+        else
+            snprintf(why, sizeof(why), "resumed the connection, but %llu frames it has not "
+                     "received are no longer kept here (more than GEOCCL_RESUME_BUFFER=%lld "
+                     "bytes were unacknowledged when it was reset)",
+                     (unsigned long long)(c->k_base - n),
+                     (long long)geoParamInt(GEO_PARAM_RESUME_BUFFER));
+        peer_error(st, p, s, why);
+        return;
+    }
+    kept_ack(c, n);
+    c->a_got = n;
+    c->again = n;
+    c->a_sent = c->r_count; /* the handshake told it */
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < c->k_len; i++)
+        bytes += kept_at(c, i)->hdr.len;
+    peer->reconnects++;
+    geoInfo(GEO_LOG_NET, "rank %d, stream %d: resumed %.3f s after the reset (reconnect %llu "
+            "with this rank); sending %llu frames (%llu bytes) again, it had %llu of %llu",
+            p, s, geoNow() - c->down_since, (unsigned long long)peer->reconnects,
+            (unsigned long long)c->k_len, (unsigned long long)bytes, (unsigned long long)n,
+            (unsigned long long)c->s_count);
+}
+
+/* The peer's process is gone (its listener refuses us): an error when
+ * something is pending with it, else it only counts as closed. */
+static void peer_gone(tcpState *st, int p, int s, const char *what)
+{
+    tcpPeer *peer = &st->peers[p];
+    tcpConn *c = &peer->conns[s];
+    if (peer->q[GEO_NET_SEND] != NULL || peer->q[GEO_NET_RECV] != NULL) {
+        peer_error(st, p, s, what);
+        return;
+    }
+    geoInfo(GEO_LOG_NET, "rank %d, stream %d: %s; nothing was pending with it, so it counts "
+            "as closed", p, s, what);
+    conn_free_resume(c);
+    c->down = 0;
+    c->closed = 1;
+    peer->closed_by_peer = 1;
+    peer->gone = 1;
+}
+
+/* A dial of ours failed for good (ctx->err says how). */
+static void dial_failed(tcpState *st, int p, int s)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    if (c->dial->err == ECONNREFUSED) {
+        peer_gone(st, p, s, "reset the connection, and its listener refuses a new one (its "
+                  "process is gone)");
+        return;
+    }
+    geoWarn(GEO_LOG_NET, "%s", geoErrLast(st->ctx->err));
+    break_locked(st, ncclRemoteError);
+}
+
+enum { PK_CONN, PK_DIAL, PK_PROBE, PK_PEND, PK_LISTEN, PK_WAKE };
+typedef struct {
+    int kind, p, s, fd;
+} tcpPollRef;
+
+/* A connection that is down: give up after the reconnect timeout, drive
+ * our dial, or probe the peer's listener.  Returns the entries used. */
+static int poll_down(tcpState *st, int p, int s, double now, struct pollfd *pfd,
+                     tcpPollRef *map, int n)
+{
+    geoNetCtx *ctx = st->ctx;
+    tcpConn *c = &st->peers[p].conns[s];
+    char why[200];
+    if (now - c->down_since > st->reconnect_s) {
+        snprintf(why, sizeof(why), "reset the connection and it was not re-established within "
+                 "%.0f s (GEOCCL_RECONNECT_TIMEOUT)", st->reconnect_s);
+        peer_error(st, p, s, why);
+        return n;
+    }
+    if (c->dial != NULL) {
+        tcpHs *h = c->dial;
+        if (h->state == HS_RETRY) {
+            int rc = hs_out_step(st, h, now, c->down_since + st->reconnect_s);
+            if (rc > 0) {
+                conn_resumed(st, p, s, h->ack.count);
+                return n;
+            }
+            if (rc < 0) {
+                dial_failed(st, p, s);
+                return n;
+            }
+        }
+        if (h->fd >= 0) {
+            pfd[n] = (struct pollfd){.fd = h->fd, .events = hs_events(h)};
+            map[n++] = (tcpPollRef){PK_DIAL, p, s, h->fd};
+        }
+        return n;
+    }
+    if (c->probe_fd < 0 && now >= c->probe_when &&
+        geoSocketConnectStart(&ctx->peers[p].addr, &c->probe_fd) != 0) {
+        c->probe_fd = -1;
+        if (errno == ECONNREFUSED) {
+            peer_gone(st, p, s, "reset the connection, and its listener refuses connections "
+                      "(its process is gone)");
+            return n;
+        }
+        c->probe_when = now + 2.0;
+    }
+    if (c->probe_fd >= 0) {
+        pfd[n] = (struct pollfd){.fd = c->probe_fd, .events = POLLOUT};
+        map[n++] = (tcpPollRef){PK_PROBE, p, s, c->probe_fd};
+    }
+    return n;
+}
+
+static void probe_done(tcpState *st, int p, int s, double now)
+{
+    tcpConn *c = &st->peers[p].conns[s];
+    int err = geoSocketConnectResult(c->probe_fd);
+    close(c->probe_fd);
+    c->probe_fd = -1;
+    if (err == ECONNREFUSED) {
+        peer_gone(st, p, s, "reset the connection, and its listener refuses connections (its "
+                  "process is gone)");
+        return;
+    }
+    c->probe_when = now + 2.0; /* alive (or not reachable yet): look again later */
+}
+
+/* Take what waits on the listener after set-up: resume handshakes, run
+ * like those of set-up (challenge first, a deadline each, room made by
+ * dropping an unproven one at random). */
+static void accept_resumes(tcpState *st, double now)
+{
+    for (int taken = 0; taken < 16; taken++) {
+        tcpHs h = {.out = 0, .resume = 1, .state = HS_CHALLENGE, .peer = -1, .stream = -1};
+        geoSockAddr from;
+        int got = geoSocketAcceptNB(st->listen_fd, &h.fd, &from);
+        if (got < 0 && (errno == EMFILE || errno == ENFILE) &&
+            evict_pending(st, st->rpend, st->nrpend, NULL, "dropped to make room (out of "
+                          "file descriptors)") == 0)
+            return; /* the slot frees when rpend is compacted */
+        if (got <= 0)
+            return; /* nothing more, or a transient accept error: the next pass retries */
+        geoAddrToString(&from, h.from);
+        h.src = from;
+        if (st->nrpend == GEO_TCP_RESUME_PENDING &&
+            evict_pending(st, st->rpend, st->nrpend, NULL, "dropped to make room for newer "
+                          "connections") != 0) {
+            close(h.fd);
+            continue;
+        }
+        if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
+            geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its challenge",
+                    h.from);
+            close(h.fd);
+            continue;
+        }
+        h.when = now + GEO_TCP_HANDSHAKE_S;
+        int i = st->nrpend;
+        if (i == GEO_TCP_RESUME_PENDING) { /* one was evicted: reuse its entry */
+            i = 0;
+            while (st->rpend[i].state < HS_DONE)
+                i++;
+        } else {
+            st->nrpend++;
+        }
+        st->rpend[i] = h;
+        if (hs_in_step(st, &st->rpend[i]) > 0)
+            conn_resumed(st, st->rpend[i].peer, st->rpend[i].stream, st->rpend[i].hello.count);
+    }
+}
+
+static void *progress_main(void *arg)
+{
+    tcpState *st = arg;
+    geoNetCtx *ctx = st->ctx;
+    int nfds_max = ctx->nranks * st->nstreams + GEO_TCP_RESUME_PENDING + 2;
+    struct pollfd *pfd = calloc((size_t)nfds_max, sizeof(*pfd));
+    tcpPollRef *map = calloc((size_t)nfds_max, sizeof(*map));
+
+    geoDebugSetRank(ctx->rank);
+    if (pfd == NULL || map == NULL) {
+        pthread_mutex_lock(&st->lock);
+        geoErrSet(ctx->err, "out of memory in progress thread");
+        break_locked(st, ncclSystemError);
+        pthread_mutex_unlock(&st->lock);
+        free(pfd);
+        free(map);
+        return NULL;
+    }
+    pthread_mutex_lock(&st->lock);
+    while (!st->stop) {
+        double now = geoNow();
+        int n = 0;
+        /* Make all progress possible without blocking, then sleep in poll. */
+        for (int p = 0; p < ctx->nranks; p++) {
+            if (p == ctx->rank || st->broken)
+                continue;
+            for (int s = 0; s < st->nstreams; s++) {
+                tcpConn *c = &st->peers[p].conns[s];
+                if (c->down) {
+                    n = poll_down(st, p, s, now, pfd, map, n);
+                    if (st->broken)
+                        break;
+                    continue;
+                }
+                if (c->fd < 0)
+                    continue;
+                if (!c->closed)
+                    progress_send(st, p, s, now);
+                if (st->broken)
+                    break;
+                /* A closed connection may still hold data sent before the
+                 * close: it is read when its receive is posted. */
+                if (!c->down)
+                    progress_recv(st, p, s, now);
+                if (st->broken)
+                    break;
+                if (c->down) {
+                    n = poll_down(st, p, s, now, pfd, map, n);
+                    if (st->broken)
+                        break;
+                    continue;
+                }
+                if (c->ring) {
+                    /* Waits for ring space or data end at the peer's
+                     * doorbell; the socket also tells of its death. */
+                    conn_kick(c);
+                    if (c->closed)
+                        continue;
+                    pfd[n] = (struct pollfd){.fd = c->fd, .events = POLLIN | POLLRDHUP};
+                    map[n++] = (tcpPollRef){PK_CONN, p, s, c->fd};
+                    continue;
+                }
+                short ev = c->closed ? 0 : POLLRDHUP;
+                uint64_t sq = c->s_seq, rq = c->r_seq;
+                size_t sf = c->s_frame, rf = c->r_frame;
+                if (!c->closed &&
+                    (cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
+                     (c->track && (c->r_count > c->a_sent || c->again < c->s_count))))
+                    ev |= POLLOUT;
+                /* A TCP connection reads acks at once; a data header then
+                 * waits for its receive. */
+                int held = c->r_off >= sizeof(tcpFrameHdr) && c->r_hdr.magic != GEO_ACK_MAGIC;
+                if (cursor_req(&st->peers[p], GEO_NET_RECV, s, &rq, &rf) ||
+                    (c->track && !c->closed && !held))
+                    ev |= POLLIN;
+                if (ev == 0)
+                    continue;
+                pfd[n] = (struct pollfd){.fd = c->fd, .events = ev};
+                map[n++] = (tcpPollRef){PK_CONN, p, s, c->fd};
+            }
+        }
+        for (int i = 0; i < st->nrpend && !st->broken; i++) {
+            pfd[n] = (struct pollfd){.fd = st->rpend[i].fd, .events = hs_events(&st->rpend[i])};
+            map[n++] = (tcpPollRef){PK_PEND, i, 0, st->rpend[i].fd};
+        }
+        if (st->running && !st->broken && st->listen_fd >= 0) {
+            pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
+            map[n++] = (tcpPollRef){PK_LISTEN, 0, 0, st->listen_fd};
+        }
+        pfd[n] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
+        map[n] = (tcpPollRef){PK_WAKE, 0, 0, st->wake_fd};
+        pthread_mutex_unlock(&st->lock);
+        int rc = poll(pfd, (nfds_t)n + 1, 200);
+        pthread_mutex_lock(&st->lock);
+        if (rc < 0 && errno != EINTR) {
+            geoErrSet(ctx->err, "poll failed in progress thread: %s", strerror(errno));
+            break_locked(st, ncclSystemError);
+            continue;
+        }
+        if (pfd[n].revents & POLLIN) {
+            uint64_t v;
+            ssize_t r = read(st->wake_fd, &v, sizeof(v));
+            (void)r;
+        }
+        now = geoNow();
+        for (int i = 0; i < n && rc > 0 && !st->broken; i++) {
+            if (pfd[i].revents == 0)
+                continue;
+            int p = map[i].p, s = map[i].s;
+            if (map[i].kind == PK_LISTEN) {
+                accept_resumes(st, now);
+                continue;
+            }
+            if (map[i].kind == PK_PEND) {
+                tcpHs *h = &st->rpend[p];
+                if (h->fd == map[i].fd && h->state < HS_DONE && hs_in_step(st, h) > 0)
+                    conn_resumed(st, h->peer, h->stream, h->hello.count);
+                continue;
+            }
+            tcpConn *c = &st->peers[p].conns[s];
+            if (map[i].kind == PK_DIAL) {
+                if (c->dial == NULL || c->dial->fd != map[i].fd)
+                    continue;
+                int r = hs_out_step(st, c->dial, now, c->down_since + st->reconnect_s);
+                if (r > 0)
+                    conn_resumed(st, p, s, c->dial->ack.count);
+                else if (r < 0)
+                    dial_failed(st, p, s);
+                continue;
+            }
+            if (map[i].kind == PK_PROBE) {
+                if (c->probe_fd == map[i].fd)
+                    probe_done(st, p, s, now);
+                continue;
+            }
+            if (c->fd != map[i].fd || c->down)
+                continue; /* replaced in this pass */
+            if (c->ring) {
+                if (!ring_drain(c))
+                    continue;
+            } else if (c->track && (pfd[i].revents & POLLERR)) {
+                int err = 0;
+                socklen_t el = sizeof(err);
+                if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err == 0)
+                    err = ECONNRESET;
+                char why[128];
+                snprintf(why, sizeof(why), "reset the connection: %s", strerror(err));
+                conn_fail(st, p, s, err, why);
+                continue;
+            } else if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
+                       (pfd[i].revents & POLLIN && pfd[i].events & POLLIN)) {
+                continue;
+            }
+            /* Hang-up on a connection with no receive posted: remember it;
+             * an operation that needs this peer fails when it is posted.
+             * (A ring connection's receive fails once its ring is empty,
+             * see conn_recv.) */
+            if (c->closed && !c->ring)
+                continue;
+            uint64_t sq = c->s_seq;
+            size_t sf = c->s_frame;
+            /* A peer that closes a ring connection with our doorbells
+             * unread resets it (POLLERR, ECONNRESET): still a plain close;
+             * what it wrote stays readable in the ring. */
+            if (cursor_req(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
+                (!c->ring && (pfd[i].revents & POLLERR))) {
+                peer_error(st, p, s, "closed or reset the connection (it died, or gave up "
+                           "because of another rank's failure)");
+                break;
+            }
+            c->closed = 1;
+            st->peers[p].closed_by_peer = 1;
+            geoInfo(GEO_LOG_NET, "rank %d closed its connection (stream %d)", p, s);
+        }
+        /* Resume handshakes past their deadline go; the finished and the
+         * dropped are forgotten. */
+        int keep = 0;
+        for (int i = 0; i < st->nrpend; i++) {
+            if (st->rpend[i].state < HS_DONE && now >= st->rpend[i].when)
+                hs_drop(st, &st->rpend[i], "handshake failed (timed out)");
+            if (st->rpend[i].state < HS_DONE)
+                st->rpend[keep++] = st->rpend[i];
+        }
+        st->nrpend = keep;
+    }
+    pthread_mutex_unlock(&st->lock);
+    free(pfd);
+    free(map);
+    return NULL;
+}
+
 /* ---- shared-memory rings on same-host connections --------------------- */
 
 /* After the handshakes, on every same-host connection: the connector
@@ -1706,13 +2382,13 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
         GEO_RETURN_IF(st->peers[p].conns == NULL, ncclSystemError, "out of memory");
         for (int s = 0; s < st->nstreams; s++) {
             st->peers[p].conns[s].fd = -1;
+            st->peers[p].conns[s].probe_fd = -1;
             st->peers[p].conns[s].s_frame = GEO_FRAME_UNSET;
             st->peers[p].conns[s].r_frame = GEO_FRAME_UNSET;
         }
     }
     res = setup_connections(st);
-    close(st->listen_fd);
-    st->listen_fd = -1;
+    /* The TCP listener stays open: peers dial it again after a reset. */
     /* Every peer that will ever connect has: the socket file need not
      * outlive init (nor be left behind by a crash later). */
     if (st->local_fd >= 0)
@@ -1728,6 +2404,8 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
         for (int s = 0; s < st->nstreams && p != ctx->rank; s++) {
             tcpConn *c = &st->peers[p].conns[s];
             nlocal += c->local;
+            c->track = !c->local;
+            c->k_max = (size_t)(geoParamInt(GEO_PARAM_RESUME_BUFFER) / GEO_TCP_FRAME);
             if (!c->local)
                 geoSocketTune(c->fd);
             else
@@ -1749,6 +2427,10 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
         ring_peers += nring == st->nstreams;
     }
     ctx->ring_peers = ring_peers;
+    st->reconnect_s = (double)geoParamInt(GEO_PARAM_RECONNECT_TIMEOUT);
+    st->rpend = calloc(GEO_TCP_RESUME_PENDING, sizeof(tcpHs));
+    GEO_RETURN_IF(st->rpend == NULL, ncclSystemError, "out of memory");
+    st->running = 1;
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st->wake_fd < 0) {
         geoErrSet(ctx->err, "init: eventfd failed: %s", strerror(errno));
@@ -1786,6 +2468,12 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     pthread_mutex_lock(&st->lock);
     if (st->broken) {
         res = st->broken_res;
+    } else if (st->peers[req->peer].gone) {
+        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) is gone: its connection was reset and "
+                  "its listener refuses new ones", geoErrOp(ctx->err), req->peer,
+                  peer_str(st, req->peer, pa), ctx->peers[req->peer].host);
+        break_locked(st, ncclRemoteError);
+        res = ncclRemoteError;
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
         geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections", geoErrOp(ctx->err),
                         req->peer, peer_str(st, req->peer, pa), ctx->peers[req->peer].host);
@@ -1894,12 +2582,26 @@ static int tcp_link_stats(void *state, int peer, geoLinkStats *out)
     if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank ||
         st->peers[peer].conns == NULL)
         return -1;
+    pthread_mutex_lock(&st->lock);
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];
         if (c->fd >= 0 && !c->local)
             geoTcpInfoAdd(c->fd, out);
     }
+    pthread_mutex_unlock(&st->lock);
     return out->conns > 0 ? 0 : -1;
+}
+
+static int tcp_resume_stats(void *state, int peer, uint64_t *reconnects, uint64_t *resent)
+{
+    tcpState *st = state;
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks)
+        return -1;
+    pthread_mutex_lock(&st->lock);
+    *reconnects = st->peers[peer].reconnects;
+    *resent = st->peers[peer].resent;
+    pthread_mutex_unlock(&st->lock);
+    return 0;
 }
 
 static ncclResult_t tcp_mail(void *state, int peer, void *buf, size_t len, int send)
@@ -1977,11 +2679,31 @@ static void tcp_destroy(void *state)
         wake(st);
         pthread_join(st->thread, NULL);
     }
+    /* First no resume can reach us: a peer dialling is refused at once. */
+    if (st->listen_fd >= 0)
+        close(st->listen_fd);
+    st->listen_fd = -1;
+    for (int i = 0; st->rpend != NULL && i < st->nrpend; i++)
+        if (st->rpend[i].state < HS_DONE && st->rpend[i].fd >= 0)
+            close(st->rpend[i].fd);
+    free(st->rpend);
     if (st->peers) {
         for (int p = 0; p < st->ctx->nranks; p++) {
             if (st->peers[p].conns == NULL)
                 continue;
             for (int s = 0; s < st->nstreams; s++) {
+                tcpConn *c = &st->peers[p].conns[s];
+                if (c->fd >= 0 && c->track) {
+                    /* Acks still unread would make close() reset the
+                     * connection, and the peer take that for a middlebox's
+                     * reset: read them, then close with a FIN. */
+                    char sink[4096];
+                    while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+                        ;
+                    shutdown(c->fd, SHUT_WR);
+                }
+                conn_free_resume(c);
+                kept_free(c);
                 if (st->peers[p].conns[s].fd >= 0)
                     close(st->peers[p].conns[s].fd);
                 if (st->peers[p].conns[s].ring)
@@ -2010,11 +2732,14 @@ static void tcp_limit_queued(void *state, int bytes)
     /* 0 on a socket means the system's net.ipv4.tcp_notsent_lowat (no
      * limit unless set there), which is what "back to the default" is. */
     unsigned v = bytes > 0 ? (unsigned)bytes : 0;
+    pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
+    st->lowat = (int)v;
     for (int p = 0; p < st->ctx->nranks; p++)
         for (int s = 0; st->peers && p != st->ctx->rank && s < st->nstreams; s++)
             if (st->peers[p].conns[s].fd >= 0 && !st->peers[p].conns[s].local)
                 setsockopt(st->peers[p].conns[s].fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v,
                            sizeof(v));
+    pthread_mutex_unlock(&st->lock);
 }
 
 static void tcp_set_streams(void *state, int peer, int n)
@@ -2033,6 +2758,7 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
     int err = 0;
     if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank)
         return EINVAL;
+    pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];
         if (c->fd >= 0 && !c->local &&
@@ -2040,6 +2766,9 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
             err == 0)
             err = errno;
     }
+    if (err == 0 && strlen(cc) < sizeof(st->peers[peer].cc))
+        strcpy(st->peers[peer].cc, cc); /* for the connections that replace these */
+    pthread_mutex_unlock(&st->lock);
     return err;
 }
 
@@ -2059,4 +2788,5 @@ const geoNetTransport geoNetTcp = {
     .mail = tcp_mail,
     .peerPid = tcp_peer_pid,
     .linkStats = tcp_link_stats,
+    .resumeStats = tcp_resume_stats,
 };

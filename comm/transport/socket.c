@@ -199,6 +199,17 @@ int geoSocketCheckParams(char *err, size_t len)
                  "1..32767 seconds", (long long)ka);
         return -1;
     }
+    int64_t rt = geoParamInt(GEO_PARAM_RECONNECT_TIMEOUT);
+    if (rt < 0 || rt > 86400) {
+        snprintf(err, len, "GEOCCL_RECONNECT_TIMEOUT=%lld: must be 0 (a reset is an error) or "
+                 "1..86400 seconds", (long long)rt);
+        return -1;
+    }
+    int64_t rb = geoParamInt(GEO_PARAM_RESUME_BUFFER);
+    if (rb < 0 || rb > ((int64_t)1 << 40)) {
+        snprintf(err, len, "GEOCCL_RESUME_BUFFER=%lld: must be 0..1T bytes", (long long)rb);
+        return -1;
+    }
     return 0;
 }
 

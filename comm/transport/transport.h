@@ -141,6 +141,9 @@ typedef struct geoNetTransport {
      * connections to peer (same-host ones left out), summed; 0, or -1 when
      * the pair has none or the kernel counts nothing. */
     int (*linkStats)(void *state, int peer, geoLinkStats *out);
+    /* Optional: connections to peer resumed after a reset, and payload
+     * bytes sent to it again because of them; 0, or -1 (no such peer). */
+    int (*resumeStats)(void *state, int peer, uint64_t *reconnects, uint64_t *resent);
 } geoNetTransport;
 
 #define GEO_NET_MAIL_BYTES 48

@@ -354,6 +354,10 @@ static int run_rank(const perfOptions *o, int rank, int nranks, ncclUniqueId id,
         return 3;
     }
     int res = perfRun(&geo_backend, &c, o, rank, nranks, launch);
+    uint64_t nre = 0, resent = 0;
+    if (geocclCommGetReconnects(c.comm, -1, &nre, &resent) == ncclSuccess && nre > 0)
+        printf("# rank %d: %llu connections resumed after a reset, %llu bytes sent again\n",
+               rank, (unsigned long long)nre, (unsigned long long)resent);
     /* After a failed call the other ranks may be stuck in a collective;
      * ncclCommDestroy would wait for them, so the caller ends the job. */
     if (res < 3) {
