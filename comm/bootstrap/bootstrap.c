@@ -816,7 +816,8 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
             }
             if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
                                                magic != GEO_IMPOSTOR_MAGIC &&
-                                               strcmp(why, "connection closed by peer") != 0)) {
+                                               strcmp(why, "connection closed by peer") != 0 &&
+                                               strcmp(why, strerror(ECONNRESET)) != 0)) {
                 geoErrSet(self->err, "shrink: the bootstrap root at %s gave up or stopped "
                                 "answering (%s): not all %d survivors joined within %.0f s",
                                 geoAddrToString(&cand, ra), magic == GEO_EXPIRED_MAGIC
@@ -825,9 +826,10 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
                 return ncclRemoteError;
             }
             /* Not our root: it refused the proof.  One that hung up on
-             * it may be the parent's data listener of a survivor still in
-             * the parent's connection set-up, on the very port its shrink
-             * root will take once that set-up is over (candidate 0); a
+             * it (a close or a reset) may be the parent's data listener of
+             * the leader, which takes resumed connections until the
+             * leader breaks the parent, on the very port its shrink root
+             * will take once it is free (candidate 0); a
              * silent one may be ours, busy with a rank that died in its
              * handshake: both are tried again next round. */
             if (proved && (magic == GEO_REFUSED_MAGIC || magic == GEO_IMPOSTOR_MAGIC))

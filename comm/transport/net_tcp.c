@@ -329,6 +329,8 @@ static const char *peer_str(tcpState *st, int peer, char buf[GEO_ADDR_STRLEN])
     return geoAddrToString(&st->ctx->peers[peer].addr, buf);
 }
 
+static void pend_shut(tcpState *st);
+
 /* Fail every request, shut every connection.  Lock held. */
 static void break_locked(tcpState *st, ncclResult_t res)
 {
@@ -356,6 +358,10 @@ static void break_locked(tcpState *st, ncclResult_t res)
      * once and knows we are gone. */
     if (st->running && st->listen_fd >= 0)
         shutdown(st->listen_fd, SHUT_RDWR);
+    /* Handshakes half done on it end now, not at their deadline: whoever
+     * dialled (a peer, or a survivor of ncclCommShrink trying our old port
+     * for its new root) hears the close at once and moves on. */
+    pend_shut(st);
     pthread_cond_broadcast(&st->cv);
 }
 
@@ -1242,6 +1248,14 @@ refused:
 /* The first few drops are logged one by one, the rest only counted (a
  * scan or a flood must not bury the log) and summed up after set-up. */
 #define GEO_TCP_DROP_LOG 8
+
+/* Shut the resume handshakes still in progress (break_locked). */
+static void pend_shut(tcpState *st)
+{
+    for (int i = 0; i < st->nrpend; i++)
+        if (st->rpend[i].state < HS_DONE && st->rpend[i].fd >= 0)
+            shutdown(st->rpend[i].fd, SHUT_RDWR);
+}
 
 static void hs_drop(tcpState *st, tcpHs *h, const char *why)
 {

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+#
+# TCP connections resume after a reset (comm/transport/net_tcp.c, "Resume
+# after a reset").  Four forked ranks of geoccl-perf on loopback, TCP only
+# (GEOCCL_SHM=0: the same-host sockets are not resumed), all-reduce 16 MiB
+# of exactly summable integers in a loop, every result checked bit for bit
+# by geoccl-perf; while they run, `ss -K` kills established connections
+# between them, one end only, as a middlebox's reset would:
+#   a. one reset, in the clear;
+#   b. a reset every 0.5 s, encrypted (GEOCCL_ENCRYPT=all: the frames sent
+#      again are sealed under the new connection's keys);
+#   c. every connection of rank 0 at once;
+#   d. GEOCCL_RECONNECT_TIMEOUT=0: one reset is an error on the ranks (the
+#      way it was before resume), and the run fails rather than hangs.
+# a-c pass when geoccl-perf exits 0 with "Wrong values : 0 OK" and reports
+# resumed connections and no error.  The time from reset to resume, from
+# the ranks' INFO lines, is printed.
+#
+#   sudo bash tests/test_resume.sh [BUILDDIR]
+#
+# Needs root and `ss -K` (the kernel's sock_destroy): exit 77, skipped,
+# otherwise.  Takes about a minute.
+#
+set -uo pipefail
+BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
+PERF=$BUILD/geoccl-perf
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+[ -x "$PERF" ] || { echo "FAIL: no $PERF"; echo "0 passed, 1 failed"; exit 1; }
+if [ "$(id -u)" != 0 ] || ! command -v ss >/dev/null; then
+    echo "SKIP: needs root and ss"; exit 77
+fi
+export GEOCCL_SHM=0 GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+LOG=$(mktemp -d)
+trap '[ -n "${KEEP_LOG:-}" ] || rm -rf "$LOG"' EXIT
+
+# Established TCP connections of the run whose pid is $1 (its forked ranks
+# are its children): "localport peerport" per line.
+rank_ports() {
+    local kids
+    kids=$(pgrep -P "$1" | tr '\n' '|')
+    [ -n "$kids" ] || return 0
+    ss -tnpH state established 2>/dev/null | grep -E "pid=(${kids%|})," |
+        awk '{n = split($3, a, ":"); m = split($4, b, ":"); print a[n], b[m]}'
+}
+
+# start NAME ITERS [ENV...]: geoccl-perf in the background, pid in $RUN
+start() {
+    local name=$1 iters=$2
+    shift 2
+    env "$@" GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET "$PERF" -N 4 -b 16M -e 16M -n "$iters" \
+        -w 1 >"$LOG/$name.out" 2>"$LOG/$name.err" &
+    RUN=$!
+    for _ in $(seq 100); do  # until the ranks are connected
+        [ "$(rank_ports "$RUN" | wc -l)" -ge 24 ] && return 0
+        sleep 0.1
+    done
+}
+
+kill_one() {  # a random established connection of run $1, at one end
+    local p
+    p=$(rank_ports "$1" | shuf -n1)
+    [ -n "$p" ] && ss -K "( sport = :${p% *} and dport = :${p#* } )" >/dev/null 2>&1
+    return 0
+}
+
+check() {  # NAME: passed, resumed, nothing wrong
+    local name=$1 rc=$2 n
+    n=$(grep -c "resumed .* s after the reset" "$LOG/$name.err")
+    if [ "$rc" = 0 ] && grep -q "Wrong values *: 0 OK" "$LOG/$name.out" && [ "$n" -gt 0 ]; then
+        pass "$name: $n connections resumed, 0 wrong values; $(grep -h 'connections resumed' "$LOG/$name.out" | head -1 | sed 's/^# //')"
+        grep -ho "resumed [0-9.]* s after" "$LOG/$name.err" | awk '{s += $2; if ($2 > m) m = $2} END {printf "  reset to resume: mean %.1f ms, max %.1f ms over %d\n", 1000 * s / NR, 1000 * m, NR}'
+    else
+        fail "$name: exit $rc, $n resumed; last lines:"
+        tail -n 5 "$LOG/$name.out" "$LOG/$name.err" | sed 's/^/    /'
+    fi
+}
+
+# Is sock_destroy there?
+start probe 2000
+p=$(rank_ports "$RUN" | head -1)
+if [ -z "$p" ] || ! ss -K "( sport = :${p% *} and dport = :${p#* } )" 2>/dev/null | grep -q ESTAB; then
+    kill "$RUN" 2>/dev/null; pkill -P "$RUN" 2>/dev/null; wait "$RUN" 2>/dev/null
+    echo "SKIP: ss -K cannot kill sockets here (no CONFIG_INET_DIAG_DESTROY)"; exit 77
+fi
+kill "$RUN" 2>/dev/null; pkill -P "$RUN" 2>/dev/null; wait "$RUN" 2>/dev/null
+
+start one 60 GEOCCL_ENCRYPT=off
+sleep 1; kill_one "$RUN"
+timeout 120 tail --pid="$RUN" -f /dev/null; wait "$RUN"; check one $?
+
+start repeated 120 GEOCCL_ENCRYPT=all
+for _ in $(seq 16); do sleep 0.5; kill_one "$RUN"; done
+timeout 120 tail --pid="$RUN" -f /dev/null; wait "$RUN"; check repeated $?
+
+start rank0 60
+sleep 1
+kids=$(pgrep -P "$RUN" | head -1)  # rank 0 is forked first
+for p in $(ss -tnpH state established | grep "pid=$kids," | awk '{print $3}' | awk -F: '{print $NF}'); do
+    ss -K "( sport = :$p )" >/dev/null 2>&1
+done
+timeout 120 tail --pid="$RUN" -f /dev/null; wait "$RUN"; check rank0 $?
+
+start off 60 GEOCCL_RECONNECT_TIMEOUT=0
+sleep 1; kill_one "$RUN"
+timeout 60 tail --pid="$RUN" -f /dev/null; wait "$RUN"; rc=$?
+if [ "$rc" != 0 ] && grep -q "reset\|closed or reset\|failed while" "$LOG/off.err"; then
+    pass "off: GEOCCL_RECONNECT_TIMEOUT=0 makes a reset an error (exit $rc)"
+else
+    fail "off: exit $rc with GEOCCL_RECONNECT_TIMEOUT=0"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
