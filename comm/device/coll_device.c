@@ -635,7 +635,7 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
             snprintf(buf, sizeof(buf), "waiting for %s", what);
             return cuda_error(comm, buf, e);
         }
-        if (geoErrAborted(&comm->err) || st->aborting) {
+        if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
             geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
             return ncclInvalidUsage;
         }
@@ -1212,7 +1212,7 @@ static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gx
             geoCommSetError(comm, "%s: enqueuing the call on the stream failed", geoErrOp(&comm->err));
             return ncclUnhandledCudaError;
         }
-        if (geoErrAborted(&comm->err) || st->aborting) {
+        if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
             geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
             return ncclInvalidUsage;
         }
@@ -2014,7 +2014,7 @@ void geoDevFree(struct ncclComm *comm, int abort)
             abort = 1;
         pthread_mutex_lock(&st->lock);
         st->stop = 1;
-        st->aborting = abort;
+        __atomic_store_n(&st->aborting, abort, __ATOMIC_RELEASE); /* read unlocked by the waits */
         pthread_cond_broadcast(&st->cv);
         pthread_mutex_unlock(&st->lock);
         pthread_join(st->thread, NULL);
