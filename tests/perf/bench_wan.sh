@@ -38,6 +38,9 @@
 #   hierlossless GeoCCL hierarchical with GEOCCL_COMPRESS=lossless on --data
 #                gauss (gradient-like mantissas: the pattern data would
 #                compress some 35x, no gradient does)
+#   hierbase     GeoCCL hierarchical from another build (GEOCCL_BASE_BUILD,
+#                e.g. of an earlier commit): what a change costs or gains,
+#                on the same links in the same run
 # These, hierclear, hiereq and hiercubic are not in the default --algos (each is one more run per
 # configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
@@ -84,7 +87,8 @@
 #   -h, --help
 #
 # Environment: MPIRUN (default mpirun), GEOCCL_WAN (default: the
-# geoccl-wan of this source tree), GLOO_PERF (a built gloo-allreduce-perf).
+# geoccl-wan of this source tree), GLOO_PERF (a built gloo-allreduce-perf),
+# GEOCCL_BASE_BUILD (the build whose geoccl-perf hierbase runs).
 #
 # Output: per configuration, a markdown table (times are the out-of-place
 # average per call, maximum over ranks; in-place times are in the raw
@@ -177,7 +181,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|hierclear|hiereq|hiercubic|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|hiereq|hiercubic|hierbase|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -238,21 +242,23 @@ report() {
       ne = split(bpsl, E, " ")
       for (q = 1; q <= R; q++) E[q] = (q <= ne ? E[q] : E[ne]) / 8
       bpb = bound_per_byte()
-      nk = split("hier hierclear hiereq hiercubic flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      nk = split("hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = bpb * s
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
           cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
-          cell("hiereq", s), cell("hiercubic", s), cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
+          cell("hiereq", s), cell("hiercubic", s),
+          cell("hierbase", s), (h && (("hierbase", s) in T)) ? ratio(h, T["hierbase", s]) : "-",
+          cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
           cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
           (h && (("ompiring", s) in T)) ? ratio(T["ompiring", s], h) : "-",
           (h && (("ompi", s) in T)) ? ratio(T["ompi", s], h) : "-",
@@ -351,6 +357,11 @@ mpirun=${MPIRUN:-mpirun}
 [ -x "$geoperf" ] || die "$geoperf: not built"
 [ "$(id -u)" = 0 ] || { echo "$PROG: must run as root (the emulated WAN needs it)" >&2; exit 77; }
 has() { [[ ,$algos, == *,$1,* ]]; }
+if has hierbase; then
+  [ -x "${GEOCCL_BASE_BUILD:-}/geoccl-perf" ] ||
+    die "hierbase: GEOCCL_BASE_BUILD=${GEOCCL_BASE_BUILD:-} holds no built geoccl-perf"
+  GEOCCL_BASE_BUILD=$(cd "$GEOCCL_BASE_BUILD" && pwd)
+fi
 if has ompi || has ompiring; then
   [ -x "$mpiperf" ] || die "$mpiperf: not built (configure found no MPI?); or leave out ompi,ompiring with -a"
   command -v "$mpirun" >/dev/null 2>&1 || die "$mpirun not found"
@@ -532,7 +543,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier hierclear hiereq hiercubic flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -547,7 +558,7 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|hierclear|hiereq|hiercubic|flat|hierint8|hierlossless)
+    hier|hierclear|hiereq|hiercubic|hierbase|flat|hierint8|hierlossless)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
@@ -558,11 +569,13 @@ measure() {
       # mantissas and int8's check runs on the values it is meant for
       [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)
       [ "$kind" = hierlossless ] && algoenv=(GEOCCL_COMPRESS=lossless) && args+=(--data gauss)
+      local perfbin=$geoperf
+      [ "$kind" = hierbase ] && perfbin=$GEOCCL_BASE_BUILD/geoccl-perf
       rank_cmd() {
         cmd=(env RANK="$1" NRANKS="$N" GEOCCL_COMM_ID="10.231.0.10:$port" "${algoenv[@]}"
-             GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT "$geoperf" "${args[@]}")
+             GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT "$perfbin" "${args[@]}")
       }
-      echo "  rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port GEOCCL_COMM_SECRET=(the same 64 hex digits) ${algoenv[*]} GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT $geoperf ${args[*]}" >> "$cdir/commands.txt"
+      echo "  rank r: $wan exec -n $wname -i REGION(r) -- env RANK=r NRANKS=$N GEOCCL_COMM_ID=10.231.0.10:$port GEOCCL_COMM_SECRET=(the same 64 hex digits) ${algoenv[*]} GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT $perfbin ${args[*]}" >> "$cdir/commands.txt"
       run_ranks "$name" "$tmo"; rc=$?
       ;;
     gloo|gloochunked)
@@ -645,7 +658,7 @@ for tp in ${topos//,/ }; do
           [ ${#big_list[@]} -gt 0 ] || continue
           b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
         fi
-        for kind in hier hierclear hiereq hiercubic flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
+        for kind in hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
           has "$kind" || continue
           ke=$e
           if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&

@@ -5,7 +5,7 @@
  *
  *   RANK=r NRANKS=n GEOCCL_COMM_ID=host:port [EXPECT_REGIONS=k] \
  *     hier_rank matrix
- *   ... hier_rank loop SECONDS BYTES
+ *   ... hier_rank loop SECONDS BYTES [all]
  *
  * The region comes from GEOCCL_REGION (geoccl-wan exec sets it); with more
  * than one region ncclAllReduce runs hierarchically (comm/coll/coll_hier.c).
@@ -21,14 +21,19 @@
  *   summary line; exits 0 when everything held, 1 otherwise.
  *
  * loop: all-reduces BYTES of floats (sum, out-of-place, result checked)
- *   until SECONDS have passed. Every rank must issue the same number of
+ *   until SECONDS have passed; with "all" after BYTES, each all-reduce is
+ *   followed by a broadcast (root turning round the ranks), an all-gather,
+ *   a reduce-scatter (int32 sum) and a send/recv ring of about BYTES each,
+ *   every result exact (integers) and checked (other_ops). Every rank must issue the same number of
  *   calls, so the decision to stop travels in the data: element 0 of each
  *   rank's input is 1 once its own clock says stop, and all stop after the
  *   call whose element 0 sums to more than 0. Exits 0 after the last call;
  *   on a failed call prints
  *     rank R: error after X.XX s: <ncclGetErrorString> / <ncclGetLastError>
  *   (X counted from the start of the failing call), calls ncclCommAbort
- *   and exits 2. A wrong result or a failed init exits 1.
+ *   and exits 2. A wrong result or a failed init exits 1. The summary
+ *   line ends "reconnects N, resent B" (geocclCommGetReconnects, every
+ *   peer).
  *
  * split: ncclCommSplit of the whole communicator (one color); the child
  *   must have the parent's regions without probing again (geocclTopology:
@@ -366,7 +371,73 @@ static int mode_matrix(void)
 /* Loop                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static int mode_loop(double seconds, size_t bytes)
+/* The value element i of rank r's part has in call k: exact in int32. */
+static int32_t op_val(int r, size_t i, unsigned long k)
+{
+  return (int32_t)((r + 1) * 1000 + (int)((i * 7 + k) % 997));
+}
+
+/* One round of broadcast, all-gather, reduce-scatter and a send/recv ring
+ * on n = BYTES/4/nranks-element parts (buf: nranks * n int32, out as
+ * large), call k.  0 when all were exact; -1 (error printed) when a call
+ * failed; 1 on a wrong value. */
+static int other_ops(ncclComm_t comm, int32_t *buf, int32_t *out, size_t n,
+                     unsigned long k)
+{
+  const int R = g_nranks, me = g_rank, root = (int)(k % (unsigned long)R);
+  const char *what = "broadcast";
+  ncclResult_t r;
+  size_t i;
+  int q;
+
+  for (i = 0; i < n; i++) buf[i] = op_val(me, i, k);
+  r = ncclBroadcast(buf, out, n, ncclInt32, root, comm, NULL);
+  if (r != ncclSuccess) goto failed;
+  for (i = 0; i < n; i++)
+    if (out[i] != op_val(root, i, k)) goto wrong;
+
+  what = "all-gather";
+  r = ncclAllGather(buf, out, n, ncclInt32, comm, NULL);
+  if (r != ncclSuccess) goto failed;
+  for (q = 0; q < R; q++)
+    for (i = 0; i < n; i++)
+      if (out[(size_t)q * n + i] != op_val(q, i, k)) goto wrong;
+
+  what = "reduce-scatter";
+  for (q = 0; q < R; q++)
+    for (i = 0; i < n; i++) buf[(size_t)q * n + i] = op_val(me, (size_t)q * n + i, k);
+  r = ncclReduceScatter(buf, out, n, ncclInt32, ncclSum, comm, NULL);
+  if (r != ncclSuccess) goto failed;
+  for (i = 0; i < n; i++) {
+    int64_t want = 0;
+    for (q = 0; q < R; q++) want += op_val(q, (size_t)me * n + i, k);
+    if (out[i] != (int32_t)want) goto wrong;
+  }
+
+  what = "send/recv ring";
+  for (i = 0; i < n; i++) buf[i] = op_val(me, i, k + 1);
+  if ((r = ncclGroupStart()) != ncclSuccess) goto failed;
+  ncclResult_t rs = ncclSend(buf, n, ncclInt32, (me + 1) % R, comm, NULL);
+  ncclResult_t rr = ncclRecv(out, n, ncclInt32, (me + R - 1) % R, comm, NULL);
+  r = ncclGroupEnd();
+  if (r == ncclSuccess) r = rs != ncclSuccess ? rs : rr;
+  if (r != ncclSuccess) goto failed;
+  for (i = 0; i < n; i++)
+    if (out[i] != op_val((me + R - 1) % R, i, k + 1)) goto wrong;
+  return 0;
+
+failed:
+  printf("rank %d: error in %s of call %lu: %s / %s\n", g_rank, what, k,
+         ncclGetErrorString(r), ncclGetLastError(comm));
+  fflush(stdout);
+  return -1;
+wrong:
+  printf("rank %d: FAIL wrong result in %s of call %lu\n", g_rank, what, k);
+  fflush(stdout);
+  return 1;
+}
+
+static int mode_loop(double seconds, size_t bytes, int all_ops)
 {
   const size_t count = bytes / sizeof(float) > 2 ? bytes / sizeof(float) : 2;
   const size_t nb = count * sizeof(float);
@@ -375,7 +446,11 @@ static int mode_loop(double seconds, size_t bytes)
   unsigned long calls = 0;
   double slowest = 0;
   int rc = 0;
-  if (send == NULL || recv == NULL || exp == NULL) {
+  const size_t part = bytes / sizeof(int32_t) / (size_t)g_nranks > 1
+                          ? bytes / sizeof(int32_t) / (size_t)g_nranks : 1;
+  int32_t *obuf = malloc(part * (size_t)g_nranks * sizeof(int32_t));
+  int32_t *oout = malloc(part * (size_t)g_nranks * sizeof(int32_t));
+  if (send == NULL || recv == NULL || exp == NULL || obuf == NULL || oout == NULL) {
     fprintf(stderr, "rank %d: out of memory for %zu bytes\n", g_rank, nb);
     rc = 1;
     goto out;
@@ -422,12 +497,32 @@ static int mode_loop(double seconds, size_t bytes)
       rc = 1;
       goto out;
     }
+    if (all_ops) {
+      start = harness_now();
+      int o = other_ops(comm, obuf, oout, part, calls);
+      if (o < 0) {
+        printf("rank %d: error after %.2f s (in the other collectives)\n", g_rank,
+               harness_now() - start);
+        ncclCommAbort(comm);
+        rc = 2;
+        goto out;
+      }
+      if (o > 0) {
+        ncclCommDestroy(comm);
+        rc = 1;
+        goto out;
+      }
+    }
     if (recv[0] > 0) break;
   }
   double el = harness_now() - t0;
-  printf("rank %d: loop ok: %lu all-reduces of %zu B in %.2f s (%.1f MB/s "
-         "algbw, slowest call %.2f s)\n", g_rank, calls, nb, el,
-         (double)nb * (double)calls / el / 1e6, slowest);
+  uint64_t reconnects = 0, resent = 0;
+  geocclCommGetReconnects(comm, -1, &reconnects, &resent);
+  printf("rank %d: loop ok: %lu all-reduces%s of %zu B in %.2f s (%.1f MB/s "
+         "algbw, slowest call %.2f s); reconnects %llu, resent %llu\n", g_rank,
+         calls, all_ops ? " (+ broadcast, all-gather, reduce-scatter, send/recv)" : "",
+         nb, el, (double)nb * (double)calls / el / 1e6, slowest,
+         (unsigned long long)reconnects, (unsigned long long)resent);
   fflush(stdout);
   if (ncclCommDestroy(comm) != ncclSuccess) {
     printf("rank %d: FAIL ncclCommDestroy\n", g_rank);
@@ -437,6 +532,8 @@ out:
   free(send);
   free(recv);
   free(exp);
+  free(obuf);
+  free(oout);
   return rc;
 }
 
@@ -444,7 +541,7 @@ static int usage(void)
 {
   fprintf(stderr, "usage: RANK=r NRANKS=n GEOCCL_COMM_ID=host:port "
                   "[EXPECT_REGIONS=k] hier_rank matrix\n"
-                  "       ... hier_rank loop SECONDS BYTES\n"
+                  "       ... hier_rank loop SECONDS BYTES [all]\n"
                   "       ... hier_rank split\n");
   return 1;
 }
@@ -512,12 +609,12 @@ int main(int argc, char **argv)
   }
   if (strcmp(argv[1], "matrix") == 0 && argc == 2) return mode_matrix();
   if (strcmp(argv[1], "split") == 0 && argc == 2) return mode_split();
-  if (strcmp(argv[1], "loop") == 0 && argc == 4) {
+  if (strcmp(argv[1], "loop") == 0 && (argc == 4 || (argc == 5 && strcmp(argv[4], "all") == 0))) {
     char *e1, *e2;
     double secs = strtod(argv[2], &e1);
     unsigned long long bytes = strtoull(argv[3], &e2, 10);
     if (*e1 != '\0' || *e2 != '\0' || secs < 0 || bytes == 0) return usage();
-    return mode_loop(secs, (size_t)bytes);
+    return mode_loop(secs, (size_t)bytes, argc == 5);
   }
   return usage();
 }
