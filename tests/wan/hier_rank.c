@@ -484,7 +484,6 @@ static int mode_loop(double seconds, size_t bytes, int all_ops)
       goto out;
     }
     calls++;
-    if (took > slowest) slowest = took;
     if (recv[0] < 0 || recv[0] > (float)g_nranks ||
         memcmp(recv + 1, exp + 1, nb - sizeof(float)) != 0) {
       char m[256];
@@ -512,16 +511,18 @@ static int mode_loop(double seconds, size_t bytes, int all_ops)
         rc = 1;
         goto out;
       }
+      took += harness_now() - start;
     }
+    if (took > slowest) slowest = took;
     if (recv[0] > 0) break;
   }
   double el = harness_now() - t0;
   uint64_t reconnects = 0, resent = 0;
   geocclCommGetReconnects(comm, -1, &reconnects, &resent);
   printf("rank %d: loop ok: %lu all-reduces%s of %zu B in %.2f s (%.1f MB/s "
-         "algbw, slowest call %.2f s); reconnects %llu, resent %llu\n", g_rank,
+         "algbw, slowest call%s %.2f s); reconnects %llu, resent %llu\n", g_rank,
          calls, all_ops ? " (+ broadcast, all-gather, reduce-scatter, send/recv)" : "",
-         nb, el, (double)nb * (double)calls / el / 1e6, slowest,
+         nb, el, (double)nb * (double)calls / el / 1e6, all_ops ? " round" : "", slowest,
          (unsigned long long)reconnects, (unsigned long long)resent);
   fflush(stdout);
   if (ncclCommDestroy(comm) != ncclSuccess) {

@@ -16,8 +16,8 @@
 #      all-reduce (GEOCCL_ALGO=flat);
 #   c. a WAN connection reset every 2 s for 20 s, hierarchical all-reduce
 #      with lossless compression between regions;
-#   d. region 2's link down for 30 s (no FIN, no RST: TCP retransmits), with
-#      GEOCCL_TIMEOUT=90.
+#   d. region 2's link down for 30 s (no carrier, no FIN, no RST: TCP
+#      retransmits, with backoff), with GEOCCL_TIMEOUT=90.
 # What a dead peer does, which must end every other rank with a clear error
 # (exit 2, after ncclCommAbort returned), never a hang:
 #   e. a rank SIGKILLed: every other rank fails within 2 s;
@@ -176,9 +176,11 @@ d=$WORK/d
 GEOCCL_ALGO=hier start "$d" 29604 90 "$LAYOUT" loop 40 "$BYTES" all
 wait_conns
 sleep 2
-ip netns exec "$NAME-r2" ip link set wan0 down
+# The bridge's end of region 2's veth down: wan0 loses its carrier, its
+# routes stay, everything is dropped silently both ways; then back.
+ip link set "$NAME-v2" down
 sleep 30
-ip netns exec "$NAME-r2" ip link set wan0 up
+ip link set "$NAME-v2" up
 echo "   region 2's link was down for 30 s"
 finish_ranks "$d" "$(deadline 120)"
 # Nothing was reset: the connections outlive the outage; count calls only.

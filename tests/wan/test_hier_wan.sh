@@ -57,8 +57,6 @@ WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 TIMEOUT_CUT=10          # GEOCCL_TIMEOUT in the cut-off step
 MATRIX_LIMIT=100        # seconds a matrix step may take before ranks are killed
 
-now() { echo "$EPOCHREALTIME"; }
-since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
 [ -x "$WAN" ] || { echo "no $WAN"; exit 1; }

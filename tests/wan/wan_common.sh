@@ -33,3 +33,6 @@ wan_up() {
     echo "geoccl-wan up $* failed (status $rc)"
     exit 1
 }
+
+now() { echo "$EPOCHREALTIME"; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
