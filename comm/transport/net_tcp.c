@@ -1840,6 +1840,16 @@ static void dial_failed(tcpState *st, int p, int s)
                   "process is gone)");
         return;
     }
+    if (resettable(c->dial->err)) {
+        /* The new connection was reset too (a middlebox, or a reset
+         * meant for its predecessor): dial again, within
+         * GEOCCL_RECONNECT_TIMEOUT of the first reset (poll_down). */
+        if (c->dial->fd >= 0)
+            close(c->dial->fd);
+        *c->dial = (tcpHs){.fd = -1, .out = 1, .resume = 1, .state = HS_RETRY, .peer = p,
+                           .stream = s, .when = geoNow() + 0.01, .backoff = 1e-3};
+        return;
+    }
     geoWarn(GEO_LOG_NET, "%s", geoErrLast(st->ctx->err));
     break_locked(st, ncclRemoteError);
 }
