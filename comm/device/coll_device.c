@@ -135,6 +135,13 @@ struct geoDevState {
     cudaEvent_t ef_ev;          /* recorded after each GPU-encoded call */
     cudaStream_t last_stream;   /* ... on this stream */
     int ef_leak;                /* abort could not order the frees: keep them */
+
+    /* Device staging (the chunks of a GPU-encoded exchange, the padded
+     * buffer of an uneven count, the residuals) comes from a memory pool of
+     * the communicator's own (see dev_pool), not from the device's default
+     * pool. */
+    cudaMemPool_t pool;
+    int pool_checked;
 };
 
 /* ---- small CUDA helpers -------------------------------------------------- */
@@ -1310,6 +1317,50 @@ static void slot_put(struct geoDevState *st, devSlot *slot)
     pthread_mutex_unlock(&st->lock);
 }
 
+/* Device staging is stream-ordered (cudaMallocAsync/cudaFreeAsync: nothing
+ * waits), from a pool of the communicator's own whose release threshold
+ * keeps everything: the device's default pool gives freed memory back to
+ * the system at every synchronisation (its threshold is 0), so each call
+ * would allocate from the driver again, and a trainer's caching allocator
+ * (PyTorch's) would find that memory gone and come back between its
+ * blocks.  The pool holds at most what the largest calls in flight at
+ * once needed, and goes at ncclCommDestroy/Abort (cudaMemPoolDestroy does
+ * not wait: blocks still in use are released when they are freed).  A
+ * device without pools (cudaDevAttrMemoryPoolsSupported 0) uses the
+ * default one, said once at INFO. */
+static void dev_pool(struct ncclComm *comm, struct geoDevState *st)
+{
+    if (st->pool_checked)
+        return;
+    st->pool_checked = 1;
+    int dev = comm->cuda_dev, ok = 0;
+    if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess)
+        dev = 0;
+    if (cudaDeviceGetAttribute(&ok, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess && ok) {
+        struct cudaMemPoolProps props;
+        memset(&props, 0, sizeof(props));
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = dev;
+        unsigned long long keep = ~0ull;
+        if (cudaMemPoolCreate(&st->pool, &props) == cudaSuccess) {
+            if (cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &keep) ==
+                cudaSuccess)
+                return;
+            cudaMemPoolDestroy(st->pool);
+        }
+    }
+    cudaGetLastError();
+    st->pool = NULL;
+    geoInfo(GEO_LOG_CUDA, "device %d: no memory pool of the communicator's own; device staging "
+            "comes from the device's default pool", dev);
+}
+
+static cudaError_t dev_malloc(struct geoDevState *st, void **p, size_t bytes, cudaStream_t s)
+{
+    return st->pool ? cudaMallocFromPoolAsync(p, bytes, st->pool, s) : cudaMallocAsync(p, bytes, s);
+}
+
 /* Residuals of the GPU-encoded exchange live in device memory, allocated
  * and zeroed on the stream of the call that first needs them (stream-
  * ordered: nothing waits).  Calls on different streams are chained (each
@@ -1321,7 +1372,7 @@ static void *dev_ef_alloc(void *ctx, size_t bytes)
     struct geoDevState *st = ctx;
     void *p = NULL;
     cudaStream_t s = st->ef_stream_valid ? st->ef_stream : 0;
-    if (cudaMallocAsync(&p, bytes, s) != cudaSuccess) {
+    if (dev_malloc(st, &p, bytes, s) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -1351,6 +1402,7 @@ static void dev_ef_release(void *ctx, void *p, size_t bytes)
 
 static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st)
 {
+    dev_pool(comm, st);
     if (st->flag == NULL) {
         void *h = NULL;
         CUDA_CHECK(comm, cudaHostAlloc(&h, 64, cudaHostAllocMapped | cudaHostAllocPortable),
@@ -1589,7 +1641,7 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
             r = ncclSystemError;
             goto fail_slot;
         }
-        if ((ce = cudaMallocAsync((void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
+        if ((ce = dev_malloc(st, (void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
             g->dbuf = NULL;
             r = cuda_error(comm, "cudaMallocAsync of the chunk staging", ce);
             goto fail_slot;
@@ -1608,7 +1660,7 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
         work = op->recvbuff;
     } else {
         /* NCCL cuts a reduce-scatter in equal shards: pad to n * shard. */
-        if ((ce = cudaMallocAsync((void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
+        if ((ce = dev_malloc(st, (void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
             tmp = NULL;
             r = cuda_error(comm, "cudaMallocAsync of the padded buffer", ce);
             goto fail_dbuf;
@@ -1751,7 +1803,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
         work = op->recvbuff;
     } else {
         /* NCCL cuts a reduce-scatter in equal shards: pad to n * shard. */
-        CUDA_CHECK(comm, cudaMallocAsync((void **)&tmp, shard * (size_t)n * es, s),
+        CUDA_CHECK(comm, dev_malloc(st, (void **)&tmp, shard * (size_t)n * es, s),
                    "cudaMallocAsync of the padded buffer");
         CUDA_CHECK(comm, cudaMemcpyAsync(tmp, op->sendbuff, count * es, cudaMemcpyDeviceToDevice,
                                          s), "copying the input to the padded buffer");
@@ -2096,6 +2148,8 @@ void geoDevFree(struct ncclComm *comm, int abort)
     }
     if (st->ef_ev)
         cudaEventDestroy(st->ef_ev);
+    if (st->pool && !st->ef_leak)
+        cudaMemPoolDestroy(st->pool); /* waits for nothing (see dev_pool) */
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->lock);
     free(st);

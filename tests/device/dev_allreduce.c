@@ -10,9 +10,12 @@
  * CODEC "queued:<codec>": four compressed calls queued back to back, a
  * hash of their results printed (see check_queued).
  *
- * CODEC "pinned": float all-reduces of growing sizes, then the same sizes
- * again; under the CPU emulation (geoEmuPinnedCounts) no pinned memory may
- * be freed during the calls and the second pass may pin nothing new.
+ * CODEC "pinned": float all-reduces of growing sizes (odd ones too, which
+ * need a padded buffer), then the same sizes again; under the CPU
+ * emulation (geoEmuPinnedCounts, geoEmuDeviceAllocCount) no pinned memory
+ * may be freed during the calls, and the second pass may pin nothing new
+ * nor allocate device memory from the driver (staging comes from the
+ * communicator's pool, which keeps it across synchronisations).
  *
  * CODEC "abort": with one stream of the process stuck (a host function that
  * waits, as a collective whose peer died would) and the communicator's own
@@ -176,12 +179,13 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
 /* The emulation's counts of cudaHostAlloc and cudaFreeHost calls
  * (tests/device/dev_emu_runtime.c); absent with the real runtime. */
 void geoEmuPinnedCounts(unsigned long *allocs, unsigned long *frees) __attribute__((weak));
+void geoEmuDeviceAllocCount(unsigned long *allocs) __attribute__((weak));
 
 static int check_pinned(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
 {
-    const size_t sizes[] = {1000, 30000, 300000, 1000000};
+    const size_t sizes[] = {1000, 30001, 300000, 1000001};
     const int nsz = (int)(sizeof(sizes) / sizeof(sizes[0]));
-    unsigned long a0 = 0, f0 = 0, a1 = 0, f1 = 0, a2 = 0, f2 = 0;
+    unsigned long a0 = 0, f0 = 0, a1 = 0, f1 = 0, a2 = 0, f2 = 0, d1 = 0, d2 = 0;
     float *h = malloc(sizes[nsz - 1] * sizeof(float)), *d;
     int bad = 0;
     CK(cudaMalloc((void **)&d, sizes[nsz - 1] * sizeof(float)));
@@ -211,6 +215,8 @@ static int check_pinned(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
         }
         if (geoEmuPinnedCounts)
             geoEmuPinnedCounts(pass == 0 ? &a1 : &a2, pass == 0 ? &f1 : &f2);
+        if (geoEmuDeviceAllocCount)
+            geoEmuDeviceAllocCount(pass == 0 ? &d1 : &d2);
     }
     if (geoEmuPinnedCounts) {
         if (f2 != f0) {
@@ -223,9 +229,15 @@ static int check_pinned(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
                     a2 - a1);
             bad = 1;
         }
+        if (geoEmuDeviceAllocCount && d2 != d1) {
+            fprintf(stderr, "rank %d: pinned: the repeated sizes allocated device memory from "
+                    "the driver %lu times\n", rank, d2 - d1);
+            bad = 1;
+        }
         if (rank == 0)
             printf("dev_allreduce: pinned: %lu pinned allocations for the first pass, %lu for "
-                   "the second, %lu frees\n", a1 - a0, a2 - a1, f2 - f0);
+                   "the second, %lu frees; %lu device allocations in the second pass\n",
+                   a1 - a0, a2 - a1, f2 - f0, d2 - d1);
     } else if (rank == 0) {
         printf("dev_allreduce: pinned: results checked; pinned-memory counts need the CPU "
                "emulation\n");

@@ -50,6 +50,13 @@
  *    CUDART_VERSION).  A major version below the runtime's makes
  *    cudaGetDeviceCount fail with cudaErrorInsufficientDriver, as a real
  *    runtime does on an old driver; 0 stands for no driver installed.
+ *  - Memory pools (cudaMemPoolCreate, cudaMallocFromPoolAsync) keep what is
+ *    freed into them up to their release threshold and hand it out again;
+ *    cudaMalloc, cudaMallocAsync (the default pool, which keeps nothing
+ *    across a synchronisation) and a pool request no free block fits are
+ *    counted as allocations from the driver (geoEmuDeviceAllocCount), so a
+ *    test can tell whether a hot path allocates device memory per call.
+ *    GEO_EMU_NO_POOLS=1: the device says it has no pools.
  *  - cudaFreeHost counts as a pinned free and cudaHostAlloc as a pinned
  *    allocation; geoEmuPinnedCounts() reads both, so a test can tell
  *    whether a hot path re-pins its staging.
@@ -125,7 +132,7 @@ static struct CUstream_st *emu_null_stream;
 static __thread cudaError_t emu_last_error;
 /* GEO_EMU_STATS */
 static unsigned long emu_n_launch, emu_n_wait_value, emu_n_host_fn, emu_n_copy;
-static unsigned long emu_n_pin, emu_n_unpin;
+static unsigned long emu_n_pin, emu_n_unpin, emu_n_dev_alloc;
 
 static void emu_count(unsigned long *n) { __atomic_add_fetch(n, 1, __ATOMIC_RELAXED); }
 
@@ -564,7 +571,11 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
     return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **ptr, size_t bytes) { return emu_alloc(ptr, bytes, 0); }
+cudaError_t cudaMalloc(void **ptr, size_t bytes)
+{
+    emu_count(&emu_n_dev_alloc);
+    return emu_alloc(ptr, bytes, 0);
+}
 
 cudaError_t cudaFree(void *ptr)
 {
@@ -574,22 +585,228 @@ cudaError_t cudaFree(void *ptr)
     return emu_release(ptr, 0);
 }
 
-/* Allocated at once (usable by everything later in the stream); freed
- * when the stream reaches the free. */
+/* The device's default pool, as CUDA's with its release threshold left at
+ * 0: memory freed into it goes back to the system at the next
+ * synchronisation, so a cudaMallocAsync after one is a new allocation from
+ * the driver.  The emulation never keeps any: every cudaMallocAsync is
+ * counted as a driver allocation.  Allocated at once (usable by everything
+ * later in the stream); freed when the stream reaches the free. */
 cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream)
 {
     (void)stream;
+    emu_count(&emu_n_dev_alloc);
     return emu_alloc(ptr, bytes, 0);
+}
+
+/* ---- memory pools (cudaMemPoolCreate) ------------------------------------
+ * A pool keeps the blocks freed into it (cudaFreeAsync: when the stream
+ * reaches the free) and hands them out again to cudaMallocFromPoolAsync,
+ * smallest fitting block first; only a request no free block fits is a new
+ * allocation from the driver (counted).  At a synchronisation a pool holds
+ * on to at most its release threshold (cudaMemPoolAttrReleaseThreshold,
+ * default 0, as in CUDA) of free blocks.  cudaMemPoolDestroy frees the free
+ * blocks at once and the others when they are freed. */
+typedef struct emuBlock {
+    char *p;
+    size_t bytes;
+    int free_;               /* the stream reached its cudaFreeAsync */
+    struct emuBlock *next;
+} emuBlock;
+
+struct CUmemPoolHandle_st {
+    emuBlock *blocks;
+    unsigned long long threshold;
+    int destroyed;
+    struct CUmemPoolHandle_st *next_pool;
+};
+
+static struct CUmemPoolHandle_st *emu_pools;
+
+/* Caller holds emu_lock.  The block of a pool at p, and its pool. */
+static emuBlock *emu_pool_block(const void *p, struct CUmemPoolHandle_st **pool)
+{
+    for (struct CUmemPoolHandle_st *m = emu_pools; m; m = m->next_pool)
+        for (emuBlock *b = m->blocks; b; b = b->next)
+            if (b->p == p) {
+                *pool = m;
+                return b;
+            }
+    return NULL;
+}
+
+/* Caller holds emu_lock: frees the pool's free blocks beyond keep bytes
+ * (all of them once the pool is destroyed); returns them in *out to be
+ * released without the lock. */
+static void emu_pool_trim(struct CUmemPoolHandle_st *m, emuBlock **out)
+{
+    unsigned long long held = 0;
+    for (emuBlock *b = m->blocks; b; b = b->next)
+        held += b->free_ ? b->bytes : 0;
+    emuBlock **pp = &m->blocks;
+    while (*pp) {
+        emuBlock *b = *pp;
+        if (b->free_ && (m->destroyed || held > m->threshold)) {
+            held -= b->bytes;
+            *pp = b->next;
+            b->next = *out;
+            *out = b;
+        } else {
+            pp = &b->next;
+        }
+    }
+}
+
+static void emu_release_blocks(emuBlock *b)
+{
+    while (b) {
+        emuBlock *n = b->next;
+        emu_release(b->p, 0);
+        free(b);
+        b = n;
+    }
+}
+
+/* At every synchronisation: pools give back what exceeds their threshold. */
+static void emu_pools_sync(void)
+{
+    emuBlock *out = NULL;
+    pthread_mutex_lock(&emu_lock);
+    for (struct CUmemPoolHandle_st *m = emu_pools; m; m = m->next_pool)
+        emu_pool_trim(m, &out);
+    pthread_mutex_unlock(&emu_lock);
+    emu_release_blocks(out);
+}
+
+static void run_pool_free(emuOp *op)
+{
+    struct CUmemPoolHandle_st *m = NULL;
+    emuBlock *out = NULL;
+    pthread_mutex_lock(&emu_lock);
+    emuBlock *b = emu_pool_block(op->dst, &m);
+    if (b) {
+        b->free_ = 1;
+        if (m->destroyed)
+            emu_pool_trim(m, &out);
+    }
+    pthread_mutex_unlock(&emu_lock);
+    emu_release_blocks(out);
 }
 
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 {
     if (ptr == NULL)
         return cudaSuccess;
-    emuOp *op = emu_op(run_free);
+    struct CUmemPoolHandle_st *m = NULL;
+    pthread_mutex_lock(&emu_lock);
+    emuBlock *b = emu_pool_block(ptr, &m);
+    int bad = b != NULL && b->free_;
+    pthread_mutex_unlock(&emu_lock);
+    if (bad) {
+        fprintf(stderr, "cuda emulation: cudaFreeAsync of %p, already freed into its pool\n", ptr);
+        return emu_error(cudaErrorInvalidValue);
+    }
+    emuOp *op = emu_op(b ? run_pool_free : run_free);
     if (op)
         op->dst = ptr;
     return emu_enqueue(stream, op);
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props)
+{
+    if (pool == NULL || props == NULL || props->allocType != cudaMemAllocationTypePinned ||
+        props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
+        props->location.id >= emu_ndev())
+        return emu_error(cudaErrorInvalidValue);
+    struct CUmemPoolHandle_st *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return emu_error(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&emu_lock);
+    m->next_pool = emu_pools;
+    emu_pools = m;
+    pthread_mutex_unlock(&emu_lock);
+    *pool = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+    if (pool == NULL || value == NULL || attr != cudaMemPoolAttrReleaseThreshold)
+        return emu_error(cudaErrorInvalidValue);
+    pthread_mutex_lock(&emu_lock);
+    pool->threshold = *(unsigned long long *)value;
+    pthread_mutex_unlock(&emu_lock);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
+{
+    if (pool == NULL)
+        return emu_error(cudaErrorInvalidValue);
+    emuBlock *out = NULL;
+    pthread_mutex_lock(&emu_lock);
+    pool->destroyed = 1; /* the handle stays listed: blocks still in use */
+    emu_pool_trim(pool, &out);
+    pthread_mutex_unlock(&emu_lock);
+    emu_release_blocks(out);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t bytes, cudaMemPool_t pool,
+                                    cudaStream_t stream)
+{
+    (void)stream;
+    if (ptr == NULL || pool == NULL)
+        return emu_error(cudaErrorInvalidValue);
+    pthread_mutex_lock(&emu_lock);
+    if (pool->destroyed) {
+        pthread_mutex_unlock(&emu_lock);
+        return emu_error(cudaErrorInvalidValue);
+    }
+    emuBlock *best = NULL;
+    for (emuBlock *b = pool->blocks; b; b = b->next)
+        if (b->free_ && b->bytes >= bytes && (best == NULL || b->bytes < best->bytes))
+            best = b;
+    if (best) {
+        best->free_ = 0;
+        *ptr = best->p;
+        pthread_mutex_unlock(&emu_lock);
+        return cudaSuccess;
+    }
+    pthread_mutex_unlock(&emu_lock);
+    emuBlock *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return emu_error(cudaErrorMemoryAllocation);
+    emu_count(&emu_n_dev_alloc);
+    cudaError_t e = emu_alloc((void **)&b->p, bytes, 0);
+    if (e != cudaSuccess) {
+        free(b);
+        return e;
+    }
+    b->bytes = bytes;
+    pthread_mutex_lock(&emu_lock);
+    b->next = pool->blocks;
+    pool->blocks = b;
+    pthread_mutex_unlock(&emu_lock);
+    *ptr = b->p;
+    return cudaSuccess;
+}
+
+/* Memory pools are supported (the only attribute the library asks for),
+ * unless GEO_EMU_NO_POOLS=1. */
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (value == NULL || device < 0 || device >= emu_ndev() ||
+        attr != cudaDevAttrMemoryPoolsSupported)
+        return emu_error(cudaErrorInvalidValue);
+    const char *no = getenv("GEO_EMU_NO_POOLS");
+    *value = !(no && strcmp(no, "1") == 0);
+    return cudaSuccess;
+}
+
+void geoEmuDeviceAllocCount(unsigned long *allocs);
+void geoEmuDeviceAllocCount(unsigned long *allocs)
+{
+    *allocs = __atomic_load_n(&emu_n_dev_alloc, __ATOMIC_RELAXED);
 }
 
 cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
@@ -786,6 +1003,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
             emu_die("cudaEventSynchronize");
         }
     pthread_mutex_unlock(&emu_lock);
+    emu_pools_sync();
     return cudaSuccess;
 }
 
@@ -829,17 +1047,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
     const char *stats = getenv("GEO_EMU_STATS");
     if (stats && strcmp(stats, "1") == 0)
         fprintf(stderr, "cuda emulation stats: pid %ld: %lu kernel launches, %lu stream waits "
-                "on a word, %lu host functions, %lu async copies\n", (long)getpid(),
+                "on a word, %lu host functions, %lu async copies, %lu device allocations\n",
+                (long)getpid(),
                 __atomic_load_n(&emu_n_launch, __ATOMIC_RELAXED),
                 __atomic_load_n(&emu_n_wait_value, __ATOMIC_RELAXED),
                 __atomic_load_n(&emu_n_host_fn, __ATOMIC_RELAXED),
-                __atomic_load_n(&emu_n_copy, __ATOMIC_RELAXED));
+                __atomic_load_n(&emu_n_copy, __ATOMIC_RELAXED),
+                __atomic_load_n(&emu_n_dev_alloc, __ATOMIC_RELAXED));
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     emu_drain(emu_stream(stream), "cudaStreamSynchronize");
+    emu_pools_sync();
     return cudaSuccess;
 }
 
@@ -893,6 +1114,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *arg)
 cudaError_t cudaDeviceSynchronize(void)
 {
     emu_drain_all("cudaDeviceSynchronize");
+    emu_pools_sync();
     return cudaSuccess;
 }
 

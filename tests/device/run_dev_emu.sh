@@ -134,7 +134,11 @@ echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
 # Pinned staging: growing sizes free no pinned memory, repeated sizes pin
 # nothing new (the emulation counts cudaHostAlloc and cudaFreeHost).
+# Device staging likewise: the repeated sizes allocate no device memory
+# from the driver (the communicator's own pool keeps it); a device without
+# pools falls back to the default one and still gives exact results.
 run yes word "$bin" 2 "$mib" pinned
+run yes word env GEO_EMU_NO_POOLS=1 "$bin" 2 "$mib"
 # ncclCommAbort while another stream of the process and the communicator's
 # own are stuck: it must return (the emulated cudaFreeHost, like CUDA's,
 # waits for every stream, so a free in abort would hold it).
