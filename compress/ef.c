@@ -8,6 +8,7 @@
 #include <string.h>
 
 struct geoEfEntry {
+    uint64_t tag;
     uintptr_t addr;
     size_t count;
     uint32_t slot;
@@ -31,9 +32,10 @@ static void efFreeMem(void *ctx, void *ptr, size_t bytes)
     free(ptr);
 }
 
-static size_t efHash(uintptr_t addr, size_t count, uint32_t slot)
+static size_t efHash(uint64_t tag, uintptr_t addr, size_t count, uint32_t slot)
 {
-    uint64_t h = geoCodecMix64((uint64_t)addr ^ geoCodecMix64((uint64_t)count * 31u + slot));
+    uint64_t h = geoCodecMix64((uint64_t)addr ^ geoCodecMix64((uint64_t)count * 31u + slot) ^
+                               geoCodecMix64(tag + 0x9e3779b97f4a7c15ull));
     return (size_t)h;
 }
 
@@ -86,7 +88,7 @@ static void lruPushFront(geoEfStore *s, geoEfEntry *e)
 /* Removes e from its bucket chain, the list and the counters, and frees it. */
 static void efDrop(geoEfStore *s, geoEfEntry *e)
 {
-    geoEfEntry **pp = &s->buckets[efHash(e->addr, e->count, e->slot) & (s->nbuckets - 1)];
+    geoEfEntry **pp = &s->buckets[efHash(e->tag, e->addr, e->count, e->slot) & (s->nbuckets - 1)];
     while (*pp != e)
         pp = &(*pp)->chain;
     *pp = e->chain;
@@ -109,7 +111,7 @@ static int efGrow(geoEfStore *s)
         geoEfEntry *e = s->buckets[i];
         while (e) {
             geoEfEntry *next = e->chain;
-            size_t j = efHash(e->addr, e->count, e->slot) & (n - 1);
+            size_t j = efHash(e->tag, e->addr, e->count, e->slot) & (n - 1);
             e->chain = b[j];
             b[j] = e;
             e = next;
@@ -121,8 +123,8 @@ static int efGrow(geoEfStore *s)
     return 1;
 }
 
-ncclResult_t geoEfGet(geoEfStore *store, const void *addr, size_t count, uint32_t slot,
-                      float **residual, size_t *evicted)
+ncclResult_t geoEfGet(geoEfStore *store, uint64_t tag, const void *addr, size_t count,
+                      uint32_t slot, float **residual, size_t *evicted)
 {
     if (evicted)
         *evicted = 0;
@@ -130,9 +132,9 @@ ncclResult_t geoEfGet(geoEfStore *store, const void *addr, size_t count, uint32_
         return ncclInvalidArgument;
     uintptr_t a = (uintptr_t)addr;
     if (store->nbuckets) {
-        for (geoEfEntry *e = store->buckets[efHash(a, count, slot) & (store->nbuckets - 1)]; e;
-             e = e->chain) {
-            if (e->addr == a && e->count == count && e->slot == slot) {
+        for (geoEfEntry *e = store->buckets[efHash(tag, a, count, slot) & (store->nbuckets - 1)];
+             e; e = e->chain) {
+            if (e->tag == tag && e->addr == a && e->count == count && e->slot == slot) {
                 lruUnlink(store, e);
                 lruPushFront(store, e);
                 e->epoch = store->epoch;
@@ -176,12 +178,13 @@ ncclResult_t geoEfGet(geoEfStore *store, const void *addr, size_t count, uint32_
             *evicted = n;
         return ncclSystemError;
     }
+    e->tag = tag;
     e->addr = a;
     e->count = count;
     e->slot = slot;
     e->bytes = bytes;
     e->epoch = store->epoch;
-    size_t j = efHash(a, count, slot) & (store->nbuckets - 1);
+    size_t j = efHash(tag, a, count, slot) & (store->nbuckets - 1);
     e->chain = store->buckets[j];
     store->buckets[j] = e;
     lruPushFront(store, e);
@@ -207,6 +210,17 @@ void geoEfReset(geoEfStore *store)
         return;
     while (store->mru)
         efDrop(store, store->mru);
+}
+
+void geoEfDropTag(geoEfStore *store, uint64_t tag)
+{
+    if (!store)
+        return;
+    for (geoEfEntry *e = store->mru, *next; e; e = next) {
+        next = e->next;
+        if (e->tag == tag)
+            efDrop(store, e);
+    }
 }
 
 void geoEfFree(geoEfStore *store)

@@ -3,14 +3,16 @@
  * next encode of the same buffer adds back, kept per communicator.
  *
  * The communicator owns one geoEfStore value (no globals).  A residual is
- * keyed by (buffer address, element count, slot): trainers all-reduce the
- * same gradient buckets every step, so address and size name a bucket; the
- * slot separates residuals of one buffer that must not mix, such as the
- * two phases of a compressed all-reduce (the shard each rank sends, and the
- * reduced shard re-encoded for the return trip), or chunk positions.
- * A buffer freed and another allocated at the same address with the same
- * count inherits the old residual; geoEfReset clears everything (geoccl.h
- * exposes it to users).
+ * keyed by (tag, buffer address, element count, slot).  The tag names the
+ * memory the caller declared as one tensor's from call to call (the
+ * registration of geocclCommRegisterErrorFeedback, never reused), so that
+ * another tensor placed at the same address later, once that registration
+ * is gone, cannot pick up its residual; address and count then name a
+ * bucket inside it.  The slot separates residuals of one buffer that must
+ * not mix, such as the two phases of a compressed all-reduce (the shard
+ * each rank sends, and the reduced shard re-encoded for the return trip),
+ * or chunk positions.  geoEfDropTag frees one registration's residuals,
+ * geoEfReset everything (geoccl.h exposes both to users).
  *
  * Memory bound.  Residual arrays (count * 4 bytes each; the bookkeeping is
  * not counted) never add up to more than maxBytes (GEOCCL_EF_MAX_BYTES, read
@@ -86,11 +88,12 @@ ncclResult_t geoEfInit(geoEfStore *store, size_t maxBytes, const geoEfAllocator 
 void geoEfBeginOp(geoEfStore *store);
 
 /*
- * The residual of (addr, count, slot): count float32 values, zeroed when the
+ * The residual of (tag, addr, count, slot): count float32 values, zeroed when the
  * entry is new, otherwise what the last encode left.  The pointer stays valid
  * until the next geoEfBeginOp is followed by a geoEfGet that evicts it, or
  * geoEfReset / geoEfFree.
  *   [in,out] store     the store
+ *   [in]     tag       the registration the buffer belongs to
  *   [in]     addr      the user's buffer (only its value is used)
  *   [in]     count     elements (> 0)
  *   [in]     slot      which residual of that buffer
@@ -102,8 +105,8 @@ void geoEfBeginOp(geoEfStore *store);
  * operation would make room; nothing is evicted then); ncclSystemError when
  * memory could not be allocated.
  */
-ncclResult_t geoEfGet(geoEfStore *store, const void *addr, size_t count, uint32_t slot,
-                      float **residual, size_t *evicted);
+ncclResult_t geoEfGet(geoEfStore *store, uint64_t tag, const void *addr, size_t count,
+                      uint32_t slot, float **residual, size_t *evicted);
 
 /* 1 the first time it is called after an eviction happened, else 0: the
  * caller logs the first eviction once. */
@@ -113,6 +116,10 @@ int geoEfTakeEvictionNotice(geoEfStore *store);
  * counters other than entries and bytes are kept.  Pointers from geoEfGet
  * become invalid. */
 void geoEfReset(geoEfStore *store);
+
+/* Frees every residual of tag (entries of the running operation too: call
+ * it between operations).  Pointers to them become invalid. */
+void geoEfDropTag(geoEfStore *store, uint64_t tag);
 
 /* Frees everything the store holds; it must be set up with geoEfInit before
  * further use.  Safe on a store that geoEfInit set up and was freed since. */

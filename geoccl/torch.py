@@ -43,6 +43,40 @@ def backend(group=None):
     return b
 
 
+class ErrorFeedbackRegistration:
+    """A tensor whose memory keeps GeoCCL's error-feedback residuals (see
+    register_error_feedback); holds a reference to the tensor, so that its
+    memory cannot go to another tensor while registered."""
+
+    def __init__(self, backend_, tensor):
+        self._backend = backend_
+        self.tensor = tensor
+        self._handle = backend_.register_error_feedback(tensor)
+
+    def close(self):
+        """Drops the registration and its residuals (after queued work)."""
+        if self._handle is not None:
+            h, self._handle = self._handle, None
+            self._backend.deregister_error_feedback(h)
+            self.tensor = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def register_error_feedback(tensor, group=None):
+    """Compressed all-reduces into tensor (contiguous, the same tensor from
+    call to call: a gradient bucket, a pseudo-gradient) keep error-feedback
+    residuals between calls. Without a registration a lossy codec encodes
+    without them: GeoCCL cannot tell a tensor from another one that the
+    allocator placed at the same address. Returns an
+    ErrorFeedbackRegistration (close() it, or use it in a with block)."""
+    return ErrorFeedbackRegistration(backend(group), tensor)
+
+
 def _create(store, rank, world_size, timeout):
     return _C.ProcessGroupGeoCCL(store, rank, world_size, timeout)
 

@@ -126,6 +126,41 @@ ncclResult_t geocclCommGetCompression(ncclComm_t comm, const char **name);
  * ncclSystemError when they did not within GEOCCL_TIMEOUT. */
 ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
 
+/* Error feedback and buffer identity.  A lossy codec's residual (what the
+ * last encode of a buffer lost) is added to the next encode of the same
+ * tensor; added to another tensor, it is a silent error in that tensor's
+ * gradient.  An address does not name a tensor: allocators (PyTorch's
+ * caching allocator, FSDP's flat parameters, temporaries) place other
+ * tensors where a freed one was, often with the same size.  So the rule:
+ *
+ *   A compressed all-reduce keeps and uses residuals only when its recvbuff
+ *   lies wholly inside memory registered with
+ *   geocclCommRegisterErrorFeedback; the residual belongs to that
+ *   registration and to the call's (address, count) within it, and dies
+ *   with geocclCommDeregisterErrorFeedback (or ncclCommDestroy).  A later
+ *   registration of the same memory starts from zero residuals.  Any other
+ *   compressed call is encoded without error feedback (said once at INFO).
+ *
+ * Register memory that holds the same tensor from call to call (DDP's
+ * gradient buckets, an optimiser's flat gradient, DiLoCo's pseudo-
+ * gradient), and deregister it before that memory holds anything else.
+ * Which registration a call uses is decided when the call is made.
+ * GEOCCL_EF_KEY=address keys the residuals of calls outside every
+ * registration by address and count instead, for unmodified programs that
+ * all-reduce only persistent buffers (with the risk above).
+ *
+ * Register: [in] buff, bytes (> 0) the memory, host or device; it must not
+ * overlap another registration of comm.  [out] handle.  Returns
+ * ncclSuccess, ncclInvalidArgument (NULL or dead comm, NULL buff or handle,
+ * bytes 0, an overlap) or ncclSystemError (no memory).  Deregister: frees
+ * the registration's residuals after the device all-reduces already issued
+ * on comm have finished their exchange between regions; ncclInvalidArgument
+ * for a handle comm did not return (or already deregistered), ncclSystemError
+ * when those exchanges did not finish within GEOCCL_TIMEOUT. */
+ncclResult_t geocclCommRegisterErrorFeedback(ncclComm_t comm, void *buff, size_t bytes,
+                                             void **handle);
+ncclResult_t geocclCommDeregisterErrorFeedback(ncclComm_t comm, void *handle);
+
 /* What the topology probe found at init (see geoccl-probe).  Nodes are
  * the distinct listening addresses of the ranks; regions as in
  * geocclCommGetRegion. */

@@ -3,7 +3,8 @@
  * bit-identical on every rank, within the codec's error, and error feedback
  * makes the running sum of the results converge to the exact running sum;
  * lossy codecs never touch integer or max all-reduces; the statistics count
- * the compressed bytes. */
+ * the compressed bytes; residuals belong to registrations, not addresses
+ * (geocclCommRegisterErrorFeedback). */
 #include "config.h"
 #include "geoccl.h"
 #include "harness.h"
@@ -68,6 +69,11 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     float *in = malloc(count * 4), *out = malloc(count * 4);
+    void *reg = NULL;
+    if (geocclCommRegisterErrorFeedback(comm, out, count * 4, &reg) != ncclSuccess) {
+        fprintf(stderr, "rank %d: %s\n", rank, ncclGetLastError(comm));
+        bad = 1;
+    }
     double *acc = calloc(count, sizeof(double)), *exact = calloc(count, sizeof(double));
     uint64_t *all = malloc(sizeof(uint64_t) * (size_t)nranks);
     for (int s = 0; s < steps && !bad; s++) {
@@ -147,6 +153,8 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
         if (out[i] != m)
             bad = 1;
     }
+    if (reg && geocclCommDeregisterErrorFeedback(comm, reg) != ncclSuccess)
+        bad = 1;
     free(in);
     free(out);
     free(acc);
@@ -154,6 +162,108 @@ static int body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     free(all);
     ncclCommDestroy(comm);
     return bad;
+}
+
+/* One int8 all-reduce of step 0's inputs into out; *h its hash. */
+static int reg_call(int rank, ncclComm_t comm, float *in, float *out, size_t count, uint64_t *h)
+{
+    for (size_t i = 0; i < count; i++)
+        in[i] = val(rank, i, 0);
+    if (ncclAllReduce(in, out, count, ncclFloat, ncclSum, comm, NULL) != ncclSuccess) {
+        fprintf(stderr, "rank %d: %s\n", rank, ncclGetLastError(comm));
+        return 1;
+    }
+    *h = fnv(out, count * 4);
+    return 0;
+}
+
+/* The same input all-reduced again and again into the same buffer: with
+ * a residual the second result differs from the first; a new registration
+ * of the same memory (another tensor placed there) starts from none, so
+ * its first result is the very first one again; without a registration no
+ * residual is kept (every result the first), unless GEOCCL_EF_KEY=address
+ * (arg non-NULL), which keys by address as before.  Bad registrations are
+ * refused. */
+static int reg_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    const int by_address = arg != NULL;
+    const size_t count = 40000;
+    ncclComm_t comm;
+    int bad = 0;
+    (void)nranks;
+    setenv("GEOCCL_REGION", rank < 2 ? "a" : "b", 1);
+    setenv("GEOCCL_COMPRESS", "int8", 1);
+    unsetenv("GEOCCL_EF");
+    setenv("GEOCCL_DIRECT_MAX", "0", 1);
+    if (by_address)
+        setenv("GEOCCL_EF_KEY", "address", 1);
+    else
+        unsetenv("GEOCCL_EF_KEY");
+    ncclResetDebugInit();
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    float *in = malloc(count * 4), *out = malloc(count * 4);
+    uint64_t h0 = 0, h1 = 0, h2 = 0, u1 = 0, u2 = 0;
+    void *reg = NULL, *reg2 = NULL, *other = NULL;
+    if (by_address) {
+        bad |= reg_call(rank, comm, in, out, count, &u1);
+        bad |= reg_call(rank, comm, in, out, count, &u2);
+        if (!bad && u1 == u2) {
+            fprintf(stderr, "rank %d: GEOCCL_EF_KEY=address: no residual was used\n", rank);
+            bad = 1;
+        }
+        goto done;
+    }
+    if (geocclCommRegisterErrorFeedback(comm, out, count * 4, &reg) != ncclSuccess)
+        bad = 1;
+    bad |= reg_call(rank, comm, in, out, count, &h0);
+    bad |= reg_call(rank, comm, in, out, count, &h1);
+    if (!bad && h0 == h1) {
+        fprintf(stderr, "rank %d: a registered buffer's second call used no residual\n", rank);
+        bad = 1;
+    }
+    /* refused: an overlap, a foreign handle, twice the same */
+    if (geocclCommRegisterErrorFeedback(comm, out + 10, 40, &other) != ncclInvalidArgument ||
+        geocclCommRegisterErrorFeedback(comm, out, 0, &other) != ncclInvalidArgument ||
+        geocclCommDeregisterErrorFeedback(comm, (void *)in) != ncclInvalidArgument) {
+        fprintf(stderr, "rank %d: a bad registration was accepted\n", rank);
+        bad = 1;
+    }
+    if (geocclCommDeregisterErrorFeedback(comm, reg) != ncclSuccess ||
+        geocclCommDeregisterErrorFeedback(comm, reg) != ncclInvalidArgument)
+        bad = 1;
+    /* the same memory registered again: another tensor's, no residual */
+    if (geocclCommRegisterErrorFeedback(comm, out, count * 4, &reg2) != ncclSuccess)
+        bad = 1;
+    bad |= reg_call(rank, comm, in, out, count, &h2);
+    if (!bad && h2 != h0) {
+        fprintf(stderr, "rank %d: a new registration of the same memory picked up the old "
+                "residual\n", rank);
+        bad = 1;
+    }
+    if (geocclCommDeregisterErrorFeedback(comm, reg2) != ncclSuccess)
+        bad = 1;
+    /* unregistered: no residual kept */
+    bad |= reg_call(rank, comm, in, out, count, &u1);
+    bad |= reg_call(rank, comm, in, out, count, &u2);
+    if (!bad && (u1 != h0 || u2 != h0)) {
+        fprintf(stderr, "rank %d: an unregistered buffer kept a residual\n", rank);
+        bad = 1;
+    }
+done:
+    if (rank == 0 && !bad)
+        printf("  int8 %s: residuals %s\n", by_address ? "GEOCCL_EF_KEY=address" : "registered",
+               by_address ? "kept by address" : "follow registrations, not addresses");
+    free(in);
+    free(out);
+    ncclCommDestroy(comm);
+    return bad;
+}
+
+static void test_ef_registrations(void)
+{
+    CU_ASSERT_EQUAL(harness_run_noinit(4, reg_body, NULL, 120), 0);
+    CU_ASSERT_EQUAL(harness_run_noinit(4, reg_body, (void *)1, 120), 0);
 }
 
 static void run_codecs(const char **labels, int nranks)
@@ -255,6 +365,7 @@ int main(void)
     CU_add_test(s, "every codec, regions of 2, 1, 3", test_3_uneven);
     CU_add_test(s, "geocclCommSetCompression", test_bad_spec);
     CU_add_test(s, "error feedback defaults per codec", test_ef_defaults);
+    CU_add_test(s, "residuals follow registrations", test_ef_registrations);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

@@ -126,6 +126,10 @@ static ncclResult_t enqueue(geoOp *op, const char *fn)
         return res;
     if (op->count == 0)
         return ncclSuccess; /* every rank skips it alike: nothing to match */
+    /* The residual this call may use is fixed now, with the registrations
+     * as they are at the call (geoccl.h). */
+    if (op->type == GEO_OP_ALLREDUCE)
+        op->ef_key = geoCommEfKey(comm, op->recvbuff, op->count * geoTypeSize(op->dt));
     if (op->device)
         return geoDevEnqueue(op, fn);
     if (geoGroupActive())

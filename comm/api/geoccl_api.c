@@ -178,6 +178,40 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm)
     return ncclSuccess;
 }
 
+/* The handle is the registration's tag (never 0 or 1, never reused), so
+ * a stale or foreign handle is refused, not dereferenced. */
+ncclResult_t geocclCommRegisterErrorFeedback(ncclComm_t comm, void *buff, size_t bytes,
+                                             void **handle)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommRegisterErrorFeedback") != ncclSuccess ||
+                      buff == NULL || handle == NULL || bytes == 0,
+                  ncclInvalidArgument, "geocclCommRegisterErrorFeedback: NULL or dead comm, "
+                  "NULL buff or handle, or 0 bytes");
+    uint64_t tag = 0;
+    ncclResult_t r = geoCommEfRegister(comm, buff, bytes, &tag);
+    GEO_RETURN_IF(r == ncclInvalidArgument, r, "geocclCommRegisterErrorFeedback: [%p, +%zu) "
+                  "overlaps memory already registered on this communicator", buff, bytes);
+    GEO_RETURN_IF(r != ncclSuccess, r, "geocclCommRegisterErrorFeedback: out of memory");
+    *handle = (void *)(uintptr_t)tag;
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommDeregisterErrorFeedback(ncclComm_t comm, void *handle)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommDeregisterErrorFeedback") != ncclSuccess,
+                  ncclInvalidArgument, "geocclCommDeregisterErrorFeedback: NULL or dead comm");
+    uint64_t tag = (uint64_t)(uintptr_t)handle;
+    GEO_RETURN_IF(tag < 2 || geoCommEfUnregister(comm, tag) != 0, ncclInvalidArgument,
+                  "geocclCommDeregisterErrorFeedback: %p is no registration of this "
+                  "communicator", handle);
+    /* No new call can take the tag now; queued device exchanges may still
+     * hold its residuals. */
+    GEO_CHECK(geoDevDrain(comm));
+    geoEfDropTag(&comm->ef, tag);
+    geoDevDropErrorFeedback(comm, tag);
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetTopology") != ncclSuccess || topo == NULL,

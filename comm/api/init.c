@@ -151,6 +151,11 @@ void geoCommCompressionInit(struct ncclComm *comm)
     /* Unset: each codec's default (coll_hier.c: first trip only for sign). */
     comm->ef_mode = !geoParamIsSet(GEO_PARAM_EF) ? 0 : ef >= 1 && ef <= 3 ? (int)ef : 1;
     geoEfInit(&comm->ef, efmax < 0 ? 0 : (size_t)efmax, NULL);
+    const char *key = geoParamStr(GEO_PARAM_EF_KEY);
+    comm->ef_by_address = key && strcmp(key, "address") == 0;
+    if (key && !comm->ef_by_address && strcmp(key, "registered") != 0)
+        geoWarn(GEO_LOG_COMPRESS, "GEOCCL_EF_KEY=%s is neither registered nor address: "
+                "registered", key);
     comm->codec = GEO_CODEC_NONE;
     const char *spec = geoParamStr(GEO_PARAM_COMPRESS);
     if (spec && geoCommSetCodec(comm, spec) != ncclSuccess) {
@@ -229,6 +234,12 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     free(comm->net.ctx.peers);
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
+    while (comm->ef_regs) {
+        geoEfReg *x = comm->ef_regs;
+        comm->ef_regs = x->next;
+        free(x);
+    }
+    pthread_mutex_destroy(&comm->ef_lock);
     pthread_mutex_destroy(&comm->lock);
     geoErrDestroy(&comm->err);
     free(comm);
@@ -728,6 +739,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     comm = calloc(1, sizeof(*comm));
     GEO_RETURN_IF(comm == NULL, ncclSystemError, "out of memory");
     pthread_mutex_init(&comm->lock, NULL);
+    pthread_mutex_init(&comm->ef_lock, NULL);
     geoErrInit(&comm->err);
     geoScratchInit(&comm->scratch);
     comm->magic = GEO_COMM_MAGIC;
@@ -739,6 +751,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
                                                      &comm->inherit) != 0) {
         geoScratchFree(&comm->scratch);
         pthread_mutex_destroy(&comm->lock);
+        pthread_mutex_destroy(&comm->ef_lock);
         geoErrDestroy(&comm->err);
         free(comm);
         GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");

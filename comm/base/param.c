@@ -78,6 +78,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                       "error feedback for lossy codecs: 1 both trips, 0 off, 2 only the "
                       "return trip, 3 only the first trip; unset: 3 for sign, 1 for the "
                       "others"},
+    [GEO_PARAM_EF_KEY] = {"GEOCCL_EF_KEY", GEO_PARAM_STR, "registered",
+                          "which buffers keep error-feedback residuals: registered (only "
+                          "memory given to geocclCommRegisterErrorFeedback) or address (any "
+                          "buffer, keyed by its address and size: only for programs whose "
+                          "compressed all-reduces always use the same buffers)"},
     [GEO_PARAM_EF_MAX_BYTES] = {"GEOCCL_EF_MAX_BYTES", GEO_PARAM_INT, "1G",
                                 "bound on error-feedback residuals per communicator; least "
                                 "recently used ones are dropped beyond it"},
@@ -219,16 +224,26 @@ unsigned geoParamGeneration(void)
     return g;
 }
 
+/* Values are read under the lock: geoParamReload (ncclResetDebugInit)
+ * rewrites them while other threads (a bootstrap root, a proxy) may read. */
 int64_t geoParamInt(geoParamId id)
 {
-    ensure_loaded();
-    return int_values[id];
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    int64_t v = int_values[id];
+    pthread_mutex_unlock(&param_lock);
+    return v;
 }
 
 const char *geoParamStr(geoParamId id)
 {
-    ensure_loaded();
-    return str_values[id];
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    const char *v = str_values[id];
+    pthread_mutex_unlock(&param_lock);
+    return v;
 }
 
 const char *geoParamStrLive(geoParamId id)
@@ -239,8 +254,12 @@ const char *geoParamStrLive(geoParamId id)
 
 int geoParamIsSet(geoParamId id)
 {
-    ensure_loaded();
-    return is_set[id];
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    int v = is_set[id];
+    pthread_mutex_unlock(&param_lock);
+    return v;
 }
 
 const geoParamDesc *geoParamDescribe(geoParamId id)

@@ -42,6 +42,8 @@ typedef struct geoOp {
     int device;            /* buffers are GPU memory: the real NCCL path */
     uint64_t seq;          /* the call's comm->op_seq when it runs later, on
                               the device exchange thread; 0: comm->op_seq */
+    uint64_t ef_key;       /* all-reduce: the error-feedback tag of recvbuff
+                              (geoCommEfKey, at the call); 0: no residual */
     struct geoOp *next;    /* group list */
 } geoOp;
 
@@ -132,6 +134,9 @@ typedef struct {
 } geoHierCodecChoice;
 void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
                         geoHierCodecChoice *out);
+/* Says once per communicator, at INFO, that a compressed all-reduce into
+ * buf keeps no residual (op->ef_key 0: buf is in no registration). */
+void geoEfNoteUnregistered(struct ncclComm *comm, const void *buf);
 
 /* Segment i of count elements cut in n equal shards of ceil(count / n)
  * (the last ones shorter or empty), as ncclReduceScatter on a padded buffer. */

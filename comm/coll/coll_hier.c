@@ -656,6 +656,16 @@ void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
     }
 }
 
+void geoEfNoteUnregistered(struct ncclComm *comm, const void *buf)
+{
+    if (__atomic_exchange_n(&comm->ef_unreg_noted, 1, __ATOMIC_RELAXED))
+        return;
+    geoInfo(GEO_LOG_COMPRESS, "error feedback: %p is in no buffer registered with "
+            "geocclCommRegisterErrorFeedback: compressed without error feedback (this and "
+            "every other such call; GEOCCL_EF_KEY=address keys residuals by address instead)",
+            buf);
+}
+
 static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
 {
     geoHierCodecChoice ch;
@@ -667,11 +677,15 @@ static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
     hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
     hc->p2 = ch.p2;
     hc->counter = ch.counter;
-    if (ch.ef1 || ch.ef2) {
+    if ((ch.ef1 || ch.ef2) && op->ef_key == 0) {
+        geoEfNoteUnregistered(comm, op->recvbuff);
+    } else if (ch.ef1 || ch.ef2) {
         size_t evicted = 0;
         geoEfBeginOp(&comm->ef);
-        if (geoEfGet(&comm->ef, op->recvbuff, op->count, 1, &hc->ef1, &evicted) != ncclSuccess ||
-            geoEfGet(&comm->ef, op->recvbuff, op->count, 2, &hc->ef2, &evicted) != ncclSuccess) {
+        if (geoEfGet(&comm->ef, op->ef_key, op->recvbuff, op->count, 1, &hc->ef1, &evicted) !=
+                ncclSuccess ||
+            geoEfGet(&comm->ef, op->ef_key, op->recvbuff, op->count, 2, &hc->ef2, &evicted) !=
+                ncclSuccess) {
             hc->ef1 = hc->ef2 = NULL;
             if (!comm->ef_full_noted) {
                 comm->ef_full_noted = 1;

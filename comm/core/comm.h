@@ -144,6 +144,11 @@ struct ncclComm {
     int ef_enabled;             /* GEOCCL_EF != 0 */
     int ef_mode;                /* GEOCCL_EF: 1 both trips, 2 return only, 3 first only */
     geoEfStore ef;
+    int ef_by_address;          /* GEOCCL_EF_KEY=address */
+    struct geoEfReg *ef_regs;   /* geocclCommRegisterErrorFeedback (ef_lock) */
+    uint64_t ef_next_tag;       /* tags of registrations: never reused */
+    pthread_mutex_t ef_lock;
+    int ef_unreg_noted;
     int codec_auto;             /* GEOCCL_COMPRESS=auto[:list]: the plan chooses */
     unsigned auto_mask;         /* codec ids (bits) auto may choose besides none */
     geoCodecParams auto_params; /* topk's fraction for auto */
@@ -180,6 +185,27 @@ static inline int geoGroupActive(void) { return geoGroupDepth > 0; }
 /* Compression settings from the environment (init) or geoccl.h. */
 void geoCommCompressionInit(struct ncclComm *comm);
 ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec);
+
+/* Error feedback's keys (the rule is geoccl.h's, at
+ * geocclCommRegisterErrorFeedback).  A registration is a byte range with a
+ * tag no other registration of the communicator ever gets (from 2; 1 is
+ * GEOCCL_EF_KEY=address, 0 no residual).  All three take comm->ef_lock. */
+typedef struct geoEfReg {
+    uintptr_t base;
+    size_t bytes;
+    uint64_t tag;
+    struct geoEfReg *next;
+} geoEfReg;
+/* Adds [base, base + bytes): ncclInvalidArgument if it overlaps one already
+ * registered, ncclSystemError without memory. */
+ncclResult_t geoCommEfRegister(struct ncclComm *comm, const void *base, size_t bytes,
+                               uint64_t *tag);
+/* Removes the registration of tag: 0, or -1 if there is none. */
+int geoCommEfUnregister(struct ncclComm *comm, uint64_t tag);
+/* The tag for a compressed all-reduce into [addr, addr + bytes): the
+ * registration that holds all of it, 1 under GEOCCL_EF_KEY=address, else 0
+ * (the call keeps no residual). */
+uint64_t geoCommEfKey(struct ncclComm *comm, const void *addr, size_t bytes);
 
 /* (Re)build the region map and rings from comm->peers[].region. */
 ncclResult_t geoCommBuildRegions(struct ncclComm *comm);

@@ -1575,20 +1575,25 @@ static void gx_residuals(struct ncclComm *comm, struct geoDevState *st, const ge
                          const geoHierCodecChoice *ch, size_t off, size_t len, float **ef1,
                          float **ef2)
 {
-    /* keyed by my shard's address: (buffer, shard) names a bucket */
+    /* keyed by the buffer's registration and my shard's address: (buffer,
+     * shard) names a bucket of it */
     const char *key = (const char *)op->recvbuff + off * sizeof(float);
     size_t evicted = 0;
     ncclResult_t r1 = ncclSuccess, r2 = ncclSuccess;
     *ef1 = *ef2 = NULL;
     if (len == 0 || (!ch->ef1 && !ch->ef2))
         return;
+    if (op->ef_key == 0) {
+        geoEfNoteUnregistered(comm, op->recvbuff);
+        return;
+    }
     st->ef_stream = op->stream;
     st->ef_stream_valid = 1;
     geoEfBeginOp(&st->ef);
     if (ch->ef1)
-        r1 = geoEfGet(&st->ef, key, len, 1, ef1, &evicted);
+        r1 = geoEfGet(&st->ef, op->ef_key, key, len, 1, ef1, &evicted);
     if (ch->ef2 && r1 == ncclSuccess)
-        r2 = geoEfGet(&st->ef, key, len, 2, ef2, &evicted);
+        r2 = geoEfGet(&st->ef, op->ef_key, key, len, 2, ef2, &evicted);
     st->ef_stream_valid = 0;
     if (r1 != ncclSuccess || r2 != ncclSuccess) {
         *ef1 = *ef2 = NULL;
@@ -2025,6 +2030,17 @@ void geoDevResetErrorFeedback(struct ncclComm *comm)
     }
 }
 
+void geoDevDropErrorFeedback(struct ncclComm *comm, uint64_t tag)
+{
+    struct geoDevState *st = comm->dev;
+    devGuard g;
+    if (st != NULL && st->ef_ready && dev_enter(comm, &g) == ncclSuccess) {
+        st->ef_stream_valid = 0;
+        geoEfDropTag(&st->ef, tag);
+        dev_leave(&g);
+    }
+}
+
 ncclResult_t geoDevAsyncError(struct ncclComm *comm)
 {
     struct geoDevState *st = __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE);
@@ -2186,6 +2202,11 @@ ncclResult_t geoDevAsyncError(struct ncclComm *comm)
     return ncclSuccess;
 }
 void geoDevResetErrorFeedback(struct ncclComm *comm) { (void)comm; }
+void geoDevDropErrorFeedback(struct ncclComm *comm, uint64_t tag)
+{
+    (void)comm;
+    (void)tag;
+}
 ncclResult_t geoDevFinalize(struct ncclComm *comm)
 {
     (void)comm;

@@ -33,6 +33,9 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn);
  * host exchange: host-path operations share the transport and must not
  * interleave with them.  Bounded by the communicator's timeout. */
 ncclResult_t geoDevDrain(struct ncclComm *comm);
+/* Drop the residuals of one registration the device path keeps
+ * (geocclCommDeregisterErrorFeedback; after geoDevDrain). */
+void geoDevDropErrorFeedback(struct ncclComm *comm, uint64_t tag);
 /* Drop the residuals the device path keeps (geocclCommResetErrorFeedback). */
 void geoDevResetErrorFeedback(struct ncclComm *comm);
 /* The real communicator's asynchronous error (ncclSuccess without one). */

@@ -31,6 +31,12 @@ def main(args, rank, world):
     g = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own data
     per = args.batch // world
     flat = torch.zeros(sum(p.numel() for p in shared))
+    # flat is the pseudo-gradient of every round: its error-feedback
+    # residuals (GEOCCL_COMPRESS lossy) are kept for it
+    reg = None
+    if args.backend == "geoccl":
+        import geoccl.torch
+        reg = geoccl.torch.register_error_feedback(flat)
     t_inner = t_comm = 0.0
     for rnd in range(args.rounds):
         t0 = time.perf_counter()
@@ -78,6 +84,8 @@ def main(args, rank, world):
               "%.2f ms all-reduce per round, test accuracy %.4f%s" % (
                   args.backend, world, args.regions, args.inner_steps, args.rounds,
                   1e3 * t_inner / args.rounds, 1e3 * t_comm / args.rounds, acc, wan), flush=True)
+    if reg is not None:
+        reg.close()
     dist.destroy_process_group()
 
 

@@ -580,6 +580,11 @@ int main(int argc, char **argv)
   int nregions = 1, region = 0;
   const char *region_name = "";
   NCCL_CHECK(comm, geocclCommGetRegion(comm, &nregions, &region, NULL, NULL, &region_name));
+  /* The bucket holds the same gradient every step: its error-feedback
+   * residuals (lossy GEOCCL_COMPRESS) are kept for it (geoccl.h). */
+  void *grad_reg = NULL;
+  NCCL_CHECK(comm, geocclCommRegisterErrorFeedback(comm, grad, m.nparams * sizeof(float),
+                                                   &grad_reg));
 
   int codec_known, ef_known;
   const char *codec = geoccl_param("GEOCCL_COMPRESS", &codec_known);

@@ -50,6 +50,31 @@ PYBIND11_MODULE(_C, m) {
           "Sets the codec between regions (the values of GEOCCL_COMPRESS), after the work "
           "queued before; every rank must set the same.")
       .def(
+          "register_error_feedback",
+          [](ProcessGroupGeoCCL& pg, const at::Tensor& t) {
+            TORCH_CHECK(t.is_contiguous(), "register_error_feedback: the tensor must be "
+                        "contiguous (a strided one is all-reduced through a copy)");
+            void* h = nullptr;
+            void* p = t.data_ptr();
+            size_t bytes = (size_t)t.numel() * t.element_size();
+            pg.callOnWorker("geocclCommRegisterErrorFeedback", [&](ncclComm_t comm) {
+              return geocclCommRegisterErrorFeedback(comm, p, bytes, &h);
+            });
+            return (uintptr_t)h;
+          },
+          py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
+          "Keeps error-feedback residuals for the tensor's memory (geoccl.h: "
+          "geocclCommRegisterErrorFeedback); returns the handle.")
+      .def(
+          "deregister_error_feedback",
+          [](ProcessGroupGeoCCL& pg, uintptr_t h) {
+            pg.callOnWorker("geocclCommDeregisterErrorFeedback", [h](ncclComm_t comm) {
+              return geocclCommDeregisterErrorFeedback(comm, (void*)h);
+            });
+          },
+          py::arg("handle"), py::call_guard<py::gil_scoped_release>(),
+          "Drops a registration and its residuals, after the work queued before.")
+      .def(
           "stats",
           [](ProcessGroupGeoCCL& pg) {
             geocclStats st;

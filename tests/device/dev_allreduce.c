@@ -24,6 +24,9 @@
  * within 10 s (a watchdog fails the rank at 20 s); then the streams are let
  * go and must finish.
  *
+ * CODEC "efreuse": error-feedback residuals follow registrations
+ * (geocclCommRegisterErrorFeedback), not addresses (see check_ef_reuse).
+ *
  * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
  * all-to-all on device buffers across the regions (GeoCCL stages them
  * through the host), exact results checked; no figures.
@@ -135,13 +138,18 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
     const size_t max_count = mc && mc[0] ? (size_t)strtoull(mc, NULL, 10) : (size_t)-1;
     int bad = 0, cs = 0;
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
-        for (int avg = 0; avg < 2 && counts[c] <= max_count; avg++)
+        for (int avg = 0; avg < 2 && counts[c] <= max_count; avg++) {
+            /* one buffer for both calls, registered: the second call uses
+             * the residuals the first left */
+            float *d;
+            void *reg;
+            CK(cudaMalloc((void **)&d, counts[c] * sizeof(float)));
+            NK(geocclCommRegisterErrorFeedback(comm, d, counts[c] * sizeof(float), &reg));
             for (int call = 0; call < 2; call++, cs++) {
                 size_t n = counts[c];
-                float *h = malloc(n * sizeof(float)), *d;
+                float *h = malloc(n * sizeof(float));
                 for (size_t i = 0; i < n; i++)
                     h[i] = value(rank, i) * 0.37f + (float)(call + 1);
-                CK(cudaMalloc((void **)&d, n * sizeof(float)));
                 CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
                 NK(ncclAllReduce(d, d, n, ncclFloat, avg ? ncclAvg : ncclSum, comm, s));
                 CK(cudaStreamSynchronize(s));
@@ -171,8 +179,70 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
                     printf("dev_allreduce: %s %s count %zu: relative RMS error %.3g\n", codec,
                            avg ? "avg" : "sum", n, rel);
                 free(h);
-                cudaFree(d);
             }
+            NK(geocclCommDeregisterErrorFeedback(comm, reg));
+            cudaFree(d);
+        }
+    return bad;
+}
+
+/* dev_allreduce N MIB efreuse: int8 error feedback on device buffers
+ * follows registrations, not addresses.  The same input all-reduced into a
+ * registered buffer twice: the second result differs (its residual was
+ * used); the buffer deregistered and registered again, as the memory of
+ * another tensor that a caching allocator placed at the same address: its
+ * first result is the very first one (no residual inherited);
+ * unregistered, two calls both give that result too (no residual kept). */
+static int ef_call(int rank, ncclComm_t comm, cudaStream_t s, float *d, float *h, size_t n,
+                   uint64_t *hash)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = value(rank, i) * 0.37f;
+    CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    NK(ncclAllReduce(d, d, n, ncclFloat, ncclSum, comm, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    *hash = hash_bytes(h, n * sizeof(float));
+    return 0;
+}
+
+static int check_ef_reuse(int rank, ncclComm_t comm, cudaStream_t s)
+{
+    const size_t n = 30000;
+    float *h = malloc(n * sizeof(float)), *d;
+    uint64_t h0, h1, h2, u1, u2;
+    void *reg, *reg2;
+    int bad = 0;
+    NK(geocclCommSetCompression(comm, "int8"));
+    CK(cudaMalloc((void **)&d, n * sizeof(float)));
+    NK(geocclCommRegisterErrorFeedback(comm, d, n * sizeof(float), &reg));
+    if (ef_call(rank, comm, s, d, h, n, &h0) || ef_call(rank, comm, s, d, h, n, &h1))
+        return 1;
+    NK(geocclCommDeregisterErrorFeedback(comm, reg));
+    NK(geocclCommRegisterErrorFeedback(comm, d, n * sizeof(float), &reg2));
+    if (ef_call(rank, comm, s, d, h, n, &h2))
+        return 1;
+    NK(geocclCommDeregisterErrorFeedback(comm, reg2));
+    if (ef_call(rank, comm, s, d, h, n, &u1) || ef_call(rank, comm, s, d, h, n, &u2))
+        return 1;
+    if (h1 == h0) {
+        fprintf(stderr, "rank %d: efreuse: the second call used no residual\n", rank);
+        bad = 1;
+    }
+    if (h2 != h0) {
+        fprintf(stderr, "rank %d: efreuse: a new registration of the same memory picked up "
+                "the old residual\n", rank);
+        bad = 1;
+    }
+    if (u1 != h0 || u2 != h0) {
+        fprintf(stderr, "rank %d: efreuse: an unregistered buffer kept a residual\n", rank);
+        bad = 1;
+    }
+    hashes[rank] = h0 ^ h1 ^ h2;
+    if (rank == 0 && !bad)
+        printf("dev_allreduce: efreuse: residuals follow registrations, not addresses\n");
+    cudaFree(d);
+    free(h);
     return bad;
 }
 
@@ -490,6 +560,10 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     }
     if (codec && strcmp(codec, "pinned") == 0) {
         bad |= check_pinned(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec && strcmp(codec, "efreuse") == 0) {
+        bad |= check_ef_reuse(rank, comm, s);
         codec = NULL;
         mib = 0; /* checks only */
     } else if (codec && strcmp(codec, "staged") == 0) {

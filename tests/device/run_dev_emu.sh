@@ -139,6 +139,11 @@ GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; fail
 # pools falls back to the default one and still gives exact results.
 run yes word "$bin" 2 "$mib" pinned
 run yes word env GEO_EMU_NO_POOLS=1 "$bin" 2 "$mib"
+# Error-feedback residuals belong to registrations, not addresses: memory
+# registered again (another tensor at the same address) starts from none,
+# unregistered memory keeps none; on the GPU codecs and the host ones.
+run yes word "$bin" 2 "$mib" efreuse
+run no word env GEOCCL_CUDA_CODECS=0 "$bin" 2 "$mib" efreuse
 # ncclCommAbort while another stream of the process and the communicator's
 # own are stuck: it must return (the emulated cudaFreeHost, like CUDA's,
 # waits for every stream, so a free in abort would hold it).

@@ -75,6 +75,11 @@ typedef struct {
     int rank;
     int token; /* the barrier's one-element all-reduce */
     unsigned long long hier0; /* callsHier before the checked call */
+    /* The all-reduce's output buffer, registered for error feedback (it is
+     * the same memory from call to call, as a trainer's gradient bucket) */
+    void *ef_reg;
+    const char *ef_base;
+    size_t ef_bytes;
 } geoCtx;
 
 static int failed(const geoCtx *c, const char *call, ncclResult_t r)
@@ -95,6 +100,22 @@ static int geo_coll(void *ctx, const perfCall *k)
     switch (k->coll) {
     case PERF_ALLREDUCE:
         name = "ncclAllReduce";
+        {
+            const char *rb = k->recvbuff;
+            size_t bytes = k->count * perfTypeSize(k->type);
+            if (bytes > 0 && (c->ef_reg == NULL || rb < c->ef_base ||
+                              rb + bytes > c->ef_base + c->ef_bytes)) {
+                if (c->ef_reg && (r = geocclCommDeregisterErrorFeedback(c->comm, c->ef_reg)) !=
+                                     ncclSuccess)
+                    return failed(c, "geocclCommDeregisterErrorFeedback", r);
+                c->ef_reg = NULL;
+                if ((r = geocclCommRegisterErrorFeedback(c->comm, k->recvbuff, bytes,
+                                                         &c->ef_reg)) != ncclSuccess)
+                    return failed(c, "geocclCommRegisterErrorFeedback", r);
+                c->ef_base = rb;
+                c->ef_bytes = bytes;
+            }
+        }
         r = ncclAllReduce(k->sendbuff, k->recvbuff, k->count, dt, op, c->comm, NULL);
         break;
     case PERF_BROADCAST:

@@ -451,6 +451,24 @@ def scenario_compress(rank, world, init):
     dist.all_reduce(i, group=geo)
     dist.all_reduce(j, group=gloo)
     same(i, j, "int64 all_reduce under int8 compression")
+    # error feedback follows registrations: the same input into a registered
+    # tensor gives another result the second time (its residual is used); a
+    # new registration of that memory, or none, starts from no residual
+    t = torch.empty(1 << 14)
+
+    def reduce_x():
+        t.copy_(x[:t.numel()])
+        dist.all_reduce(t, group=geo)
+        return t.clone()
+
+    with geoccl.torch.register_error_feedback(t, group=geo):
+        r0, r1 = reduce_x(), reduce_x()
+    assert not torch.equal(r0, r1), "a registered tensor's second call used no residual"
+    reg = geoccl.torch.register_error_feedback(t, group=geo)
+    assert torch.equal(reduce_x(), r0), "a new registration picked up the old residual"
+    reg.close()
+    assert torch.equal(reduce_x(), r0) and torch.equal(reduce_x(), r0), \
+        "an unregistered tensor kept a residual"
     dist.destroy_process_group()
 
 
