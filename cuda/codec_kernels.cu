@@ -1324,6 +1324,22 @@ GEO_KERNEL void divideF32Kernel(float *dst, size_t count, float divisor)
         dst[i] = fDiv(dst[i], divisor);
 }
 
+/* The stream waits until the word at flag (mapped pinned memory the host
+ * writes) has reached seq, compared as cuStreamWaitValue32's GEQ does:
+ * (int32_t)(*flag - seq) >= 0.  Lane 0 polls with a growing sleep (at most
+ * ~4 us between reads of host memory); the other lanes return at once. */
+GEO_KERNEL_ONE void waitFlagKernel(const volatile unsigned *flag, unsigned seq)
+{
+    if (threadIdx.x != 0)
+        return;
+    unsigned ns = 32;
+    while ((int)(*flag - seq) < 0) {
+        __nanosleep(ns);
+        if (ns < 4096)
+            ns *= 2;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Host side                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -1918,6 +1934,15 @@ extern "C" ncclResult_t geoCudaCodecDecodeAccumulate(geoCodecId codec, const voi
                                                      const char **why)
 {
     return decodeAny(codec, src, len, dtype, dst, count, true, status, stream, why);
+}
+
+extern "C" ncclResult_t geoCudaWaitFlag(const uint32_t *dflag, uint32_t seq,
+                                        struct CUstream_st *stream, const char **why)
+{
+    if (dflag == NULL || !aligned(dflag, 4))
+        BAD_ARG("flag is NULL or not 4-byte aligned");
+    GEO_LAUNCH(1, 32, (cudaStream_t)stream, waitFlagKernel)((const volatile unsigned *)dflag, seq);
+    return launchResult(why);
 }
 
 extern "C" ncclResult_t geoCudaDivideF32(float *dst, size_t count, int divisor,

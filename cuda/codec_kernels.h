@@ -184,6 +184,20 @@ ncclResult_t geoCudaCodecDecodeAccumulate(geoCodecId codec, const void *src, siz
                                           const char **why);
 
 /*
+ * The stream waits (a one-warp kernel that polls) until the 32-bit word at
+ * dflag, the device address of mapped pinned memory the host writes, has
+ * reached seq: (int32_t)(*dflag - seq) >= 0, as cuStreamWaitValue32 with
+ * CU_STREAM_WAIT_VALUE_GEQ.  For devices without stream memory operations:
+ * unlike a host function that polls, it holds no thread of CUDA's, so a
+ * wait can never keep another stream's host function (or wait) from
+ * running.  It occupies one warp of one SM while it waits.  Does not
+ * block; ncclInvalidArgument for a NULL or misaligned dflag,
+ * ncclUnhandledCudaError when the launch failed.
+ */
+ncclResult_t geoCudaWaitFlag(const uint32_t *dflag, uint32_t seq, struct CUstream_st *stream,
+                             const char **why);
+
+/*
  * dst[i] = dst[i] / divisor for count float32 values on the device (the
  * average of a float all-reduce), one binary32 division rounded to
  * nearest each, as the CPU's geoDivide.  Stream-ordered; does not block.

@@ -20,10 +20,10 @@
  * hierarchical all-reduce on the shard (geoHierExchange: compression and
  * error feedback as on host buffers), then writes seq into the flag, which
  * lives in mapped pinned memory the GPU reads.  No CUDA or NCCL function
- * is called from a stream callback.  Where stream memory operations are
- * unavailable, a host function that only polls the flag (no CUDA call in
- * it) takes the place of cuStreamWaitValue32; it holds CUDA's callback
- * thread while it waits.
+ * is called from a stream callback, and no host function is used: where
+ * stream memory operations are unavailable, a one-warp kernel that polls
+ * the flag (geoCudaWaitFlag) takes the place of cuStreamWaitValue32, so
+ * that no wait ever holds a thread of CUDA's (see stream_wait).
  *
  * A failure in the exchange marks the communicator broken (ncclComm-
  * GetAsyncError reports it, as NCCL reports a failed kernel) and still
@@ -741,24 +741,6 @@ static void *exchange_main(void *arg)
     return NULL;
 }
 
-/* The host function that replaces cuStreamWaitValue32 where stream memory
- * operations are missing.  It calls nothing from CUDA. */
-typedef struct {
-    volatile uint32_t *flag;
-    uint32_t seq;
-} hostWait;
-
-static void CUDART_CB host_wait_flag(void *arg)
-{
-    hostWait *w = arg;
-    long backoff = 1;
-    while ((int32_t)(__atomic_load_n(w->flag, __ATOMIC_ACQUIRE) - w->seq) < 0) {
-        sleep_us(backoff);
-        if (backoff < 100)
-            backoff *= 2;
-    }
-    free(w);
-}
 
 /* ---- cross-region all-reduce, encoded on the GPU -------------------------
  *
@@ -1019,20 +1001,21 @@ static ncclResult_t stream_wait(struct ncclComm *comm, struct geoDevState *st, c
         return ncclSuccess;
     if (st->wait_value) {
         geoInfo(GEO_LOG_CUDA, "cuStreamWaitValue32 failed (%d): falling back to a polling "
-                "host function", (int)cr);
+                "kernel", (int)cr);
         st->wait_value = NULL;
     }
-    hostWait *w = malloc(sizeof(*w));
-    if (w == NULL) {
-        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
-        return ncclSystemError;
-    }
-    w->flag = st->flag;
-    w->seq = value;
-    cudaError_t e = cudaLaunchHostFunc(s, host_wait_flag, w);
-    if (e != cudaSuccess) {
-        free(w);
-        return cuda_error(comm, "cudaLaunchHostFunc", e);
+    /* Not a host function that polls: CUDA may run every host function of
+     * the context on one thread, so one job's wait held there would keep
+     * an earlier job's wait (on another stream) from ever running, while
+     * the exchange thread needs that earlier job's stream to go on first:
+     * a deadlock.  The kernel holds one warp, no thread of CUDA's. */
+    const char *why = NULL;
+    ncclResult_t r = geoCudaWaitFlag((const uint32_t *)st->dflag, value, (struct CUstream_st *)s,
+                                     &why);
+    if (r != ncclSuccess) {
+        geoCommSetError(comm, "%s: the kernel that waits for the exchange failed to launch: %s",
+                        geoErrOp(&comm->err), why ? why : "no detail");
+        return r;
     }
     return ncclSuccess;
 }
@@ -1432,7 +1415,7 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
         else
             cudaGetLastError();
         geoInfo(GEO_LOG_CUDA, "cross-region device all-reduce: the stream waits with %s",
-                st->wait_value ? "cuStreamWaitValue32" : "a polling host function");
+                st->wait_value ? "cuStreamWaitValue32" : "a polling kernel");
     }
     if (!st->ef_ready) {
         const geoEfAllocator dev_alloc = {.allocZeroed = dev_ef_alloc,

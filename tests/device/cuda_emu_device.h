@@ -68,11 +68,10 @@ extern "C" void __asan_unpoison_memory_region(void const volatile *addr, size_t 
 #endif
 
 #ifdef GEO_CUDA_EMU_STREAMS
-/* The stream-ordered runtime of tests/device/dev_emu_runtime.c: returns
- * once every operation enqueued on stream before this call has completed,
- * so that a kernel run inline on the calling thread sees the stream's
- * earlier copies and leaves its writes before the later ones. */
-extern "C" void geoEmuStreamDrain(cudaStream_t stream);
+/* The stream-ordered runtime of tests/device/dev_emu_runtime.c: queues
+ * run(arg) on stream, as a launch queues a kernel, and returns at once;
+ * the stream's worker runs it in stream order. */
+extern "C" void geoEmuStreamLaunch(cudaStream_t stream, void (*run)(void *), void *arg);
 /* Nonzero when p lies in memory a kernel may touch (device memory or
  * mapped pinned memory); a GPU would fault on any other pointer. */
 extern "C" int geoEmuIsDeviceAccessible(const void *p);
@@ -154,7 +153,10 @@ struct State {
     std::map<uintptr_t, Alloc> allocs;
 };
 
-static State S;
+/* Per thread: with GEO_CUDA_EMU_STREAMS each stream's worker runs its own
+ * kernels, so kernels of different streams run at the same time, as on a
+ * GPU (a kernel that waits on one stream must not hold another's). */
+static thread_local State S;
 static const size_t kStack = 256 * 1024;
 static const size_t kFront = 256, kBack = 64;
 static const unsigned char kGuard = 0xA5;
@@ -377,6 +379,31 @@ template <class... P>
 struct Launcher {
     dim3 grid, block;
     void (*kernel)(P...);
+    cudaStream_t stream;
+
+    static void runGrid(void (*kernel)(P...), std::tuple<P...> *args, dim3 grid, dim3 block)
+    {
+        struct Call {
+            void (*kernel)(P...);
+            std::tuple<P...> *args;
+            static void run(void *p)
+            {
+                Call *c = (Call *)p;
+                std::apply(c->kernel, *c->args); /* a copy per thread, as CUDA */
+            }
+        } call = {kernel, args};
+        S.body = Call::run;
+        S.bodyArg = &call;
+        S.bDim = block;
+        S.gDim = grid;
+        std::vector<unsigned> blocks;
+        permutation(blocks, grid.x);
+        for (unsigned b : blocks) {
+            S.bIdx = dim3(b);
+            runBlock(block.x);
+        }
+        checkGuards();
+    }
 
     template <class... A>
     void operator()(A &&...a)
@@ -390,27 +417,24 @@ struct Launcher {
         /* every pointer argument must be one the GPU can dereference */
         unsigned argno = 0;
         std::apply([&argno](auto &...v) { (checkArg(v, argno++), ...); }, args);
-#endif
-        struct Call {
+        /* Queued, as a CUDA launch: the arguments are copied now, the
+         * grid runs when the stream gets there. */
+        struct Job {
             void (*kernel)(P...);
-            std::tuple<P...> *args;
+            std::tuple<P...> args;
+            dim3 grid, block;
             static void run(void *p)
             {
-                Call *c = (Call *)p;
-                std::apply(c->kernel, *c->args); /* a copy per thread, as CUDA */
+                Job *j = (Job *)p;
+                runGrid(j->kernel, &j->args, j->grid, j->block);
+                delete j;
             }
-        } call = {kernel, &args};
-        S.body = Call::run;
-        S.bodyArg = &call;
-        S.bDim = block;
-        S.gDim = grid;
-        std::vector<unsigned> blocks;
-        permutation(blocks, grid.x);
-        for (unsigned b : blocks) {
-            S.bIdx = dim3(b);
-            runBlock(block.x);
-        }
-        checkGuards();
+        };
+        Job *j = new Job{kernel, args, grid, block};
+        geoEmuStreamLaunch(stream, Job::run, j);
+#else
+        runGrid(kernel, &args, grid, block);
+#endif
     }
 };
 
@@ -425,19 +449,19 @@ template <class... P>
 static geoemu::Launcher<P...> geoEmuLaunch(dim3 grid, dim3 block, cudaStream_t stream,
                                            void (*kernel)(P...))
 {
-#ifdef GEO_CUDA_EMU_STREAMS
-    /* A launch is a blocking call here: it runs the kernel in stream order
-     * at once (the runtime's streams hold no kernels), as a CUDA launch
-     * that finds the launch queue full blocks its caller. */
-    geoEmuStreamDrain(stream);
-#else
-    (void)stream;
-#endif
     geoemu::Launcher<P...> l;
     l.grid = grid;
     l.block = block;
     l.kernel = kernel;
+    l.stream = stream;
     return l;
+}
+
+/* A thread that sleeps lets the host (or another stream) go on. */
+static inline void __nanosleep(unsigned ns)
+{
+    struct timespec ts = {0, (long)ns};
+    nanosleep(&ts, NULL);
 }
 
 static inline void __syncthreads() { geoemu::arrive(geoemu::S.block, geoemu::S.bDim.x, -2); }

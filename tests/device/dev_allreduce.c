@@ -24,6 +24,10 @@
  * within 10 s (a watchdog fails the rank at 20 s); then the streams are let
  * go and must finish.
  *
+ * CODEC "hostfn": all-reduces beside another stream's blocked host
+ * function must finish: no wait may hold a thread of CUDA's (see
+ * check_host_fn_held).
+ *
  * CODEC "efreuse": error-feedback residuals follow registrations
  * (geocclCommRegisterErrorFeedback), not addresses (see check_ef_reuse).
  *
@@ -183,6 +187,84 @@ static int check_codec(int rank, int nranks, ncclComm_t comm, cudaStream_t s, co
             NK(geocclCommDeregisterErrorFeedback(comm, reg));
             cudaFree(d);
         }
+    return bad;
+}
+
+/* dev_allreduce N MIB hostfn: a host function of someone else (another
+ * library, another communicator's collective whose peer is late) blocks on
+ * another stream until this rank's all-reduce has finished.  Where CUDA
+ * runs every host function of the context on one thread (the emulation
+ * does), a wait made of a host function would queue behind it and the
+ * all-reduce could never finish: a deadlock.  The all-reduce (the GPU
+ * codecs' path and the host exchange's) must finish with exact results
+ * within 20 s; the blocked host function is let go either way. */
+static volatile int hold_release;
+
+static void CUDART_CB hold_fn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 30000 && !__atomic_load_n(&hold_release, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+}
+
+static int check_host_fn_held(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
+{
+    const size_t n = 200003;
+    cudaStream_t other;
+    float *h = malloc(n * sizeof(float)), *d;
+    int32_t *hi = malloc(n * sizeof(int32_t)), *di;
+    int bad = 0;
+    CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    CK(cudaMalloc((void **)&d, n * sizeof(float)));
+    CK(cudaMalloc((void **)&di, n * sizeof(int32_t)));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = value(rank, i);
+        hi[i] = (int32_t)i + rank;
+    }
+    CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(di, hi, n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    double t0 = now();
+    CK(cudaLaunchHostFunc(other, hold_fn, NULL));
+    NK(ncclAllReduce(d, d, n, ncclFloat, ncclSum, comm, s));     /* GPU codecs' path */
+    NK(ncclAllReduce(di, di, n, ncclInt32, ncclSum, comm, s));   /* host exchange */
+    cudaError_t e;
+    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady && now() - t0 < 20)
+        usleep(1000);
+    double t = now() - t0;
+    __atomic_store_n(&hold_release, 1, __ATOMIC_RELEASE);
+    CK(cudaStreamSynchronize(other));
+    CK(cudaStreamSynchronize(s));
+    if (e != cudaSuccess) {
+        fprintf(stderr, "rank %d: hostfn: the all-reduces did not finish within 20 s while "
+                "another stream's host function was blocked (%s)\n", rank,
+                cudaGetErrorString(e));
+        bad = 1;
+    }
+    CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hi, di, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        int32_t iwant = 0;
+        for (int r = 0; r < nranks; r++) {
+            want += value(r, i);
+            iwant += (int32_t)i + r;
+        }
+        wrong += (h[i] != want) + (hi[i] != iwant);
+    }
+    if (wrong) {
+        fprintf(stderr, "rank %d: hostfn: %zu wrong elements\n", rank, wrong);
+        bad = 1;
+    }
+    if (rank == 0)
+        printf("dev_allreduce: hostfn: all-reduces done in %.3f s beside a blocked host "
+               "function, %s\n", t, bad ? "WRONG" : "exact");
+    hashes[rank] = 0;
+    cudaFree(d);
+    cudaFree(di);
+    cudaStreamDestroy(other);
+    free(h);
+    free(hi);
     return bad;
 }
 
@@ -560,6 +642,10 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     }
     if (codec && strcmp(codec, "pinned") == 0) {
         bad |= check_pinned(rank, nranks, comm, s);
+        codec = NULL;
+        mib = 0; /* checks only */
+    } else if (codec && strcmp(codec, "hostfn") == 0) {
+        bad |= check_host_fn_held(rank, nranks, comm, s);
         codec = NULL;
         mib = 0; /* checks only */
     } else if (codec && strcmp(codec, "efreuse") == 0) {

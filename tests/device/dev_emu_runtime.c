@@ -15,10 +15,14 @@
  *    address) and cudaMemoryTypeUnregistered for anything else.
  *  - A stream is an in-order queue of operations run by a worker thread of
  *    its own, so a stream blocked in a wait-value operation never blocks
- *    the thread that enqueues.  Kernels are not queued: the emulated codec
- *    kernels (cuda_emu_device.h with GEO_CUDA_EMU_STREAMS) call
- *    geoEmuStreamDrain() and then run on the launching thread, which is
- *    stream order at the price of a blocking launch.
+ *    the thread that enqueues.  Kernel launches are queued too
+ *    (cuda_emu_device.h with GEO_CUDA_EMU_STREAMS calls geoEmuStreamLaunch):
+ *    the stream's worker runs the grid (kernels of different streams at the
+ *    same time), and a launch never blocks its caller.
+ *  - Host functions (cudaLaunchHostFunc) run on one thread of the process,
+ *    in the order their streams reach them, as CUDA may run all host
+ *    functions of a context on one thread: one that blocks holds the
+ *    others, of every stream.
  *  - Stream 0 (legacy) and cudaStreamPerThread are one ordinary stream: no
  *    implicit synchronisation with other streams (the programs under test
  *    use non-blocking streams only, and synchronise explicitly).  The
@@ -102,6 +106,8 @@ typedef struct emuOp {
     unsigned long gen;
     volatile cuuint32_t *word;
     unsigned flags;
+    struct emuOp *hf_next;   /* host functions: the host-function thread's queue */
+    int hf_done;
 } emuOp;
 
 struct CUstream_st {
@@ -392,12 +398,22 @@ static void emu_drain(struct CUstream_st *s, const char *what)
     pthread_mutex_unlock(&emu_lock);
 }
 
-/* The hook of cuda_emu_device.h (GEO_CUDA_EMU_STREAMS): a kernel launch. */
-void geoEmuStreamDrain(cudaStream_t stream);
-void geoEmuStreamDrain(cudaStream_t stream)
+/* The hook of cuda_emu_device.h (GEO_CUDA_EMU_STREAMS): a kernel launch,
+ * queued on the stream; the stream's worker runs the grid. */
+static void run_kernel(emuOp *op) { op->fn(op->arg); }
+
+void geoEmuStreamLaunch(cudaStream_t stream, void (*run)(void *), void *arg);
+void geoEmuStreamLaunch(cudaStream_t stream, void (*run)(void *), void *arg)
 {
     emu_count(&emu_n_launch);
-    emu_drain(emu_stream(stream), "a kernel launch");
+    emuOp *op = emu_op(run_kernel);
+    if (op == NULL) {
+        fprintf(stderr, "cuda emulation: out of memory for a kernel launch\n");
+        abort();
+    }
+    op->fn = run;
+    op->arg = arg;
+    emu_enqueue(stream, op);
 }
 
 static void emu_drain_all(const char *what)
@@ -429,7 +445,60 @@ static void run_set(emuOp *op)
         memset(op->dst, op->value, op->bytes);
 }
 
-static void run_host_fn(emuOp *op) { op->fn(op->arg); }
+/* Host functions run on one thread of the process (CUDA may run all host
+ * functions of a context on one thread): the stream that reaches one hands
+ * it to that thread and waits until it has run, so a host function that
+ * blocks holds every later host function, of every stream. */
+static emuOp *emu_hf_head, *emu_hf_tail;
+static int emu_hf_started;
+
+static void *emu_hf_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&emu_lock);
+    for (;;) {
+        while (emu_hf_head == NULL)
+            pthread_cond_wait(&emu_cv, &emu_lock);
+        emuOp *op = emu_hf_head;
+        emu_hf_head = op->hf_next;
+        if (emu_hf_head == NULL)
+            emu_hf_tail = NULL;
+        pthread_mutex_unlock(&emu_lock);
+        op->fn(op->arg);
+        pthread_mutex_lock(&emu_lock);
+        op->hf_done = 1;
+        pthread_cond_broadcast(&emu_cv);
+    }
+    return NULL;
+}
+
+static void run_host_fn(emuOp *op)
+{
+    pthread_mutex_lock(&emu_lock);
+    if (!emu_hf_started) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, emu_hf_main, NULL) != 0) {
+            pthread_mutex_unlock(&emu_lock);
+            emu_die("starting the host-function thread");
+        }
+        pthread_detach(t);
+        emu_hf_started = 1;
+    }
+    op->hf_next = NULL;
+    if (emu_hf_tail)
+        emu_hf_tail->hf_next = op;
+    else
+        emu_hf_head = op;
+    emu_hf_tail = op;
+    pthread_cond_broadcast(&emu_cv);
+    double deadline = emu_now() + emu_timeout();
+    while (!op->hf_done)
+        if (!emu_wait_until(deadline)) {
+            pthread_mutex_unlock(&emu_lock);
+            emu_die("a host function (the host-function thread is held)");
+        }
+    pthread_mutex_unlock(&emu_lock);
+}
 
 /* A queued operation is done with its event (emu_lock held). */
 static void emu_event_unref(cudaEvent_t ev)

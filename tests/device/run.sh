@@ -45,6 +45,8 @@
 #      then int8 with GEOCCL_CUDA_CODECS=0): bit-identical results on every
 #      rank, error bounds, 64 MiB time; dev_allreduce --staged (broadcast,
 #      all-gather, reduce-scatter, reduce across regions on device buffers);
+#      dev_allreduce hostfn, efreuse and pinned with 2 ranks (waits beside a
+#      blocked host function, residuals per registration, staging kept);
 #      if PyTorch imports, a two-process data-parallel step with
 #      LD_PRELOAD=libgeoccl.so, by hand and with DistributedDataParallel.
 #   No host-only tests (make check runs anywhere without a GPU).
@@ -467,6 +469,27 @@ if [ $DEV_OK = 1 ]; then
             77) stage_result "device all-reduce $spec" skip "no GPU visible" ;;
             124) stage_result "device all-reduce $spec" fail "timed out" ;;
             *) stage_result "device all-reduce $spec" fail "exit $rc" ;;
+        esac
+    done
+
+    # What the emulation checks, on the GPU: waits beside another stream's
+    # blocked host function (hostfn), error-feedback residuals that follow
+    # registrations (efreuse), staging that is not freed or re-pinned on
+    # the hot path (pinned: results only; the counts need the emulation).
+    for mode in hostfn efreuse pinned; do
+        if [ "$(left)" -lt 40 ]; then
+            stage_result "device $mode" skip "no time left"
+            continue
+        fi
+        echo "  dev_allreduce 2 ranks, $mode"
+        GEOCCL_TIMEOUT=30 timeout 40 "$BUILD/full/tests/device/dev_allreduce" 2 1 "$mode"
+        rc=$?
+        fig=$(grep -a "^dev_allreduce: $mode" "$LOG" | tail -n1 | sed 's/^dev_allreduce: //')
+        case $rc in
+            0) stage_result "device $mode" pass "$fig" ;;
+            77) stage_result "device $mode" skip "no GPU visible" ;;
+            124) stage_result "device $mode" fail "timed out" ;;
+            *) stage_result "device $mode" fail "exit $rc" ;;
         esac
     done
 
