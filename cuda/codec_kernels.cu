@@ -1324,16 +1324,37 @@ GEO_KERNEL void divideF32Kernel(float *dst, size_t count, float divisor)
         dst[i] = fDiv(dst[i], divisor);
 }
 
+/* A load of the host's word with acquire order at system scope: what the
+ * host wrote before its release store of the flag (the received bytes in the
+ * pinned slots) is visible to everything ordered after the wait.  The
+ * emulation's kernels are host threads: an acquire load there too (with a
+ * plain volatile read ThreadSanitizer rightly saw no order between the
+ * exchange thread's writes and the stream's later copies). */
+#ifdef GEO_CUDA_EMU
+static inline unsigned ldAcquireSys(const volatile unsigned *p)
+{
+    return GEO_EMU_LD_ACQUIRE(p);
+}
+#else
+static __device__ __forceinline__ unsigned ldAcquireSys(const volatile unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+#endif
+
 /* The stream waits until the word at flag (mapped pinned memory the host
- * writes) has reached seq, compared as cuStreamWaitValue32's GEQ does:
- * (int32_t)(*flag - seq) >= 0.  Lane 0 polls with a growing sleep (at most
- * ~4 us between reads of host memory); the other lanes return at once. */
+ * writes with release order) has reached seq, compared as
+ * cuStreamWaitValue32's GEQ does: (int32_t)(*flag - seq) >= 0.  Lane 0 polls
+ * with a growing sleep (at most ~4 us between reads of host memory); the
+ * other lanes return at once. */
 GEO_KERNEL_ONE void waitFlagKernel(const volatile unsigned *flag, unsigned seq)
 {
     if (threadIdx.x != 0)
         return;
     unsigned ns = 32;
-    while ((int)(*flag - seq) < 0) {
+    while ((int)(ldAcquireSys(flag) - seq) < 0) {
         __nanosleep(ns);
         if (ns < 4096)
             ns *= 2;

@@ -75,6 +75,15 @@ extern "C" void geoEmuStreamLaunch(cudaStream_t stream, void (*run)(void *), voi
 /* Nonzero when p lies in memory a kernel may touch (device memory or
  * mapped pinned memory); a GPU would fault on any other pointer. */
 extern "C" int geoEmuIsDeviceAccessible(const void *p);
+/* An acquire load of a word the host writes (a kernel's ld.acquire.sys),
+ * done in the runtime: it is built with the program's flags, the kernels'
+ * object is not, so only there does ThreadSanitizer see the order it gives
+ * (the host's writes before its release store, the stream's copies after
+ * the wait). */
+extern "C" unsigned geoEmuLoadAcquire32(const volatile unsigned *p);
+#define GEO_EMU_LD_ACQUIRE(p) geoEmuLoadAcquire32(p)
+#else
+#define GEO_EMU_LD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #endif
 
 struct dim3 {

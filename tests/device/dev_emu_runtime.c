@@ -430,6 +430,8 @@ static void emu_drain_all(const char *what)
 
 int geoEmuIsDeviceAccessible(const void *p);
 int geoEmuIsDeviceAccessible(const void *p) { return !emu_is_pageable(p); }
+unsigned geoEmuLoadAcquire32(const volatile unsigned *p);
+unsigned geoEmuLoadAcquire32(const volatile unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
 /* ---- operations ---------------------------------------------------------- */
 
