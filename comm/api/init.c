@@ -629,6 +629,21 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     mine.warmup = (int32_t)geoParamInt(GEO_PARAM_WAN_WARMUP);
     mine.landmarks = (int32_t)geoParamInt(GEO_PARAM_PROBE_LANDMARKS);
     mine.encrypt = enc_mode;
+    {
+        const char *ni = geoParamStr(GEO_PARAM_NCCL_INIT);
+        mine.nccl_init = GEO_NCCL_INIT_AUTO;
+        if (ni && strcasecmp(ni, "eager") == 0)
+            mine.nccl_init = GEO_NCCL_INIT_EAGER;
+        else if (ni && strcasecmp(ni, "lazy") == 0)
+            mine.nccl_init = GEO_NCCL_INIT_LAZY;
+        else if (ni && strcasecmp(ni, "auto") != 0) {
+            geoCommSetError(comm, "init: GEOCCL_NCCL_INIT=%s: must be auto, eager or lazy", ni);
+            return ncclInvalidArgument;
+        }
+        /* Lazy here: NCCL is not even loaded at init. */
+        if (mine.nccl_init != GEO_NCCL_INIT_LAZY)
+            mine.dev_ready = geoDevIdentify(comm->cuda_dev, mine.dev_bus);
+    }
     GEO_CHECK(my_region(comm, &addr.addr, mine.net.host, mine.region));
     /* The streams a cached probe found necessary, unless set by hand. */
     if (comm->topo_file_loaded && comm->topo_file.streams > 0 &&
@@ -691,6 +706,7 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
     if (comm->topo_file_missing && comm->rank == 0)
         write_topo_file(comm);
     GEO_CHECK(geoTuningInit(comm));
+    GEO_CHECK(geoDevInitAtInit(comm));
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net.ops->name, comm->nstreams,

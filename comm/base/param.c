@@ -109,6 +109,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                "device buffers across regions: 1 encodes and decodes on the "
                                "GPU (cuda/, every codec but lossless); 0 copies the shard to "
                                "the host and compresses there; the same on every rank"},
+    [GEO_PARAM_NCCL_INIT] = {"GEOCCL_NCCL_INIT", GEO_PARAM_STR, "auto",
+                             "when NVIDIA's NCCL communicator of a region is made: auto (at "
+                             "init when every rank of the region has a GPU of its own and "
+                             "NCCL, else at the first device-buffer call), eager (at init, "
+                             "or init fails saying why), lazy (at the first device-buffer "
+                             "call); rank 0's value is used by all"},
     [GEO_PARAM_KEEPALIVE] = {"GEOCCL_KEEPALIVE", GEO_PARAM_INT, "60",
                              "seconds a TCP connection may idle before keepalive probes go "
                              "out (then every 10 s, 6 unanswered end it), so that NAT tables "

@@ -51,7 +51,13 @@ typedef struct {
     int32_t warmup;             /* GEOCCL_WAN_WARMUP; rank 0's value is used by all */
     int32_t landmarks;          /* GEOCCL_PROBE_LANDMARKS; rank 0's value is used by all */
     int32_t encrypt;            /* GEOCCL_ENCRYPT: GEO_ENCRYPT_*; a pair uses the stronger */
+    int32_t nccl_init;          /* GEOCCL_NCCL_INIT: GEO_NCCL_INIT_*; rank 0's value is used */
+    int32_t dev_ready;          /* a CUDA device and NVIDIA's NCCL loaded (GEO_NCCL_INIT_LAZY:
+                                 * not looked at, 0) */
+    char dev_bus[16];           /* that device's PCI bus id ("" without one) */
 } geoPeerInfo;
+
+enum { GEO_NCCL_INIT_AUTO = 0, GEO_NCCL_INIT_EAGER = 1, GEO_NCCL_INIT_LAZY = 2 };
 
 enum { GEO_ENCRYPT_OFF = 0, GEO_ENCRYPT_WAN = 1, GEO_ENCRYPT_ALL = 2 };
 

@@ -447,6 +447,62 @@ ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real)
     return ncclSuccess;
 }
 
+/* ---- the real communicator at init ------------------------------------ */
+
+int geoDevIdentify(int dev, char bus[16])
+{
+    memset(bus, 0, 16);
+    if (dev < 0 || geoNcclReal() == NULL)
+        return 0;
+    if (cudaDeviceGetPCIBusId(bus, 16, dev) != cudaSuccess) {
+        cudaGetLastError();
+        memset(bus, 0, 16);
+        return 0;
+    }
+    bus[15] = '\0';
+    return 1;
+}
+
+ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
+{
+    const int mode = comm->peers[0].nccl_init;
+    const geoRing *ring = &comm->region_ring;
+    const char *region = comm->peers[comm->rank].region[0] ? comm->peers[comm->rank].region
+                                                          : "default";
+    char why[320] = "";
+    if (mode == GEO_NCCL_INIT_LAZY || (mode == GEO_NCCL_INIT_AUTO && comm->cuda_dev < 0))
+        return ncclSuccess; /* (a host-only rank: its region's others find it not ready) */
+    /* The same table on every rank of the region: they all decide alike. */
+    for (int i = 0; i < ring->n && !why[0]; i++) {
+        const geoPeerInfo *a = &comm->peers[ring->ranks[i]];
+        if (!a->dev_ready) {
+            snprintf(why, sizeof(why), "rank %d has no CUDA device or no NVIDIA NCCL",
+                     ring->ranks[i]);
+            break;
+        }
+        for (int j = 0; j < i && !why[0]; j++) {
+            const geoPeerInfo *b = &comm->peers[ring->ranks[j]];
+            if (strcmp(a->net.host, b->net.host) == 0 &&
+                strncmp(a->dev_bus, b->dev_bus, sizeof(a->dev_bus)) == 0)
+                snprintf(why, sizeof(why), "ranks %d and %d share the GPU %.16s of host %s "
+                         "(NVIDIA's NCCL takes one rank per GPU)", ring->ranks[j],
+                         ring->ranks[i], a->dev_bus, a->net.host);
+        }
+    }
+    if (why[0] && mode == GEO_NCCL_INIT_EAGER) {
+        geoCommSetError(comm, "init: GEOCCL_NCCL_INIT=eager, but NVIDIA's NCCL communicator of "
+                        "region '%s' cannot be made: %s", region, why);
+        return ncclInvalidUsage;
+    }
+    if (why[0]) {
+        geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "init: NVIDIA's NCCL communicator of region '%s' "
+                "is made at the first device-buffer call: %s", region, why);
+        return ncclSuccess;
+    }
+    struct geoDevState *st;
+    return dev_ready(comm, "init", &st);
+}
+
 /* ---- argument checks --------------------------------------------------- */
 
 ncclResult_t geoDevCheck(struct ncclComm *comm, const geoOp *op, const char *fn)
@@ -2203,6 +2259,17 @@ void geoDevFree(struct ncclComm *comm, int abort)
 void geoDevRedOpDestroy(struct ncclComm *comm, int i)
 {
     comm->redops[i].real_valid = 0;
+}
+int geoDevIdentify(int dev, char bus[16])
+{
+    (void)dev;
+    memset(bus, 0, 16);
+    return 0;
+}
+ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
+{
+    (void)comm;
+    return ncclSuccess;
 }
 ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real)
 {

@@ -47,6 +47,19 @@ ncclResult_t geoDevFinalize(struct ncclComm *comm);
 void geoDevFree(struct ncclComm *comm, int abort);
 /* Forget the real twin of PreMulSum handle index i (ncclRedOpDestroy). */
 void geoDevRedOpDestroy(struct ncclComm *comm, int i);
+/* 1 when CUDA device dev exists and NVIDIA's NCCL is loaded (loading it),
+ * with the device's PCI bus id in bus; else 0 and bus "". */
+int geoDevIdentify(int dev, char bus[16]);
+/* At the end of init (the region map final), collective over the region:
+ * make NVIDIA's NCCL communicator of comm's region now, as GEOCCL_NCCL_INIT
+ * (rank 0's, in peers[0].nccl_init) says.  auto: when every rank of the
+ * region has a device and NCCL (peers[].dev_ready) and no two share a GPU
+ * (host and bus id), else leave it to the first device-buffer call;
+ * eager: ncclInvalidUsage saying why when that does not hold; lazy:
+ * nothing.  Made at init, a single-process loop over several GPUs (one
+ * thread, grouped calls) and CUDA graph capture never meet its collective
+ * creation. */
+ncclResult_t geoDevInitAtInit(struct ncclComm *comm);
 /* The real communicator of a single-region communicator on a GPU, created
  * now if needed (collective over the region, so only from calls every rank
  * makes).  ncclInvalidUsage with the reason otherwise. */

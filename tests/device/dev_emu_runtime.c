@@ -606,6 +606,18 @@ cudaError_t cudaGetDeviceCount(int *count)
     return cudaSuccess;
 }
 
+/* Device d sits at bus 0x10 + d of domain 0 (every process sees the same
+ * devices: two ranks on one emulated device are two ranks on one GPU). */
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
+{
+    if (pciBusId == NULL || len <= 0)
+        return emu_error(cudaErrorInvalidValue);
+    if (device < 0 || device >= emu_ndev())
+        return emu_error(cudaErrorInvalidDevice);
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x10 + device);
+    return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device)
 {
     if (device < 0 || device >= emu_ndev())

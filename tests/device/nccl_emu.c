@@ -4,14 +4,20 @@
  * loaded by comm/device/nccl_real.c through GEOCCL_NCCL_LIB.
  *
  * It exports every function nccl_real.c requires (and the collectives it
- * may use) with NCCL's signatures, and supports communicators of ONE rank:
- * that is all the emulated test needs, every rank being its own region.
- * With one rank every collective is a copy of the input to the output (a
- * reduction of one contribution; the average divides by one), enqueued on
- * the caller's stream with cudaMemcpyAsync, so it is stream-ordered like
- * NVIDIA's kernels.  The CUDA runtime it calls is not linked in: it is the
- * emulated one (tests/device/dev_emu_runtime.c) that the test program
- * exports (-rdynamic).
+ * may use) with NCCL's signatures.  With one rank (the processes of the
+ * emulated test, every rank its own region) every collective is a copy of
+ * the input to the output (a reduction of one contribution; the average
+ * divides by one), enqueued on the caller's stream with cudaMemcpyAsync,
+ * so it is stream-ordered like NVIDIA's kernels.  Communicators of several
+ * ranks are threads of one process (ncclCommInitAll, grouped inits: the
+ * single-process loop over several GPUs of nccl-tests -g N): a clique
+ * keyed by the unique id joins them, init blocks until all have joined,
+ * as NVIDIA's does, and all-reduce, all-gather, reduce-scatter and
+ * broadcast run on the callers' streams, each rank's part waiting in
+ * stream order for every rank's call of the same number.  The CUDA runtime
+ * it calls is not linked in: it is the emulated one
+ * (tests/device/dev_emu_runtime.c) that the test program exports
+ * (-rdynamic).
  *
  * It exports no geocclXXX symbol and lives in its own object, so
  * nccl_real.c's check that the library is not GeoCCL itself passes.
@@ -20,6 +26,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +35,38 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The emulated runtime's stream-ordered launch (tests/device/dev_emu_runtime.c). */
+void geoEmuStreamLaunch(cudaStream_t stream, void (*run)(void *), void *arg);
+
+/* What one rank's call of a multi-rank collective brings. */
+typedef struct {
+    const void *s;
+    void *r;
+} emuSlot;
+
+/* The ranks of one multi-rank communicator (threads of this process). */
+typedef struct emuClique {
+    char key[NCCL_UNIQUE_ID_BYTES];
+    int nranks;
+    int joined;   /* ranks that called init */
+    int live;     /* ranks not yet destroyed */
+    int count;    /* ranks at the barrier */
+    uint64_t gen; /* barrier generation */
+    emuSlot *slots;
+    struct emuClique *next;
+} emuClique;
+
 struct ncclComm {
     int nranks;
+    int rank;
     int destroyed;
+    emuClique *q; /* several ranks: the clique */
 };
 
-/* One-rank communicators only: no shared state, except the last error. */
+static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_cv = PTHREAD_COND_INITIALIZER;
+static emuClique *q_list;
+
 static __thread char emu_error[256];
 
 static ncclResult_t fail(ncclResult_t r, const char *what)
@@ -71,6 +105,9 @@ static ncclResult_t copy(const void *s, void *r, size_t count, size_t mult, nccl
     size_t es = type_size(dt);
     if (comm == NULL || comm->destroyed)
         return fail(ncclInvalidArgument, "invalid communicator");
+    if (comm->nranks > 1)
+        return fail(ncclInvalidUsage, "with several ranks only all-reduce, all-gather, "
+                    "reduce-scatter and broadcast are emulated");
     if (es == 0)
         return fail(ncclInvalidArgument, "unsupported data type");
     if (count == 0 || s == r)
@@ -108,19 +145,92 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
+static double emu_timeout(void)
+{
+    const char *e = getenv("GEO_EMU_TIMEOUT");
+    double t = e ? atof(e) : 0;
+    return t > 0 ? t : 120;
+}
+
+static struct timespec deadline_in(double s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)s;
+    return ts;
+}
+
+/* Wait until every rank of q has arrived (q_lock held).  -1 past
+ * GEO_EMU_TIMEOUT: a rank never came (its caller hangs with NVIDIA's). */
+static int q_barrier(emuClique *q)
+{
+    uint64_t gen = q->gen;
+    struct timespec dl = deadline_in(emu_timeout());
+    if (++q->count == q->nranks) {
+        q->count = 0;
+        q->gen++;
+        pthread_cond_broadcast(&q_cv);
+        return 0;
+    }
+    while (q->gen == gen)
+        if (pthread_cond_timedwait(&q_cv, &q_lock, &dl) == ETIMEDOUT)
+            return -1;
+    return 0;
+}
+
 /* The library never calls its own exports: a sanitizer build loads it
  * without RTLD_DEEPBIND (comm/device/nccl_real.c), where such a call would
  * bind to GeoCCL's function of the same name. */
-static ncclResult_t init_rank(ncclComm_t *comm, int nranks, int rank)
+static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *id, int rank)
 {
     if (comm == NULL)
         return fail(ncclInvalidArgument, "comm is NULL");
-    if (nranks != 1 || rank != 0)
-        return fail(ncclInvalidUsage, "communicators of one rank only (one rank per region)");
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return fail(ncclInvalidArgument, "rank out of range");
     struct ncclComm *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return fail(ncclSystemError, "out of memory");
-    c->nranks = 1;
+    c->nranks = nranks;
+    c->rank = rank;
+    if (nranks > 1) {
+        pthread_mutex_lock(&q_lock);
+        emuClique *q = q_list;
+        while (q && memcmp(q->key, id->internal, sizeof(q->key)) != 0)
+            q = q->next;
+        if (q == NULL && (q = calloc(1, sizeof(*q))) != NULL &&
+            (q->slots = calloc((size_t)nranks, sizeof(emuSlot))) == NULL) {
+            free(q);
+            q = NULL;
+        }
+        if (q == NULL) {
+            pthread_mutex_unlock(&q_lock);
+            free(c);
+            return fail(ncclSystemError, "out of memory");
+        }
+        if (q->nranks == 0) {
+            memcpy(q->key, id->internal, sizeof(q->key));
+            q->nranks = nranks;
+            q->next = q_list;
+            q_list = q;
+        }
+        if (q->nranks != nranks || q->joined >= nranks) {
+            pthread_mutex_unlock(&q_lock);
+            free(c);
+            return fail(ncclInvalidUsage, "ranks of one id disagree on nranks, or joined twice");
+        }
+        q->joined++;
+        q->live++;
+        c->q = q;
+        /* NVIDIA's init returns once every rank has joined; ranks in
+         * another process never do (threads of one process only). */
+        int bad = q_barrier(q);
+        pthread_mutex_unlock(&q_lock);
+        if (bad) {
+            free(c);
+            return fail(ncclSystemError, "init: not every rank joined within GEO_EMU_TIMEOUT "
+                        "(multi-rank communicators are threads of one process)");
+        }
+    }
     *comm = c;
     return ncclSuccess;
 }
@@ -128,15 +238,13 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, int rank)
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t *config)
 {
-    (void)id;
     (void)config;
-    return init_rank(comm, nranks, rank);
+    return init_rank(comm, nranks, &id, rank);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
-    (void)id;
-    return init_rank(comm, nranks, rank);
+    return init_rank(comm, nranks, &id, rank);
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm)
@@ -148,7 +256,137 @@ static ncclResult_t destroy(ncclComm_t comm)
 {
     if (comm == NULL)
         return fail(ncclInvalidArgument, "comm is NULL");
+    emuClique *q = comm->q;
+    if (q != NULL) {
+        pthread_mutex_lock(&q_lock);
+        if (--q->live == 0) {
+            emuClique **pp = &q_list;
+            while (*pp != q)
+                pp = &(*pp)->next;
+            *pp = q->next;
+            free(q->slots);
+            free(q);
+        }
+        pthread_mutex_unlock(&q_lock);
+    }
     free(comm);
+    return ncclSuccess;
+}
+
+/* ---- multi-rank collectives ---------------------------------------------- */
+
+typedef enum { Q_ALLREDUCE, Q_ALLGATHER, Q_REDUCESCATTER, Q_BROADCAST } qKind;
+
+typedef struct {
+    qKind kind;
+    struct ncclComm *comm;
+    emuSlot mine;
+    size_t n; /* elements per rank's block (all-reduce, broadcast: the whole count) */
+    ncclDataType_t dt;
+    ncclRedOp_t op;
+    int root;
+} qCall;
+
+#define Q_REDUCE(T)                                                                   \
+    do {                                                                              \
+        T *out = (T *)tmp;                                                            \
+        for (size_t i = 0; i < c->n; i++) {                                           \
+            T acc = ((const T *)q->slots[0].s)[off + i];                              \
+            for (int k = 1; k < q->nranks; k++) {                                     \
+                T v = ((const T *)q->slots[k].s)[off + i];                            \
+                acc = c->op == ncclProd  ? acc * v                                    \
+                      : c->op == ncclMax ? (v > acc ? v : acc)                        \
+                      : c->op == ncclMin ? (v < acc ? v : acc)                        \
+                                         : acc + v;                                   \
+            }                                                                         \
+            out[i] = c->op == ncclAvg ? (T)(acc / (T)q->nranks) : acc;                \
+        }                                                                             \
+    } while (0)
+
+/* Reduce element block off .. off + n of every rank's input into tmp. */
+static void q_reduce(const qCall *c, const emuClique *q, size_t off, void *tmp)
+{
+    switch (c->dt) {
+    case ncclFloat32: Q_REDUCE(float); break;
+    case ncclFloat64: Q_REDUCE(double); break;
+    case ncclInt32: Q_REDUCE(int32_t); break;
+    case ncclUint32: Q_REDUCE(uint32_t); break;
+    case ncclInt64: Q_REDUCE(int64_t); break;
+    case ncclUint64: Q_REDUCE(uint64_t); break;
+    default: break; /* refused when called */
+    }
+}
+
+/* One rank's part, in its stream's order: publish the input and output,
+ * wait for all, compute this rank's output from the others' inputs, wait
+ * until every rank has read them (an input may be overwritten after). */
+static void q_run(void *arg)
+{
+    qCall *c = arg;
+    emuClique *q = c->comm->q;
+    const int me = c->comm->rank;
+    const size_t es = type_size(c->dt);
+    /* a reduction's result waits here until every rank has read the inputs
+     * (in place, the output is this rank's input) */
+    void *tmp = NULL;
+    if ((c->kind == Q_ALLREDUCE || c->kind == Q_REDUCESCATTER) &&
+        (tmp = malloc(c->n * es + 1)) == NULL) {
+        fprintf(stderr, "emulated NCCL: out of memory\n");
+        abort();
+    }
+    pthread_mutex_lock(&q_lock);
+    q->slots[me] = c->mine;
+    int bad = q_barrier(q);
+    pthread_mutex_unlock(&q_lock);
+    if (!bad) {
+        switch (c->kind) {
+        case Q_ALLREDUCE: q_reduce(c, q, 0, tmp); break;
+        case Q_REDUCESCATTER: q_reduce(c, q, (size_t)me * c->n, tmp); break;
+        case Q_ALLGATHER:
+            for (int k = 0; k < q->nranks; k++)
+                memcpy((char *)c->mine.r + (size_t)k * c->n * es, q->slots[k].s, c->n * es);
+            break;
+        case Q_BROADCAST:
+            if (q->slots[c->root].s != c->mine.r)
+                memcpy(c->mine.r, q->slots[c->root].s, c->n * es);
+            break;
+        }
+        pthread_mutex_lock(&q_lock);
+        bad = q_barrier(q);
+        pthread_mutex_unlock(&q_lock);
+        if (tmp != NULL)
+            memcpy(c->mine.r, tmp, c->n * es);
+    }
+    free(tmp);
+    if (bad) {
+        fprintf(stderr, "emulated NCCL: rank %d of %d: a collective waited past "
+                "GEO_EMU_TIMEOUT for the other ranks' calls\n", me, q->nranks);
+        abort();
+    }
+    free(c);
+}
+
+/* Enqueue one rank's part of a multi-rank collective.  In place is allowed
+ * where NCCL allows it; the reductions reading other ranks' inputs finish
+ * (second barrier) before any rank's next call can write them. */
+static ncclResult_t q_call(qKind kind, const void *s, void *r, size_t n, ncclDataType_t dt,
+                           ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t st)
+{
+    if (type_size(dt) == 0)
+        return fail(ncclInvalidArgument, "unsupported data type");
+    if ((kind == Q_ALLREDUCE || kind == Q_REDUCESCATTER) &&
+        (dt == ncclFloat16 || dt == ncclBfloat16 || dt == ncclInt8 || dt == ncclUint8 ||
+         (int)op < 0 || (int)op >= (int)ncclNumOps))
+        return fail(ncclInvalidUsage, "multi-rank reductions of this type or op are not "
+                    "emulated");
+    if (kind == Q_BROADCAST && (root < 0 || root >= comm->nranks))
+        return fail(ncclInvalidArgument, "root out of range");
+    qCall *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return fail(ncclSystemError, "out of memory");
+    *c = (qCall){.kind = kind, .comm = comm, .mine = {s, r}, .n = n, .dt = dt, .op = op,
+                 .root = root};
+    geoEmuStreamLaunch(st, q_run, c);
     return ncclSuccess;
 }
 
@@ -188,12 +426,16 @@ ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t dt, 
 {
     if (check_op(op) != ncclSuccess)
         return ncclInvalidArgument;
+    if (comm && comm->q)
+        return q_call(Q_ALLREDUCE, s, r, n, dt, op, 0, comm, st);
     return copy(s, r, n, 1, dt, comm, st);
 }
 
 ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t dt, ncclComm_t comm,
                            cudaStream_t st)
 {
+    if (comm && comm->q)
+        return q_call(Q_ALLGATHER, s, r, n, dt, ncclSum, 0, comm, st);
     return copy(s, r, n, 1, dt, comm, st);
 }
 
@@ -202,12 +444,16 @@ ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, ncclDataType_t 
 {
     if (check_op(op) != ncclSuccess)
         return ncclInvalidArgument;
+    if (comm && comm->q)
+        return q_call(Q_REDUCESCATTER, s, r, n, dt, op, 0, comm, st);
     return copy(s, r, n, 1, dt, comm, st);
 }
 
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t dt, int root,
                            ncclComm_t comm, cudaStream_t st)
 {
+    if (comm && comm->q)
+        return q_call(Q_BROADCAST, s, r, n, dt, ncclSum, root, comm, st);
     if (root != 0)
         return fail(ncclInvalidArgument, "root out of range");
     return copy(s, r, n, 1, dt, comm, st);

@@ -114,8 +114,11 @@ run no poll env GEO_EMU_NO_WAIT_VALUE=1 "$bin" 3 "$mib" staged
 # the all-reduces must finish: their waits may not queue behind it on the
 # emulation's one host-function thread (as on CUDA's), with and without
 # stream memory operations.
-run yes word env GEOCCL_TIMEOUT=30 "$bin" 2 "$mib" hostfn
-run yes poll env GEOCCL_TIMEOUT=30 GEO_EMU_NO_WAIT_VALUE=1 "$bin" 2 "$mib" hostfn
+# (Their limits scale with the sanitizers' slowdown, GEOCCL_TEST_TIME_SCALE,
+# as the harness's do.)
+ts=${GEOCCL_TEST_TIME_SCALE:-1}
+run yes word env GEOCCL_TIMEOUT=$((30 * ts)) "$bin" 2 "$mib" hostfn
+run yes poll env GEOCCL_TIMEOUT=$((30 * ts)) GEO_EMU_NO_WAIT_VALUE=1 "$bin" 2 "$mib" hostfn
 run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
@@ -144,7 +147,10 @@ for c in 0 1; do
     queued $c DEV_ALLREDUCE_SWITCH=topk:0.5 "$bin" 2 "$mib" queued:topk:0.05
 done
 # Communicators made on GeoCCL's own threads (ncclCommInitAll, inits in a
-# group) belong to the device the caller chose, not to device 0.
+# group) belong to the device the caller chose, not to device 0; and one
+# thread's grouped all-reduce over their devices (nccl-tests -g 3) finds
+# NVIDIA's communicator of the region made at init (GEOCCL_NCCL_INIT=auto;
+# the emulated NCCL's ranks are threads of this one process).
 echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
 # Pinned staging: growing sizes free no pinned memory, repeated sizes pin
