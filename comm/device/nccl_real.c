@@ -30,11 +30,12 @@
  *    ncclCommRegister/Deregister, ncclCommWindowDeregister, ncclGetErrorString,
  *    ncclGetUniqueId, ncclGetVersion, ncclMemAlloc/Free), all reached from
  *    API calls; this is unverified without a GPU.
- *  - One real communicator per region, created lazily at the first
- *    device-buffer call of a communicator (coll_device.c): creating it at
- *    init would make every host-only communicator on a GPU machine pay a
- *    NCCL init, and NCCL refuses two ranks of one communicator on one GPU,
- *    which host-buffer tests and emulated regions routinely do.
+ *  - One real communicator per region, made at init when every rank of
+ *    the region has a GPU of its own (geoDevInitAtInit, GEOCCL_NCCL_INIT),
+ *    else at the first device-buffer call of a communicator: NCCL refuses
+ *    two ranks of one communicator on one GPU, which host-buffer tests and
+ *    emulated regions routinely do; GEOCCL_NCCL_INIT=lazy spares a
+ *    host-only job on a GPU machine the NCCL init.
  */
 #include "config.h"
 #include "comm/device/nccl_real.h"
