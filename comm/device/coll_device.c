@@ -2011,6 +2011,20 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
     ncclResult_t r;
     devGuard g;
 
+    /* Made now, NVIDIA's communicator would be created inside the capture
+     * (its init allocates and synchronises: the capture would break). */
+    struct geoDevState *cur = __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE);
+    if (cur == NULL || __atomic_load_n(&cur->real, __ATOMIC_ACQUIRE) == NULL) {
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(op->stream, &cs) != cudaSuccess)
+            cudaGetLastError();
+        if (cs != cudaStreamCaptureStatusNone) {
+            geoCommSetError(comm, "%s: NVIDIA's NCCL communicator of this region was not made at "
+                            "init (GEOCCL_NCCL_INIT, README) and cannot be made during CUDA graph "
+                            "capture: make one device-buffer call before capturing", fn);
+            return ncclInvalidUsage;
+        }
+    }
     GEO_CHECK(dev_ready(comm, fn, &st));
     comm->op_seq++;
     geoErrSetOp(&comm->err, "%s #%llu (%zu elements, device)",

@@ -844,6 +844,86 @@ static int group_loop(ncclComm_t *comms, int nc)
     return bad;
 }
 
+/* "capture [refuse]": one thread's grouped all-reduce over 2 devices (one
+ * region) on streams under CUDA graph capture.  NVIDIA's communicator made
+ * at init (GEOCCL_NCCL_INIT=auto), the calls are queued; with "refuse"
+ * (run with GEOCCL_NCCL_INIT=lazy) it does not exist yet, and the call must
+ * say that it cannot be made during capture, not try. */
+static int check_capture(int refuse)
+{
+    const int rank = 0;
+    const size_t n = 1031;
+    ncclComm_t comm = NULL, comms[2] = {NULL, NULL};
+    const int devlist[2] = {1, 2};
+    float *d[2];
+    cudaStream_t s[2];
+    float h[1031];
+    int nd = 0, bad = 0;
+    CK(cudaGetDeviceCount(&nd));
+    if (nd < 3) {
+        printf("SKIP: dev_allreduce capture: %d device(s), 3 needed\n", nd);
+        return 77;
+    }
+    NK(ncclCommInitAll(comms, 2, devlist));
+    comm = comms[0];
+    for (int i = 0; i < 2; i++) {
+        CK(cudaSetDevice(devlist[i]));
+        CK(cudaMalloc((void **)&d[i], n * sizeof(float)));
+        CK(cudaStreamCreate(&s[i]));
+        for (size_t k = 0; k < n; k++)
+            h[k] = (float)((i + 1) * (int)(k % 31));
+        CK(cudaMemcpy(d[i], h, n * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaStreamBeginCapture(s[i], cudaStreamCaptureModeGlobal));
+    }
+    ncclResult_t r[2];
+    NK(ncclGroupStart());
+    for (int i = 0; i < 2; i++) {
+        CK(cudaSetDevice(devlist[i]));
+        r[i] = ncclAllReduce(d[i], d[i], n, ncclFloat, ncclSum, comms[i], s[i]);
+    }
+    ncclResult_t re = ncclGroupEnd();
+    for (int i = 0; i < 2; i++) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(s[i], &g); /* the emulation has no graphs: the calls ran */
+        cudaGetLastError();
+    }
+    if (refuse) {
+        const char *why = ncclGetLastError(comms[0]);
+        if (r[0] != ncclInvalidUsage || strstr(why, "capture") == NULL) {
+            fprintf(stderr, "capture refuse: first call returned %s (%s), want "
+                    "ncclInvalidUsage naming the capture\n", ncclGetErrorString(r[0]), why);
+            bad = 1;
+        } else {
+            printf("dev_allreduce capture refuse: %s\n", why);
+        }
+    } else if (r[0] != ncclSuccess || r[1] != ncclSuccess || re != ncclSuccess) {
+        fprintf(stderr, "capture: grouped all-reduce failed: %s / %s / %s (%s)\n",
+                ncclGetErrorString(r[0]), ncclGetErrorString(r[1]), ncclGetErrorString(re),
+                ncclGetLastError(comms[0]));
+        bad = 1;
+    } else {
+        for (int i = 0; i < 2 && !bad; i++) {
+            CK(cudaSetDevice(devlist[i]));
+            CK(cudaStreamSynchronize(s[i]));
+            CK(cudaMemcpy(h, d[i], n * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t k = 0; k < n && !bad; k++)
+                if (h[k] != 3.0f * (float)(k % 31)) {
+                    fprintf(stderr, "capture: rank %d element %zu = %g\n", i, k, (double)h[k]);
+                    bad = 1;
+                }
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        CK(cudaSetDevice(devlist[i]));
+        cudaStreamSynchronize(s[i]);
+        cudaStreamDestroy(s[i]);
+        cudaFree(d[i]);
+        ncclCommDestroy(comms[i]);
+    }
+    printf("%s: dev_allreduce capture%s\n", bad ? "FAIL" : "PASS", refuse ? " refuse" : "");
+    return bad;
+}
+
 static int check_devices(void)
 {
     const int rank = 0;
@@ -905,6 +985,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "devices") == 0)
         return check_devices();
+    if (argc > 1 && strcmp(argv[1], "capture") == 0)
+        return check_capture(argc > 2 && strcmp(argv[2], "refuse") == 0);
     if (argc > 2 && strcmp(argv[1], "driver") == 0)
         return check_driver(argv[2]);
 

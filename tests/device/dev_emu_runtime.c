@@ -116,6 +116,7 @@ struct CUstream_st {
     unsigned long enqueued, completed; /* operations */
     int stop;
     int dev;                 /* the device current at creation; -1: any */
+    int capturing;           /* between cudaStreamBeginCapture and End */
     struct CUstream_st *next_stream;
 };
 
@@ -1172,13 +1173,38 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     return emu_enqueue(stream, op);
 }
 
+/* Capture is a flag on the stream: what is enqueued meanwhile still runs
+ * at once (graphs are not emulated, and EndCapture says so), but the
+ * library sees a capturing stream as on a GPU and must refuse what cannot
+ * be captured. */
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status)
 {
-    (void)stream;
     if (status == NULL)
         return emu_error(cudaErrorInvalidValue);
-    *status = cudaStreamCaptureStatusNone;
+    struct CUstream_st *s = emu_stream(stream);
+    *status = s && __atomic_load_n(&s->capturing, __ATOMIC_ACQUIRE) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
     return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    struct CUstream_st *s = emu_stream(stream);
+    if (s == NULL || stream == NULL)
+        return emu_error(cudaErrorStreamCaptureUnsupported);
+    __atomic_store_n(&s->capturing, 1, __ATOMIC_RELEASE);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
+{
+    struct CUstream_st *s = emu_stream(stream);
+    if (graph)
+        *graph = NULL;
+    if (s == NULL || !__atomic_load_n(&s->capturing, __ATOMIC_ACQUIRE))
+        return emu_error(cudaErrorIllegalState);
+    __atomic_store_n(&s->capturing, 0, __ATOMIC_RELEASE);
+    return emu_error(cudaErrorNotSupported);
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *arg)

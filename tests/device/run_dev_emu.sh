@@ -153,6 +153,14 @@ done
 # the emulated NCCL's ranks are threads of this one process).
 echo "== GEO_EMU_DEVICES=4 $bin devices"
 GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 "$bin" devices || { echo "FAIL: devices"; failed=$((failed + 1)); }
+# Under CUDA graph capture: the grouped all-reduce is queued when the
+# region's NCCL communicator was made at init, and refused, saying why,
+# when it would have to be made inside the capture (GEOCCL_NCCL_INIT=lazy).
+for m in "" refuse; do
+    echo "== GEO_EMU_DEVICES=4 $bin capture $m"
+    GEO_EMU_DEVICES=4 GEO_EMU_STATS=0 GEOCCL_NCCL_INIT=$([ -n "$m" ] && echo lazy || echo auto) \
+        "$bin" capture $m || { echo "FAIL: capture $m"; failed=$((failed + 1)); }
+done
 # Pinned staging: growing sizes free no pinned memory, repeated sizes pin
 # nothing new (the emulation counts cudaHostAlloc and cudaFreeHost).
 # Device staging likewise: the repeated sizes allocate no device memory
