@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 #
-# One prepared run for a lent GPU machine (one GPU, about 10 minutes, a fresh
-# Debian image with the CUDA toolkit and maybe NCCL, no network), from the
+# One prepared run for a lent GPU machine (one GPU, 15 minutes of device time
+# for a whole session, a fresh Debian image with the CUDA toolkit and maybe
+# NCCL, no network), from the
 # repository root of a copied working tree:
 #
 #   bash tests/device/run.sh
@@ -12,8 +13,9 @@
 # Without them (and without autotools there) only the direct build of the
 # codec check below runs.
 #
-# What it does, each stage under a "=== name ===" marker, within about
-# 8 minutes (later stages are skipped when time runs short):
+# What it does, each stage under a "=== name ===" marker, within its budget
+# of 7 minutes (BUDGET below, so that a rerun fits the lease; later stages
+# are skipped when time runs short, and a GPU stage skipped fails the run):
 #   1. environment: the GPU (nvidia-smi), its compute capability, nvcc,
 #      the RDMA devices (ibv_devinfo).
 #   2. packages: if build tools are missing and apt-get works, installs them;
