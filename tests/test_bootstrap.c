@@ -78,7 +78,7 @@ static void test_stranger_is_dropped(void)
     /* A stranger connects first and answers the challenge with junk, and
      * a second one connects and says nothing for a while. */
     int fd1, fd2;
-    char challenge[16], junk[64 + GEO_BOOT_INFO_BYTES]; /* a join message's size */
+    char challenge[16], junk[80 + GEO_BOOT_INFO_BYTES]; /* a join message's size */
     const char *why;
     memset(junk, 0x42, sizeof(junk));
     CU_ASSERT_EQUAL_FATAL(geoSocketConnect(&in.root, geoNow() + 5, &fd1), ncclSuccess);

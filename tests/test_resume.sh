@@ -11,7 +11,14 @@
 #      again are sealed under the new connection's keys);
 #   c. every connection of rank 0 at once;
 #   d. GEOCCL_RECONNECT_TIMEOUT=0: one reset is an error on the ranks (the
-#      way it was before resume), and the run fails rather than hangs.
+#      way it was before resume), and the run fails rather than hangs;
+#   e. during init: ranks 0-2 of 4 (env bootstrap, one process each) have
+#      joined the bootstrap root and wait for the last one; every
+#      connection to the root is reset; rank 3 starts.  The three join
+#      again (comm/bootstrap/bootstrap.c, their token) and all four run;
+#   f. from the start: a random connection of the run reset every 30 ms for
+#      2 s, through the bootstrap, the data connections' handshakes, the
+#      probe and the first all-reduces.
 # a-c pass when geoccl-perf exits 0 with "Wrong values : 0 OK" and reports
 # resumed connections and no error.  The time from reset to resume, from
 # the ranks' INFO lines, is printed.
@@ -110,6 +117,53 @@ if [ "$rc" != 0 ] && grep -q "reset\|closed or reset\|failed while" "$LOG/off.er
     pass "off: GEOCCL_RECONNECT_TIMEOUT=0 makes a reset an error (exit $rc)"
 else
     fail "off: exit $rc with GEOCCL_RECONNECT_TIMEOUT=0"
+fi
+# e. a reset during init, while three ranks wait at the bootstrap root
+port=$((20000 + RANDOM % 20000))
+for r in 0 1 2; do
+    GEOCCL_COMM_ID=127.0.0.1:$port RANK=$r NRANKS=4 GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT \
+        "$PERF" -b 1M -e 1M -n 3 -w 1 >"$LOG/init$r.out" 2>"$LOG/init$r.err" &
+    pids[$r]=$!
+done
+for _ in $(seq 100); do  # until all three wait at the root
+    [ "$(ss -tnH state established "( sport = :$port )" | wc -l)" -ge 3 ] && break
+    sleep 0.1
+done
+nb=$(ss -tnH state established "( sport = :$port )" | wc -l)
+ss -K "( sport = :$port )" >/dev/null 2>&1
+sleep 0.3
+GEOCCL_COMM_ID=127.0.0.1:$port RANK=3 NRANKS=4 "$PERF" -b 1M -e 1M -n 3 -w 1 \
+    >"$LOG/init3.out" 2>"$LOG/init3.err" &
+pids[3]=$!
+rcs=""
+for r in 0 1 2 3; do
+    timeout 120 tail --pid="${pids[$r]}" -f /dev/null; wait "${pids[$r]}"; rcs="$rcs $?"
+done
+again=$(cat "$LOG"/init?.err | grep -c "joined the bootstrap root .* again")
+if [ "$rcs" = " 0 0 0 0" ] && [ "$nb" -ge 3 ] && [ "$again" -ge 3 ] &&
+    grep -q "Wrong values *: 0 OK" "$LOG/init0.out"; then
+    pass "init: $nb bootstrap connections reset while the ranks waited; $again ranks joined again, 0 wrong values"
+else
+    fail "init: exits$rcs, $nb connections reset, $again joined again; last lines:"
+    tail -n 5 "$LOG"/init?.err | sed 's/^/    /'
+fi
+# f. resets from the start, init included
+env GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT,NET "$PERF" -N 4 -b 4M -e 4M -n 20 -w 1 \
+    >"$LOG/storm.out" 2>"$LOG/storm.err" &
+RUN=$!
+kills=0
+for _ in $(seq 60); do
+    p=$(rank_ports "$RUN" | shuf -n1)
+    [ -n "$p" ] && ss -K "( sport = :${p% *} and dport = :${p#* } )" >/dev/null 2>&1 &&
+        kills=$((kills + 1))
+    sleep 0.03
+done
+timeout 120 tail --pid="$RUN" -f /dev/null; wait "$RUN"; rc=$?
+if [ "$rc" = 0 ] && [ "$kills" -gt 0 ] && grep -q "Wrong values *: 0 OK" "$LOG/storm.out"; then
+    pass "storm: $kills resets from the start (init included), 0 wrong values; $(grep -c "again\|resumed" "$LOG/storm.err") rejoins and resumes"
+else
+    fail "storm: exit $rc after $kills resets; last lines:"
+    tail -n 5 "$LOG/storm.out" "$LOG/storm.err" | sed 's/^/    /'
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -93,7 +93,7 @@ static void test_port_squatter_root(void)
      * a table naming itself at every rank, with a MAC it cannot make. */
     const char *why;
     CU_ASSERT_EQUAL(geoSocketAccept(lfd, geoNow() + 20, NULL, &fd, NULL), ncclSuccess);
-    uint8_t challenge[16] = {1, 2, 3}, join[64 + GEO_BOOT_INFO_BYTES];
+    uint8_t challenge[16] = {1, 2, 3}, join[80 + GEO_BOOT_INFO_BYTES];
     CU_ASSERT_EQUAL(geoSocketSendAll(fd, challenge, sizeof(challenge), geoNow() + 5, &why),
                     ncclSuccess);
     CU_ASSERT_EQUAL(geoSocketRecvAll(fd, join, sizeof(join), geoNow() + 5, &why), ncclSuccess);
@@ -103,8 +103,8 @@ static void test_port_squatter_root(void)
     memcpy(table, &magic, 4);
     /* Rank 1's own entry as it sent it; rank 0's: a copy (its addresses
      * would be the squatter's own in a real attack). */
-    memcpy(table + 4, join + 64, GEO_BOOT_INFO_BYTES);
-    memcpy(table + 4 + GEO_BOOT_INFO_BYTES, join + 64, GEO_BOOT_INFO_BYTES);
+    memcpy(table + 4, join + 80, GEO_BOOT_INFO_BYTES);
+    memcpy(table + 4 + GEO_BOOT_INFO_BYTES, join + 80, GEO_BOOT_INFO_BYTES);
     memset(table + tlen - GEO_SHA256_BYTES, 0x5a, GEO_SHA256_BYTES);
     CU_ASSERT_EQUAL(geoSocketSendAll(fd, table, tlen, geoNow() + 5, &why), ncclSuccess);
     free(table);

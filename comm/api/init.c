@@ -654,9 +654,12 @@ static ncclResult_t comm_connect(struct ncclComm *comm, const geoUniqueIdInterna
         geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
         return ncclSystemError;
     }
-    geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
-            comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr.addr, a),
-            ifs[0].name);
+    {
+        char b[GEO_ADDR_STRLEN];
+        geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
+                comm->nranks, geoAddrToString(&id->root, a), geoAddrToString(&addr.addr, b),
+                ifs[0].name);
+    }
     {
         geoBootSelf self = {.rank = comm->rank, .nranks = comm->nranks,
                             .timeout = comm->timeout, .err = &comm->err};

@@ -19,6 +19,7 @@
 #define GEO_TABLE_MAGIC 0x47454f54u /* "GEOT" */
 #define GEO_REFUSED_MAGIC 0x47454f52u /* "GEOR": wrong proof, or rank taken */
 #define GEO_EXPIRED_MAGIC 0x47454f58u /* "GEOX": the root gave up waiting */
+#define GEO_GOT_MAGIC 0x47454f47u /* "GEOG": the joiner has its table, proven */
 #define GEO_CHALLENGE_BYTES 16
 
 /* Joiner to root.  proof = HMAC(secret, "geoccl/v2/join" | root's challenge
@@ -32,6 +33,10 @@ typedef struct {
     uint32_t pad;
     uint8_t nonce[GEO_CHALLENGE_BYTES];
     uint8_t proof[GEO_SHA256_BYTES];
+    /* The same in every attempt of one join (random per geoBootstrapJoin):
+     * a rank whose connection was reset joins again with it and takes its
+     * own place back; another process claiming the rank is refused. */
+    uint8_t token[GEO_CHALLENGE_BYTES];
     geoBootInfo info;
 } geoJoinMsg;
 
@@ -112,8 +117,15 @@ typedef struct {
 
 typedef struct {
     int nranks;       /* 0 until the first valid join */
-    int joined;
-    int *fds;         /* per rank, -1 until it joined */
+    int joined;       /* ranks that joined (once each, whatever their rejoins) */
+    int acked;        /* ranks that confirmed their table (GEO_GOT_MAGIC) */
+    int *fds;         /* per rank, -1 until it joined, or while its connection is lost */
+    char *has;        /* per rank: joined; 2: confirmed */
+    uint32_t *got;    /* per rank: the confirmation being read */
+    size_t *got_off;
+    uint8_t (*token)[GEO_CHALLENGE_BYTES];
+    int sent;         /* the tables went out: the table is final */
+    uint8_t digest[GEO_SHA256_BYTES]; /* of the final table */
     geoBootInfo *table;
     uint8_t (*challenge)[GEO_CHALLENGE_BYTES]; /* per rank: what its table's MAC binds */
     uint8_t (*nonce)[GEO_CHALLENGE_BYTES];
@@ -172,7 +184,10 @@ static void root_refuse(rootJoiner *j)
 }
 
 /* Advance one joiner without blocking.  1: it joined (its fd is in
- * rs->fds); 0: waiting; -1: dropped (logged, closed); -2: out of memory. */
+ * rs->fds), or joined again after its connection was lost (the same
+ * token: it takes its own place back, and its table is bound to the new
+ * challenge); 0: waiting; -1: dropped (logged, closed); -2: out of
+ * memory. */
 static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
 {
     uint8_t expect[GEO_SHA256_BYTES];
@@ -208,25 +223,50 @@ static int root_step(const rootArgs *a, rootState *rs, rootJoiner *j)
         rs->table = calloc((size_t)j->m.nranks, sizeof(*rs->table));
         rs->challenge = calloc((size_t)j->m.nranks, sizeof(*rs->challenge));
         rs->nonce = calloc((size_t)j->m.nranks, sizeof(*rs->nonce));
-        if (rs->fds == NULL || rs->table == NULL || rs->challenge == NULL || rs->nonce == NULL)
+        rs->token = calloc((size_t)j->m.nranks, sizeof(*rs->token));
+        rs->has = calloc((size_t)j->m.nranks, 1);
+        rs->got = calloc((size_t)j->m.nranks, sizeof(*rs->got));
+        rs->got_off = calloc((size_t)j->m.nranks, sizeof(*rs->got_off));
+        if (rs->fds == NULL || rs->table == NULL || rs->challenge == NULL || rs->nonce == NULL ||
+            rs->token == NULL || rs->has == NULL || rs->got == NULL || rs->got_off == NULL)
             return -2;
         rs->nranks = j->m.nranks;
         for (int i = 0; i < rs->nranks; i++)
             rs->fds[i] = -1;
     }
-    if (j->m.nranks != rs->nranks || j->m.rank < 0 || j->m.rank >= rs->nranks ||
-        rs->fds[j->m.rank] >= 0) {
+    const int r = j->m.rank;
+    const int again = j->m.nranks == rs->nranks && r >= 0 && r < rs->nranks && rs->has[r] == 1 &&
+                      memcmp(rs->token[r], j->m.token, GEO_CHALLENGE_BYTES) == 0;
+    if (j->m.nranks != rs->nranks || r < 0 || r >= rs->nranks || (rs->has[r] && !again)) {
         geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d of %d from %s conflicts with the "
                 "communicator being formed (%d ranks); dropped", j->m.rank, j->m.nranks,
                 j->from, rs->nranks);
         root_refuse(j);
         return -1;
     }
-    rs->fds[j->m.rank] = j->fd;
-    rs->table[j->m.rank] = j->m.info;
-    memcpy(rs->challenge[j->m.rank], j->challenge, GEO_CHALLENGE_BYTES);
-    memcpy(rs->nonce[j->m.rank], j->m.nonce, GEO_CHALLENGE_BYTES);
-    rs->joined++;
+    if (again && rs->sent && memcmp(&rs->table[r], &j->m.info, sizeof(j->m.info)) != 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: rank %d joined again from %s saying other "
+                "things of itself than the table already sent; dropped", r, j->from);
+        root_refuse(j);
+        return -1;
+    }
+    if (again) {
+        /* Its old connection was reset (a middlebox) or is about to be
+         * found dead: this one replaces it. */
+        geoInfo(GEO_LOG_INIT, "bootstrap root: rank %d joined again from %s (its connection "
+                "was lost)", r, j->from);
+        if (rs->fds[r] >= 0)
+            close(rs->fds[r]);
+    } else {
+        rs->joined++;
+    }
+    rs->has[r] = 1;
+    rs->fds[r] = j->fd;
+    rs->got_off[r] = 0;
+    rs->table[r] = j->m.info;
+    memcpy(rs->challenge[r], j->challenge, GEO_CHALLENGE_BYTES);
+    memcpy(rs->nonce[r], j->m.nonce, GEO_CHALLENGE_BYTES);
+    memcpy(rs->token[r], j->m.token, GEO_CHALLENGE_BYTES);
     j->fd = -1;
     return 1;
 wait_or_drop:
@@ -264,6 +304,8 @@ static void root_send_tables(const rootArgs *a, rootState *rs)
     memcpy(msg, &magic, sizeof(magic));
     memcpy(msg + sizeof(magic), rs->table, len - sizeof(magic));
     geoSha256(rs->table, len - sizeof(magic), digest);
+    memcpy(rs->digest, digest, sizeof(digest));
+    rs->sent = 1;
     for (int r = 0; r < rs->nranks; r++)
         table_mac(&a->id, rs->challenge[r], rs->nonce[r], r, rs->nranks, digest, mac[r]);
     /* The last libcrypto call of this detached thread: once a rank has its
@@ -284,9 +326,13 @@ static void root_send_tables(const rootArgs *a, rootState *rs)
                 rank_of[n++] = r;
                 continue;
             }
-            if (rc < 0)
-                geoWarn(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
+            if (rc < 0) {
+                /* (a reset: it joins again, and root_confirm sends it then) */
+                geoInfo(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
                         "%s", r, why);
+                close(rs->fds[r]);
+                rs->fds[r] = -1;
+            }
             moff[r] = GEO_SHA256_BYTES;
             left--;
         }
@@ -313,6 +359,49 @@ out:
     free(rank_of);
 }
 
+/* A rank that joined again once the tables were out: its table, bound to
+ * its new challenge and nonce, at once (blocking, 5 s at most: a table is
+ * 512 bytes a rank).  On failure its connection is lost again. */
+static void root_send_one(const rootArgs *a, rootState *rs, int r)
+{
+    uint32_t magic = GEO_TABLE_MAGIC;
+    uint8_t mac[GEO_SHA256_BYTES];
+    const char *why = NULL;
+    double dl = geoNow() + 5.0;
+    table_mac(&a->id, rs->challenge[r], rs->nonce[r], r, rs->nranks, rs->digest, mac);
+    geoCryptoThreadDone();
+    if (geoSocketSendAll(rs->fds[r], &magic, sizeof(magic), dl, &why) != ncclSuccess ||
+        geoSocketSendAll(rs->fds[r], rs->table, sizeof(*rs->table) * (size_t)rs->nranks, dl,
+                         &why) != ncclSuccess ||
+        geoSocketSendAll(rs->fds[r], mac, sizeof(mac), dl, &why) != ncclSuccess) {
+        geoInfo(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d again: %s",
+                r, why);
+        close(rs->fds[r]);
+        rs->fds[r] = -1;
+    }
+}
+
+/* A rank's connection is readable once the tables are out: its
+ * confirmation (then it is done and closed), or a close or reset (then
+ * it is lost until it joins again). */
+static void root_take_got(rootState *rs, int r)
+{
+    const char *why = NULL;
+    int rc = geoSocketStep(rs->fds[r], &rs->got[r], sizeof(rs->got[r]), &rs->got_off[r], 0, &why);
+    if (rc == 0)
+        return;
+    close(rs->fds[r]);
+    rs->fds[r] = -1;
+    if (rc > 0 && rs->got[r] == GEO_GOT_MAGIC) {
+        rs->has[r] = 2;
+        rs->acked++;
+        return;
+    }
+    rs->got_off[r] = 0;
+    geoInfo(GEO_LOG_INIT, "bootstrap root: rank %d's connection was lost before it confirmed "
+            "its table (%s); waiting for it to join again", r, rc > 0 ? "not a confirmation" : why);
+}
+
 static void *root_main(void *arg)
 {
     rootArgs *a = arg;
@@ -320,17 +409,29 @@ static void *root_main(void *arg)
     rootState rs = {0};
     rootJoiner *pend = NULL;
     struct pollfd *pfd = NULL;
-    int npend = 0, cap = 0;
+    int npend = 0, cap = 0, pfd_cap = 0;
+    int *rank_at = NULL; /* the ranks polled for their confirmation */
+    double confirm_by = 0;
 
     if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
         geoWarn(GEO_LOG_INIT, "bootstrap root: cannot make the listener non-blocking: %s",
                 strerror(errno));
         goto out;
     }
-    while (rs.nranks == 0 || rs.joined < rs.nranks) {
-        double now = geoNow(), wake = deadline;
+    /* Collect the joins; send the tables; then wait until every rank has
+     * confirmed its table, taking back ranks whose connection was reset
+     * meanwhile (they join again with their token, and get their table at
+     * once when the tables are out). */
+    for (;;) {
+        if (!rs.sent && rs.nranks > 0 && rs.joined == rs.nranks) {
+            root_send_tables(a, &rs);
+            confirm_by = geoNow() + a->timeout;
+        }
+        if (rs.sent && rs.acked == rs.nranks)
+            break;
+        double now = geoNow(), wake = rs.sent ? confirm_by : deadline;
 
-        if (now >= deadline) {
+        if (!rs.sent && now >= deadline) {
             geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
                     "giving up", rs.joined, rs.nranks, a->timeout);
             /* Tell the ranks that did join why they get no table. */
@@ -342,18 +443,37 @@ static void *root_main(void *arg)
                 }
             goto out;
         }
+        if (rs.sent && now >= confirm_by) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: %d of %d ranks did not confirm their table "
+                    "within %.0f s (their connections were lost and they did not join again)",
+                    rs.nranks - rs.acked, rs.nranks, a->timeout);
+            break;
+        }
+        if (rs.sent && rank_at == NULL &&
+            (rank_at = malloc(sizeof(int) * (size_t)rs.nranks)) == NULL) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+            goto out;
+        }
+        const int maxr = rs.sent ? rs.nranks : 0;
         if (cap < npend + 1) {
             int ncap = 2 * (npend + 1) + 16;
             rootJoiner *np = realloc(pend, sizeof(*pend) * (size_t)ncap);
-            struct pollfd *nf = np ? realloc(pfd, sizeof(*pfd) * (size_t)(ncap + 1)) : NULL;
             if (np)
                 pend = np;
+            if (np == NULL) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            cap = ncap;
+        }
+        if (pfd_cap < cap + 1 + maxr) {
+            struct pollfd *nf = realloc(pfd, sizeof(*pfd) * (size_t)(cap + 1 + maxr));
             if (nf == NULL) {
                 geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
                 goto out;
             }
             pfd = nf;
-            cap = ncap;
+            pfd_cap = cap + 1 + maxr;
         }
         for (int i = 0; i < npend; i++) {
             pfd[i] = (struct pollfd){.fd = pend[i].fd,
@@ -362,8 +482,14 @@ static void *root_main(void *arg)
                 wake = pend[i].deadline;
         }
         pfd[npend] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
+        int nr = 0;
+        for (int r = 0; r < maxr; r++)
+            if (rs.fds[r] >= 0 && rs.has[r] == 1) {
+                pfd[npend + 1 + nr] = (struct pollfd){.fd = rs.fds[r], .events = POLLIN};
+                rank_at[nr++] = r;
+            }
         double ms = (wake - now) * 1000.0;
-        int rc = poll(pfd, (nfds_t)npend + 1, ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
+        int rc = poll(pfd, (nfds_t)(npend + 1 + nr), ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
         if (rc < 0 && errno != EINTR) {
             geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
             goto out;
@@ -377,12 +503,17 @@ static void *root_main(void *arg)
                 geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
                 goto out;
             }
+            if (r == 1 && rs.sent)
+                root_send_one(a, &rs, pend[i].m.rank);
             if (r == 0 && now >= pend[i].deadline) {
                 root_dropped(&rs.dropped, "%s (timed out)", pend[i].from);
                 close(pend[i].fd);
                 pend[i].fd = -1;
             }
         }
+        for (int k = 0; k < nr; k++)
+            if (pfd[npend + 1 + k].revents && rs.fds[rank_at[k]] >= 0)
+                root_take_got(&rs, rank_at[k]);
         /* Take what arrived; each new joiner gets its challenge at once. */
         /* The listener's entry is pfd[npend] only until npend grows. */
         int lready = (pfd[npend].revents & POLLIN) != 0;
@@ -412,10 +543,13 @@ static void *root_main(void *arg)
                 continue;
             }
             npend++;
-            if (root_step(a, &rs, j) == -2) {
+            int r1 = root_step(a, &rs, j);
+            if (r1 == -2) {
                 geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
                 goto out;
             }
+            if (r1 == 1 && rs.sent)
+                root_send_one(a, &rs, j->m.rank);
         }
         int keep = 0;
         for (int i = 0; i < npend; i++)
@@ -424,7 +558,7 @@ static void *root_main(void *arg)
         npend = keep;
     }
     for (int i = 0; i < npend; i++) {
-        root_dropped(&rs.dropped, "%s (handshake unfinished when every rank had joined)",
+        root_dropped(&rs.dropped, "%s (handshake unfinished when every rank had its table)",
                      pend[i].from);
         close(pend[i].fd);
     }
@@ -433,7 +567,6 @@ static void *root_main(void *arg)
                 "proved the secret (timed out, refused or dropped for room; %d logged "
                 "above)", rs.dropped, GEO_ROOT_DROP_LOG);
     npend = 0;
-    root_send_tables(a, &rs);
 out:
     for (int i = 0; i < npend; i++)
         if (pend[i].fd >= 0)
@@ -446,6 +579,11 @@ out:
     free(rs.table);
     free(rs.challenge);
     free(rs.nonce);
+    free(rs.token);
+    free(rs.has);
+    free(rs.got);
+    free(rs.got_off);
+    free(rank_at);
     free(pend);
     free(pfd);
     close(a->listen_fd);
@@ -721,8 +859,9 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
  * (GEO_IMPOSTOR_MAGIC: a table that does not prove the secret); *proved:
  * the proof went out. */
 static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *id, int fd,
-                            const geoBootInfo *mine, geoBootInfo *all, double hs_deadline,
-                            double deadline, uint32_t *magic, int *proved, const char **why)
+                            const uint8_t token[GEO_CHALLENGE_BYTES], const geoBootInfo *mine,
+                            geoBootInfo *all, double hs_deadline, double deadline,
+                            uint32_t *magic, int *proved, const char **why)
 {
     uint8_t challenge[GEO_CHALLENGE_BYTES], mac[GEO_SHA256_BYTES], expect[GEO_SHA256_BYTES];
     uint8_t digest[GEO_SHA256_BYTES];
@@ -736,6 +875,7 @@ static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *
     m.rank = self->rank;
     m.nranks = self->nranks;
     m.info = *mine;
+    memcpy(m.token, token, sizeof(m.token));
     if (geoRandomBytes(m.nonce, sizeof(m.nonce)) != 0) {
         *why = "no randomness for our nonce";
         return ncclSystemError;
@@ -761,6 +901,12 @@ static ncclResult_t join_on(const geoBootSelf *self, const geoUniqueIdInternal *
         *why = "its table does not prove the communicator's secret";
         return ncclRemoteError;
     }
+    /* The root keeps listening until every rank has said this: a rank
+     * whose connection is reset before it has its table joins again.  Lost,
+     * it costs the root's thread a wait, not this rank's init. */
+    uint32_t got = GEO_GOT_MAGIC;
+    const char *w;
+    geoSocketSendAll(fd, &got, sizeof(got), geoNow() + 1.0, &w);
     return ncclSuccess;
 }
 
@@ -793,6 +939,12 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
     const char *why = "no candidate answered";
     int refused[GEO_SHRINK_PORTS] = {0}, tried = 0;
     useconds_t backoff = 10000;
+    uint8_t token[GEO_CHALLENGE_BYTES];
+
+    if (geoRandomBytes(token, sizeof(token)) != 0) {
+        geoErrSet(self->err, "shrink: no randomness for the join");
+        return ncclSystemError;
+    }
 
     while (geoNow() < deadline) {
         for (int k = 0; k < GEO_SHRINK_PORTS && geoNow() < deadline; k++) {
@@ -806,8 +958,8 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
                 continue;
             tried++;
             double hs = geoNow() + 5.0 < deadline ? geoNow() + 5.0 : deadline;
-            ncclResult_t r = join_on(self, id, fd, mine, all, hs, deadline, &magic, &proved,
-                                     &why);
+            ncclResult_t r = join_on(self, id, fd, token, mine, all, hs, deadline, &magic,
+                                     &proved, &why);
             close(fd);
             if (r == ncclSuccess) {
                 geoInfo(GEO_LOG_INIT, "shrink: joined the root at %s (candidate %d)",
@@ -861,30 +1013,44 @@ ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal
     uint32_t magic = 0;
     int proved = 0;
     int fd;
+    uint8_t token[GEO_CHALLENGE_BYTES];
 
     if (id->flags & GEO_ID_SHRINK)
         return join_candidates(self, id, mine, all, deadline);
+    if (geoRandomBytes(token, sizeof(token)) != 0) {
+        geoErrSet(self->err, "init: no randomness for the join");
+        return ncclSystemError;
+    }
     geoAddrToString(&id->root, ra);
     if (geoSocketConnect(&id->root, deadline, &fd) != ncclSuccess) {
         geoErrSet(self->err, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
                         self->timeout);
         return ncclRemoteError;
     }
-    ncclResult_t r = join_on(self, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
+    ncclResult_t r = join_on(self, id, fd, token, mine, all, deadline, deadline, &magic, &proved,
+                             &why);
     close(fd);
     /* Closed or reset before any answer: the root may have dropped us
-     * among a flood of unproven connections (root_make_room).  Join again
-     * while it still listens; a root that is gone refuses the connection
-     * and is reported below at once. */
+     * among a flood of unproven connections (root_make_room), or a
+     * middlebox reset the connection while we waited for the table or read
+     * it (the root then takes us back by our token and sends it again).  Join again while it still
+     * listens; a root that is gone refuses the connection and is reported
+     * below at once. */
     for (useconds_t backoff = 10000;
-         r != ncclSuccess && magic == 0 && geoNow() + backoff * 1e-6 < deadline &&
-         (strcmp(why, "connection closed by peer") == 0 || strstr(why, "reset") != NULL);
+         r != ncclSuccess && (magic == 0 || magic == GEO_TABLE_MAGIC) &&
+         geoNow() + backoff * 1e-6 < deadline &&
+         (strcmp(why, "connection closed by peer") == 0 || strcmp(why, strerror(ECONNRESET)) == 0 ||
+          strcmp(why, strerror(ECONNABORTED)) == 0 || strcmp(why, strerror(EPIPE)) == 0 ||
+          strcmp(why, strerror(ETIMEDOUT)) == 0);
          backoff = backoff < 200000 ? 2 * backoff : backoff) {
         usleep(backoff);
         if ((fd = connect_once(&id->root, 1.0)) < 0)
             break;
-        r = join_on(self, id, fd, mine, all, deadline, deadline, &magic, &proved, &why);
+        r = join_on(self, id, fd, token, mine, all, deadline, deadline, &magic, &proved, &why);
         close(fd);
+        if (r == ncclSuccess)
+            geoInfo(GEO_LOG_INIT, "init: joined the bootstrap root at %s again after its "
+                    "connection was lost", ra);
     }
     if (r == ncclSuccess)
         return ncclSuccess;
