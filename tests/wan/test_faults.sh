@@ -17,7 +17,11 @@
 #   c. a WAN connection reset every 2 s for 20 s, hierarchical all-reduce
 #      with lossless compression between regions;
 #   d. region 2's link down for 30 s (no carrier, no FIN, no RST: TCP
-#      retransmits, with backoff), with GEOCCL_TIMEOUT=90.
+#      retransmits, with backoff), with GEOCCL_TIMEOUT=90;
+#   g. every connection between regions 1 and 0 reset every 0.2 s for the
+#      first 3 s, from the ranks' start: the bootstrap's connections to the
+#      root, the data connections' handshakes, the probe (GEOCCL_PROBE=1)
+#      and the first calls.
 # What a dead peer does, which must end every other rank with a clear error
 # (exit 2, after ncclCommAbort returned), never a hang:
 #   e. a rank SIGKILLed: every other rank fails within 2 s;
@@ -31,9 +35,7 @@
 # Needs root, network namespaces, TUN and `ss -K` (the kernel's
 # sock_destroy); exit 77, skipped, with the reason otherwise.  Its WAN is
 # called "gfault"; another emulated WAN up is waited for (GEOCCL_WAN_WAIT,
-# default 600 s).  Takes about 3 minutes.  Not covered here: a reset while
-# the communicator is being made (the bootstrap's and the probe's
-# connections are not resumed: such a reset fails the init on every rank).
+# default 600 s).  Takes about 3 minutes.
 #
 set -uo pipefail
 export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
@@ -193,6 +195,18 @@ done
 grep -h "^rank 0: loop" "$d/rank0.out" | sed 's/^/   /'
 if [ "$bad" = 0 ]; then pass "d. link down for 30 s: every rank exact"
 else fail "d. link down for 30 s: $bad of $NR ranks failed"; fi
+
+d=$WORK/g
+GEOCCL_ALGO=hier GEOCCL_PROBE=1 start "$d" 29607 30 "$LAYOUT" loop 10 "$BYTES" all
+n=0
+for _ in $(seq 15); do
+    while read -r c; do n=$((n + $(reset 1 "$c"))); done < <(conns 1 0)
+    sleep 0.2
+done
+echo "   $n connections between regions 1 and 0 reset in the first 3 s"
+finish_ranks "$d" "$(deadline 60)"
+survived "g. resets from the start: bootstrap, handshakes, probe, first calls" "$d"
+unset 'RESUMES[-1]'  # resets of resumes under way: not the one-reset figure below
 
 d=$WORK/e
 GEOCCL_ALGO=hier start "$d" 29605 30 "$LAYOUT" loop 60 "$BYTES" all
