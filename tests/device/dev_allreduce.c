@@ -576,10 +576,15 @@ static int check_staged(int rank, int nranks, ncclComm_t comm, cudaStream_t s)
  * rounding (GEOCCL_COMPRESS_STOCHASTIC) the hash must not depend on the
  * waiting: each call rounds with its own sequence number; nor on a
  * compression set for later calls while these are queued
- * (DEV_ALLREDUCE_SWITCH).  tests/device/run_dev_emu.sh compares. */
+ * (DEV_ALLREDUCE_SWITCH).  tests/device/run_dev_emu.sh compares.  100000
+ * elements a call, or DEV_ALLREDUCE_MAX_COUNT when that is smaller. */
 static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
 {
-    enum { K = 4, QN = 100000 };
+    enum { K = 4 };
+    size_t QN = 100000;
+    const char *mc = getenv("DEV_ALLREDUCE_MAX_COUNT");
+    if (mc && strtoul(mc, NULL, 10) > 0 && strtoul(mc, NULL, 10) < QN)
+        QN = strtoul(mc, NULL, 10);
     const int sync_each = getenv("DEV_ALLREDUCE_SYNC_EACH") != NULL;
     float *h = malloc(QN * sizeof(float)), *d[K];
     uint64_t hash = 0;
