@@ -79,8 +79,12 @@
  * encrypted), sent between two outgoing frames whenever it has received
  * more; so headers are read as soon as they arrive, and a data header
  * waits in tcpConn until its receive is posted, its payload in the kernel
- * as before.  The sender keeps a copy of every frame it has sent whole
- * (header and plaintext) until an ack covers it, up to
+ * as before.  The sender keeps every frame it has sent whole until an ack
+ * covers it: a copy of its plaintext on a clear connection; on an
+ * encrypted one the frame is sealed straight into the slot that keeps it
+ * and sent from there, so keeping costs no copy (opened in place only when
+ * the connection is lost, to be sealed again under the next keys; loopback,
+ * 4 ranks, 64 MiB: the copy had cost 8-15% of the wall time), up to
  * GEOCCL_RESUME_BUFFER bytes per connection (beyond that it keeps none
  * until the receiver has caught up, and a reset in that window is an
  * error saying so).  Keeping the frame, not the user's buffer, keeps send
@@ -183,10 +187,16 @@ typedef struct {
     uint8_t proof[GEO_SHA256_BYTES];
 } tcpAccept;
 
-/* A frame sent whole, kept until the receiver's count covers it. */
+/* A frame sent whole, kept until the receiver's count covers it.  On an
+ * encrypted connection the frame is sealed straight into its slot and sent
+ * from there (no copy of the plaintext): it stays sealed under the
+ * connection's key until the connection is lost, when it is opened in place
+ * (kept_unseal) to be sealed again under the next incarnation's keys. */
 typedef struct {
     tcpFrameHdr hdr;
-    uint8_t *data;         /* GEO_TCP_FRAME bytes, owned by the slot */
+    uint8_t *data;         /* GEO_TCP_FRAME + tag bytes, owned by the slot */
+    int sealed;            /* data holds the frame sealed with counter ctr */
+    uint64_t ctr;
 } tcpKept;
 
 enum { SEND_DATA, SEND_ACK, SEND_AGAIN }; /* what a connection's s_hdr is */
@@ -205,8 +215,10 @@ typedef struct {
     int closed;            /* peer closed or reset: no more polling */
     int enc;               /* frames are sealed (tx) and opened (rx) */
     geoAead tx_aead, rx_aead;
+    geoAead tx_open;       /* our own key, to open frames kept sealed (resume) */
     uint64_t s_ctr, r_ctr; /* frames sealed and opened: the next nonce each way */
     uint8_t *s_buf, *r_buf; /* GEO_TCP_FRAME + tag: a sealed frame's payload */
+    uint8_t *s_out;        /* where the half-sent frame was sealed: s_buf or a kept slot */
     /* send cursor */
     uint64_t s_seq;
     size_t s_frame;
@@ -486,10 +498,9 @@ static tcpKept *kept_at(tcpConn *c, size_t i)
     return &c->kept[(c->k_head + i) % c->k_cap];
 }
 
-/* Keep a copy of the frame just sent whole (frame number c->s_count).
- * Beyond c->k_max slots keep none until the receiver has caught up: the
- * connection is then not resumable until it has (conn_resumed says so). */
-static void kept_push(tcpConn *c, const tcpFrameHdr *h, const void *payload)
+/* The slot the next kept frame goes to (growing the ring up to c->k_max
+ * slots), with its buffer; NULL when the ring is full or memory is out. */
+static tcpKept *kept_slot(tcpConn *c)
 {
     if (c->k_len == c->k_cap && c->k_cap < c->k_max) {
         size_t ncap = c->k_cap ? 2 * c->k_cap : 8;
@@ -507,8 +518,20 @@ static void kept_push(tcpConn *c, const tcpFrameHdr *h, const void *payload)
     }
     tcpKept *k = c->k_len < c->k_cap ? kept_at(c, c->k_len) : NULL;
     if (k != NULL && k->data == NULL)
-        k->data = malloc(GEO_TCP_FRAME);
-    if (k == NULL || k->data == NULL) {
+        k->data = malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
+    return k != NULL && k->data != NULL ? k : NULL;
+}
+
+/* Keep the frame just sent whole (frame number c->s_count): a copy of its
+ * plaintext, or (sealed != NULL) the frame already sealed into the slot
+ * kept_slot gave when it was sealed, with counter ctr.  Beyond c->k_max
+ * slots keep none until the receiver has caught up: the connection is then
+ * not resumable until it has (conn_resumed says so). */
+static void kept_push(tcpConn *c, const tcpFrameHdr *h, const void *payload,
+                      const uint8_t *sealed, uint64_t ctr)
+{
+    tcpKept *k = sealed != NULL ? kept_at(c, c->k_len) : kept_slot(c);
+    if (k == NULL || (sealed != NULL && k->data != sealed)) {
         /* Full (or out of memory): forget what is kept; frames before this
          * one cannot be sent again. */
         c->k_head = (c->k_head + c->k_len) % (c->k_cap ? c->k_cap : 1);
@@ -517,8 +540,31 @@ static void kept_push(tcpConn *c, const tcpFrameHdr *h, const void *payload)
         return;
     }
     k->hdr = *h;
-    memcpy(k->data, payload, h->len);
+    k->sealed = sealed != NULL;
+    k->ctr = ctr;
+    if (sealed == NULL)
+        memcpy(k->data, payload, h->len);
     c->k_len++;
+}
+
+/* The connection is lost: open the frames kept sealed under its key, in
+ * place, to be sealed again under the next incarnation's.  One that does
+ * not open (memory corrupted) ends what is kept, as a full ring does. */
+static void kept_unseal(tcpConn *c)
+{
+    for (size_t i = 0; i < c->k_len; i++) {
+        tcpKept *k = kept_at(c, i);
+        if (!k->sealed)
+            continue;
+        if (geoAeadOpen(&c->tx_open, k->ctr, &k->hdr, sizeof(k->hdr), k->data, k->data,
+                        k->hdr.len, k->data + k->hdr.len) != 0) {
+            c->k_head = (c->k_head + c->k_len) % c->k_cap;
+            c->k_len = 0;
+            c->k_base = c->s_count;
+            return;
+        }
+        k->sealed = 0;
+    }
 }
 
 /* The receiver has n frames whole: forget those. */
@@ -537,7 +583,7 @@ static void kept_free(tcpConn *c)
 {
     for (size_t i = 0; i < c->k_cap; i++) {
         if (c->kept[i].data != NULL)
-            geoWipe(c->kept[i].data, GEO_TCP_FRAME);
+            geoWipe(c->kept[i].data, GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
         free(c->kept[i].data);
     }
     free(c->kept);
@@ -606,9 +652,15 @@ static int progress_send(tcpState *st, int p, int s, double now)
             }
             c->s_off = 0;
             c->s_active = 1;
+            c->s_out = c->s_buf;
+            if (c->enc && c->track && c->s_kind == SEND_DATA) {
+                tcpKept *k = kept_slot(c); /* sealed into the slot it will be kept in */
+                if (k != NULL)
+                    c->s_out = k->data;
+            }
             if (c->enc && geoAeadSeal(&c->tx_aead, c->s_ctr++, &c->s_hdr, sizeof(c->s_hdr),
-                                      plain ? plain : (const char *)c->s_buf, c->s_buf,
-                                      c->s_hdr.len, c->s_buf + c->s_hdr.len) != 0) {
+                                      plain ? plain : (const char *)c->s_buf, c->s_out,
+                                      c->s_hdr.len, c->s_out + c->s_hdr.len) != 0) {
                 peer_error(st, p, s, "could not be sent a frame: encryption failed (out of "
                            "memory?)");
                 return moved;
@@ -616,7 +668,7 @@ static int progress_send(tcpState *st, int p, int s, double now)
         }
         size_t len = c->s_hdr.len;
         size_t flen = c->enc ? len + GEO_AEAD_TAG_BYTES : len; /* bytes after the header */
-        char *payload = c->enc ? (char *)c->s_buf : (char *)plain;
+        char *payload = c->enc ? (char *)c->s_out : (char *)plain;
         struct iovec iov[2];
         int n = 0;
         if (c->s_off < sizeof(tcpFrameHdr)) {
@@ -653,7 +705,10 @@ static int progress_send(tcpState *st, int p, int s, double now)
             peer->resent += len;
         } else if (c->s_kind == SEND_DATA) {
             if (c->track) {
-                kept_push(c, &c->s_hdr, plain);
+                if (c->enc && c->s_out != c->s_buf)
+                    kept_push(c, &c->s_hdr, NULL, c->s_out, c->s_ctr - 1);
+                else
+                    kept_push(c, &c->s_hdr, plain, NULL, 0);
                 c->again = ++c->s_count;
             }
             c->s_frame += frame_step(r);
@@ -935,8 +990,11 @@ static int conn_keys(const geoNetCtx *ctx, tcpConn *c, const uint8_t *challenge,
     c->s_buf = rc == 0 ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
     c->r_buf = c->s_buf ? malloc(GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES) : NULL;
     if (c->r_buf == NULL || geoAeadInit(&c->tx_aead, cipher, key[connector ? 0 : 1], 1) != 0 ||
-        geoAeadInit(&c->rx_aead, cipher, key[connector ? 1 : 0], 0) != 0) {
+        geoAeadInit(&c->rx_aead, cipher, key[connector ? 1 : 0], 0) != 0 ||
+        geoAeadInit(&c->tx_open, cipher, key[connector ? 0 : 1], 0) != 0) {
         geoAeadFree(&c->tx_aead);
+        geoAeadFree(&c->rx_aead);
+        geoAeadFree(&c->tx_open);
         free(c->s_buf);
         free(c->r_buf);
         c->s_buf = c->r_buf = NULL;
@@ -955,6 +1013,7 @@ static void conn_keys_free(tcpConn *c)
         return;
     geoAeadFree(&c->tx_aead);
     geoAeadFree(&c->rx_aead);
+    geoAeadFree(&c->tx_open);
     /* the last frames' plaintext */
     geoWipe(c->s_buf, GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
     geoWipe(c->r_buf, GEO_TCP_FRAME + GEO_AEAD_TAG_BYTES);
@@ -1705,6 +1764,8 @@ static void conn_down(tcpState *st, int p, int s)
     c->s_active = 0;  /* a half-sent frame starts again; it was not counted */
     c->r_off = 0;     /* a half-received one is dropped: the peer sends it again */
     c->r_checked = 0;
+    if (c->enc)
+        kept_unseal(c); /* before its key goes */
     conn_keys_free(c);
 }
 
