@@ -130,11 +130,18 @@ static void refused_cc_fails_init(const char *var)
     char want[64];
     snprintf(want, sizeof(want), "%s=no-such-cc", var);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    /* An env id (GEOCCL_COMM_ID): ncclGetUniqueId starts no bootstrap root
+     * in this process, which forks the next tests' ranks and must have no
+     * thread then (tests/harness.c; under AddressSanitizer a child of a
+     * process whose other thread held an allocator lock at fork hangs). The
+     * port is never listened on: init fails before. */
     ncclUniqueId id;
     ncclComm_t c = NULL;
+    setenv("GEOCCL_COMM_ID", "127.0.0.1:9", 1);
     CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
     CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
     CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), var));
+    unsetenv("GEOCCL_COMM_ID");
     unsetenv(var);
     geoParamReload();
 }
