@@ -98,9 +98,12 @@
  * for this); a half-received frame is dropped, each end sends again what
  * the other has not received whole, re-sealed under the new connection's
  * keys, and the cursors go on: the result is the same bits as without the
- * reset.  The other end meanwhile probes the dialler's listener: a refused
- * connect (ECONNREFUSED: no process there any more) ends the wait at once,
- * as a failed dial does; otherwise the wait ends after
+ * reset.  The other end meanwhile probes the dialler's listener: refused
+ * connects (ECONNREFUSED: no process there any more) for 0.5 s end the
+ * wait, as refused dials do (one refusal may come from the path, not the
+ * peer: after an emulated link came back up, a peer that was alive was once
+ * taken for gone so);
+ * otherwise the wait ends after
  * GEOCCL_RECONNECT_TIMEOUT.  A peer gone with nothing pending on the
  * connection counts as closed, like a FIN: an operation that needs it
  * fails when it is posted. */
@@ -238,6 +241,7 @@ typedef struct {
     double down_since;
     struct tcpHs *dial;    /* down, we dialled at set-up: the new handshake */
     int probe_fd;          /* down, the peer dials: a connect to its listener */
+    double refused_since;  /* down: when its listener first refused us (0: it has not) */
     double probe_when;
     uint64_t s_count;      /* data frames sent whole (all incarnations) */
     uint64_t r_count;      /* data frames received whole */
@@ -1837,6 +1841,7 @@ static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
     char why[256];
     conn_free_resume(c);
     c->down = 0;
+    c->refused_since = 0;
     geoSocketTune(c->fd);
     geoSocketSetNonBlocking(c->fd, 1);
     if (peer->cc[0])
@@ -1892,13 +1897,31 @@ static void peer_gone(tcpState *st, int p, int s, const char *what)
     peer->gone = 1;
 }
 
+/* The peer's listener refused us.  Its process is taken for gone once
+ * refusals have lasted GEO_GONE_CONFIRM_S: one refusal may be a path's
+ * (a middlebox, a route coming back) and not the peer's.  1: gone. */
+#define GEO_GONE_CONFIRM_S 0.5
+static int refused_for_good(tcpConn *c, double now)
+{
+    if (c->refused_since <= 0)
+        c->refused_since = now;
+    return now - c->refused_since >= GEO_GONE_CONFIRM_S;
+}
+
 /* A dial of ours failed for good (ctx->err says how). */
 static void dial_failed(tcpState *st, int p, int s)
 {
     tcpConn *c = &st->peers[p].conns[s];
-    if (c->dial->err == ECONNREFUSED) {
+    if (c->dial->err == ECONNREFUSED && refused_for_good(c, geoNow())) {
         peer_gone(st, p, s, "reset the connection, and its listener refuses a new one (its "
                   "process is gone)");
+        return;
+    }
+    if (c->dial->err == ECONNREFUSED) {
+        if (c->dial->fd >= 0)
+            close(c->dial->fd);
+        *c->dial = (tcpHs){.fd = -1, .out = 1, .resume = 1, .state = HS_RETRY, .peer = p,
+                           .stream = s, .when = geoNow() + 0.1, .backoff = 1e-3};
         return;
     }
     if (resettable(c->dial->err)) {
@@ -1956,12 +1979,12 @@ static int poll_down(tcpState *st, int p, int s, double now, struct pollfd *pfd,
     if (c->probe_fd < 0 && now >= c->probe_when &&
         geoSocketConnectStart(&ctx->peers[p].addr, &c->probe_fd) != 0) {
         c->probe_fd = -1;
-        if (errno == ECONNREFUSED) {
+        if (errno == ECONNREFUSED && refused_for_good(c, now)) {
             peer_gone(st, p, s, "reset the connection, and its listener refuses connections "
                       "(its process is gone)");
             return n;
         }
-        c->probe_when = now + 2.0;
+        c->probe_when = now + (errno == ECONNREFUSED ? 0.1 : 2.0);
     }
     if (c->probe_fd >= 0) {
         pfd[n] = (struct pollfd){.fd = c->probe_fd, .events = POLLOUT};
@@ -1976,11 +1999,16 @@ static void probe_done(tcpState *st, int p, int s, double now)
     int err = geoSocketConnectResult(c->probe_fd);
     close(c->probe_fd);
     c->probe_fd = -1;
-    if (err == ECONNREFUSED) {
+    if (err == ECONNREFUSED && refused_for_good(c, now)) {
         peer_gone(st, p, s, "reset the connection, and its listener refuses connections (its "
                   "process is gone)");
         return;
     }
+    if (err == ECONNREFUSED) {
+        c->probe_when = now + 0.1;
+        return;
+    }
+    c->refused_since = 0;
     c->probe_when = now + 2.0; /* alive (or not reachable yet): look again later */
 }
 
