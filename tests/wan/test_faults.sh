@@ -137,6 +137,18 @@ failed_within() {
 
 deadline() { awk -v a="$(now)" -v l="$1" 'BEGIN { printf "%.6f", a + l }'; }
 
+# ranks_failed STEPDIR: how many ranks did not exit 0 with "loop ok" (their
+# last lines go to stderr).
+ranks_failed() {
+    local d=$1 r st bad=0
+    for ((r = 0; r < NR; r++)); do
+        read -r st _ < "$d/rank$r.exit"
+        [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
+            bad=$((bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /' >&2; }
+    done
+    echo "$bad"
+}
+
 echo "== 3 regions x 2 ranks, 1 Gbit/s, 10 ms one-way"
 wan_up -r 3 --rate 1gbit --delay 10ms
 
@@ -189,12 +201,7 @@ ip link set "$NAME-v2" up
 echo "   region 2's link was down for 30 s"
 finish_ranks "$d" "$(deadline 120)"
 # Nothing was reset: the connections outlive the outage; count calls only.
-bad=0
-for ((r = 0; r < NR; r++)); do
-    read -r st _ < "$d/rank$r.exit"
-    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
-        bad=$((bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
-done
+bad=$(ranks_failed "$d")
 grep -h "^rank 0: loop" "$d/rank0.out" | sed 's/^/   /'
 if [ "$bad" = 0 ]; then pass "d. link down for 30 s: every rank exact"
 else fail "d. link down for 30 s: $bad of $NR ranks failed"; fi
@@ -214,12 +221,7 @@ done
 echo "   $n connections between regions 1 and 0 reset while the ranks waited at the root"
 finish_ranks "$d" "$(deadline 60)"
 # (the bootstrap's rejoins are not resumed data connections: no count needed)
-bad=0
-for ((r = 0; r < NR; r++)); do
-    read -r st _ < "$d/rank$r.exit"
-    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
-        bad=$((bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
-done
+bad=$(ranks_failed "$d")
 if [ "$bad" = 0 ] && [ "$n" -gt 0 ]; then pass "g. resets at the bootstrap during init: every rank exact"
 else fail "g. resets at the bootstrap during init: $bad of $NR ranks failed, $n resets"; fi
 
