@@ -120,7 +120,7 @@ typedef struct {
     int joined;       /* ranks that joined (once each, whatever their rejoins) */
     int acked;        /* ranks that confirmed their table (GEO_GOT_MAGIC) */
     int *fds;         /* per rank, -1 until it joined, or while its connection is lost */
-    char *has;        /* per rank: joined; 2: confirmed */
+    char *has;        /* per rank: 0 not joined; 1 joined; 2 confirmed its table */
     uint32_t *got;    /* per rank: the confirmation being read */
     size_t *got_off;
     uint8_t (*token)[GEO_CHALLENGE_BYTES];
@@ -327,7 +327,7 @@ static void root_send_tables(const rootArgs *a, rootState *rs)
                 continue;
             }
             if (rc < 0) {
-                /* (a reset: it joins again, and root_confirm sends it then) */
+                /* (a reset: it joins again, and root_send_one sends it then) */
                 geoInfo(GEO_LOG_INIT, "bootstrap root: could not send the table to rank %d: "
                         "%s", r, why);
                 close(rs->fds[r]);

@@ -482,11 +482,12 @@ ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
         }
         for (int j = 0; j < i && !why[0]; j++) {
             const geoPeerInfo *b = &comm->peers[ring->ranks[j]];
-            if (strcmp(a->net.host, b->net.host) == 0 &&
+            /* (peers' strings, bounded: the table is theirs) */
+            if (strncmp(a->net.host, b->net.host, sizeof(a->net.host)) == 0 &&
                 strncmp(a->dev_bus, b->dev_bus, sizeof(a->dev_bus)) == 0)
-                snprintf(why, sizeof(why), "ranks %d and %d share the GPU %.16s of host %s "
+                snprintf(why, sizeof(why), "ranks %d and %d share the GPU %.16s of host %.*s "
                          "(NVIDIA's NCCL takes one rank per GPU)", ring->ranks[j],
-                         ring->ranks[i], a->dev_bus, a->net.host);
+                         ring->ranks[i], a->dev_bus, (int)sizeof(a->net.host), a->net.host);
         }
     }
     if (why[0] && mode == GEO_NCCL_INIT_EAGER) {
