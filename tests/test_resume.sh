@@ -15,7 +15,10 @@
 #   e. during init: ranks 0-2 of 4 (env bootstrap, one process each) have
 #      joined the bootstrap root and wait for the last one; every
 #      connection to the root is reset; rank 3 starts.  The three join
-#      again (comm/bootstrap/bootstrap.c, their token) and all four run.
+#      again (comm/bootstrap/bootstrap.c, their token) and all four run;
+#   f. from the start: a random connection of the run reset every 30 ms for
+#      2 s, through the bootstrap, the data connections' handshakes, the
+#      probe and the first all-reduces.
 # a-c pass when geoccl-perf exits 0 with "Wrong values : 0 OK" and reports
 # resumed connections and no error.  The time from reset to resume, from
 # the ranks' INFO lines, is printed.
@@ -143,6 +146,24 @@ if [ "$rcs" = " 0 0 0 0" ] && [ "$nb" -ge 3 ] && [ "$again" -ge 3 ] &&
 else
     fail "init: exits$rcs, $nb connections reset, $again joined again; last lines:"
     tail -n 5 "$LOG"/init?.err | sed 's/^/    /'
+fi
+# f. resets from the start, init included
+env GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT,NET "$PERF" -N 4 -b 4M -e 4M -n 20 -w 1 \
+    >"$LOG/storm.out" 2>"$LOG/storm.err" &
+RUN=$!
+kills=0
+for _ in $(seq 60); do
+    p=$(rank_ports "$RUN" | shuf -n1)
+    [ -n "$p" ] && ss -K "( sport = :${p% *} and dport = :${p#* } )" >/dev/null 2>&1 &&
+        kills=$((kills + 1))
+    sleep 0.03
+done
+timeout 120 tail --pid="$RUN" -f /dev/null; wait "$RUN"; rc=$?
+if [ "$rc" = 0 ] && [ "$kills" -gt 0 ] && grep -q "Wrong values *: 0 OK" "$LOG/storm.out"; then
+    pass "storm: $kills resets from the start (init included), 0 wrong values; $(grep -c "again\|resumed" "$LOG/storm.err") rejoins and resumes"
+else
+    fail "storm: exit $rc after $kills resets; last lines:"
+    tail -n 5 "$LOG/storm.out" "$LOG/storm.err" | sed 's/^/    /'
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -216,6 +216,7 @@ typedef struct {
     int connector;         /* this end made the segment: its ring and mailbox 0 go out */
     int kick;              /* bytes moved through a ring: ring the peer's doorbell */
     int closed;            /* peer closed or reset: no more polling */
+    int acking;            /* set-up: we accepted it, our ack is still in flight */
     int enc;               /* frames are sealed (tx) and opened (rx) */
     geoAead tx_aead, rx_aead;
     geoAead tx_open;       /* our own key, to open frames kept sealed (resume) */
@@ -1105,6 +1106,7 @@ typedef struct tcpHs {
     double backoff; /* out: wait before the next attempt */
     int err;        /* out: errno of the last failed attempt */
     int drops;      /* out: times the peer closed it before proving itself */
+    int replaces;   /* in, set-up: it replaces its slot's earlier connection */
     size_t off;     /* bytes of the current message moved */
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
@@ -1327,6 +1329,7 @@ static void hs_drop(tcpState *st, tcpHs *h, const char *why)
                 st->dropped == GEO_TCP_DROP_LOG ? " (further drops are only counted)" : "");
     if (h->state == HS_ACK) { /* release the slot it claimed */
         st->peers[h->peer].conns[h->stream].fd = -1;
+        st->peers[h->peer].conns[h->stream].acking = 0;
         st->peers[h->peer].conns[h->stream].local = 0;
         conn_keys_free(&st->peers[h->peer].conns[h->stream]);
     }
@@ -1337,9 +1340,29 @@ static void hs_drop(tcpState *st, tcpHs *h, const char *why)
 
 static void resume_claim(tcpState *st, tcpHs *h);
 
+/* Whether hello m may claim its slot on the connection h accepted.
+ * At set-up (!h->resume) a fresh hello claims a free slot.  After set-up a
+ * resume hello claims a TCP slot (track).  Both also take a fresh hello
+ * for a TCP slot taken at set-up on which nothing has arrived: the dialler
+ * lost that connection before our ack reached it whole (a reset during its
+ * handshake), so it dials afresh; it has received nothing of ours, and
+ * after set-up the slot resumes with its count 0 (what we sent meanwhile
+ * is kept and goes again).  While our ack is still going out (acking) the
+ * old attempt holds the slot: its failure frees it, and the dialler tries
+ * again.  The hello's proof is checked after this. */
+static int hello_fits(const tcpState *st, const tcpHs *h, const tcpHello *m)
+{
+    const tcpConn *c = &st->peers[m->rank].conns[m->stream];
+    int again = !m->resume && m->count == 0 && c->r_count == 0;
+    if (h->resume)
+        return c->track && (m->resume || again);
+    return !m->resume && (c->fd < 0 || (again && !c->acking && !c->local && !h->local));
+}
+
 /* Advance an accepted handshake without blocking.  A stranger gets 16
- * random bytes and nothing else.  1: done; 0: waiting; -1: dropped
- * (logged and closed). */
+ * random bytes and nothing else.  1: done; 2: done at set-up, replacing
+ * its slot's earlier connection (which set-up counted already); 0:
+ * waiting; -1: dropped (logged and closed). */
 static int hs_in_step(tcpState *st, tcpHs *h)
 {
     geoNetCtx *ctx = st->ctx;
@@ -1363,9 +1386,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 goto wait_or_drop;
             if (m->magic != GEO_HELLO_MAGIC || m->rank <= ctx->rank ||
                 m->rank >= ctx->nranks || m->to != ctx->rank || m->stream < 0 ||
-                m->stream >= st->nstreams || m->resume != h->resume ||
-                (h->resume ? !st->peers[m->rank].conns[m->stream].track
-                           : st->peers[m->rank].conns[m->stream].fd >= 0)) {
+                m->stream >= st->nstreams || !hello_fits(st, h, m)) {
                 hs_drop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
@@ -1400,8 +1421,24 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             h->peer = m->rank;
             h->stream = m->stream;
             tcpConn *c = &st->peers[h->peer].conns[h->stream];
-            if (h->resume)
+            if (h->resume) {
+                if (!m->resume)
+                    geoInfo(GEO_LOG_NET, "rank %d, stream %d: it dialled again at set-up after "
+                            "our ack was lost, and our set-up is over: resuming the connection "
+                            "from its start", h->peer, h->stream);
                 resume_claim(st, h);
+            } else if (c->fd >= 0) {
+                /* Set-up, and the slot was taken by its earlier attempt,
+                 * which our ack never reached whole (hello_fits): this
+                 * proven attempt replaces it. */
+                geoInfo(GEO_LOG_NET, "rank %d, stream %d: it dialled again at set-up after "
+                        "our ack was lost; replacing its first connection", h->peer, h->stream);
+                close(c->fd);
+                c->fd = -1;
+                c->local = 0;
+                conn_keys_free(c);
+                h->replaces = 1;
+            }
             memset(&h->ack, 0, sizeof(h->ack));
             h->ack.count = h->resume ? c->r_count : 0;
             if (enc) {
@@ -1424,6 +1461,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             if (!h->resume) { /* a resumed connection is installed once our ack is out */
                 c->fd = h->fd;
                 c->local = h->local;
+                c->acking = 1;
             }
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
@@ -1439,9 +1477,10 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 goto wait_or_drop;
             if (h->resume)
                 st->peers[h->peer].conns[h->stream].fd = h->fd;
+            st->peers[h->peer].conns[h->stream].acking = 0;
             h->fd = -1; /* now owned by peers[peer].conns[stream] */
             h->state = HS_DONE;
-            return 1;
+            return h->replaces ? 2 : 1;
         default:
             return h->state == HS_DONE ? 1 : -1;
         }
@@ -1649,7 +1688,7 @@ static ncclResult_t setup_connections(tcpState *st)
                 }
                 out_done += r;
             } else {
-                in_done += hs_in_step(st, &pend[-1 - map[k]]) > 0;
+                in_done += hs_in_step(st, &pend[-1 - map[k]]) == 1;
             }
         }
         for (int i = 0; i < npend; i++)
@@ -1705,7 +1744,7 @@ static ncclResult_t setup_connections(tcpState *st)
                     cap_pend = cap_pend * 2 + 16;
                 }
                 pend[npend] = h;
-                in_done += hs_in_step(st, &pend[npend]) > 0;
+                in_done += hs_in_step(st, &pend[npend]) == 1;
                 npend++;
             }
         }
