@@ -29,7 +29,7 @@
 #      where the acceptor's set-up is over: hello_fits in
 #      comm/transport/net_tcp.c), the probe (GEOCCL_PROBE=1) and the first
 #      calls.  How many dialled again is printed: at 10 ms one-way a few
-#      per run; at 40 ms, 18-37 (6 runs, every rank exact).
+#      per run; the same for 4 s at 40 ms, 18-37 (6 runs, every rank exact).
 # What a dead peer does, which must end every other rank with a clear error
 # (exit 2, after ncclCommAbort returned), never a hang:
 #   e. a rank SIGKILLed: every other rank fails within 2 s;
