@@ -204,7 +204,10 @@ ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
  * reason in words, [out] loss, the share of TCP segments the probe's
  * transfer lost on that pair (< 0: not measured).  Every rank computes
  * every pair from the figures all ranks hold; whether the kernel has bbr
- * is this rank's.  Any output may be NULL; valid while comm lives.
+ * is this rank's.  For this rank's own region (from), a pair it moved
+ * from bbr to cubic after init, once its connections' own counts showed
+ * cubic would do (README, "Congestion control between regions"), says
+ * cubic and why.  Any output may be NULL; valid while comm lives.
  * ncclInvalidArgument for a NULL/dead comm or a region out of range. */
 ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char **cc,
                                   const char **why, double *loss);

@@ -956,3 +956,38 @@ int topoWanCcChoice(double share, double rtt, double loss, double segs, int stre
              *streams_out, *streams_out == 1 ? "" : "s", fmin(per, 1e12) * 8e-6, share * 8e-6);
     return TOPO_CC_CUBIC;
 }
+
+int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
+                     double segs, int streams, double gap, double rto, int restart_idle,
+                     char *why, size_t len)
+{
+    const double mss = 1448;
+    int n = streams < 1 ? 1 : streams;
+    if (restart_idle && rto > 0 && gap > rto) {
+        snprintf(why, len, "calls %.0f ms apart, more than the %.0f ms retransmission timeout: "
+                 "cubic would start its window again after each pause, BBR does not",
+                 gap * 1e3, rto * 1e3);
+        return TOPO_CC_BBR;
+    }
+    if (segs < TOPO_LOSS_MIN_SEGS || !(rtt > 0) || !(msg > 0)) {
+        snprintf(why, len, "too little counted yet (%.0f segments)", segs);
+        return TOPO_CC_BBR;
+    }
+    /* the same bound as topoWanCcChoice's */
+    double hi = (retrans + 2 + 1.645 * sqrt(retrans + 1)) / segs;
+    double window = sqrt(1.5 / hi);
+    double conns = fmin(n, fmax(1, ceil(msg / fmax(stripe, 1))));
+    double need = msg / conns / mss;
+    if (window >= need) {
+        snprintf(why, len, "%.0f of %.0f segments sent again, loss at most %.3g%%: cubic's mean "
+                 "window of %.0f segments holds a %.0f KB message's %.0f per connection",
+                 retrans, segs, hi * 100, window, msg / 1e3, need);
+        return TOPO_CC_CUBIC;
+    }
+    char inner[192];
+    int m;
+    int c = topoWanCcChoice(share, rtt, retrans / segs, segs, n, 1, n, &m, inner, sizeof(inner));
+    snprintf(why, len, "%s; cubic's mean window of %.0f segments is short of a %.0f KB "
+             "message's %.0f per connection", inner, window, msg / 1e3, need);
+    return c;
+}

@@ -274,4 +274,26 @@ enum { TOPO_CC_CUBIC = 0, TOPO_CC_BBR = 1 };
 int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
                     int bbr_ok, int max_streams, int *streams_out, char *why, size_t len);
 
+/* GEOCCL_WAN_CC=auto after init, for a pair left on BBR (probe.c,
+ * geoWanWatchCallEnd): whether this rank's connections to it may now run
+ * cubic.  msg: the mean bytes of the messages sent across regions in the
+ * last window; stripe: the bytes a message puts on one connection before
+ * the next (it spreads over min(streams, msg / stripe) of them); share: a
+ * bulk transfer's bytes/s per rank to the pair, as at init; retrans of
+ * segs: what the connections sent again of all they sent since they opened
+ * (the probe's transfer included; spurious ones count, so the loss is
+ * overstated, never understated); gap: the longest pause between calls in
+ * the window; rto: the connections' retransmission timeout; restart_idle:
+ * the kernel's tcp_slow_start_after_idle.  Cubic where, at the highest
+ * loss the counts leave plausible (topoWanCcChoice's bound), either
+ * cubic's mean window on each connection holds a message's share of it
+ * (sqrt(3 / (2p)) segments: such messages cross in about one round trip,
+ * as with BBR), or the streams hold the bulk share as topoWanCcChoice asks
+ * at init; and the calls do not pause for longer than an RTO (cubic,
+ * unlike BBR, starts its window again after each such pause).  BBR
+ * otherwise.  why gets the reason in words. */
+int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
+                     double segs, int streams, double gap, double rto, int restart_idle,
+                     char *why, size_t len);
+
 #endif

@@ -1170,6 +1170,128 @@ static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, geoTopo *t)
     return ncclSuccess;
 }
 
+/* ---- GEOCCL_WAN_CC=auto after init (probe.h, geoWanWatch) ------------- */
+
+static int read_sysctl_int(const char *path, int dflt)
+{
+    FILE *f = fopen(path, "r");
+    int v = dflt;
+    if (f == NULL)
+        return dflt;
+    if (fscanf(f, "%d", &v) != 1)
+        v = dflt;
+    fclose(f);
+    return v;
+}
+
+void geoWanWatchCallStart(geoWanWatch *w, double now)
+{
+    if (w->on > 0 && w->last_end > 0 && now - w->last_end > w->gap)
+        w->gap = now - w->last_end;
+}
+
+static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m, int rank,
+                          geoNet *net, double now)
+{
+    const char *cc = geoSocketWanCc();
+    int R = m->nregions, g = m->region_of[rank], any = 0;
+    if (cc == NULL || strcmp(cc, "auto") != 0 || t->wan_choice == NULL || R < 2 ||
+        net->ops->linkStats == NULL || net->ops->setCongestion == NULL ||
+        !kernel_has_cc("cubic"))
+        return -1;
+    w->cc = malloc(sizeof(int) * (size_t)R);
+    w->why = calloc((size_t)R, sizeof(*w->why));
+    if (w->cc == NULL || w->why == NULL)
+        return -1;
+    for (int h = 0; h < R; h++) {
+        w->cc[h] = h == g ? -1 : t->wan_choice[g * R + h];
+        any += w->cc[h] == TOPO_CC_BBR;
+    }
+    if (!any)
+        return -1;
+    w->bytes = net->sent.wan;
+    w->msgs = net->sent.wan_msgs;
+    w->restart_idle = read_sysctl_int("/proc/sys/net/ipv4/tcp_slow_start_after_idle", 1);
+    w->since = now;
+    w->gap = 0;
+    return 1;
+}
+
+void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m, int rank,
+                        int nranks, int nstreams, geoNet *net, double now)
+{
+    if (w->on == 0)
+        w->on = wan_watch_init(w, t, m, rank, net, now);
+    if (w->on <= 0)
+        return;
+    w->last_end = now;
+    double span = now - w->since;
+    if (span < GEO_WAN_WATCH_S)
+        return;
+    const int R = m->nregions, g = m->region_of[rank];
+    const int streams = t->streams_used > 0 ? t->streams_used : nstreams;
+    const uint64_t msgs = net->sent.wan_msgs - w->msgs;
+    const double msg = msgs > 0 ? (double)(net->sent.wan - w->bytes) / (double)msgs : 0;
+    int left = 0;
+    for (int h = 0; h < R; h++) {
+        if (w->cc[h] != TOPO_CC_BBR)
+            continue;
+        double segs = 0, retrans = 0, rto = 0;
+        for (int r = 0; r < nranks; r++) {
+            geoLinkStats ls;
+            if (m->region_of[r] != h || net->ops->linkStats(net->state, r, &ls) != 0)
+                continue;
+            segs += (double)ls.segs_out;
+            retrans += (double)ls.retrans;
+            rto = fmax(rto, ls.rto);
+        }
+        char why[GEO_PROBE_WHY_LEN];
+        double rtt = t->region_rtt != NULL ? t->region_rtt[g * R + h] : 0;
+        double share = pair_rate(t, R, g, h) / m->size[g];
+        if (msgs == 0 ||
+            topoWanCcRevisit(msg, GEO_NET_STRIPE_BYTES, share, rtt, retrans, segs, streams,
+                             w->gap, rto, w->restart_idle, why, sizeof(why)) != TOPO_CC_CUBIC) {
+            left++;
+            continue;
+        }
+        int err = 0;
+        for (int r = 0; r < nranks; r++)
+            if (m->region_of[r] == h) {
+                int e = net->ops->setCongestion(net->state, r, "cubic");
+                err = err ? err : e;
+            }
+        if (err != 0) {
+            geoInfo(GEO_LOG_NET, "WAN region %d -> %d: staying on bbr (cubic refused: %s)", g, h,
+                    strerror(err));
+            for (int r = 0; r < nranks; r++)
+                if (m->region_of[r] == h)
+                    net->ops->setCongestion(net->state, r, "bbr");
+            w->cc[h] = -1;
+            continue;
+        }
+        w->cc[h] = TOPO_CC_CUBIC;
+        w->moved++;
+        snprintf(w->why[h], sizeof(w->why[h]), "after init, for what the connections carried: "
+                 "%s", why);
+        geoInfo(GEO_LOG_NET, "WAN plan: region %d -> %d: cubic from now on, for what this "
+                "rank's connections carried in the last %.1f s (%s; calls at most %.0f ms "
+                "apart; GEOCCL_WAN_CC=auto)", g, h, span, why, w->gap * 1e3);
+    }
+    if (left == 0)
+        w->on = -1; /* nothing left on BBR */
+    w->since = now;
+    w->gap = 0;
+    w->bytes = net->sent.wan;
+    w->msgs = net->sent.wan_msgs;
+}
+
+void geoWanWatchFree(geoWanWatch *w)
+{
+    free(w->cc);
+    free(w->why);
+    memset(w, 0, sizeof(*w));
+}
+
 static ncclResult_t wan_congestion(geoProbeCtx *pc)
 {
     const topoRegionMap *m = pc->regions;

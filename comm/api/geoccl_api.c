@@ -264,10 +264,16 @@ ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char 
                   ncclInvalidArgument, "geocclCommGetWanPlan: regions %d, %d out of range (%d "
                   "regions)", from, to, t->nregions);
     int k = from * t->nregions + to, c = t->wan_choice != NULL ? t->wan_choice[k] : -1;
+    /* this rank's own pairs: moved to cubic after init (probe.h, geoWanWatch)? */
+    const geoWanWatch *w = &comm->wan_watch;
+    int moved = w->cc != NULL && from == comm->regions.region_of[comm->rank] &&
+                to < comm->regions.nregions && w->cc[to] == TOPO_CC_CUBIC && c == TOPO_CC_BBR;
+    if (moved)
+        c = TOPO_CC_CUBIC;
     if (cc)
         *cc = c == TOPO_CC_BBR ? "bbr" : c == TOPO_CC_CUBIC ? "cubic" : "";
     if (why)
-        *why = c >= 0 && t->wan_why != NULL ? t->wan_why[k] : "";
+        *why = moved ? w->why[to] : c >= 0 && t->wan_why != NULL ? t->wan_why[k] : "";
     if (loss)
         *loss = t->loss != NULL ? t->loss[k] : -1;
     return ncclSuccess;

@@ -221,6 +221,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
+    geoWanWatchFree(&comm->wan_watch);
     geoTopoInheritFree(&comm->inherit);
     geoTuningFree(comm);
     if (comm->topo_file_loaded)

@@ -75,6 +75,8 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
+    geoWanWatchCallStart(&comm->wan_watch, geoNow());
+
     /* The plan (comm/coll/tuning.h): algorithm, codec and chunk of this call.
      * Every rank decides from the same plan and the same size. */
     int use_hier, codec;
@@ -182,6 +184,11 @@ ncclResult_t geoCollRun(geoOp *in)
     comm->chunk_size = saved_chunk;
     comm->hier_slice = saved_slice;
     free(scaled);
+    /* Between regions, the control each pair runs may change once what it
+     * carries is known (probe.h, geoWanWatch). */
+    if (res == ncclSuccess && comm->regions.nregions > 1)
+        geoWanWatchCallEnd(&comm->wan_watch, &comm->topo, &comm->regions, comm->rank,
+                           comm->nranks, comm->nstreams, &comm->net, geoNow());
     return res;
 }
 

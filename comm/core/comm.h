@@ -139,6 +139,7 @@ struct ncclComm {
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
     geoTopo topo;               /* what the probe measured (probe.h) */
+    geoWanWatch wan_watch;      /* GEOCCL_WAN_CC=auto after init (probe.h) */
     geoTopoInherit inherit;     /* a split/shrink child: the parent's topology */
     topoFile topo_file;         /* GEOCCL_TOPO_FILE as loaded */
     int topo_file_loaded;

@@ -127,7 +127,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define GEO_TCP_FRAME (256 * 1024)
+#define GEO_TCP_FRAME GEO_NET_STRIPE_BYTES
 #define GEO_FRAME_MAGIC 0x47454f46u /* "GEOF" */
 #define GEO_HELLO_MAGIC 0x47454f32u /* "GEO2": the hello of this protocol */
 #define GEO_ACCEPT_MAGIC 0x47454f41u /* "GEOA" */

@@ -31,6 +31,7 @@ static void count_send(geoNet *net, int peer, size_t size, size_t raw)
     if (net->region_of && net->region_of[peer] != net->region_of[net->ctx.rank]) {
         net->sent.wan += size;
         net->sent.wan_raw += raw;
+        net->sent.wan_msgs++;
     } else {
         net->sent.intra += size;
     }

@@ -151,11 +151,16 @@ typedef struct geoNetTransport {
 extern const geoNetTransport geoNetTcp;
 extern const geoNetTransport *const geoNetTransports[];
 
+/* A message crosses a pair's connections in pieces of this many bytes,
+ * each piece on the next connection (net_tcp.c's frames). */
+#define GEO_NET_STRIPE_BYTES (256 * 1024)
+
 /* Bytes the wrappers below sent, by where they went. */
 typedef struct {
     uint64_t intra;             /* to ranks of my region */
     uint64_t wan;               /* to ranks of other regions */
     uint64_t wan_raw;           /* what that would have been uncompressed */
+    uint64_t wan_msgs;          /* messages to ranks of other regions */
 } geoNetBytes;
 
 /* A communicator's transport as the layers above use it. */

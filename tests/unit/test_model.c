@@ -822,6 +822,47 @@ static void test_wan_cc_choice(void)
     CU_ASSERT_EQUAL(n, 8);
 }
 
+/* After init (probe.h, geoWanWatch): a pair on BBR moves to cubic when
+ * cubic's window at the loss the counts allow holds a message, or its
+ * streams hold the bulk share; never across pauses longer than an RTO. */
+static void test_wan_cc_revisit(void)
+{
+    char why[192];
+    const double share = 25e6 / 8, rtt = 0.05, stripe = 256 * 1024, rto = 0.25;
+    /* DDP's 59 KB messages: 41 segments on one connection; none sent again
+     * of 4320: the loss is at most 0.084%, cubic's mean window 42 */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 4320, 2, 0.016, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "window of 42 segments holds"));
+    /* of the probe's 3400 alone, 0.107% and a window of 37: not yet */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 3400, 2, 0.016, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "short of"));
+    /* 1% sent again: bbr */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 43, 4320, 2, 0.016, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_BBR);
+    /* calls 400 ms apart: cubic would restart its window each time, unless
+     * the kernel is told not to */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 1e6, 2, 0.4, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "start its window again"));
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 1e6, 2, 0.4, rto, 0, why,
+                                     sizeof(why)), TOPO_CC_CUBIC);
+    /* too little counted */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 300, 2, 0.016, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_BBR);
+    /* bulk, 1.4 MB messages over 2 streams (483 segments each): by the
+     * window after 1e6 clean segments; by the bulk share (2 x 21 Mbit/s
+     * >= 1.25 x 25) after 20000; neither after 5000 */
+    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 1e6, 2, 0.01, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 20000, 2, 0.01, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "streams of cubic hold"));
+    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 5000, 2, 0.01, rto, 1, why,
+                                     sizeof(why)), TOPO_CC_BBR);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS)
@@ -849,6 +890,7 @@ int main(void)
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
     CU_add_test(s, "simulate 4 x 1024 ranks", test_simulate_4x1024);
     CU_add_test(s, "WAN congestion control from loss", test_wan_cc_choice);
+    CU_add_test(s, "WAN congestion control revisited after init", test_wan_cc_revisit);
     CU_add_test(s, "loss term of a loss-driven control", test_loss_term);
 
     CU_basic_set_mode(CU_BRM_VERBOSE);

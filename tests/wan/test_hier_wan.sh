@@ -16,6 +16,11 @@
 #      fast-path peers with 1 and none with 0, and the bytes through all
 #      regions' shapers must be the same within 5% (a fast path between
 #      regions would bypass the shapers and shrink them).
+#   w. GEOCCL_WAN_CC=auto after init (topology/probe.h, geoWanWatch): 3
+#      regions x 2 ranks, 100 Mbit/s, 25 ms, 12 s of 340 KB all-reduces at
+#      defaults (probe on): on clean links every rank moves its connections
+#      to both other regions from bbr to cubic; with 1% random loss none
+#      does; every result exact both times.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
 #      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
 #      link goes down (inside its namespace, so peers see a dead link: no
@@ -142,6 +147,44 @@ if [ "$e_bad" = 0 ] && [ "${SHAPED[0]}" -gt 0 ] &&
     pass "e. the fast path joins exactly the ranks of each region; WAN bytes unchanged"
 else
     fail "e. fast path: $e_bad ranks with the wrong peer count, shaper bytes ${SHAPED[0]} vs ${SHAPED[1]}"
+fi
+
+# ---- w: the WAN's congestion control after init ---------------------------------
+
+# watch STEP PORT: 3 regions x 2 ranks loop for 12 s on 340 KB
+# all-reduces (DDP's gradient bucket of a small model) at defaults; prints
+# per rank how many other regions its connections moved to cubic, in
+# $MOVED ("r0:2 r1:2 ..."), and fails the step unless every rank ended
+# "loop ok".
+watch() {
+    local step=$1 port=$2 r n bad=0
+    d=$WORK/$step
+    GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET start "$d" "$port" 60 "0 0 1 1 2 2" loop 12 348160
+    finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
+    MOVED=""
+    for ((r = 0; r < NR; r++)); do
+        read -r st _ < "$d/rank$r.exit"
+        [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
+            bad=$((bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
+        n=$(grep -c "cubic from now on" "$d/rank$r.out")
+        MOVED="$MOVED r$r:$n"
+    done
+    RANK_PIDS=()
+    grep -h "cubic from now on" "$d/rank0.out" | head -1 | sed 's/.*INFO /   rank 0: /'
+    return "$bad"
+}
+echo "== w. 3 regions, 100 Mbit/s, 25 ms one-way, 340 KB all-reduces: clean, then 1% loss"
+wan_up -r 3 --rate 100mbit --delay 25ms
+if watch clean 29530 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':2$')" = 6 ]; then
+    pass "w. clean links: every rank moved its pairs from bbr to cubic after init ($MOVED)"
+else
+    fail "w. clean links: ranks' pairs moved to cubic:$MOVED (every rank should say 2)"
+fi
+wan_up -r 3 --rate 100mbit --delay 25ms --loss 1 --seed 5
+if watch lossy 29531 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':0$')" = 6 ]; then
+    pass "w. 1% loss: every pair stayed on bbr ($MOVED)"
+else
+    fail "w. 1% loss: ranks' pairs moved to cubic:$MOVED (every rank should say 0)"
 fi
 
 # ---- d: region 2 cut off mid-all-reduce -----------------------------------------
