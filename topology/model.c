@@ -958,15 +958,15 @@ int topoWanCcChoice(double share, double rtt, double loss, double segs, int stre
 }
 
 int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
-                     double segs, int streams, double gap, double rto, int restart_idle,
+                     double segs, int streams, int paused, int calls, int restart_idle,
                      char *why, size_t len)
 {
     const double mss = 1448;
     int n = streams < 1 ? 1 : streams;
-    if (restart_idle && rto > 0 && gap > rto) {
-        snprintf(why, len, "calls %.0f ms apart, more than the %.0f ms retransmission timeout: "
-                 "cubic would start its window again after each pause, BBR does not",
-                 gap * 1e3, rto * 1e3);
+    if (restart_idle && paused * 8 > calls) {
+        snprintf(why, len, "%d of %d calls came after a pause of over %.0f ms: cubic would "
+                 "start its window again after each, BBR does not", paused, calls,
+                 TOPO_RTO_MIN_S * 1e3);
         return TOPO_CC_BBR;
     }
     if (segs < TOPO_LOSS_MIN_SEGS || !(rtt > 0) || !(msg > 0)) {

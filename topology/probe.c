@@ -1186,8 +1186,13 @@ static int read_sysctl_int(const char *path, int dflt)
 
 void geoWanWatchCallStart(geoWanWatch *w, double now)
 {
-    if (w->on > 0 && w->last_end > 0 && now - w->last_end > w->gap)
-        w->gap = now - w->last_end;
+    if (w->on <= 0 || w->last_end <= 0)
+        return;
+    double pause = now - w->last_end;
+    w->calls++;
+    w->paused += pause > TOPO_RTO_MIN_S;
+    if (pause > w->gap)
+        w->gap = pause;
 }
 
 static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m, int rank,
@@ -1226,7 +1231,7 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
         return;
     w->last_end = now;
     double span = now - w->since;
-    if (span < GEO_WAN_WATCH_S)
+    if (span < GEO_WAN_WATCH_S || w->calls < GEO_WAN_WATCH_CALLS)
         return;
     const int R = m->nregions, g = m->region_of[rank];
     const int streams = t->streams_used > 0 ? t->streams_used : nstreams;
@@ -1236,21 +1241,21 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
     for (int h = 0; h < R; h++) {
         if (w->cc[h] != TOPO_CC_BBR)
             continue;
-        double segs = 0, retrans = 0, rto = 0;
+        double segs = 0, retrans = 0;
         for (int r = 0; r < nranks; r++) {
             geoLinkStats ls;
             if (m->region_of[r] != h || net->ops->linkStats(net->state, r, &ls) != 0)
                 continue;
             segs += (double)ls.segs_out;
             retrans += (double)ls.retrans;
-            rto = fmax(rto, ls.rto);
         }
         char why[GEO_PROBE_WHY_LEN];
         double rtt = t->region_rtt != NULL ? t->region_rtt[g * R + h] : 0;
         double share = pair_rate(t, R, g, h) / m->size[g];
         if (msgs == 0 ||
             topoWanCcRevisit(msg, GEO_NET_STRIPE_BYTES, share, rtt, retrans, segs, streams,
-                             w->gap, rto, w->restart_idle, why, sizeof(why)) != TOPO_CC_CUBIC) {
+                             w->paused, w->calls, w->restart_idle, why,
+                             sizeof(why)) != TOPO_CC_CUBIC) {
             left++;
             continue;
         }
@@ -1281,6 +1286,7 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
         w->on = -1; /* nothing left on BBR */
     w->since = now;
     w->gap = 0;
+    w->calls = w->paused = 0;
     w->bytes = net->sent.wan;
     w->msgs = net->sent.wan_msgs;
 }

@@ -150,17 +150,20 @@ void geoTopoFree(geoTopo *t);
  * steps of 130 ms against cubic's 98 ms, with no packet lost
  * (BENCHMARKS.md, "PyTorch on emulated regions").  So each rank watches
  * what its connections to each region carry, per window of
- * GEO_WAN_WATCH_S: the mean size of its messages to other regions, the
- * segments sent and sent again (TCP_INFO), and the pauses between calls;
+ * GEO_WAN_WATCH_S and GEO_WAN_WATCH_CALLS: the mean size of its messages
+ * to other regions, the segments sent and sent again (TCP_INFO), and the
+ * pauses between calls;
  * and a pair on BBR moves to cubic once topoWanCcRevisit says cubic's
  * window holds such messages at the loss counted.  The move is
  * made once, each rank for its own sending side; a pair does not go back
  * (under cubic, its own drops at a full queue would count as loss). */
-#define GEO_WAN_WATCH_S 1.0
+#define GEO_WAN_WATCH_S 1.0     /* a window lasts this long ... */
+#define GEO_WAN_WATCH_CALLS 8   /* ... and this many calls at least */
 typedef struct {
     int on;                 /* watching (auto, and some pair on BBR); -1: never */
     double since;           /* start of the window */
     double last_end;        /* when the last call ended; 0: none yet */
+    int calls, paused;      /* calls in the window; those after a pause over TOPO_RTO_MIN_S */
     double gap;             /* longest wait between calls in the window */
     uint64_t bytes, msgs;   /* net->sent.wan and .wan_msgs at the window's start */
     int *cc;                /* [R] TOPO_CC_* of my connections to each region; -1 not ours */

@@ -31,8 +31,6 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
     acc->segs_out += ti.tcpi_data_segs_out;
     acc->segs_in += ti.tcpi_data_segs_in;
     acc->retrans += ti.tcpi_total_retrans;
-    if (ti.tcpi_rto * 1e-6 > acc->rto)
-        acc->rto = ti.tcpi_rto * 1e-6;
     double srtt = ti.tcpi_rtt * 1e-6, var = ti.tcpi_rttvar * 1e-6;
     if (srtt > acc->srtt)
         acc->srtt = srtt;

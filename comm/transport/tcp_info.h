@@ -12,7 +12,6 @@ typedef struct {
     uint64_t retrans;   /* segments sent again (tcpi_total_retrans): the
                          * path's losses, the spurious ones and, under a
                          * loss-driven control, the queue's own drops */
-    double rto;         /* seconds: the largest retransmission timeout */
     double srtt;        /* seconds: the largest smoothed RTT of the connections */
     double rttvar;      /* seconds: the largest RTT variation (mean deviation) */
     int conns;          /* connections counted */
