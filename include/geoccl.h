@@ -193,8 +193,10 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo);
 ncclResult_t geocclCommGetWarmup(ncclComm_t comm, int *regionPairs, double *sec);
 
 /* [out] name: the TCP congestion control this rank set on its connections
- * to other regions (GEOCCL_WAN_CC), or "" when they kept the others' (one
- * region, GEOCCL_WAN_CC=host, or a kernel that refused it).  Valid while
+ * to other regions at init (GEOCCL_WAN_CC; "mixed" where auto chose per
+ * pair), or "" when they kept the others' (one region, GEOCCL_WAN_CC=host,
+ * or a kernel that refused it).  Pairs moved from bbr to cubic after init
+ * are not reflected: geocclCommGetWanPlan says those.  Valid while
  * comm lives.  ncclInvalidArgument for a NULL/dead comm or NULL name. */
 ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
 

@@ -1098,7 +1098,9 @@ static int kernel_has_cc(const char *name)
     if (fgets(buf, sizeof(buf), f) == NULL)
         buf[0] = '\0';
     fclose(f);
-    for (char *tok = strtok(buf, " \n"); tok != NULL; tok = strtok(NULL, " \n"))
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, " \n", &save); tok != NULL;
+         tok = strtok_r(NULL, " \n", &save))
         if (strcmp(tok, name) == 0)
             return 1;
     return 0;
@@ -1206,8 +1208,13 @@ static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap 
         return -1;
     w->cc = malloc(sizeof(int) * (size_t)R);
     w->why = calloc((size_t)R, sizeof(*w->why));
-    if (w->cc == NULL || w->why == NULL)
+    if (w->cc == NULL || w->why == NULL) {
+        free(w->cc);
+        free(w->why);
+        w->cc = NULL;
+        w->why = NULL;
         return -1;
+    }
     for (int h = 0; h < R; h++) {
         w->cc[h] = h == g ? -1 : t->wan_choice[g * R + h];
         any += w->cc[h] == TOPO_CC_BBR;
@@ -1231,6 +1238,15 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
         return;
     w->last_end = now;
     double span = now - w->since;
+    if (net->sent.wan_msgs < w->msgs || net->sent.wan < w->bytes) {
+        /* the counters were reset (geocclCommResetStats): a new window */
+        w->since = now;
+        w->calls = w->paused = 0;
+        w->gap = 0;
+        w->bytes = net->sent.wan;
+        w->msgs = net->sent.wan_msgs;
+        return;
+    }
     if (span < GEO_WAN_WATCH_S || w->calls < GEO_WAN_WATCH_CALLS)
         return;
     const int R = m->nregions, g = m->region_of[rank];

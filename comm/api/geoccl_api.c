@@ -266,7 +266,7 @@ ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char 
     int k = from * t->nregions + to, c = t->wan_choice != NULL ? t->wan_choice[k] : -1;
     /* this rank's own pairs: moved to cubic after init (probe.h, geoWanWatch)? */
     const geoWanWatch *w = &comm->wan_watch;
-    int moved = w->cc != NULL && from == comm->regions.region_of[comm->rank] &&
+    int moved = w->cc != NULL && w->why != NULL && from == comm->regions.region_of[comm->rank] &&
                 to < comm->regions.nregions && w->cc[to] == TOPO_CC_CUBIC && c == TOPO_CC_BBR;
     if (moved)
         c = TOPO_CC_CUBIC;

@@ -288,6 +288,7 @@ typedef struct {
     int broken;
     ncclResult_t broken_res;
     int dropped;                    /* connections dropped during set-up */
+    int uncounted;                  /* set-up: counted slots since replaced (hs_in_step) */
     /* after set-up: resume handshakes accepted on listen_fd */
     int running;
     struct tcpHs *rpend;
@@ -1106,7 +1107,6 @@ typedef struct tcpHs {
     double backoff; /* out: wait before the next attempt */
     int err;        /* out: errno of the last failed attempt */
     int drops;      /* out: times the peer closed it before proving itself */
-    int replaces;   /* in, set-up: it replaces its slot's earlier connection */
     size_t off;     /* bytes of the current message moved */
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
@@ -1360,9 +1360,10 @@ static int hello_fits(const tcpState *st, const tcpHs *h, const tcpHello *m)
 }
 
 /* Advance an accepted handshake without blocking.  A stranger gets 16
- * random bytes and nothing else.  1: done; 2: done at set-up, replacing
- * its slot's earlier connection (which set-up counted already); 0:
- * waiting; -1: dropped (logged and closed). */
+ * random bytes and nothing else.  1: done; 0: waiting; -1: dropped
+ * (logged and closed).  At set-up, a handshake that replaces its slot's
+ * earlier connection (which set-up counted as done) adds 1 to
+ * st->uncounted when it closes that one. */
 static int hs_in_step(tcpState *st, tcpHs *h)
 {
     geoNetCtx *ctx = st->ctx;
@@ -1437,7 +1438,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 c->fd = -1;
                 c->local = 0;
                 conn_keys_free(c);
-                h->replaces = 1;
+                st->uncounted++;
             }
             memset(&h->ack, 0, sizeof(h->ack));
             h->ack.count = h->resume ? c->r_count : 0;
@@ -1480,7 +1481,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
             st->peers[h->peer].conns[h->stream].acking = 0;
             h->fd = -1; /* now owned by peers[peer].conns[stream] */
             h->state = HS_DONE;
-            return h->replaces ? 2 : 1;
+            return 1;
         default:
             return h->state == HS_DONE ? 1 : -1;
         }
@@ -1688,7 +1689,9 @@ static ncclResult_t setup_connections(tcpState *st)
                 }
                 out_done += r;
             } else {
-                in_done += hs_in_step(st, &pend[-1 - map[k]]) == 1;
+                in_done += hs_in_step(st, &pend[-1 - map[k]]) > 0;
+                in_done -= st->uncounted;
+                st->uncounted = 0;
             }
         }
         for (int i = 0; i < npend; i++)
@@ -1744,7 +1747,9 @@ static ncclResult_t setup_connections(tcpState *st)
                     cap_pend = cap_pend * 2 + 16;
                 }
                 pend[npend] = h;
-                in_done += hs_in_step(st, &pend[npend]) == 1;
+                in_done += hs_in_step(st, &pend[npend]) > 0;
+                in_done -= st->uncounted;
+                st->uncounted = 0;
                 npend++;
             }
         }
