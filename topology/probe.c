@@ -1190,11 +1190,16 @@ void geoWanWatchCallStart(geoWanWatch *w, double now)
 {
     if (w->on <= 0 || w->last_end <= 0)
         return;
-    double pause = now - w->last_end;
     w->calls++;
-    w->paused += pause > TOPO_RTO_MIN_S;
-    if (pause > w->gap)
-        w->gap = pause;
+    w->paused += now - w->last_end > TOPO_RTO_MIN_S;
+}
+
+static void wan_watch_window(geoWanWatch *w, const geoNet *net, double now)
+{
+    w->since = now;
+    w->calls = w->paused = 0;
+    w->bytes = net->sent.wan;
+    w->msgs = net->sent.wan_msgs;
 }
 
 static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m, int rank,
@@ -1221,11 +1226,8 @@ static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap 
     }
     if (!any)
         return -1;
-    w->bytes = net->sent.wan;
-    w->msgs = net->sent.wan_msgs;
     w->restart_idle = read_sysctl_int("/proc/sys/net/ipv4/tcp_slow_start_after_idle", 1);
-    w->since = now;
-    w->gap = 0;
+    wan_watch_window(w, net, now);
     return 1;
 }
 
@@ -1240,11 +1242,7 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
     double span = now - w->since;
     if (net->sent.wan_msgs < w->msgs || net->sent.wan < w->bytes) {
         /* the counters were reset (geocclCommResetStats): a new window */
-        w->since = now;
-        w->calls = w->paused = 0;
-        w->gap = 0;
-        w->bytes = net->sent.wan;
-        w->msgs = net->sent.wan_msgs;
+        wan_watch_window(w, net, now);
         return;
     }
     if (span < GEO_WAN_WATCH_S || w->calls < GEO_WAN_WATCH_CALLS)
@@ -1291,20 +1289,16 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
             continue;
         }
         w->cc[h] = TOPO_CC_CUBIC;
-        w->moved++;
         snprintf(w->why[h], sizeof(w->why[h]), "after init, for what the connections carried: "
                  "%s", why);
         geoInfo(GEO_LOG_NET, "WAN plan: region %d -> %d: cubic from now on, for what this "
-                "rank's connections carried in the last %.1f s (%s; calls at most %.0f ms "
-                "apart; GEOCCL_WAN_CC=auto)", g, h, span, why, w->gap * 1e3);
+                "rank's connections carried in the last %.1f s (%s; %d of %d calls after a "
+                "pause of over %.0f ms; GEOCCL_WAN_CC=auto)", g, h, span, why, w->paused,
+                w->calls, TOPO_RTO_MIN_S * 1e3);
     }
     if (left == 0)
         w->on = -1; /* nothing left on BBR */
-    w->since = now;
-    w->gap = 0;
-    w->calls = w->paused = 0;
-    w->bytes = net->sent.wan;
-    w->msgs = net->sent.wan_msgs;
+    wan_watch_window(w, net, now);
 }
 
 void geoWanWatchFree(geoWanWatch *w)

@@ -164,12 +164,10 @@ typedef struct {
     double since;           /* start of the window */
     double last_end;        /* when the last call ended; 0: none yet */
     int calls, paused;      /* calls in the window; those after a pause over TOPO_RTO_MIN_S */
-    double gap;             /* longest wait between calls in the window */
     uint64_t bytes, msgs;   /* net->sent.wan and .wan_msgs at the window's start */
     int *cc;                /* [R] TOPO_CC_* of my connections to each region; -1 not ours */
     char (*why)[2 * GEO_PROBE_WHY_LEN]; /* [R] why a pair moved to cubic */
     int restart_idle;       /* net.ipv4.tcp_slow_start_after_idle */
-    int moved;              /* pairs moved to cubic */
 } geoWanWatch;
 
 /* Around every collective call: Start notes the pause since the last

@@ -1504,6 +1504,16 @@ wait_or_drop:
     return -1;
 }
 
+/* An accepted handshake at set-up: how many more slots are taken for good
+ * (1 when it finished, less one for an earlier connection it replaced). */
+static int setup_in_step(tcpState *st, tcpHs *h)
+{
+    int done = hs_in_step(st, h) > 0 ? 1 : 0;
+    done -= st->uncounted;
+    st->uncounted = 0;
+    return done;
+}
+
 static const char *hs_out_stage(const tcpHs *h, char buf[96])
 {
     switch (h->state) {
@@ -1689,9 +1699,7 @@ static ncclResult_t setup_connections(tcpState *st)
                 }
                 out_done += r;
             } else {
-                in_done += hs_in_step(st, &pend[-1 - map[k]]) > 0;
-                in_done -= st->uncounted;
-                st->uncounted = 0;
+                in_done += setup_in_step(st, &pend[-1 - map[k]]);
             }
         }
         for (int i = 0; i < npend; i++)
@@ -1747,9 +1755,7 @@ static ncclResult_t setup_connections(tcpState *st)
                     cap_pend = cap_pend * 2 + 16;
                 }
                 pend[npend] = h;
-                in_done += hs_in_step(st, &pend[npend]) > 0;
-                in_done -= st->uncounted;
-                st->uncounted = 0;
+                in_done += setup_in_step(st, &pend[npend]);
                 npend++;
             }
         }

@@ -822,48 +822,47 @@ static void test_wan_cc_choice(void)
     CU_ASSERT_EQUAL(n, 8);
 }
 
+/* 3 regions x 2 ranks at 100 Mbit/s, 50 ms round trips, 2 streams,
+ * 256 KiB stripes: a message of msg bytes, retrans of segs sent again,
+ * paused of calls after a pause, tcp_slow_start_after_idle restart. */
+static int revisit(double msg, double retrans, double segs, int paused, int calls, int restart,
+                   char why[192])
+{
+    return topoWanCcRevisit(msg, 256 * 1024, 25e6 / 8, 0.05, retrans, segs, 2, paused, calls,
+                            restart, why, 192);
+}
+
 /* After init (probe.h, geoWanWatch): a pair on BBR moves to cubic when
  * cubic's window at the loss the counts allow holds a message, or its
- * streams hold the bulk share; never across pauses longer than an RTO. */
+ * streams hold the bulk share; not while calls often pause past an RTO. */
 static void test_wan_cc_revisit(void)
 {
     char why[192];
-    const double share = 25e6 / 8, rtt = 0.05, stripe = 256 * 1024;
     /* DDP's 59 KB messages: 41 segments on one connection; none sent again
      * of 4320: the loss is at most 0.084%, cubic's mean window 42 */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 4320, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 4320, 0, 20, 1, why), TOPO_CC_CUBIC);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "window of 42 segments holds"));
     /* of the probe's 3400 alone, 0.107% and a window of 37: not yet */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 3400, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 3400, 0, 20, 1, why), TOPO_CC_BBR);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "short of"));
     /* 1% sent again: bbr */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 43, 4320, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(revisit(59e3, 43, 4320, 0, 20, 1, why), TOPO_CC_BBR);
     /* 3 of 10 calls after pauses over 200 ms (DiLoCo's local steps): cubic
      * would restart its window after each, unless the kernel is told not
      * to; 1 in 10 (an evaluation now and then) is fine */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 1e6, 2, 3, 10, 1, why,
-                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 1e6, 3, 10, 1, why), TOPO_CC_BBR);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "3 of 10 calls came after a pause"));
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 1e6, 2, 3, 10, 0, why,
-                                     sizeof(why)), TOPO_CC_CUBIC);
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 1e6, 2, 1, 10, 1, why,
-                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 1e6, 3, 10, 0, why), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 1e6, 1, 10, 1, why), TOPO_CC_CUBIC);
     /* too little counted */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(59e3, stripe, share, rtt, 0, 300, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(revisit(59e3, 0, 300, 0, 20, 1, why), TOPO_CC_BBR);
     /* bulk, 1.4 MB messages over 2 streams (483 segments each): by the
      * window after 1e6 clean segments; by the bulk share (2 x 21 Mbit/s
      * >= 1.25 x 25) after 20000; neither after 5000 */
-    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 1e6, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_CUBIC);
-    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 20000, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(revisit(1.4e6, 0, 1e6, 0, 20, 1, why), TOPO_CC_CUBIC);
+    CU_ASSERT_EQUAL(revisit(1.4e6, 0, 20000, 0, 20, 1, why), TOPO_CC_CUBIC);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "streams of cubic hold"));
-    CU_ASSERT_EQUAL(topoWanCcRevisit(1.4e6, stripe, share, rtt, 0, 5000, 2, 0, 20, 1, why,
-                                     sizeof(why)), TOPO_CC_BBR);
+    CU_ASSERT_EQUAL(revisit(1.4e6, 0, 5000, 0, 20, 1, why), TOPO_CC_BBR);
 }
 
 int main(void)
