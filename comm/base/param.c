@@ -136,6 +136,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                "regions: auto (by their measured WAN rates, when 3 or more "
                                "regions' rates differ: the slowest link carries least) or "
                                "equal; the same on every rank (rank 0's plan)"},
+    [GEO_PARAM_WAN_PACE] = {"GEOCCL_WAN_PACE", GEO_PARAM_INT, "1",
+                            "1: where the probe (or the topology file's in=) found a region's "
+                            "downlink slower than what the others send it, the hierarchical "
+                            "all-reduce paces each connection into that region at its part "
+                            "of the downlink's rate, so that a policing downlink does not "
+                            "drop the excess; 0: no pacing"},
     [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
                               "slices of the hierarchical all-reduce in flight between regions "
                               "(a slice's partials are reduced this many slices after they are "

@@ -323,6 +323,41 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     return ncclSuccess;
 }
 
+/* GEOCCL_WAN_PACE (tuning.c set_pacing): while on, pace my connections to
+ * each rank of a region h whose downlink limits, so that what all ranks
+ * send h adds up to its downlink's goodput P_h.  Per slice of len elements,
+ * h receives len (1 + (R-2) w_h): w_h len from each of the R-1 other
+ * regions in X1 and (1 - w_h) len in all in X2.  My part of that is what
+ * this slice's plan sends the peer (tx1 and tx2), so the peer's rate is
+ * P_h x mine / all: every sender finishes with the others.  off lifts it,
+ * so other collectives between the same ranks are not held back. */
+static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
+{
+    const geoNetTransport *ops = comm->net.ops;
+    const topoRegionMap *m = &comm->regions;
+    if (!comm->hier_paced || ops == NULL || ops->setPacing == NULL || sl->len == 0)
+        return;
+    for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
+        const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
+        int h = m->region_of[x->peer], seen = 0;
+        if (!(comm->hier_pace[h] > 0))
+            continue;
+        for (int j = 0; j < i && !seen; j++)
+            seen = (j < sl->ntx1 ? sl->tx1[j].peer : sl->tx2[j - sl->ntx1].peer) == x->peer;
+        if (seen)
+            continue;
+        double mine = 0;
+        for (int j = 0; j < sl->ntx1 + sl->ntx2; j++) {
+            const hierMsg *y = j < sl->ntx1 ? &sl->tx1[j] : &sl->tx2[j - sl->ntx1];
+            mine += y->peer == x->peer ? (double)y->n : 0;
+        }
+        double all = (double)sl->len *
+                     (1 + (m->nregions - 2) * (double)comm->hier_w[h] / TOPO_SHARE_ONE);
+        uint64_t rate = on && mine > 0 ? (uint64_t)(comm->hier_pace[h] * mine / all) + 1 : 0;
+        ops->setPacing(comm->net.state, x->peer, rate);
+    }
+}
+
 static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send,
                              const hierView *v, size_t es)
 {
@@ -749,6 +784,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, op->recvbuff, op->count * es, &cma),
                        res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
+    if (M > 0)
+        pace_wan(comm, &sl[0], 1);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
      * last finished parts came back.  Against the link's time for the bytes
@@ -831,6 +868,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
 out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
+    if (M > 0)
+        pace_wan(comm, &sl[0], 0);
     for (size_t s = 0; s < M; s++)
         slice_free(comm, &sl[s]);
     free(sl);
@@ -869,6 +908,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
         goto out;
     }
     t0 = geoNow();
+    pace_wan(comm, &sl, 1);
     if (hc.codec)
         GEO_CHECK_GOTO(encode_x1(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
@@ -894,6 +934,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
+    pace_wan(comm, &sl, 0);
     slice_free(comm, &sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;

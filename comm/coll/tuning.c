@@ -134,6 +134,36 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
     return 0;
 }
 
+/* GEOCCL_WAN_PACE: a region whose downlink takes less than the others can
+ * send it (the probe saw its incoming flows held back, or the topology file
+ * gave in=) gets what they send it during the hierarchical all-reduce paced
+ * at its downlink's goodput.  A policing downlink (a token bucket that
+ * drops what exceeds it, as a provider's port limit does) otherwise drops
+ * the excess of every sender at once: 3x2 with 1 Gbit/s uplinks and one
+ * 100 Mbit/s downlink lost 11.8% of the segments into it, and the
+ * all-reduce ran 1.26x its bound (BENCHMARKS.md, "Uneven links"). */
+static void set_pacing(struct ncclComm *comm, const topoModel *m)
+{
+    const int R = m->nregions;
+    char line[512];
+    int o = 0;
+    for (int h = 0; h < R; h++) {
+        double in = m->ingress_Bps[h] * m->wan_goodput, sent = 0;
+        for (int q = 0; q < R; q++)
+            if (q != h)
+                sent += m->egress_Bps[q] * m->wan_goodput / (R - 1);
+        comm->hier_pace[h] = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && in > 0 && in < sent ? in : 0;
+        if (comm->hier_pace[h] > 0 && o < (int)sizeof(line) - 64)
+            o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%s %.1f Mbit/s (the others "
+                          "send %.1f)", comm->hier_paced ? ", " : "", m->names[h], in * 8e-6,
+                          sent * 8e-6);
+        comm->hier_paced |= comm->hier_pace[h] > 0;
+    }
+    if (comm->hier_paced && comm->rank == 0)
+        geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce paced into regions whose downlink "
+                "limits: %s; GEOCCL_WAN_PACE=0 turns it off", line);
+}
+
 ncclResult_t geoTuningInit(struct ncclComm *comm)
 {
     topoModel m;
@@ -156,6 +186,8 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
             comm->hier_w[q] = (unsigned)((uint64_t)TOPO_SHARE_ONE * (q + 1) / R -
                                          (uint64_t)TOPO_SHARE_ONE * q / R);
         comm->hier_uneven = 0;
+        memset(comm->hier_pace, 0, sizeof(comm->hier_pace));
+        comm->hier_paced = 0;
     }
     if (comm->regions.nregions < 2) {
         snprintf(comm->plan_why, sizeof(comm->plan_why), "one region: flat, uncompressed");
@@ -184,6 +216,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                 topoHierWanPerByte(&m, comm->hier_w) * (1 << 30),
                 topoHierWanPerByte(&m, eq) * (1 << 30));
     }
+    set_pacing(comm, &m);
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {

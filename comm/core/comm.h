@@ -135,6 +135,11 @@ struct ncclComm {
      * unless the plan found the links uneven.  The same on every rank. */
     unsigned hier_w[64];
     int hier_uneven;
+    /* Goodput (bytes/s) at which what all other regions send region q
+     * during the hierarchical all-reduce is paced (GEOCCL_WAN_PACE): its
+     * downlink's, where that limits; 0: not paced. */
+    double hier_pace[64];
+    int hier_paced;             /* some region is */
     int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;

@@ -264,6 +264,8 @@ typedef struct {
     int gone;                       /* reset, and its process is gone */
     uint64_t reconnects, resent;    /* connections resumed, payload bytes sent again */
     char cc[16];                    /* congestion control set on it ("" none) */
+    uint64_t pace;                  /* bytes/s over its network connections
+                                     * (setPacing), 0: none */
 } tcpPeer;
 
 typedef struct {
@@ -1882,6 +1884,21 @@ static void conn_free_resume(tcpConn *c)
     c->probe_fd = -1;
 }
 
+/* Pace connection c at its part of bytes_per_s, the pair's rate over its
+ * active streams (frames rotate over them, so each carries an equal part);
+ * 0 lifts the limit.  SO_MAX_PACING_RATE caps the kernel's pacing rate,
+ * whatever the congestion control, and turns TCP's own pacing on where no
+ * fq qdisc paces. */
+static int conn_pace(tcpConn *c, uint64_t bytes_per_s, int active)
+{
+    unsigned v = ~0U;
+    if (bytes_per_s > 0) {
+        uint64_t per = bytes_per_s / (uint64_t)(active > 0 ? active : 1);
+        v = per >= ~0U ? ~0U - 1 : per > 0 ? (unsigned)per : 1;
+    }
+    return setsockopt(c->fd, SOL_SOCKET, SO_MAX_PACING_RATE, &v, sizeof(v));
+}
+
 /* The new incarnation is up (c->fd) and the peer has n of our frames
  * whole: send the rest again, then go on. */
 static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
@@ -1896,6 +1913,8 @@ static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
     geoSocketSetNonBlocking(c->fd, 1);
     if (peer->cc[0])
         setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, peer->cc, (socklen_t)strlen(peer->cc));
+    if (peer->pace)
+        conn_pace(c, peer->pace, peer->active);
     if (st->lowat > 0)
         setsockopt(c->fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &(unsigned){(unsigned)st->lowat},
                    sizeof(unsigned));
@@ -2830,11 +2849,54 @@ static void tcp_break(void *state)
     wake(st);
 }
 
+/* Frames this rank sent that live connections' peers have not yet
+ * acknowledged, and (*acked) how many they have.  Caller holds st->lock. */
+static uint64_t unacked(const tcpState *st, uint64_t *acked)
+{
+    uint64_t n = 0;
+    *acked = 0;
+    for (int p = 0; st->peers != NULL && p < st->ctx->nranks; p++) {
+        const tcpPeer *peer = &st->peers[p];
+        if (peer->conns == NULL || peer->gone || peer->closed_by_peer)
+            continue;
+        for (int s = 0; s < st->nstreams; s++) {
+            const tcpConn *c = &peer->conns[s];
+            if (c->track && (c->fd >= 0 || c->down) && c->a_got < c->s_count)
+                n += c->s_count - c->a_got;
+            *acked += c->a_got;
+        }
+    }
+    return n;
+}
+
 static void tcp_destroy(void *state)
 {
     tcpState *st = state;
     if (st == NULL)
         return;
+    /* Linger until the peers have acknowledged every frame we sent, the
+     * communicator broke, or no acknowledgement came for ctx->timeout: a
+     * sent message may still sit in the kernel's buffer when its call
+     * returns (a paced or slow link drains it for a while), and the peer
+     * acknowledges each frame it receives; acknowledgements reaching a
+     * socket we have closed would be answered with a reset, which the
+     * peer, still inside its call, would take for a lost connection whose
+     * process is gone. */
+    uint64_t acked = 0, last = UINT64_MAX;
+    double until = 0;
+    for (int more = 1; more && st->thread_live;) {
+        pthread_mutex_lock(&st->lock);
+        more = !st->broken && unacked(st, &acked) > 0;
+        pthread_mutex_unlock(&st->lock);
+        if (acked != last) {
+            last = acked;
+            until = geoNow() + st->ctx->timeout;
+        }
+        if (more && geoNow() < until)
+            usleep(1000);
+        else
+            more = 0;
+    }
     pthread_mutex_lock(&st->lock);
     st->stop = 1;
     pthread_mutex_unlock(&st->lock);
@@ -2911,8 +2973,33 @@ static void tcp_set_streams(void *state, int peer, int n)
     if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks)
         return;
     pthread_mutex_lock(&st->lock);
-    st->peers[peer].active = n < 1 ? 1 : n > st->nstreams ? st->nstreams : n;
+    tcpPeer *pp = &st->peers[peer];
+    pp->active = n < 1 ? 1 : n > st->nstreams ? st->nstreams : n;
+    for (int s = 0; pp->pace && s < st->nstreams; s++) /* the same rate over n */
+        if (pp->conns[s].fd >= 0 && !pp->conns[s].local)
+            conn_pace(&pp->conns[s], pp->pace, pp->active);
     pthread_mutex_unlock(&st->lock);
+}
+
+static int tcp_set_pacing(void *state, int peer, uint64_t bytes_per_s)
+{
+    tcpState *st = state;
+    int err = 0;
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank)
+        return EINVAL;
+    pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
+    tcpPeer *pp = &st->peers[peer];
+    if (pp->pace != bytes_per_s) {
+        for (int s = 0; s < st->nstreams; s++) {
+            tcpConn *c = &pp->conns[s];
+            if (c->fd >= 0 && !c->local && conn_pace(c, bytes_per_s, pp->active) != 0 &&
+                err == 0)
+                err = errno;
+        }
+        pp->pace = bytes_per_s; /* for the connections that replace these */
+    }
+    pthread_mutex_unlock(&st->lock);
+    return err;
 }
 
 static int tcp_set_congestion(void *state, int peer, const char *cc)
@@ -2947,6 +3034,7 @@ const geoNetTransport geoNetTcp = {
     .limitQueued = tcp_limit_queued,
     .setStreams = tcp_set_streams,
     .setCongestion = tcp_set_congestion,
+    .setPacing = tcp_set_pacing,
     .hasMailbox = tcp_has_mailbox,
     .mail = tcp_mail,
     .peerPid = tcp_peer_pid,

@@ -121,6 +121,11 @@ typedef struct geoNetTransport {
      * of every network connection to peer, from now on (same-host ones are
      * left alone).  0, or the errno of the first connection that refused. */
     int (*setCongestion)(void *state, int peer, const char *cc);
+    /* Optional (may be NULL): pace what goes to peer at bytes_per_s in all
+     * over its network connections (SO_MAX_PACING_RATE, split over the
+     * streams in use), from now on and on connections that replace them; 0
+     * lifts it.  0, or the errno of the first connection that refused. */
+    int (*setPacing)(void *state, int peer, uint64_t bytes_per_s);
     /* Optional (may be NULL): a mailbox per pair of same-host ranks, one
      * message of at most GEO_NET_MAIL_BYTES at a time each way, outside
      * the ordered stream above, put and taken by the calling threads

@@ -24,6 +24,8 @@
 #                WAN rate gain on uneven links
 #   hiercubic    the same with GEOCCL_WAN_CC=cubic between regions: what the
 #                automatic choice (GEOCCL_WAN_CC=auto) gains or loses
+#   hiernopace   the same with GEOCCL_WAN_PACE=0: what pacing into a slow
+#                downlink gains (only where the probe finds one)
 #   flat         GeoCCL, GEOCCL_ALGO=flat (one ring over all ranks)
 #   ompi         Open MPI MPI_Allreduce, default (tuned) decision
 #   ompiring     Open MPI, ring forced: --mca coll_tuned_use_dynamic_rules 1
@@ -41,7 +43,7 @@
 #   hierbase     GeoCCL hierarchical from another build (GEOCCL_BASE_BUILD,
 #                e.g. of an earlier commit): what a change costs or gains,
 #                on the same links in the same run
-# These, hierclear, hiereq and hiercubic are not in the default --algos (each is one more run per
+# These, hierclear, hiereq, hiercubic and hiernopace are not in the default --algos (each is one more run per
 # configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
 # Sizes below --big run in one invocation per tool (-n ITERS -w WARMUP); the
@@ -181,7 +183,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|hierclear|hiereq|hiercubic|hierbase|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -242,21 +244,21 @@ report() {
       ne = split(bpsl, E, " ")
       for (q = 1; q <= R; q++) E[q] = (q <= ne ? E[q] : E[ne]) / 8
       bpb = bound_per_byte()
-      nk = split("hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      nk = split("hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, GEOCCL_WAN_PACE=0 (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = bpb * s
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
           cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
-          cell("hiereq", s), cell("hiercubic", s),
+          cell("hiereq", s), cell("hiercubic", s), cell("hiernopace", s),
           cell("hierbase", s), (h && (("hierbase", s) in T)) ? ratio(h, T["hierbase", s]) : "-",
           cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
           cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
@@ -543,7 +545,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -558,13 +560,14 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|hierclear|hiereq|hiercubic|hierbase|flat|hierint8|hierlossless)
+    hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
       [ "$kind" = hierclear ] && algoenv=(GEOCCL_ENCRYPT=off)
       [ "$kind" = hiereq ] && algoenv=(GEOCCL_HIER_SHARES=equal)
       [ "$kind" = hiercubic ] && algoenv=(GEOCCL_WAN_CC=cubic)
+      [ "$kind" = hiernopace ] && algoenv=(GEOCCL_WAN_PACE=0)
       # compressed: gradient-like data, so that lossless meets realistic
       # mantissas and int8's check runs on the values it is meant for
       [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)
@@ -658,7 +661,7 @@ for tp in ${topos//,/ }; do
           [ ${#big_list[@]} -gt 0 ] || continue
           b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
         fi
-        for kind in hier hierclear hiereq hiercubic hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
+        for kind in hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
           has "$kind" || continue
           ke=$e
           if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&

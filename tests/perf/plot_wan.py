@@ -62,6 +62,7 @@ KINDS = {
     "hierclear": ("GeoCCL hierarchical, not encrypted", "tab:olive", "-.", "o"),
     "hiereq": ("GeoCCL hierarchical, equal shares", "tab:pink", "-.", "o"),
     "hiercubic": ("GeoCCL hierarchical, GEOCCL_WAN_CC=cubic", "darkblue", "-.", "o"),
+    "hiernopace": ("GeoCCL hierarchical, GEOCCL_WAN_PACE=0", "slateblue", ":", "v"),
     "hierint8": ("GeoCCL hierarchical, int8", "tab:cyan", "-", "^"),
     "hierlossless": ("GeoCCL hierarchical, lossless", "tab:purple", "-", "v"),
     "flat": ("GeoCCL flat ring", "tab:green", "-", "s"),

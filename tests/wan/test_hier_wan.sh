@@ -21,6 +21,10 @@
 #      defaults (probe on): on clean links every rank moves its connections
 #      to both other regions from bbr to cubic; with 1% random loss none
 #      does; every result exact both times.
+#   p. GEOCCL_WAN_PACE: 3 regions x 2 ranks, 1 Gbit/s egress, region 0's
+#      ingress 100 Mbit/s: rank 0 says it paces into r0, region 1's
+#      connections to r0 carry a maximum pacing rate of about half r0's
+#      downlink in all while 16 MiB all-reduces run; results exact.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
 #      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
 #      link goes down (inside its namespace, so peers see a dead link: no
@@ -185,6 +189,46 @@ if watch lossy 29531 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':0$')" = 6 ]; t
     pass "w. 1% loss: every pair stayed on bbr ($MOVED)"
 else
     fail "w. 1% loss: ranks' pairs moved to cubic:$MOVED (every rank should say 0)"
+fi
+
+# ---- p: pacing into a slow downlink ---------------------------------------------
+
+# Region 0 receives at 100 Mbit/s (a policer: tbf on its ingress), every
+# region sends at 1 Gbit/s. The probe must see r0's downlink hold its flows
+# back, rank 0 must say at init that the hierarchical all-reduce paces into
+# r0, and while the all-reduces run region 1's connections to r0 must carry
+# a maximum pacing rate (ss: "pacing_rate NOW/MAX"), the MAX of the four
+# adding up to about half of r0's downlink (region 1 sends half of what r0
+# receives). Results exact on every rank.
+echo "== p. 3 regions x 2 ranks, 1 Gbit/s out, region 0 receives at 100 Mbit/s; 16 MiB all-reduces"
+wan_up -r 3 --rate 1gbit --delay 25ms --ingress-rates 100mbit,none,none
+d=$WORK/pace
+GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=TUNING start "$d" 29532 60 "0 0 1 1 2 2" loop 10 16777216
+p_max=0
+for ((i = 0; i < 20; i++)); do
+    sleep 1
+    # bytes/s of the largest sum of r1's maximum pacing rates into r0 seen
+    m=$("$WAN" exec -n "$NAME" -i 1 -- ss -tin dst 10.231.0.10 2>/dev/null |
+        grep -o 'pacing_rate [0-9]*bps/[0-9]*bps' | sed 's|.*/||; s|bps||' |
+        awk '{ s += $1 } END { printf "%.0f", s / 8 }')
+    [ "${m:-0}" -gt "$p_max" ] && p_max=$m
+done
+finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
+p_bad=0
+for ((r = 0; r < NR; r++)); do
+    read -r st _ < "$d/rank$r.exit"
+    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
+        p_bad=$((p_bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
+done
+RANK_PIDS=()
+p_line=$(grep -h "paced into regions" "$d/rank0.out" | head -1 | sed 's/.*INFO //')
+echo "   rank 0: ${p_line:-(no pacing line)}"
+echo "   region 1's connections into r0: at most $((p_max * 8 / 1000000)) Mbit/s in all"
+if [ "$p_bad" = 0 ] && [[ $p_line == *" r0 "* ]] &&
+   awk -v m="$p_max" 'BEGIN { exit !(m >= 0.3 * 12.5e6 && m <= 0.75 * 12.5e6) }'; then
+    pass "p. slow downlink: paced into r0, region 1 at about half its rate, results exact"
+else
+    fail "p. slow downlink: $p_bad ranks failed; pacing line '${p_line}'; region 1 paced at $p_max bytes/s in all (want 30-75% of 12.5e6)"
 fi
 
 # ---- d: region 2 cut off mid-all-reduce -----------------------------------------
