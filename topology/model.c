@@ -446,8 +446,10 @@ int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
             fastest = q;
     }
     w[fastest] += TOPO_SHARE_ONE - total;
-    /* Not worth an uneven split (and its uneven CPU work) below 3%. */
-    if (topoHierWanPerByte(m, eq) < 1.03 * topoHierWanPerByte(m, w)) {
+    /* Split unevenly only where the model gains TOPO_SHARES_MIN_GAIN: the
+     * probe's rates are not exact, and a split made on a difference that
+     * is not there loads one region with more than its part. */
+    if (topoHierWanPerByte(m, eq) < TOPO_SHARES_MIN_GAIN * topoHierWanPerByte(m, w)) {
         memcpy(w, eq, sizeof(unsigned) * (size_t)R);
         return 0;
     }

@@ -203,9 +203,20 @@ void topoPlanJson(const topoPlan *plan, FILE *f);
  * so L / min_q E_q is the least any split can take.  Shares are fixed-point,
  * w[q] / TOPO_SHARE_ONE, summing to TOPO_SHARE_ONE, computed alike on every
  * rank from the same model, so every rank cuts the same parts.  Returns 1
- * when the split is uneven, 0 when it is equal (R < 3, links alike within
- * 3%, hier_equal set, or rates unknown). */
+ * when the split is uneven, 0 when it is equal (R < 3, a gain under
+ * TOPO_SHARES_MIN_GAIN, hier_equal set, or rates unknown). */
 #define TOPO_SHARE_ONE 65536u
+/* Least gain (equal shares' WAN time over the split's) for which
+ * topoHierShares splits unevenly.  On symmetric 3x2 links at 100 Mbit/s
+ * the probe's rates put one region 11% below (clean) and 25% above (1%
+ * loss) the others; with a 3% threshold the plan split unevenly there, and the
+ * region given the larger share sent 1.04x and 1.16x the bytes of an equal
+ * split, which set the call's time (BENCHMARKS.md, "Lossy and jittery
+ * paths"); the rates behind the third such run (0.01% loss) left one
+ * region 20% below the others, a gain of 1.148.  With three regions, 1.15
+ * still splits where one is over 20% slower or 1.45x faster than the
+ * other two, and every uneven topology measured gains 1.34x or more. */
+#define TOPO_SHARES_MIN_GAIN 1.15
 int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS]);
 /* Seconds per byte of the slowest region's WAN traffic in the hierarchical
  * all-reduce with shares w: max_q (1 + (R-2) w_q / ONE) / E_q.  Times the

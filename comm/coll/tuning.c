@@ -140,8 +140,9 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
  * at its downlink's goodput.  A policing downlink (a token bucket that
  * drops what exceeds it, as a provider's port limit does) otherwise drops
  * the excess of every sender at once: 3x2 with 1 Gbit/s uplinks and one
- * 100 Mbit/s downlink lost 11.8% of the segments into it, and the
- * all-reduce ran 1.26x its bound (BENCHMARKS.md, "Uneven links"). */
+ * 100 Mbit/s downlink lost 11-12% of the segments into it at init, and the
+ * 64 MiB all-reduce ran 1.30x its bound unpaced, 1.12x paced
+ * (BENCHMARKS.md, "Uneven links"). */
 static void set_pacing(struct ncclComm *comm, const topoModel *m)
 {
     const int R = m->nregions;

@@ -594,6 +594,38 @@ static void test_model_from_file(void)
                        "region 'a' has no delay= and no rtt line to region 'c'");
 }
 
+/* Shares: split unevenly only for a gain of TOPO_SHARES_MIN_GAIN, not on
+ * the probe's own error (one region of three 11% slow or 25% fast on
+ * symmetric links), yet on a region 25% slow or 1.6x fast. */
+static void expect_shares(const char *r0, const char *r1, const char *r2, int uneven)
+{
+    char text[512], err[512] = "";
+    topoModel m;
+    unsigned w[TOPO_MODEL_MAX_REGIONS];
+    snprintf(text, sizeof(text), "region a bw=%s delay=25 ranks=2\nregion b bw=%s delay=25 "
+             "ranks=2\nregion c bw=%s delay=25 ranks=2\n", r0, r1, r2);
+    CU_ASSERT_EQUAL_FATAL(model_from(text, &m, err, sizeof(err)), 0);
+    int got = topoHierShares(&m, w);
+    if (got != uneven)
+        printf("\n    %s / %s / %s: %s shares, expected %s\n", r0, r1, r2,
+               got ? "uneven" : "equal", uneven ? "uneven" : "equal");
+    CU_ASSERT_EQUAL(got, uneven);
+    CU_ASSERT_EQUAL(w[0] + w[1] + w[2], TOPO_SHARE_ONE);
+    if (!uneven)
+        for (int q = 0; q < 3; q++)
+            CU_ASSERT(w[q] >= TOPO_SHARE_ONE / 3 && w[q] <= TOPO_SHARE_ONE / 3 + 1);
+}
+
+static void test_shares_gain(void)
+{
+    expect_shares("100mbit", "100mbit", "89mbit", 0);
+    expect_shares("125mbit", "100mbit", "100mbit", 0);
+    expect_shares("95mbit", "100mbit", "80mbit", 0);  /* about the 0.01% run: a gain of 1.146 */
+    expect_shares("100mbit", "100mbit", "75mbit", 1);
+    expect_shares("160mbit", "100mbit", "100mbit", 1);
+    expect_shares("100mbit", "1gbit", "1gbit", 1);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Ingress: a slow downlink                                                 */
 /* ------------------------------------------------------------------------ */
@@ -887,6 +919,7 @@ int main(void)
     CU_add_test(s, "plan: forced choices", test_plan_forced);
     CU_add_test(s, "plan: print and JSON", test_plan_print);
     CU_add_test(s, "topoModelFromFile", test_model_from_file);
+    CU_add_test(s, "shares: uneven only for a gain of TOPO_SHARES_MIN_GAIN", test_shares_gain);
     CU_add_test(s, "ingress: a slow downlink in shares, predictions and the probe's rates",
                 test_ingress);
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
