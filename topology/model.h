@@ -212,10 +212,11 @@ void topoPlanJson(const topoPlan *plan, FILE *f);
  * loss) the others; with a 3% threshold the plan split unevenly there, and the
  * region given the larger share sent 1.04x and 1.16x the bytes of an equal
  * split, which set the call's time (BENCHMARKS.md, "Lossy and jittery
- * paths"); the rates behind the third such run (0.01% loss) left one
- * region 20% below the others, a gain of 1.148.  With three regions, 1.15
- * still splits where one is over 20% slower or 1.45x faster than the
- * other two, and every uneven topology measured gains 1.34x or more. */
+ * paths"); the rates behind the third such run (0.01% loss) put one
+ * region 20% below the fastest and 16% below the other, a gain of 1.148.
+ * With three regions, 1.15 still splits where one is 18.4% slower or 1.45x
+ * faster than the other two, and every uneven topology measured gains
+ * 1.34x or more. */
 #define TOPO_SHARES_MIN_GAIN 1.15
 int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS]);
 /* Seconds per byte of the slowest region's WAN traffic in the hierarchical

@@ -329,8 +329,11 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
  * h receives len (1 + (R-2) w_h): w_h len from each of the R-1 other
  * regions in X1 and (1 - w_h) len in all in X2.  My part of that is what
  * this slice's plan sends the peer (tx1 and tx2), so the peer's rate is
- * P_h x mine / all: every sender finishes with the others.  off lifts it,
- * so other collectives between the same ranks are not held back. */
+ * P_h x mine / all: every sender finishes with the others.  off lifts the
+ * cap, so other collectives between the same ranks are not held back to
+ * it (TCP keeps pacing those connections at its own rate from then on).
+ * A call returns when its sends are in the kernel's buffer, so the tail
+ * of what it sent into h leaves at that rate, no longer capped. */
 static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
 {
     const geoNetTransport *ops = comm->net.ops;

@@ -71,7 +71,7 @@ MATRIX_LIMIT=100        # seconds a matrix step may take before ranks are killed
 [ -x "$WAN" ] || { echo "no $WAN"; exit 1; }
 
 # The settings under test come from here, not from the caller's shell.
-unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE GEOCCL_TIMEOUT
+unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE GEOCCL_TIMEOUT GEOCCL_WAN_PACE
 # This tests the hierarchical algorithm: the plan, fed by the probe's
 # measurements, would choose flat for some sizes (tests/wan/test_probe_wan.sh
 # tests that).
