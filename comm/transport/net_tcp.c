@@ -2967,6 +2967,19 @@ static void tcp_limit_queued(void *state, int bytes)
     pthread_mutex_unlock(&st->lock);
 }
 
+/* conn_pace on every network connection to the peer; 0, or the errno of
+ * the first that refused.  Caller holds st->lock. */
+static int peer_pace(tcpState *st, tcpPeer *pp, uint64_t bytes_per_s)
+{
+    int err = 0;
+    for (int s = 0; s < st->nstreams; s++) {
+        tcpConn *c = &pp->conns[s];
+        if (c->fd >= 0 && !c->local && conn_pace(c, bytes_per_s, pp->active) != 0 && err == 0)
+            err = errno;
+    }
+    return err;
+}
+
 static void tcp_set_streams(void *state, int peer, int n)
 {
     tcpState *st = state;
@@ -2975,9 +2988,8 @@ static void tcp_set_streams(void *state, int peer, int n)
     pthread_mutex_lock(&st->lock);
     tcpPeer *pp = &st->peers[peer];
     pp->active = n < 1 ? 1 : n > st->nstreams ? st->nstreams : n;
-    for (int s = 0; pp->pace && s < st->nstreams; s++) /* the same rate over n */
-        if (pp->conns[s].fd >= 0 && !pp->conns[s].local)
-            conn_pace(&pp->conns[s], pp->pace, pp->active);
+    if (pp->pace) /* the same rate over n */
+        peer_pace(st, pp, pp->pace);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -2990,12 +3002,7 @@ static int tcp_set_pacing(void *state, int peer, uint64_t bytes_per_s)
     pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
     tcpPeer *pp = &st->peers[peer];
     if (pp->pace != bytes_per_s) {
-        for (int s = 0; s < st->nstreams; s++) {
-            tcpConn *c = &pp->conns[s];
-            if (c->fd >= 0 && !c->local && conn_pace(c, bytes_per_s, pp->active) != 0 &&
-                err == 0)
-                err = errno;
-        }
+        err = peer_pace(st, pp, bytes_per_s);
         pp->pace = bytes_per_s; /* for the connections that replace these */
     }
     pthread_mutex_unlock(&st->lock);
