@@ -1121,6 +1121,137 @@ static void test_uneven_shares(void)
   unlink(path);
 }
 
+/* Uneven links and GEOCCL_COMPRESS=auto: region a at 10 Mbit/s, b and c
+ * far faster, so the plan compresses what a sends and nothing else
+ * (model.h, topoPlanBuild's codec per sending region).  Two runs of one
+ * 1000003-float sum: the exact codecs (auto: lossless on a), and int8
+ * with equal shares (auto:int8: a's partials and its finished part in
+ * int8, b's and c's exact).  Every rank must end with the same bits; the
+ * exact run with the exact sum; a's ranks must send fewer bytes than
+ * they carry, b's and c's exactly what they carry. */
+struct bycodec_arg {
+  const char *topo, *compress, *shares;
+  char plan[8][160]; /* rank 0: the plan's lines about codecs by region */
+  uint64_t wan[6], raw[6], digest[6];
+  double err[6];     /* largest |result - exact sum| */
+  double in[6];      /* largest |input| */
+};
+
+static int bycodec_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  struct bycodec_arg *a = arg;
+  static const char *label[6] = {"a", "a", "b", "b", "c", "c"};
+  ncclComm_t comm = NULL;
+  int fails = 0;
+  setenv("GEOCCL_REGION", label[rank], 1);
+  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
+  setenv("GEOCCL_HIER_SHARES", a->shares, 1);
+  setenv("GEOCCL_COMPRESS", a->compress, 1);
+  setenv("GEOCCL_ALGO", "hier", 1);
+  ncclResetDebugInit();
+  if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
+    fprintf(stderr, "[rank %d by codec] init: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  if (rank == 0) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    geocclCommPrintPlan(comm, f, 0);
+    fclose(f);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line && n < 8; line = strtok(NULL, "\n"))
+      if (strstr(line, "codec of what each region sends"))
+        snprintf(a->plan[n++], sizeof(a->plan[0]), "%s", line);
+    free(text);
+  }
+  size_t count = BIG_COUNT;
+  float *x = malloc(count * sizeof(float)), *e = malloc(count * sizeof(float));
+  char m[256];
+  geocclStats st;
+  harness_fill_input(x, ncclFloat32, ncclSum, nranks, rank, 0, count, 91);
+  harness_fill_expected(e, ncclFloat32, ncclSum, nranks, 0, count, 91);
+  a->in[rank] = 0;
+  for (size_t i = 0; i < count; i++)
+    a->in[rank] = fmax(a->in[rank], fabs((double)x[i]));
+  geocclCommResetStats(comm);
+  if (ncclAllReduce(x, x, count, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess ||
+      geocclCommGetStats(comm, &st) != ncclSuccess) {
+    fprintf(stderr, "[rank %d by codec] %s\n", rank, ncclGetLastError(comm));
+    fails++;
+  }
+  double err = 0;
+  for (size_t i = 0; i < count; i++)
+    err = fmax(err, fabs((double)x[i] - (double)e[i]));
+  if (strcmp(a->compress, "auto") == 0 &&
+      harness_check(x, e, ncclFloat32, ncclSum, nranks, count, m, sizeof(m))) {
+    fprintf(stderr, "[rank %d by codec] float sum: %s\n", rank, m);
+    fails++;
+  }
+  a->wan[rank] = st.bytesWan;
+  a->raw[rank] = st.bytesWanRaw;
+  a->err[rank] = err;
+  a->digest[rank] = fnv64(x, count * sizeof(float));
+  free(x);
+  free(e);
+  ncclCommDestroy(comm);
+  return fails;
+}
+
+static void test_codec_by_region(void)
+{
+  char path[] = "/tmp/geoccl-bycodec-XXXXXX";
+  int fd = mkstemp(path);
+  CU_ASSERT_FATAL(fd >= 0);
+  const char *topo = "region a bw=10mbit delay=25 ranks=2\n"
+                     "region b bw=100gbit delay=25 ranks=2\n"
+                     "region c bw=100gbit delay=25 ranks=2\n"
+                     "intra bw=1G delay=0.05\n";
+  CU_ASSERT_EQUAL(write(fd, topo, strlen(topo)), (ssize_t)strlen(topo));
+  close(fd);
+  struct bycodec_arg *u = harness_shared_alloc(2 * sizeof(*u));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(u);
+  u[0].topo = u[1].topo = path;
+  u[0].compress = "auto";
+  u[0].shares = "auto";
+  u[1].compress = "auto:int8";
+  u[1].shares = "equal";
+  static const char *want[2] = {"a lossless, b none, c none", "a int8, b none, c none"};
+  for (int k = 0; k < 2; k++) {
+    CU_ASSERT_EQUAL(harness_run_noinit(6, bycodec_body, &u[k], TIMEOUT_S), 0);
+    printf("\n    GEOCCL_COMPRESS=%s, shares %s:", u[k].compress, u[k].shares);
+    int seen = 0;
+    for (int i = 0; i < 8 && u[k].plan[i][0]; i++) {
+      printf("\n      plan: %s", u[k].plan[i] + strspn(u[k].plan[i], " "));
+      seen |= strstr(u[k].plan[i], want[k]) != NULL;
+    }
+    CU_ASSERT_TRUE(seen);
+    for (int r = 0; r < 6; r++) {
+      printf("\n      rank %d: WAN %llu of %llu bytes carried, largest error %.3g", r,
+             (unsigned long long)u[k].wan[r], (unsigned long long)u[k].raw[r], u[k].err[r]);
+      CU_ASSERT_EQUAL(u[k].digest[r], u[k].digest[0]);
+      CU_ASSERT_TRUE(u[k].raw[r] > 0);
+      if (r < 2) {
+        CU_ASSERT_TRUE(u[k].wan[r] < u[k].raw[r] * (k == 0 ? 0.9 : 0.3));
+      } else {
+        CU_ASSERT_EQUAL(u[k].wan[r], u[k].raw[r]);
+      }
+    }
+  }
+  /* int8 on a's sends only: one rounding of a's partial (at most 2 x the
+   * largest input) and one of its finished part (6 x), each within the
+   * block's largest magnitude / 254 */
+  double in = 0;
+  for (int r = 0; r < 6; r++)
+    in = fmax(in, u[1].in[r]);
+  printf("\n    int8 run: largest error %.4g, bound %.4g", u[1].err[0], 8 * in / 254);
+  CU_ASSERT_TRUE(u[1].err[0] > 0 && u[1].err[0] <= 8 * in / 254);
+  CU_ASSERT_EQUAL(u[0].err[0], 0);
+  printf("\n");
+  harness_shared_free(u, 2 * sizeof(*u));
+  unlink(path);
+}
+
 /* 2x2: rank 1's region, then rank 2's, takes the ring while the other
  * keeps reading; 3+1: both in the region of three. */
 static void test_secret(void)
@@ -1185,6 +1316,7 @@ int main(void)
   CU_add_test(s, "3x2 'a a b b c c'", test_3x2);
   CU_add_test(s, "3+1 'a a a b'", test_3p1);
   CU_add_test(s, "3x2, uneven links: shares by rate", test_uneven_shares);
+  CU_add_test(s, "3x2, uneven links: a codec per sending region", test_codec_by_region);
   CU_add_test(s, "1+3 'a b b b'", test_1p3);
   CU_add_test(s, "interleaved 3+2 'a b a b a'", test_interleaved);
   CU_add_test(s, "2x1 'a b'", test_2x1);

@@ -456,16 +456,39 @@ int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
     return 1;
 }
 
-static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, double S,
-                             size_t slice, int ns)
+/* The hierarchical all-reduce with codec cq[q] on what region q sends
+ * (NULL or id none: exact).  Per slice of L bytes, with shares f_q:
+ *   out_q = L (1 + (R-2) f_q) / rho_q          its X1 partials and X2 parts
+ *   in_q  = sum_{r != q} L (f_q + f_r) / rho_r  the others' X1 partials of
+ *                                              its share, their X2 parts
+ *   C_q   = seg / enc_q + sum_{r != q} seg (f_q + f_r) / dec_r
+ * (seg = L / P_q: a rank encodes its shard once, its X1 partials and its
+ * finished part, and decodes what each other region sends it in that
+ * region's codec).  With one codec and equal shares that is the header's
+ * W_q and C_q. */
+static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *cq, double S,
+                                size_t slice, int ns)
 {
     const int R = m->nregions;
-    const double a = m->intra_alpha_s, B = m->intra_Bps, share = (double)(R - 1) / R;
-    double ratio = 1, enc = 0, dec = 0;
-    if (codec != NULL && codec->id != TOPO_CODEC_NONE) {
-        ratio = codec->ratio > 0 ? codec->ratio : 1;
-        enc = codec->enc_Bps;
-        dec = codec->dec_Bps;
+    const double a = m->intra_alpha_s, B = m->intra_Bps;
+    double rho[TOPO_MODEL_MAX_REGIONS], enc[TOPO_MODEL_MAX_REGIONS], dec[TOPO_MODEL_MAX_REGIONS];
+    double f[TOPO_MODEL_MAX_REGIONS];
+    unsigned w[TOPO_MODEL_MAX_REGIONS];
+    topoHierShares(m, w);
+    /* sums over every region r of 1 / rho_r, f_r / rho_r, 1 / dec_r and
+     * f_r / dec_r: each region's in_q and C_q is the total less its own */
+    double s_rho = 0, s_frho = 0, s_dec = 0, s_fdec = 0;
+    for (int q = 0; q < R; q++) {
+        const topoCodecCost *c = cq ? cq[q] : NULL;
+        int on = c != NULL && c->id != TOPO_CODEC_NONE;
+        rho[q] = on && c->ratio > 0 ? c->ratio : 1;
+        enc[q] = on ? c->enc_Bps : 0;
+        dec[q] = on ? c->dec_Bps : 0;
+        f[q] = (double)w[q] / TOPO_SHARE_ONE;
+        s_rho += 1 / rho[q];
+        s_frho += f[q] / rho[q];
+        s_dec += dec[q] > 0 ? 1 / dec[q] : 0;
+        s_fdec += dec[q] > 0 ? f[q] / dec[q] : 0;
     }
     /* Slices are `slice` bytes but the last; the bytes after the first
      * slice add periods in proportion (so that a larger message never
@@ -473,25 +496,45 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
     double L = fmin(S, (double)slice);
     double more = L > 0 ? (S - L) / L : 0;
     double K = 0, W = 0;
-    unsigned w[TOPO_MODEL_MAX_REGIONS];
-    topoHierShares(m, w);
     for (int q = 0; q < R; q++) {
         double P = m->ranks[q], seg = L / P;
         double rs = (P - 1) * (a + seg / B);
-        double c = (enc > 0 ? seg / enc : 0) + (dec > 0 ? 2 * share * seg / dec : 0);
+        double idec = dec[q] > 0 ? 1 / dec[q] : 0;
+        double c = (enc[q] > 0 ? seg / enc[q] : 0) +
+                   seg * (f[q] * (s_dec - idec) + (s_fdec - f[q] * idec));
         /* and per slice the caller waits for the X1 and X2 receives of
          * R - 1 regions and hands each phase to the progress thread: one
          * message latency each, that many more wake-ups on shared cores */
         double waits = 2 * (R - 1) + 2;
         double crowd = m->cpu_share > 1 ? m->cpu_share : 1;
         K = fmax(K, (m->intra_shared ? 1 : crowd) * 2 * rs + crowd * (c + waits * a));
-        /* 2 (R-1)/R L with equal shares */
-        double wan_bytes = (1 + (R - 2) * (double)w[q] / TOPO_SHARE_ONE) * L;
-        W = fmax(W, wan_time(m, q, P * (R - 1) * ns, wan_bytes / ratio, wan_bytes / ratio));
+        double out = (1 + (R - 2) * f[q]) * L / rho[q];
+        double in = L * (f[q] * (s_rho - 1 / rho[q]) + (s_frho - f[q] / rho[q]));
+        W = fmax(W, wan_time(m, q, P * (R - 1) * ns, out, in));
     }
     double ow = max_oneway(m);
     double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));
     return K + W + 2 * ow + more * period;
+}
+
+static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, double S,
+                             size_t slice, int ns)
+{
+    const topoCodecCost *cq[TOPO_MODEL_MAX_REGIONS];
+    for (int q = 0; q < m->nregions; q++)
+        cq[q] = codec;
+    return hier_allreduce_by(m, cq, S, slice, ns);
+}
+
+double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
+                               size_t bytes, size_t slice, int nstreams)
+{
+    if (!model_ok(m))
+        return -1;
+    if (m->nregions == 1)
+        return topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, bytes, slice, nstreams);
+    return hier_allreduce_by(m, codecs, (double)bytes, slice ? slice : m->hier_slice,
+                             nstreams > 0 ? nstreams : m->wan_streams);
 }
 
 static double predict_hier(const topoModel *m, int coll, const topoCodecCost *codec, double S,
@@ -662,13 +705,70 @@ typedef struct {
     const topoCodecCost *codec; /* NULL = none */
     size_t chunk;
     double sec;
+    int by_region;              /* region_codec holds a codec per region */
+    unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
 } planChoice;
 
-static int same_choice(const topoPlanEntry *e, const planChoice *c)
+static int same_choice(const topoPlanEntry *e, const planChoice *c, int R)
 {
     int id = c->codec ? c->codec->id : TOPO_CODEC_NONE;
     return e->algo == c->algo && e->codec == id && e->chunk == c->chunk &&
-           e->nstreams == c->nstreams;
+           e->nstreams == c->nstreams && e->by_region == c->by_region &&
+           (!c->by_region || memcmp(e->region_codec, c->region_codec, (size_t)R) == 0);
+}
+
+/* topoPlanBuild's codec per sending region for a hierarchical all-reduce
+ * whose best single codec c chose (model.h says how).  Sets c->by_region
+ * and region_codec when a mix is kept. */
+static void choose_by_region(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
+                             unsigned allowed, size_t bytes, planChoice *c)
+{
+    const int R = m->nregions;
+    const topoCodecCost *cands[33], *cur[TOPO_MODEL_MAX_REGIONS];
+    int ncand = 0;
+    cands[ncand++] = NULL;
+    for (int j = 0; j < ncodecs && ncand < 33; j++)
+        if (codecs[j].id > TOPO_CODEC_NONE && codecs[j].id < 32 &&
+            (allowed >> codecs[j].id) & 1u)
+            cands[ncand++] = &codecs[j];
+    if (ncand < 2 || R < 2)
+        return;
+    for (int q = 0; q < R; q++)
+        cur[q] = c->codec;
+    const double ref = c->sec;
+    double t = ref;
+    for (int pass = 0, changed = 1; pass < 4 && changed; pass++) {
+        changed = 0;
+        for (int q = 0; q < R; q++) {
+            const topoCodecCost *keep = cur[q];
+            for (int j = 0; j < ncand; j++) {
+                if (cands[j] == keep)
+                    continue;
+                cur[q] = cands[j];
+                double tt = topoPredictHierByRegion(m, cur, bytes, c->chunk, c->nstreams);
+                /* exact where it costs at most the margin over the single
+                 * codec's time; another codec where it gains the margin */
+                if (tt >= 0 && ((cands[j] == NULL && tt <= ref * (1 + PREFER_MARGIN)) ||
+                                tt < t * (1 - PREFER_MARGIN))) {
+                    keep = cands[j];
+                    t = tt;
+                    changed = 1;
+                    if (keep == NULL)
+                        break;
+                }
+            }
+            cur[q] = keep;
+        }
+    }
+    int mixed = 0;
+    for (int q = 1; q < R; q++)
+        mixed |= cur[q] != cur[0];
+    if (!mixed || t > ref * (1 + PREFER_MARGIN))
+        return;
+    c->by_region = 1;
+    c->sec = t;
+    for (int q = 0; q < R; q++)
+        c->region_codec[q] = (unsigned char)(cur[q] ? cur[q]->id : TOPO_CODEC_NONE);
 }
 
 /* Candidate chunks: the default first (preferred on a near tie), then
@@ -788,6 +888,12 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
     memset(&p, 0, sizeof(p));
     p.nregions = m->nregions;
     p.nranks = model_nranks(m);
+    memcpy(p.region_names, m->names, sizeof(p.region_names));
+    snprintf(p.codec_names[TOPO_CODEC_NONE], sizeof(p.codec_names[0]), "none");
+    for (int j = 0; j < ncodecs; j++)
+        if (codecs[j].id > TOPO_CODEC_NONE && codecs[j].id < 32 && codecs[j].name)
+            snprintf(p.codec_names[codecs[j].id], sizeof(p.codec_names[0]), "%s",
+                     codecs[j].name);
     for (int coll = 0; coll < TOPO_COLL_COUNT; coll++) {
         for (int k = TOPO_PLAN_MIN_LOG2; k <= TOPO_PLAN_MAX_LOG2; k++) {
             size_t bytes = (size_t)1 << k;
@@ -796,12 +902,16 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
              * would otherwise make the start's regime speak for a bucket
              * whose other sizes all run another algorithm. */
             size_t rep = k > TOPO_PLAN_MIN_LOG2 ? bytes + bytes / 2 : bytes;
-            planChoice c = {0, 0, NULL, 0, -1};
+            planChoice c;
+            memset(&c, 0, sizeof(c));
+            c.sec = -1;
             choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, rep, &c);
             if (c.sec < 0)
                 return -1;
+            if (coll == TOPO_COLL_ALLREDUCE && c.algo == TOPO_ALGO_HIER && f->codec < 0)
+                choose_by_region(m, codecs, ncodecs, allowed_mask, rep, &c);
             topoPlanEntry *last = p.nentries[coll] ? &p.entries[coll][p.nentries[coll] - 1] : NULL;
-            if (last != NULL && same_choice(last, &c)) {
+            if (last != NULL && same_choice(last, &c, m->nregions)) {
                 last->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
                 last->sec_top = c.sec;
                 continue;
@@ -816,6 +926,8 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
             e->chunk = c.chunk;
             e->nstreams = c.nstreams;
             e->sec_lo = e->sec_top = c.sec;
+            e->by_region = c.by_region;
+            memcpy(e->region_codec, c.region_codec, sizeof(e->region_codec));
         }
     }
     *out = p;
@@ -864,6 +976,16 @@ static const char *fmt_sec(double s, char *buf, size_t len)
     return buf;
 }
 
+/* A region's name in a plan; its index where the model had none. */
+static const char *region_label(const topoPlan *plan, int q)
+{
+    static __thread char buf[16];
+    if (plan->region_names[q][0])
+        return plan->region_names[q];
+    snprintf(buf, sizeof(buf), "region %d", q);
+    return buf;
+}
+
 void topoPlanPrint(const topoPlan *plan, FILE *f)
 {
     char a[32], b[32], c[32], t1[32], t2[32];
@@ -880,9 +1002,16 @@ void topoPlanPrint(const topoPlan *plan, FILE *f)
                 snprintf(range, sizeof(range), "%s-%s", fmt_size(e->lo, a, sizeof(a)),
                          fmt_size(e->hi + 1, b, sizeof(b)));
             fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7d %s - %s\n", topoCollName(coll),
-                    range, topoAlgoName(e->algo), e->codec_name,
+                    range, topoAlgoName(e->algo), e->by_region ? "by region" : e->codec_name,
                     fmt_size(e->chunk, c, sizeof(c)), e->nstreams,
                     fmt_sec(e->sec_lo, t1, sizeof(t1)), fmt_sec(e->sec_top, t2, sizeof(t2)));
+            if (e->by_region) {
+                fprintf(f, "  %-14s %-16s codec of what each region sends:", "", "");
+                for (int q = 0; q < plan->nregions; q++)
+                    fprintf(f, "%s %s %s", q ? "," : "", region_label(plan, q),
+                            plan->codec_names[e->region_codec[q] & 31]);
+                fprintf(f, " (one codec for all: %s)\n", e->codec_name);
+            }
         }
     fprintf(f, "  (sizes: from lo up to, not including, hi)\n");
 }
@@ -902,9 +1031,20 @@ void topoPlanJson(const topoPlan *plan, FILE *f)
                 snprintf(hi, sizeof(hi), "%zu", e->hi);
             fprintf(f, "%s\n  {\"coll\": \"%s\", \"lo\": %zu, \"hi\": %s, \"algo\": \"%s\", "
                     "\"codec\": \"%s\", \"codec_id\": %d, \"chunk\": %zu, \"streams\": %d, "
-                    "\"sec_lo\": %.6g, \"sec_top\": %.6g}", first ? "" : ",", topoCollName(coll),
+                    "\"sec_lo\": %.6g, \"sec_top\": %.6g", first ? "" : ",", topoCollName(coll),
                     e->lo, hi, topoAlgoName(e->algo), e->codec_name, e->codec, e->chunk,
                     e->nstreams, e->sec_lo, e->sec_top);
+            if (e->by_region) {
+                fprintf(f, ", \"region_codecs\": {");
+                for (int q = 0; q < plan->nregions; q++) {
+                    fprintf(f, "%s\"", q ? ", " : "");
+                    for (const char *n = region_label(plan, q); *n; n++)
+                        fputc(*n == '"' || *n == '\\' ? '_' : *n, f);
+                    fprintf(f, "\": \"%s\"", plan->codec_names[e->region_codec[q] & 31]);
+                }
+                fprintf(f, "}");
+            }
+            fprintf(f, "}");
             first = 0;
         }
     fprintf(f, "\n]}");

@@ -131,6 +131,11 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
  * Returns the time (>= 0), or -1 for an invalid model or argument. */
 double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *codec,
                    size_t bytes, size_t chunk, int nstreams);
+/* The hierarchical all-reduce with codecs[q] on what region q sends (its
+ * X1 partials and X2 parts; NULL: exact), slice and streams as
+ * topoPredict's chunk and nstreams.  codecs NULL: none anywhere. */
+double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
+                               size_t bytes, size_t slice, int nstreams);
 
 /* ---- plan ---------------------------------------------------------------- */
 
@@ -162,22 +167,39 @@ typedef struct {
     int nstreams;
     double sec_lo;    /* predicted at the first bucket's size (1.5 x its start) */
     double sec_top;   /* predicted at the last bucket's size */
+    /* All-reduce HIER with a codec not forced: 1 when each region sends
+     * in a codec of its own, region_codec[q] (id; none where compressing
+     * its link does not pay), 0 when every region uses `codec`.  `codec`
+     * is still the best single codec (what a call that cannot mix codecs,
+     * the GPU codecs on device buffers, uses). */
+    int by_region;
+    unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
 } topoPlanEntry;
 
 typedef struct {
     int nregions, nranks;
     int nentries[TOPO_COLL_COUNT];
     topoPlanEntry entries[TOPO_COLL_COUNT][TOPO_PLAN_BUCKETS];
+    char codec_names[32][24]; /* by codec id, from topoPlanBuild's table */
+    char region_names[TOPO_MODEL_MAX_REGIONS][TOPO_REGION_LABEL_LEN]; /* the model's */
 } topoPlan;
 
 /* Chooses, per collective and size bucket, algorithm, codec (among codecs
  * whose id bit is set in allowed_mask, and none, which is always allowed),
  * chunk and streams with the least predicted time; among choices within 1%
  * of the least, the simplest (flat, no codec, codecs in table order, the
- * default chunk, fewer streams).  Then merges neighbouring buckets with the
- * same choice.  One region: always flat, no codec.  codecs may be NULL
- * (ncodecs 0); force may be NULL.  Returns 0, or -1 for an invalid model
- * (out untouched). */
+ * default chunk, fewer streams).  Where that is the hierarchical
+ * all-reduce and no codec is forced, it then chooses a codec per sending
+ * region (by_region): from the best single codec, a region sends exactly
+ * where that costs at most 1% more than the single codec's time, and
+ * takes another allowed codec where that gains over 1%, region by region
+ * until nothing changes; the mix is kept when it differs from one codec
+ * for all and is within 1% of its time.  So a slow link compresses and a
+ * fast one, where encoding would cost more than its link time saves,
+ * sends exactly.  Then merges neighbouring buckets with the same choice.
+ * One region: always flat, no codec.  codecs may be NULL (ncodecs 0);
+ * force may be NULL.  Returns 0, or -1 for an invalid model (out
+ * untouched). */
 int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
                   unsigned allowed_mask, const topoPlanForce *force, topoPlan *out);
 

@@ -36,7 +36,11 @@
  * exact partial in region order.  X2 encodes the finished part once (slot
  * 2), and the owner then replaces its own copy by decode(encode(part)), the
  * very bytes every other region decodes: all ranks end bit-identical.  The
- * intra-region phases stay exact. */
+ * intra-region phases stay exact.  With GEOCCL_COMPRESS=auto the plan may
+ * give each region a codec of its own for what it sends, X1 and X2 alike
+ * (a slow link compresses, a fast one sends exactly): each message is
+ * decoded in its sender's codec, and the argument above holds per sender
+ * (choose_codec). */
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/coll/cma.h"
@@ -71,6 +75,7 @@ typedef struct {
     size_t off;         /* element offset in the buffer */
     size_t n;           /* elements */
     char *tmp;          /* X1 receive: where the peer's partial lands */
+    const geoCodec *codec; /* the sending region's codec; NULL: exact */
     char *enc;          /* compressed: the chunk sent, or the receive buffer */
     size_t enc_cap;     /* bytes at enc */
     size_t enc_len;     /* send: chunk bytes */
@@ -79,9 +84,14 @@ typedef struct {
     int posted;
 } hierMsg;
 
-/* What compression does in this call (NULL codec: exact transfer). */
+/* What compression does in this call.  Each region encodes what it sends
+ * in its codec, of[q] (NULL: exact); codec is my region's, any whether
+ * some region compresses.  One codec for all unless the plan gives each
+ * region its own (geoTuningRegionCodecs). */
 typedef struct {
     const geoCodec *codec;
+    const geoCodec *of[64];
+    int any;
     const geoCodecParams *params;
     /* The return trip's parameters: the same, except that topk keeps R
      * times the fraction, so that the union of the R regions' kept elements
@@ -160,11 +170,12 @@ static int cmp_size(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static ncclResult_t alloc_enc(hierMsg *m, int n, const hierCodec *hc, ncclDataType_t dt,
-                              const geoCodecParams *params)
+static ncclResult_t alloc_enc(hierMsg *m, int n, ncclDataType_t dt, const geoCodecParams *params)
 {
     for (int i = 0; i < n; i++) {
-        m[i].enc_cap = hc->codec->maxEncodedSize(m[i].n, dt, params);
+        if (m[i].codec == NULL)
+            continue;
+        m[i].enc_cap = m[i].codec->maxEncodedSize(m[i].n, dt, params);
         if (m[i].enc_cap == 0)
             return ncclInvalidArgument;
         m[i].enc = malloc(m[i].enc_cap);
@@ -292,27 +303,32 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
             share_range(comm, plen, q, &qo, &qn);
             /* X1: my partial of part q goes to its owner; its partial of my
              * part comes to me.  X2: the reverse, with finished values. */
-            sl->tx1[sl->ntx1++] = (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn};
-            sl->rx1[sl->nrx1++] = (hierMsg){.peer = owner, .off = part->off, .n = sn};
-            sl->tx2[sl->ntx2++] = (hierMsg){.peer = owner, .off = part->off, .n = sn};
-            sl->rx2[sl->nrx2++] = (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn};
+            const geoCodec *mine = hc->of[g], *theirs = hc->of[q];
+            sl->tx1[sl->ntx1++] =
+                (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn, .codec = mine};
+            sl->rx1[sl->nrx1++] =
+                (hierMsg){.peer = owner, .off = part->off, .n = sn, .codec = theirs};
+            sl->tx2[sl->ntx2++] =
+                (hierMsg){.peer = owner, .off = part->off, .n = sn, .codec = mine};
+            sl->rx2[sl->nrx2++] =
+                (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn, .codec = theirs};
             tmp_elems += sn;
         }
     }
     free(bounds);
     sl->es = es;
     sl->tmp_bytes = tmp_elems * es + 1;
-    if (hc->codec) {
+    if (hc->any) {
         /* X2 sends one chunk per part to k-1 owners: one buffer per part,
          * shared by its messages (allocated for the first, k-1 in a row). */
         ncclResult_t r;
-        if ((r = alloc_enc(sl->tx1, sl->ntx1, hc, dt, hc->params)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx1, sl->nrx1, hc, dt, hc->params)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx2, sl->nrx2, hc, dt, &hc->p2)) != ncclSuccess)
+        if ((r = alloc_enc(sl->tx1, sl->ntx1, dt, hc->params)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx1, sl->nrx1, dt, hc->params)) != ncclSuccess ||
+            (r = alloc_enc(sl->rx2, sl->nrx2, dt, &hc->p2)) != ncclSuccess)
             return r;
         int k1 = comm->regions.nregions - 1;
-        for (int i = 0; i < sl->ntx2; i += k1) {
-            if ((r = alloc_enc(&sl->tx2[i], 1, hc, dt, &hc->p2)) != ncclSuccess)
+        for (int i = 0; hc->codec && i < sl->ntx2; i += k1) {
+            if ((r = alloc_enc(&sl->tx2[i], 1, dt, &hc->p2)) != ncclSuccess)
                 return r;
             for (int j = 1; j < k1; j++) {
                 sl->tx2[i + j].enc = sl->tx2[i].enc;
@@ -548,13 +564,14 @@ static ncclResult_t encode_x1(struct ncclComm *comm, const geoOp *op, hierSlice 
 }
 
 /* X1 receives: decode the other regions' partials of my parts. */
-static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc)
+static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl)
 {
     for (int i = 0; i < sl->nrx1; i++) {
         hierMsg *x = &sl->rx1[i];
         const char *why = NULL;
-        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt, x->tmp, x->n, &why);
+        if (x->codec == NULL) /* an exact region's: already in place */
+            continue;
+        ncclResult_t r = x->codec->decode(x->enc, x->req.size, op->dt, x->tmp, x->n, &why);
         if (r != ncclSuccess)
             return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
     }
@@ -567,12 +584,12 @@ static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice 
  * same bits as decode_x1 then reduce_parts, without the decoded copies). */
 static int fused_decode(const geoOp *op, const hierCodec *hc)
 {
-    return hc->codec != NULL && op->dt == ncclFloat32 &&
+    return hc->any && op->dt == ncclFloat32 &&
            (op->op == ncclSum || op->op == ncclAvg);
 }
 
 static ncclResult_t decode_reduce_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                                     const hierCodec *hc, float *acc, const hierView *v)
+                                     float *acc, const hierView *v)
 {
     const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
     for (int p = 0; p < sl->nparts; p++) {
@@ -590,11 +607,18 @@ static ncclResult_t decode_reduce_x1(struct ncclComm *comm, const geoOp *op, hie
             }
             hierMsg *x = &sl->rx1[part->first_rx + j++];
             const char *why = NULL;
-            ncclResult_t r = q == 0 ? hc->codec->decode(x->enc, x->req.size, ncclFloat32, acc,
-                                                        part->n, &why)
-                                    : hc->codec->decodeAccumulate(x->enc, x->req.size,
-                                                                  ncclFloat32, acc, part->n,
-                                                                  &why);
+            ncclResult_t r = ncclSuccess;
+            if (x->codec == NULL) { /* an exact region's partial, in x->tmp */
+                if (q == 0)
+                    memcpy(acc, x->tmp, part->n * sizeof(float));
+                else
+                    geoReduce(acc, acc, x->tmp, part->n, ncclFloat32, ncclSum);
+            } else if (q == 0) {
+                r = x->codec->decode(x->enc, x->req.size, ncclFloat32, acc, part->n, &why);
+            } else {
+                r = x->codec->decodeAccumulate(x->enc, x->req.size, ncclFloat32, acc, part->n,
+                                               &why);
+            }
             if (r != ncclSuccess)
                 return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
         }
@@ -633,14 +657,16 @@ static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice 
 
 /* X2 receives: decode the finished parts owned by other regions. */
 static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc, const hierView *v)
+                              const hierView *v)
 {
     const size_t es = geoTypeSize(op->dt);
     for (int i = 0; i < sl->nrx2; i++) {
         hierMsg *x = &sl->rx2[i];
         const char *why = NULL;
-        ncclResult_t r = hc->codec->decode(x->enc, x->req.size, op->dt, at(v, x->off, es), x->n,
-                                           &why);
+        if (x->codec == NULL) /* an exact region's: already in place */
+            continue;
+        ncclResult_t r = x->codec->decode(x->enc, x->req.size, op->dt, at(v, x->off, es), x->n,
+                                          &why);
         if (r != ncclSuccess)
             return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
     }
@@ -704,17 +730,40 @@ void geoEfNoteUnregistered(struct ncclComm *comm, const void *buf)
             buf);
 }
 
-static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc)
+/* The call's codecs: region q's is by_region[q] where the plan gives each
+ * region its own, else comm->call_codec (the plan's or the user's), each
+ * through the policy.  Every rank takes the same, so each message is
+ * decoded in the codec it was encoded in.  Why a codec per sending region
+ * keeps the results bit-identical: a region's X1 partials are decoded only
+ * by the owner of each part, which sums them in region order; its X2 part
+ * is encoded once and every region, the owner included (encode_x2),
+ * decodes those same bytes.  Error feedback keeps residuals only for my
+ * region's codec. */
+static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc,
+                         const unsigned char *by_region)
 {
-    geoHierCodecChoice ch;
+    const int R = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
+    geoHierCodecChoice ch, mine;
     memset(hc, 0, sizeof(*hc));
-    geoHierCodecPolicy(comm, op, comm->call_codec, &ch); /* the plan's or the user's */
-    if (ch.codec == GEO_CODEC_NONE)
+    memset(&mine, 0, sizeof(mine));
+    for (int q = 0; q < R && q < 64; q++) {
+        geoHierCodecPolicy(comm, op, by_region ? by_region[q] : comm->call_codec, &ch);
+        if (ch.codec == GEO_CODEC_NONE)
+            continue;
+        hc->of[q] = geoCodecGet((geoCodecId)ch.codec);
+        /* p2 differs from p1 only for topk (R k on the return trip) */
+        if (!hc->any || ch.codec == GEO_CODEC_TOPK)
+            hc->p2 = ch.p2;
+        hc->any = 1;
+        hc->counter = ch.counter;
+        if (q == g)
+            mine = ch;
+    }
+    if (!hc->any)
         return;
-    hc->codec = geoCodecGet((geoCodecId)ch.codec);
+    hc->codec = hc->of[g];
     hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
-    hc->p2 = ch.p2;
-    hc->counter = ch.counter;
+    ch = mine;
     if ((ch.ef1 || ch.ef2) && op->ef_key == 0) {
         geoEfNoteUnregistered(comm, op->recvbuff);
     } else if (ch.ef1 || ch.ef2) {
@@ -761,7 +810,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     hierCodec hc;
     const hierView view = {.buf = op->recvbuff, .base = 0, .seg = geoSegRange};
     const hierView *v = &view;
-    choose_codec(comm, op, &hc);
+    choose_codec(comm, op, &hc, comm->call_region_codecs);
     size_t maxpart = 0;
     for (size_t s = 0; s < M; s++) {
         sl[s].s0 = s * se;
@@ -822,12 +871,12 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 tl[2] = geoNow();
             if (fused_decode(op, &hc)) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, &hc, (float *)scratch, v), res, out);
+                GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, (float *)scratch, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             } else {
-                if (hc.codec) {
+                if (hc.any) {
                     t0 = geoNow();
-                    GEO_CHECK_GOTO(decode_x1(comm, op, x, &hc), res, out);
+                    GEO_CHECK_GOTO(decode_x1(comm, op, x), res, out);
                     comm->stats.t_codec += geoNow() - t0;
                 }
                 reduce_parts(comm, op, x, es, scratch, v);
@@ -850,9 +899,9 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_inter += geoNow() - t0;
             if (it - 2 * D == M - 1)
                 tl[3] = geoNow();
-            if (hc.codec) {
+            if (hc.any) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_x2(comm, op, x, &hc, v), res, out);
+                GEO_CHECK_GOTO(decode_x2(comm, op, x, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
             t0 = geoNow();
@@ -893,7 +942,8 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 
     GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
                   "%s: more than 64 regions", geoErrOp(&comm->err));
-    choose_codec(comm, op, &hc);
+    /* one codec for all: the GPU path chose it for the whole call */
+    choose_codec(comm, op, &hc, NULL);
     if (slice_plan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
         geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
         res = ncclSystemError;
@@ -918,10 +968,10 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     GEO_CHECK_GOTO(post_all(comm, sl.rx1, sl.nrx1, 0, v, es), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.rx1, sl.nrx1), res, out);
     if (fused_decode(op, &hc)) {
-        GEO_CHECK_GOTO(decode_reduce_x1(comm, op, &sl, &hc, (float *)scratch, v), res, out);
+        GEO_CHECK_GOTO(decode_reduce_x1(comm, op, &sl, (float *)scratch, v), res, out);
     } else {
-        if (hc.codec)
-            GEO_CHECK_GOTO(decode_x1(comm, op, &sl, &hc), res, out);
+        if (hc.any)
+            GEO_CHECK_GOTO(decode_x1(comm, op, &sl), res, out);
         reduce_parts(comm, op, &sl, es, scratch, v);
     }
     if (hc.codec)
@@ -931,8 +981,8 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     GEO_CHECK_GOTO(wait_msgs(comm, sl.rx2, sl.nrx2), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.tx1, sl.ntx1), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.tx2, sl.ntx2), res, out);
-    if (hc.codec)
-        GEO_CHECK_GOTO(decode_x2(comm, op, &sl, &hc, v), res, out);
+    if (hc.any)
+        GEO_CHECK_GOTO(decode_x2(comm, op, &sl, v), res, out);
     comm->stats.t_inter += geoNow() - t0;
 out:
     if (res != ncclSuccess)

@@ -91,6 +91,8 @@ ncclResult_t geoCollRun(geoOp *in)
     int direct = o.type == GEO_OP_ALLREDUCE && N > 1 && N <= 32 &&
                  total * es <= comm->direct_max && !(planned && use_hier);
     comm->call_codec = codec;
+    comm->call_region_codecs = planned && use_hier && o.type == GEO_OP_ALLREDUCE
+                                   ? geoTuningRegionCodecs(comm, total * es) : NULL;
     if (plan_chunk > 0) {
         if (use_hier)
             comm->hier_slice = plan_chunk;

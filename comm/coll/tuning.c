@@ -284,6 +284,14 @@ int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hi
     return 1;
 }
 
+const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t bytes)
+{
+    if (!comm->codec_auto || comm->plan == NULL || comm->regions.nregions < 2)
+        return NULL;
+    const topoPlanEntry *e = topoPlanLookup(comm->plan, TOPO_COLL_ALLREDUCE, bytes);
+    return e != NULL && e->algo == TOPO_ALGO_HIER && e->by_region ? e->region_codec : NULL;
+}
+
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json)
 {
     if (comm->plan == NULL) {

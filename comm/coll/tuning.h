@@ -38,6 +38,12 @@ void geoTuningFree(struct ncclComm *comm);
 int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hier, int *codec,
                     size_t *chunk);
 
+/* The codec per sending region (topoPlanEntry.region_codec, codec ids) the
+ * plan gives a hierarchical all-reduce of `bytes`, or NULL where it gives
+ * one codec for all (no plan, a codec forced, or no mix that pays).  The
+ * array lives as long as the plan. */
+const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t bytes);
+
 /* The plan as text or JSON; "no plan" and why when there is none. */
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json);
 

@@ -165,6 +165,9 @@ struct ncclComm {
     unsigned auto_mask;         /* codec ids (bits) auto may choose besides none */
     geoCodecParams auto_params; /* topk's fraction for auto */
     int call_codec;             /* the codec of the hierarchical call in progress */
+    /* and, where the plan gives each region its own (host buffers only),
+     * the codec of what each region sends (geoTuningRegionCodecs), or NULL */
+    const unsigned char *call_region_codecs;
     topoPlan *plan;             /* comm/coll/tuning.h; NULL: no link figures */
     char plan_why[256];
     int plan_chunks;            /* the plan sets chunk/slice per call */

@@ -276,7 +276,10 @@ static void check_ranges(const topoPlan *p)
             if (i > 0 && e->algo == p->entries[coll][i - 1].algo &&
                 e->codec == p->entries[coll][i - 1].codec &&
                 e->chunk == p->entries[coll][i - 1].chunk &&
-                e->nstreams == p->entries[coll][i - 1].nstreams)
+                e->nstreams == p->entries[coll][i - 1].nstreams &&
+                e->by_region == p->entries[coll][i - 1].by_region &&
+                memcmp(e->region_codec, p->entries[coll][i - 1].region_codec,
+                       (size_t)p->nregions) == 0)
                 CU_FAIL("neighbouring ranges with the same choice not merged");
             CU_ASSERT(e->sec_lo >= 0 && e->sec_top >= e->sec_lo);
             CU_ASSERT(topoPlanLookup(p, coll, e->lo) == e);
@@ -627,6 +630,104 @@ static void test_shares_gain(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* A codec per sending region                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The plan's 64 MiB all-reduce on three regions of two ranks, six ranks on
+ * two cores (cpu_share 3, as on the emulated regions), with only `allowed`
+ * codecs; the entry is copied to *e. */
+static void plan_64m(const char *r0, const char *r1, const char *r2, unsigned allowed,
+                     topoModel *m, topoPlanEntry *e)
+{
+    char text[512], err[512] = "";
+    snprintf(text, sizeof(text), "region a bw=%s delay=25 ranks=2\nregion b bw=%s delay=25 "
+             "ranks=2\nregion c bw=%s delay=25 ranks=2\nintra bw=140M delay=0.2\n", r0, r1,
+             r2);
+    CU_ASSERT_EQUAL_FATAL(model_from(text, m, err, sizeof(err)), 0);
+    m->cpu_share = 3;
+    topoPlan *p = malloc(sizeof(*p));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL_FATAL(topoPlanBuild(m, topoDefaultCodecCosts, topoDefaultNCodecs, allowed,
+                                        NULL, p), 0);
+    check_ranges(p);
+    *e = *topoPlanLookup(p, TOPO_COLL_ALLREDUCE, 64 * MiB);
+    free(p);
+}
+
+static void test_plan_by_region(void)
+{
+    const unsigned lossless = 1u << 1;
+    const topoCodecCost *ll = codec_named("lossless");
+    topoModel m;
+    topoPlanEntry e;
+    /* One codec on every region predicts what topoPredict does. */
+    emulated(&m, 3, 2, "100mbit");
+    const topoCodecCost *same[3] = {ll, ll, ll};
+    CU_ASSERT_DOUBLE_EQUAL(topoPredictHierByRegion(&m, same, 64 * MiB, 0, 0),
+                           topoPredict(&m, 0, TOPO_ALGO_HIER, ll, 64 * MiB, 0, 0), 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(topoPredictHierByRegion(&m, NULL, 64 * MiB, 0, 0),
+                           topoPredict(&m, 0, TOPO_ALGO_HIER, NULL, 64 * MiB, 0, 0), 1e-12);
+
+    /* 100M/1G/1G with the exact codecs (GEOCCL_COMPRESS=auto): lossless
+     * (1.1x, 0.42 GB/s to encode on a core shared by three ranks) pays on
+     * the 100 Mbit/s link, which sets the pace, and not on the 1 Gbit/s
+     * ones, where encoding costs more than the link time it saves. */
+    plan_64m("100mbit", "1gbit", "1gbit", lossless, &m, &e);
+    printf("\n    100M/1G/1G: by_region %d, codecs %d %d %d, %.3f s (one codec: %s)",
+           e.by_region, e.region_codec[0], e.region_codec[1], e.region_codec[2], e.sec_top,
+           e.codec_name);
+    CU_ASSERT_EQUAL(e.algo, TOPO_ALGO_HIER);
+    CU_ASSERT_EQUAL(e.by_region, 1);
+    CU_ASSERT_EQUAL(e.region_codec[0], ll->id);
+    CU_ASSERT_EQUAL(e.region_codec[1], TOPO_CODEC_NONE);
+    CU_ASSERT_EQUAL(e.region_codec[2], TOPO_CODEC_NONE);
+    const topoCodecCost *mix[3] = {ll, NULL, NULL};
+    double tmix = topoPredictHierByRegion(&m, mix, 64 * MiB, e.chunk, e.nstreams);
+    double tnone = topoPredictHierByRegion(&m, NULL, 64 * MiB, e.chunk, e.nstreams);
+    double tall = topoPredictHierByRegion(&m, same, 64 * MiB, e.chunk, e.nstreams);
+    printf("; mixed %.3f s, none %.3f s, lossless everywhere %.3f s", tmix, tnone, tall);
+    CU_ASSERT(tmix < 0.95 * tnone);
+    CU_ASSERT(tmix <= 1.01 * tall);
+
+    /* Symmetric links: every region alike, so one codec for all. */
+    plan_64m("100mbit", "100mbit", "100mbit", lossless, &m, &e);
+    CU_ASSERT_EQUAL(e.by_region, 0);
+    plan_64m("1gbit", "1gbit", "1gbit", ALL_CODECS, &m, &e);
+    CU_ASSERT_EQUAL(e.by_region, 0);
+
+    /* No codec allowed, or one forced: nothing to choose per region. */
+    plan_64m("100mbit", "1gbit", "1gbit", 0, &m, &e);
+    CU_ASSERT_EQUAL(e.by_region, 0);
+    CU_ASSERT_EQUAL(e.codec, TOPO_CODEC_NONE);
+    topoPlanForce f = TOPO_PLAN_FORCE_NONE;
+    f.codec = ll->id;
+    topoPlan *p = malloc(sizeof(*p));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&m, topoDefaultCodecCosts, topoDefaultNCodecs, ALL_CODECS,
+                                        &f, p), 0);
+    for (int i = 0; i < p->nentries[TOPO_COLL_ALLREDUCE]; i++)
+        CU_ASSERT_EQUAL(p->entries[TOPO_COLL_ALLREDUCE][i].by_region, 0);
+
+    /* The mix in the printed plan and its JSON. */
+    CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&m, topoDefaultCodecCosts, topoDefaultNCodecs, lossless,
+                                        NULL, p), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f2 = open_memstream(&text, &len);
+    topoPlanPrint(p, f2);
+    fputc('\n', f2);
+    topoPlanJson(p, f2);
+    fclose(f2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "codec of what each region sends: a lossless, b none, "
+                                        "c none (one codec for all: "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\"region_codecs\": {\"a\": \"lossless\", \"b\": "
+                                        "\"none\", \"c\": \"none\"}"));
+    free(text);
+    free(p);
+    printf("\n");
+}
+
+/* ------------------------------------------------------------------------ */
 /* Ingress: a slow downlink                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -920,6 +1021,7 @@ int main(void)
     CU_add_test(s, "plan: print and JSON", test_plan_print);
     CU_add_test(s, "topoModelFromFile", test_model_from_file);
     CU_add_test(s, "shares: uneven only for a gain of TOPO_SHARES_MIN_GAIN", test_shares_gain);
+    CU_add_test(s, "plan: a codec per sending region", test_plan_by_region);
     CU_add_test(s, "ingress: a slow downlink in shares, predictions and the probe's rates",
                 test_ingress);
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
