@@ -40,6 +40,9 @@
 #   hierlossless GeoCCL hierarchical with GEOCCL_COMPRESS=lossless on --data
 #                gauss (gradient-like mantissas: the pattern data would
 #                compress some 35x, no gradient does)
+#   hierauto     GeoCCL hierarchical with GEOCCL_COMPRESS=auto on --data gauss:
+#                the plan picks none or lossless per size and, on uneven
+#                links, per sending region (compressing only where it pays)
 #   hierbase     GeoCCL hierarchical from another build (GEOCCL_BASE_BUILD,
 #                e.g. of an earlier commit): what a change costs or gains,
 #                on the same links in the same run
@@ -183,7 +186,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|hierauto|ompi|ompiring|gloochunked|gloo) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -244,29 +247,30 @@ report() {
       ne = split(bpsl, E, " ")
       for (q = 1; q <= R; q++) E[q] = (q <= ne ? E[q] : E[ne]) / 8
       bpb = bound_per_byte()
-      nk = split("hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo", kinds, " ")
+      nk = split("hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, GEOCCL_WAN_PACE=0 (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | int8 max error / bound |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, GEOCCL_WAN_PACE=0 (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | GeoCCL hier auto (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | WAN B/rank hier auto | int8 max error / bound |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = bpb * s
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
           cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
           cell("hiereq", s), cell("hiercubic", s), cell("hiernopace", s),
           cell("hierbase", s), (h && (("hierbase", s) in T)) ? ratio(h, T["hierbase", s]) : "-",
-          cell("flat", s), cell("hierint8", s), cell("hierlossless", s),
+          cell("flat", s), cell("hierint8", s), cell("hierlossless", s), cell("hierauto", s),
           cell("ompi", s), cell("ompiring", s), cell("gloochunked", s), cell("gloo", s),
           (h && (("ompiring", s) in T)) ? ratio(T["ompiring", s], h) : "-",
           (h && (("ompi", s) in T)) ? ratio(T["ompi", s], h) : "-",
           (("hier", s) in WAN) ? WAN["hier", s] : "-", (("flat", s) in WAN) ? WAN["flat", s] : "-",
           (("hierint8", s) in WAN) ? WAN["hierint8", s] : "-",
           (("hierlossless", s) in WAN) ? WAN["hierlossless", s] : "-",
+          (("hierauto", s) in WAN) ? WAN["hierauto", s] : "-",
           (("hierint8", s) in ERR) ? ERR["hierint8", s] " / " BND["hierint8", s] : "-"
       }
     }'
@@ -545,7 +549,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo) GROUP
+# one measurement: KIND (hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -560,7 +564,7 @@ measure() {
   log "$cfg: $kind, $((b / MiB))-$((e / MiB)) MiB, -n $n -w $w"
   echo "$kind $grp: $(date -u +%T)" >> "$cdir/commands.txt"
   case $kind in
-    hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless)
+    hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|hierauto)
       port=$((port + 1))
       local algoenv=()
       [ "$kind" = flat ] && algoenv=(GEOCCL_ALGO=flat)
@@ -572,6 +576,7 @@ measure() {
       # mantissas and int8's check runs on the values it is meant for
       [ "$kind" = hierint8 ] && algoenv=(GEOCCL_COMPRESS=int8) && args+=(--data gauss)
       [ "$kind" = hierlossless ] && algoenv=(GEOCCL_COMPRESS=lossless) && args+=(--data gauss)
+      [ "$kind" = hierauto ] && algoenv=(GEOCCL_COMPRESS=auto) && args+=(--data gauss)
       local perfbin=$geoperf
       [ "$kind" = hierbase ] && perfbin=$GEOCCL_BASE_BUILD/geoccl-perf
       rank_cmd() {
@@ -661,7 +666,7 @@ for tp in ${topos//,/ }; do
           [ ${#big_list[@]} -gt 0 ] || continue
           b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
         fi
-        for kind in hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless ompi ompiring gloochunked gloo; do
+        for kind in hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo; do
           has "$kind" || continue
           ke=$e
           if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&

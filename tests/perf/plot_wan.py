@@ -65,6 +65,7 @@ KINDS = {
     "hiernopace": ("GeoCCL hierarchical, GEOCCL_WAN_PACE=0", "slateblue", ":", "v"),
     "hierint8": ("GeoCCL hierarchical, int8", "tab:cyan", "-", "^"),
     "hierlossless": ("GeoCCL hierarchical, lossless", "tab:purple", "-", "v"),
+    "hierauto": ("GeoCCL hierarchical, GEOCCL_COMPRESS=auto", "darkgoldenrod", "-", "D"),
     "flat": ("GeoCCL flat ring", "tab:green", "-", "s"),
     "ompi": ("Open MPI default", "tab:red", "--", "D"),
     "ompiring": ("Open MPI ring", "tab:orange", "--", "P"),
