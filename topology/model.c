@@ -388,18 +388,22 @@ void topoIngressFromRates(int R, const double *bw, double *ingress)
 {
     for (int h = 0; h < R; h++) {
         int held = 0;
-        double in = 0;
+        double in = 0, out = 0;
         for (int g = 0; g < R; g++) {
             if (g == h)
                 continue;
-            double rate = bw[g * R + h], best = 0;
+            double rate = bw[g * R + h], best = 0, sent = 0;
             for (int k = 0; k < R; k++)
-                if (k != g && k != h)
-                    best = fmax(best, bw[g * R + k]);
+                if (k != g) {
+                    sent += bw[g * R + k] > 0 ? bw[g * R + k] : 0;
+                    if (k != h)
+                        best = fmax(best, bw[g * R + k]);
+                }
             in += rate > 0 ? rate : 0;
+            out = fmax(out, sent);
             held |= rate >= 0 && best > 0 && rate < 0.5 * best;
         }
-        ingress[h] = held && in > 0 ? in : 0;
+        ingress[h] = held && in > 0 && in < 0.5 * out ? in : 0;
     }
 }
 

@@ -249,12 +249,16 @@ double topoHierWanPerByte(const topoModel *m, const unsigned *w);
 /* A region's ingress limit from the probe's rates bw[g * R + h] (region g
  * to h, bytes/s, every pair sending at once): a downlink that holds flows
  * back shows as a flow g -> h at under half the rate of g's fastest flow to
- * a third region (the sender had the capacity: its other flows got it), and
- * then what h received in all is its ingress; ingress[h] = 0 where no flow
- * into h was held back (nothing to tell it from the senders' egress).
- * Needs 3 regions or more (with two, each sender has one flow and a slow
- * downlink reads as the other's slow uplink, which the model treats
- * alike). */
+ * a third region (the sender had the capacity: its other flows got it),
+ * with all that h received under half of what the busiest sender sent in
+ * all; then what h received is its ingress.  ingress[h] = 0 otherwise
+ * (nothing to tell it from the senders' egress).  The second condition
+ * keeps one slow flow from passing for a downlink: at 1 Gbit/s with 0.1%
+ * loss the probe's 0.6 s transfer once saw r0 -> r2 at a third of r0 -> r1
+ * while r2 received as much as the others, and a downlink read into that
+ * split the work unevenly and paced the flows into r2.  Needs 3 regions
+ * or more (with two, each sender has one flow and a slow downlink reads
+ * as the other's slow uplink, which the model treats alike). */
 void topoIngressFromRates(int R, const double *bw, double *ingress);
 
 /* Slices in flight of the hierarchical all-reduce when GEOCCL_HIER_DEPTH

@@ -44,6 +44,8 @@ typedef struct {
     double cut;             /* RTT threshold that separated regions (s) */
     int nregions;           /* size of the arrays below */
     int bw_measured;
+    int bw_again;           /* leaders: the first rates set regions apart, so the
+                             * transfer ran twice (measure_bw) */
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
     double *ingress;        /* [R] what reaches a region when its downlink held

@@ -810,6 +810,12 @@ static void test_ingress(void)
     CU_ASSERT_DOUBLE_EQUAL(in[0], 100, 1e-9);
     CU_ASSERT_DOUBLE_EQUAL(in[1], 100, 1e-9);
     CU_ASSERT_EQUAL(in[2], 0);
+    /* one slow flow (r0 -> r2 at a third of r0 -> r1; the probe at 1 Gbit/s
+     * with 0.1% loss): r2 still receives as much as a sender sends, so no
+     * downlink */
+    const double one[9] = {0, 258, 64, 250, 0, 250, 250, 250, 0};
+    topoIngressFromRates(3, one, in);
+    CU_ASSERT(in[0] == 0 && in[1] == 0 && in[2] == 0);
     /* two regions: nothing to compare with */
     const double pair[4] = {0, 100, 1000, 0};
     topoIngressFromRates(2, pair, in);
