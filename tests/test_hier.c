@@ -1043,21 +1043,42 @@ static uint64_t fnv64(const void *p, size_t n)
   return h;
 }
 
-static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+/* Rank `rank` of 3 regions x 2 ranks labelled a, b, c, whose links the
+ * topology file `topo` gives, hierarchical, with GEOCCL_HIER_SHARES=shares;
+ * NULL (said on stderr) when init fails. */
+static ncclComm_t uneven_init(int rank, int nranks, const ncclUniqueId *id, const char *topo,
+                              const char *shares, const char *what)
 {
-  struct uneven_arg *a = arg;
   static const char *label[6] = {"a", "a", "b", "b", "c", "c"};
   ncclComm_t comm = NULL;
-  int fails = 0;
   setenv("GEOCCL_REGION", label[rank], 1);
-  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
-  setenv("GEOCCL_HIER_SHARES", a->shares, 1);
+  setenv("GEOCCL_TOPO_FILE", topo, 1);
+  setenv("GEOCCL_HIER_SHARES", shares, 1);
   setenv("GEOCCL_ALGO", "hier", 1);
   ncclResetDebugInit();
   if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
-    fprintf(stderr, "[rank %d uneven] init: %s\n", rank, ncclGetLastError(NULL));
-    return 1;
+    fprintf(stderr, "[rank %d %s] init: %s\n", rank, what, ncclGetLastError(NULL));
+    return NULL;
   }
+  return comm;
+}
+
+/* Writes text to a new file named after template (mkstemp). */
+static void temp_topo(char *template, const char *text)
+{
+  int fd = mkstemp(template);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_EQUAL(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+}
+
+static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  struct uneven_arg *a = arg;
+  int fails = 0;
+  ncclComm_t comm = uneven_init(rank, nranks, id, a->topo, a->shares, "uneven");
+  if (comm == NULL)
+    return 1;
   /* the matrix of exact cases, then one float sum whose bytes are counted */
   size_t ncases = make_cases(NULL);
   tcase *cases = calloc(ncases, sizeof(*cases));
@@ -1089,14 +1110,10 @@ static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 static void test_uneven_shares(void)
 {
   char path[] = "/tmp/geoccl-uneven-XXXXXX";
-  int fd = mkstemp(path);
-  CU_ASSERT_FATAL(fd >= 0);
-  const char *topo = "region a bw=100mbit delay=25 ranks=2\n"
-                     "region b bw=1gbit delay=25 ranks=2\n"
-                     "region c bw=1gbit delay=25 ranks=2\n"
-                     "intra bw=1G delay=0.05\n";
-  CU_ASSERT_EQUAL(write(fd, topo, strlen(topo)), (ssize_t)strlen(topo));
-  close(fd);
+  temp_topo(path, "region a bw=100mbit delay=25 ranks=2\n"
+                  "region b bw=1gbit delay=25 ranks=2\n"
+                  "region c bw=1gbit delay=25 ranks=2\n"
+                  "intra bw=1G delay=0.05\n");
   struct uneven_arg *u = harness_shared_alloc(2 * sizeof(*u));
   CU_ASSERT_PTR_NOT_NULL_FATAL(u);
   u[0].topo = u[1].topo = path;
@@ -1140,19 +1157,12 @@ struct bycodec_arg {
 static int bycodec_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
   struct bycodec_arg *a = arg;
-  static const char *label[6] = {"a", "a", "b", "b", "c", "c"};
-  ncclComm_t comm = NULL;
   int fails = 0;
-  setenv("GEOCCL_REGION", label[rank], 1);
-  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
-  setenv("GEOCCL_HIER_SHARES", a->shares, 1);
   setenv("GEOCCL_COMPRESS", a->compress, 1);
-  setenv("GEOCCL_ALGO", "hier", 1);
-  ncclResetDebugInit();
-  if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
-    fprintf(stderr, "[rank %d by codec] init: %s\n", rank, ncclGetLastError(NULL));
+  ncclComm_t comm = uneven_init(rank, nranks, id, a->topo, a->shares, "by codec");
+  unsetenv("GEOCCL_COMPRESS");
+  if (comm == NULL)
     return 1;
-  }
   if (rank == 0) {
     char *text = NULL;
     size_t len = 0;
@@ -1201,14 +1211,10 @@ static int bycodec_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 static void test_codec_by_region(void)
 {
   char path[] = "/tmp/geoccl-bycodec-XXXXXX";
-  int fd = mkstemp(path);
-  CU_ASSERT_FATAL(fd >= 0);
-  const char *topo = "region a bw=10mbit delay=25 ranks=2\n"
-                     "region b bw=100gbit delay=25 ranks=2\n"
-                     "region c bw=100gbit delay=25 ranks=2\n"
-                     "intra bw=1G delay=0.05\n";
-  CU_ASSERT_EQUAL(write(fd, topo, strlen(topo)), (ssize_t)strlen(topo));
-  close(fd);
+  temp_topo(path, "region a bw=10mbit delay=25 ranks=2\n"
+                  "region b bw=100gbit delay=25 ranks=2\n"
+                  "region c bw=100gbit delay=25 ranks=2\n"
+                  "intra bw=1G delay=0.05\n");
   struct bycodec_arg *u = harness_shared_alloc(2 * sizeof(*u));
   CU_ASSERT_PTR_NOT_NULL_FATAL(u);
   u[0].topo = u[1].topo = path;
