@@ -154,6 +154,7 @@ static void set_pacing(struct ncclComm *comm, const topoModel *m)
             if (q != h)
                 sent += m->egress_Bps[q] * m->wan_goodput / (R - 1);
         comm->hier_pace[h] = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && in > 0 && in < sent ? in : 0;
+        comm->pace_gain[h] = 1;
         if (comm->hier_pace[h] > 0 && o < (int)sizeof(line) - 64)
             o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%s %.1f Mbit/s (the others "
                           "send %.1f)", comm->hier_paced ? ", " : "", m->names[h], in * 8e-6,
