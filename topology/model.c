@@ -741,7 +741,12 @@ static void choose_by_region(const topoModel *m, const topoCodecCost *codecs, in
         cur[q] = c->codec;
     const double ref = c->sec;
     double t = ref;
-    for (int pass = 0, changed = 1; pass < 4 && changed; pass++) {
+    /* First each region takes the codec that gains over the margin, region
+     * by region until a pass changes nothing (the time falls at every
+     * change, so this ends); then each region sends exactly where the
+     * time stays within the margin of what the first phase reached, each
+     * checked against that same figure, so the two never undo each other. */
+    for (int pass = 0, changed = 1; pass < 16 && changed; pass++) {
         changed = 0;
         for (int q = 0; q < R; q++) {
             const topoCodecCost *keep = cur[q];
@@ -750,19 +755,26 @@ static void choose_by_region(const topoModel *m, const topoCodecCost *codecs, in
                     continue;
                 cur[q] = cands[j];
                 double tt = topoPredictHierByRegion(m, cur, bytes, c->chunk, c->nstreams);
-                /* exact where it costs at most the margin over the single
-                 * codec's time; another codec where it gains the margin */
-                if (tt >= 0 && ((cands[j] == NULL && tt <= ref * (1 + PREFER_MARGIN)) ||
-                                tt < t * (1 - PREFER_MARGIN))) {
+                if (tt >= 0 && tt < t * (1 - PREFER_MARGIN)) {
                     keep = cands[j];
                     t = tt;
                     changed = 1;
-                    if (keep == NULL)
-                        break;
                 }
             }
             cur[q] = keep;
         }
+    }
+    const double reached = t;
+    for (int q = 0; q < R; q++) {
+        const topoCodecCost *keep = cur[q];
+        if (keep == NULL)
+            continue;
+        cur[q] = NULL;
+        double tt = topoPredictHierByRegion(m, cur, bytes, c->chunk, c->nstreams);
+        if (tt >= 0 && tt <= reached * (1 + PREFER_MARGIN))
+            t = tt;
+        else
+            cur[q] = keep;
     }
     int mixed = 0;
     for (int q = 1; q < R; q++)

@@ -170,8 +170,8 @@ typedef struct {
     /* All-reduce HIER with a codec not forced: 1 when each region sends
      * in a codec of its own, region_codec[q] (id; none where compressing
      * its link does not pay), 0 when every region uses `codec`.  `codec`
-     * is still the best single codec (what a call that cannot mix codecs,
-     * the GPU codecs on device buffers, uses). */
+     * is still the best single codec (what a call that does not mix
+     * codecs, any all-reduce of device buffers across regions, uses). */
     int by_region;
     unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
 } topoPlanEntry;
@@ -190,13 +190,13 @@ typedef struct {
  * of the least, the simplest (flat, no codec, codecs in table order, the
  * default chunk, fewer streams).  Where that is the hierarchical
  * all-reduce and no codec is forced, it then chooses a codec per sending
- * region (by_region): from the best single codec, a region sends exactly
- * where that costs at most 1% more than the single codec's time, and
- * takes another allowed codec where that gains over 1%, region by region
- * until nothing changes; the mix is kept when it differs from one codec
- * for all and is within 1% of its time.  So a slow link compresses and a
- * fast one, where encoding would cost more than its link time saves,
- * sends exactly.  Then merges neighbouring buckets with the same choice.
+ * region (by_region): from the best single codec, each region takes
+ * another allowed codec where that gains over 1%, region by region until
+ * nothing changes; then each region sends exactly where the time stays
+ * within 1% of what that reached.  The mix is kept when it differs from
+ * one codec for all.  So a slow link compresses and a fast one, where
+ * compressing saves no time (another region sets the pace, or encoding
+ * costs what the link time saves), sends exactly.  Then merges neighbouring buckets with the same choice.
  * One region: always flat, no codec.  codecs may be NULL (ncodecs 0);
  * force may be NULL.  Returns 0, or -1 for an invalid model (out
  * untouched). */

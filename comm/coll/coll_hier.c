@@ -97,7 +97,9 @@ typedef struct {
     /* The return trip's parameters: the same, except that topk keeps R
      * times the fraction, so that the union of the R regions' kept elements
      * (at most R k of the part is non-zero after the first trip) goes back
-     * whole: sparsified once, like top-k SGD, not twice. */
+     * whole: sparsified once, like top-k SGD, not twice.  Where some
+     * regions send their partials exactly (a codec per region), the part
+     * is denser than that and its return trip keeps only the R k largest. */
     geoCodecParams p2;
     float *ef1, *ef2;   /* residuals over the whole buffer, or NULL */
     uint64_t counter;   /* stochastic rounding stream of this call */
@@ -401,6 +403,11 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
                             : 0;
         ops->setPacing(comm->net.state, x->peer, rate);
     }
+    /* Only a call that set the pace adjusts it (an error before that
+     * lifts a pace this call never set); what leaves after the call
+     * returns, uncapped, counts in the next call's figures. */
+    const int armed = comm->pace_armed;
+    comm->pace_armed = on;
     for (int h = 0; h < m->nregions && h < 64; h++) {
         if (!(comm->hier_pace[h] > 0))
             continue;
@@ -409,6 +416,8 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
             comm->pace_retrans[h] = ret[h];
             continue;
         }
+        if (!armed)
+            continue;
         double ds = segs[h] - comm->pace_segs[h], dr = ret[h] - comm->pace_retrans[h];
         if (!(ds >= PACE_MIN_SEGS) || dr < 0)
             continue;

@@ -143,6 +143,7 @@ struct ncclComm {
     /* this rank's factor on hier_pace[h], adjusted after each paced call
      * (coll_hier.c pace_wan), and its connections' counts at the call's start */
     double pace_gain[64], pace_segs[64], pace_retrans[64];
+    int pace_armed;             /* the call in progress set the pace */
     int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
