@@ -460,9 +460,11 @@ typedef struct {
  * END arrives it has posted at most data + PROBE_BW_SLOTS receives, which
  * the pads are there to meet; from END on it posts up to exactly that
  * total.  Every receive is matched and none is left for later operations.
- * in[q]: the steady rate from peer q to me. */
+ * in[q]: the steady rate from peer q to me, taken over the messages that
+ * arrived between the shares `from` and `upto` of the transfer's span
+ * (topoSteadyRate). */
 static ncclResult_t bw_transfer(geoProbeCtx *pc, const int *peers, int R, int me,
-                                double dur, double skip, double *in)
+                                double dur, double from, double upto, double *in)
 {
     bwPeer *p = calloc((size_t)R, sizeof(bwPeer));
     char *sbuf = calloc(1, PROBE_BW_MSG);
@@ -590,7 +592,7 @@ static ncclResult_t bw_transfer(geoProbeCtx *pc, const int *peers, int R, int me
                 b->processed == b->total) {
                 for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++)
                     res = geoNetWait(pc->net, &b->creq[s]);
-                in[q] = topoSteadyRate(b->nt, b->tt, b->tb, skip, skip > 0.2 ? 0.8 : 1.0);
+                in[q] = topoSteadyRate(b->nt, b->tt, b->tb, from, upto);
                 b->finished = 1;
                 live--;
             }
@@ -749,7 +751,7 @@ static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
             res = ncclSystemError;
         if (res == ncclSuccess) {
             probe_cc(pc, leaders, R, me);
-            res = bw_transfer(pc, leaders, R, me, dur, 0.3, in);
+            res = bw_transfer(pc, leaders, R, me, dur, 0.3, 0.8, in);
         }
         /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
         if (res == ncclSuccess)
@@ -769,7 +771,7 @@ static ncclResult_t measure_bw(geoProbeCtx *pc, geoTopo *t)
          * Mbit/s in two inits, where one transfer read 69-107. */
         if (res == ncclSuccess && bw_uneven(col, R) && bw_ramping(col, t->region_rtt, R)) {
             t->bw_again = 1;
-            res = bw_transfer(pc, leaders, R, me, dur / 2, 0.05, in);
+            res = bw_transfer(pc, leaders, R, me, dur / 2, 0.05, 1.0, in);
             if (res == ncclSuccess)
                 res = exchange_among(pc, leaders, R, me, in, sizeof(double) * (size_t)R, col);
         }
@@ -1484,7 +1486,7 @@ static ncclResult_t warm_wan(geoProbeCtx *pc, geoTopo *t)
     if (res == ncclSuccess && n > 0) {
         double dur = 10 * maxrtt;
         dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
-        res = bw_transfer(pc, peers, n, -1, dur, 0.3, in);
+        res = bw_transfer(pc, peers, n, -1, dur, 0.3, 0.8, in);
     }
     if (res == ncclSuccess && n > 0) {
         double sum = 0;
