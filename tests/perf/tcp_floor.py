@@ -75,6 +75,10 @@ def main():
     ap.add_argument("--port", type=int, default=27100)
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--cc", default="bbr", help="TCP congestion control; '' keeps the host's")
+    ap.add_argument("--dynamic", type=parse_size, default=0, metavar="CHUNK",
+                    help="a pair's bytes go in CHUNK pieces to whichever of its streams "
+                    "takes them first (TCP_NOTSENT_LOWAT of one piece), instead of an "
+                    "equal part per stream")
     ap.add_argument("--no-sync", action="store_true",
                     help="start an iteration as soon as my own bytes are in, without waiting "
                     "for my peers to have theirs")
@@ -147,6 +151,8 @@ def main():
     cc = a.cc
     for c in socks:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if a.dynamic:
+            c.setsockopt(socket.IPPROTO_TCP, 25, a.dynamic)  # TCP_NOTSENT_LOWAT
         if cc:
             try:
                 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
@@ -155,8 +161,10 @@ def main():
                       % (cc, ex.strerror))
                 cc = ""
 
-    print("# tcp_floor: rank %d of %d, %d regions x %d, %d stream(s) per pair, cc %s, %s"
-          % (a.rank, N, R, P, a.streams, cc or "of the host",
+    print("# tcp_floor: rank %d of %d, %d regions x %d, %d stream(s) per pair%s, cc %s, %s"
+          % (a.rank, N, R, P, a.streams,
+             " taking %d-byte pieces as they drain" % a.dynamic if a.dynamic else "",
+             cc or "of the host",
              "no sync" if a.no_sync else "peers in step"))
     print("#  size  count  type  redop  root  time(us)  algbw  busbw  #wrong"
           "  time(us)  algbw  busbw  #wrong")
@@ -165,25 +173,49 @@ def main():
         per_pair = 2 * size // (P * R)
         per_conn = [per_pair // a.streams + (1 if s < per_pair % a.streams else 0)
                     for s in range(a.streams)]
-        out = bytearray(max(per_conn) or 1)
-        inbufs = [bytearray(max(per_conn) or 1) for _ in socks]
+        cap = max(max(per_conn), a.dynamic) or 1
+        out = bytearray(cap)
+        inbufs = [bytearray(cap) for _ in socks]
         lens = [per_conn[k % a.streams] for k in range(len(socks))]
         errs = []
 
+        left = []  # --dynamic: bytes of each pair not yet taken in this iteration
+        lock = threading.Lock()
+        hdr = struct.Struct("!I")
+
         def send(k):
             try:
-                socks[k].sendall(memoryview(out)[:lens[k]])
+                if not a.dynamic:
+                    socks[k].sendall(memoryview(out)[:lens[k]])
+                    return
+                while True:
+                    with lock:
+                        n = min(a.dynamic, left[k // a.streams])
+                        left[k // a.streams] -= n
+                    socks[k].sendall(hdr.pack(n) + (bytes(memoryview(out)[:n]) if n else b""))
+                    if n == 0:
+                        return
             except Exception as ex:
                 errs.append(ex)
 
         def recv(k):
             try:
-                recv_exact(socks[k], memoryview(inbufs[k])[:lens[k]])
+                if not a.dynamic:
+                    recv_exact(socks[k], memoryview(inbufs[k])[:lens[k]])
+                    return
+                h = bytearray(hdr.size)
+                while True:
+                    recv_exact(socks[k], memoryview(h))
+                    n = hdr.unpack(h)[0]
+                    if n == 0:
+                        return
+                    recv_exact(socks[k], memoryview(inbufs[k])[:n])
             except Exception as ex:
                 errs.append(ex)
 
         total = 0.0
         for it in range(a.w + a.n):
+            left[:] = [per_pair] * len(peers)
             t0 = time.time()
             th = [threading.Thread(target=f, args=(k,)) for k in range(len(socks))
                   for f in (send, recv)]
