@@ -43,19 +43,21 @@
 #   hierauto     GeoCCL hierarchical with GEOCCL_COMPRESS=auto on --data gauss:
 #                the plan picks none or lossless per size and, on uneven
 #                links, per sending region (compressing only where it pays)
-#   tcpfloor     no collective: tests/perf/tcp_floor.py moves the bytes each
+#   tcpstep      no collective: tests/perf/tcp_alone.py moves the bytes each
 #                rank pair carries in the hierarchical all-reduce (equal
-#                shares) over TCP connections of the same pairs, with BBR,
-#                every byte in memory at the start of an iteration, and no
-#                iteration starting before every rank has all its bytes:
-#                what the transport itself needs on these links (its
-#                reaction to loss and every connection's last round trip
-#                included, plus one one-way delay); equal ranks per region
-#                only
+#                shares; equal ranks per region only) over one TCP connection
+#                per pair (BBR, or --cc), every byte in memory when an
+#                iteration starts, and no iteration starting anywhere before
+#                every rank has all its bytes: stricter than an all-reduce,
+#                whose calls overlap by up to a one-way delay
+#   tcpfree      the same without the step: each rank starts its next
+#                iteration once its own bytes are in (iterations overlap
+#                more than all-reduce calls can); the two bracket what the
+#                transport itself gives an all-reduce on these links
 #   hierbase     GeoCCL hierarchical from another build (GEOCCL_BASE_BUILD,
 #                e.g. of an earlier commit): what a change costs or gains,
 #                on the same links in the same run
-# These, hierclear, hiereq, hiercubic, hiernopace and tcpfloor are not in the default --algos (each is one more run per
+# These, hierclear, hiereq, hiercubic, hiernopace, tcpstep and tcpfree are not in the default --algos (each is one more run per
 # configuration); ask for them with e.g. -a hier,hierint8,hierlossless.
 #
 # Sizes below --big run in one invocation per tool (-n ITERS -w WARMUP); the
@@ -105,8 +107,8 @@
 # GEOCCL_BASE_BUILD (the build whose geoccl-perf hierbase runs).
 #
 # Output: per configuration, a markdown table (times are the out-of-place
-# average per call, maximum over ranks; in-place times are in the raw
-# tables), the bound 2(R-1)/R x bytes / (rate/8) (uneven rates E_q, each the
+# average per call, maximum over ranks, as rank 0 prints it; tcpstep and
+# tcpfree: rank 0's own average; in-place times are in the raw tables), the bound 2(R-1)/R x bytes / (rate/8) (uneven rates E_q, each the
 # lower of a region's egress and an --ingress-rate(s) path option: the least
 # over splits of max_q (1 + (R-2) f_q) x bytes / E_q, which the hierarchical
 # all-reduce's shares reach; with one rate it is the same formula), the same bound at the TCP
@@ -195,7 +197,7 @@ if [ "$smin" -lt 1 ] || [ "$smax" -lt "$smin" ] || [ "$factor" -lt 2 ]; then
 fi
 [[ $wname =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $wname: 1..8 lower-case letters or digits"
 for a in ${algos//,/ }; do
-  case $a in hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|hierauto|ompi|ompiring|gloochunked|gloo|tcpfloor) ;; *) die "unknown algorithm '$a'";; esac
+  case $a in hier|hierclear|hiereq|hiercubic|hiernopace|hierbase|flat|hierint8|hierlossless|hierauto|ompi|ompiring|gloochunked|gloo|tcpstep|tcpfree) ;; *) die "unknown algorithm '$a'";; esac
 done
 
 # The markdown table and the notes for one configuration.
@@ -256,17 +258,17 @@ report() {
       ne = split(bpsl, E, " ")
       for (q = 1; q <= R; q++) E[q] = (q <= ne ? E[q] : E[ne]) / 8
       bpb = bound_per_byte()
-      nk = split("hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpfloor", kinds, " ")
+      nk = split("hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpstep tcpfree", kinds, " ")
       for (k = 1; k <= nk; k++) load(kinds[k])
-      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, GEOCCL_WAN_PACE=0 (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | GeoCCL hier auto (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | WAN B/rank hier auto | int8 max error / bound | TCP floor (s) | hier / TCP floor |"
-      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      print "| size | bound (s) | bound at TCP goodput (s) | GeoCCL hier (s) | hier / bound | hier / goodput bound | GeoCCL hier, GEOCCL_ENCRYPT=off (s) | hier / hier off | GeoCCL hier, equal shares (s) | GeoCCL hier, cubic (s) | GeoCCL hier, GEOCCL_WAN_PACE=0 (s) | GeoCCL hier, base build (s) | hier / base | GeoCCL flat (s) | GeoCCL hier int8 (s) | GeoCCL hier lossless (s) | GeoCCL hier auto (s) | OMPI default (s) | OMPI ring (s) | Gloo ring_chunked (s) | Gloo ring (s) | hier speedup over OMPI ring | hier speedup over OMPI default | WAN B/rank hier | WAN B/rank flat | WAN B/rank hier int8 | WAN B/rank hier lossless | WAN B/rank hier auto | int8 max error / bound | TCP alone, in step (s) | TCP alone, no step (s) | hier / TCP in step |"
+      print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       n = split(sizes, sz, " ")
       for (i = 1; i <= n; i++) {
         s = sz[i] * 1048576
         bound = bpb * s
         gbound = bound / 0.965
         h = ((("hier", s) in T)) ? T["hier", s] : 0
-        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf "| %d MiB | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
           sz[i], bound, gbound, cell("hier", s),
           h ? ratio(h, bound) : "-", h ? ratio(h, gbound) : "-",
           cell("hierclear", s), (h && (("hierclear", s) in T)) ? ratio(h, T["hierclear", s]) : "-",
@@ -281,7 +283,8 @@ report() {
           (("hierlossless", s) in WAN) ? WAN["hierlossless", s] : "-",
           (("hierauto", s) in WAN) ? WAN["hierauto", s] : "-",
           (("hierint8", s) in ERR) ? ERR["hierint8", s] " / " BND["hierint8", s] : "-",
-          cell("tcpfloor", s), (h && (("tcpfloor", s) in T)) ? ratio(h, T["tcpfloor", s]) : "-"
+          cell("tcpstep", s), cell("tcpfree", s),
+          (h && (("tcpstep", s) in T)) ? ratio(h, T["tcpstep", s]) : "-"
       }
     }'
   echo
@@ -368,7 +371,7 @@ builddir=$(cd "$builddir" 2>/dev/null && pwd) || die "$builddir: no such directo
 wan=${GEOCCL_WAN:-$SRCDIR/examples/wan/geoccl-wan}
 geoperf=$builddir/geoccl-perf
 mpiperf=$builddir/tests/perf/mpi-allreduce-perf
-floor=$SRCDIR/tests/perf/tcp_floor.py
+tcpalone=$SRCDIR/tests/perf/tcp_alone.py
 mpirun=${MPIRUN:-mpirun}
 [ -x "$wan" ] || die "$wan: not an executable"
 [ -x "$geoperf" ] || die "$geoperf: not built"
@@ -560,7 +563,7 @@ run_ranks() {
   return "$rc"
 }
 
-# one measurement: KIND (hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpfloor) GROUP
+# one measurement: KIND (hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpstep tcpfree) GROUP
 # (small big) -b -e -n -w
 measure() {
   local kind=$1 grp=$2 b=$3 e=$4 n=$5 w=$6 name rc
@@ -608,15 +611,18 @@ measure() {
       echo "  rank r: $wan exec -n $wname -i REGION(r) -- $gloo --rank r --size $N --store $outdir/gstore --prefix $prefix --host 10.231.0.(10+REGION) --algo $algo ${args[*]}" >> "$cdir/commands.txt"
       run_ranks "$name" "$tmo"; rc=$?
       ;;
-    tcpfloor)
+    tcpstep|tcpfree)
       port=$((port + 1))
       local hosts="" i
       for ((i = 0; i < R; i++)); do hosts+="${hosts:+,}10.231.0.$((10 + i))"; done
+      local -a topts=(--port $((27100 + (port % 50) * 64)))
+      [ -n "$cc" ] && topts+=(--cc "$cc")
+      [ "$kind" = tcpfree ] && topts+=(--no-sync)
       rank_cmd() {
-        cmd=(python3 "$floor" --rank "$1" --size "$N" --per-region "$P" --hosts "$hosts"
-             --port $((27100 + (port % 50) * 64)) "${args[@]}")
+        cmd=(python3 "$tcpalone" --rank "$1" --size "$N" --per-region "$P" --hosts "$hosts"
+             "${topts[@]}" "${args[@]}")
       }
-      echo "  rank r: $wan exec -n $wname -i REGION(r) -- python3 $floor --rank r --size $N --per-region $P --hosts $hosts --port $((27100 + (port % 50) * 64)) ${args[*]}" >> "$cdir/commands.txt"
+      echo "  rank r: $wan exec -n $wname -i REGION(r) -- python3 $tcpalone --rank r --size $N --per-region $P --hosts $hosts ${topts[*]} ${args[*]}" >> "$cdir/commands.txt"
       run_ranks "$name" "$tmo"; rc=$?
       ;;
     ompi|ompiring)
@@ -688,7 +694,7 @@ for tp in ${topos//,/ }; do
           [ ${#big_list[@]} -gt 0 ] || continue
           b=$((big_list[0] * MiB)) e=$((big_list[${#big_list[@]} - 1] * MiB)) n=$big_iters w=$big_warmup
         fi
-        for kind in hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpfloor; do
+        for kind in hier hierclear hiereq hiercubic hiernopace hierbase flat hierint8 hierlossless hierauto ompi ompiring gloochunked gloo tcpstep tcpfree; do
           has "$kind" || continue
           ke=$e
           if [ "$bps" -lt 1000000000 ] && [ "$slow_algos" != all ] &&
