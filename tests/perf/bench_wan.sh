@@ -49,7 +49,7 @@
 #                per pair (BBR, or --cc), every byte in memory when an
 #                iteration starts, and no iteration starting anywhere before
 #                every rank has all its bytes: stricter than an all-reduce,
-#                whose calls overlap by up to a one-way delay
+#                whose ranks start a call once their own last one is done
 #   tcpfree      the same without the step: each rank starts its next
 #                iteration once its own bytes are in (iterations overlap
 #                more than all-reduce calls can); the two bracket what the

@@ -17,7 +17,7 @@ pair's first connection) and every rank of its region has heard that from
 its peers (a byte to local rank 0 and one back), so no iteration starts
 anywhere before every rank has all the bytes of the one before.  That is
 stricter than an all-reduce, whose next call may start on a rank while
-others still finish the last one (by about a one-way delay at most).
+others still finish the last one.
 --no-sync drops the step between iterations: each rank starts its next
 iteration as soon as its own bytes are in, and iterations overlap more
 than calls of an all-reduce can (a call's results need every rank's
