@@ -196,7 +196,8 @@ typedef struct {
  * within 1% of what that reached.  The mix is kept when it differs from
  * one codec for all.  So a slow link compresses and a fast one, where
  * compressing saves no time (another region sets the pace, or encoding
- * costs what the link time saves), sends exactly.  Then merges neighbouring buckets with the same choice.
+ * costs what the link time saves), sends exactly.  Then merges
+ * neighbouring buckets with the same choice.
  * One region: always flat, no codec.  codecs may be NULL (ncodecs 0);
  * force may be NULL.  Returns 0, or -1 for an invalid model (out
  * untouched). */
