@@ -1337,6 +1337,9 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
             topoWanCcRevisit(msg, GEO_NET_STRIPE_BYTES, share, rtt, retrans, segs, streams,
                              w->paused, w->calls, w->restart_idle, why,
                              sizeof(why)) != TOPO_CC_CUBIC) {
+            geoTrace(GEO_LOG_NET, "WAN region %d -> %d: bbr still, for what this rank's "
+                     "connections carried in the last %.1f s (%s)", g, h, span,
+                     msgs == 0 ? "no messages" : why);
             left++;
             continue;
         }

@@ -17,7 +17,7 @@
 #      regions' shapers must be the same within 5% (a fast path between
 #      regions would bypass the shapers and shrink them).
 #   w. GEOCCL_WAN_CC=auto after init (topology/probe.h, geoWanWatch): 3
-#      regions x 2 ranks, 100 Mbit/s, 25 ms, 12 s of 170 KB all-reduces at
+#      regions x 2 ranks, 100 Mbit/s, 25 ms, 20 s of 170 KB all-reduces at
 #      defaults (probe on): on clean links every rank moves its connections
 #      to both other regions from bbr to cubic; with 1% random loss none
 #      does; every result exact both times.
@@ -155,7 +155,7 @@ fi
 
 # ---- w: the WAN's congestion control after init ---------------------------------
 
-# watch STEP PORT: 3 regions x 2 ranks loop for 12 s on 170 KB
+# watch STEP PORT: 3 regions x 2 ranks loop for 20 s on 170 KB
 # all-reduces (DDP's gradient bucket of a small model) at defaults; prints
 # per rank how many other regions its connections moved to cubic, in
 # $MOVED ("r0:2 r1:2 ..."), and fails the step unless every rank ended
@@ -165,11 +165,15 @@ fi
 # segments are counted with the probe's few retransmissions among them, and
 # at 1% loss it stays under 13. With 340 KB the need was 41 segments, so a
 # pair moved or not within the 12 s by how many segments the probe had sent
-# again (1 run in 5 left a pair on bbr).
+# again (1 run in 5 left a pair on bbr). With 170 KB over 12 s, about 1 full
+# run in 4 still left one region's pair to one other region on bbr, so the
+# loop lasts 20 s, and each window in which a pair stays on bbr is logged
+# (TRACE, "bbr still"): for a rank that did not move both pairs, the last
+# such line is printed.
 watch() {
     local step=$1 port=$2 r n bad=0
     d=$WORK/$step
-    GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET start "$d" "$port" 60 "0 0 1 1 2 2" loop 12 174080
+    GEOCCL_DEBUG=TRACE GEOCCL_DEBUG_SUBSYS=NET start "$d" "$port" 60 "0 0 1 1 2 2" loop 20 174080
     finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
     MOVED=""
     for ((r = 0; r < NR; r++)); do
@@ -178,6 +182,8 @@ watch() {
             bad=$((bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
         n=$(grep -c "cubic from now on" "$d/rank$r.out")
         MOVED="$MOVED r$r:$n"
+        [ "$step" = clean ] && [ "$n" != 2 ] &&
+            grep -h "bbr still" "$d/rank$r.out" | tail -n 1 | sed "s/.*TRACE /      rank $r: /"
     done
     RANK_PIDS=()
     grep -h "cubic from now on" "$d/rank0.out" | head -1 | sed 's/.*INFO /   rank 0: /'
