@@ -5,12 +5,14 @@
 #include "geoccl.h"
 #include "harness.h"
 #include "comm/transport/ifaces.h"
+#include "comm/core/comm.h"
 
 #include <CUnit/Basic.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <netinet/tcp.h>
+#include <linux/inet_diag.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,6 +334,116 @@ static void test_wan_cc(void)
     refused_cc_fails_init("GEOCCL_WAN_CC");
 }
 
+/* The transport's restartBbr (transport.h): BBR starts again, through
+ * another congestion control and back, on the WAN connections to a peer
+ * once they are older_than_s, skipping one after max_in_row in a row.
+ * Three forked ranks on loopback labelled "a a b", TCP only, two streams,
+ * GEOCCL_WAN_CC=bbr; rank 2's connected TCP sockets all go to region a,
+ * and a restarted BBR has measured no bandwidth yet (TCP_CC_INFO). */
+static int bbr_zero_bw(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        union tcp_cc_info info;
+        socklen_t il = sizeof(info);
+        char got[32] = "";
+        socklen_t gl = sizeof(got);
+        if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+            (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) ||
+            getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, got, &gl) != 0 || strcmp(got, "bbr") != 0)
+            continue;
+        memset(&info, 0, sizeof(info));
+        if (getsockopt(fd, IPPROTO_TCP, TCP_CC_INFO, &info, &il) == 0 &&
+            info.bbr.bbr_bw_lo == 0 && info.bbr.bbr_bw_hi == 0)
+            n++;
+    }
+    return n;
+}
+
+static int allreduce_ok(ncclComm_t c, int rank, int nranks, float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] = (float)(rank + 1) * (float)(i % 7);
+    if (ncclAllReduce(v, v, n, ncclFloat32, ncclSum, c, NULL) != ncclSuccess)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != (float)(nranks * (nranks + 1) / 2) * (float)(i % 7))
+            return 0;
+    return 1;
+}
+
+static int restart_bbr_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    (void)arg;
+    int fails = 0;
+    setenv("GEOCCL_REGION", rank < 2 ? "a" : "b", 1);
+    setenv("GEOCCL_SHM", "0", 1);
+    setenv("GEOCCL_NSTREAMS", "2", 1);
+    setenv("GEOCCL_WAN_CC", "bbr", 1);
+    geoParamReload();
+    ncclComm_t c = NULL;
+    if (ncclCommInitRank(&c, nranks, *id, rank) != ncclSuccess) {
+        fprintf(stderr, "[rank %d] init: %s\n", rank, ncclGetLastError(NULL));
+        return 1;
+    }
+    const size_t n = 1 << 20; /* 4 MiB: both streams carry frames */
+    float *v = malloc(n * sizeof(float));
+    if (v == NULL || !allreduce_ok(c, rank, nranks, v, n)) {
+        fprintf(stderr, "[rank %d] all-reduce before the restarts\n", rank);
+        free(v);
+        ncclCommDestroy(c);
+        return 1;
+    }
+    int (*restart)(void *, int, double, int) = c->net.ops->restartBbr;
+    for (int p = 0; p < nranks; p++) {
+        if (p == rank || (p < 2) == (rank < 2))
+            continue;
+        /* first sight: its age starts now; then restarted, skipped, restarted */
+        int got[4] = {restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1),
+                      restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1)};
+        int young = restart(c->net.state, p, 60, 1);
+        if (got[0] != 0 || got[1] != 2 || got[2] != 0 || got[3] != 2 || young != 0) {
+            fprintf(stderr, "[rank %d] restartBbr to rank %d: %d %d %d %d, then %d; want 0 2 0 2, "
+                    "then 0\n", rank, p, got[0], got[1], got[2], got[3], young);
+            fails++;
+        }
+    }
+    if (restart(c->net.state, rank, 0, 1) != -1 || restart(c->net.state, nranks, 0, 1) != -1) {
+        fprintf(stderr, "[rank %d] restartBbr to itself or past the last rank did not fail\n", rank);
+        fails++;
+    }
+    if (rank == 2 && bbr_zero_bw() < 4) {
+        fprintf(stderr, "[rank 2] %d connections to region a start with no bandwidth measured "
+                "after the restarts, want 4\n", bbr_zero_bw());
+        fails++;
+    }
+    if (count_cc("bbr") < 2 * (rank < 2 ? 1 : 2)) {
+        fprintf(stderr, "[rank %d] WAN connections no longer on bbr after the restarts\n", rank);
+        fails++;
+    }
+    if (!allreduce_ok(c, rank, nranks, v, n)) {
+        fprintf(stderr, "[rank %d] all-reduce after the restarts\n", rank);
+        fails++;
+    }
+    free(v);
+    if (ncclCommDestroy(c) != ncclSuccess)
+        fails++;
+    return fails;
+}
+
+static void test_restart_bbr(void)
+{
+    char err[400];
+    if (geoSocketCcAllowed("GEOCCL_WAN_CC", "bbr", err, sizeof(err)) != 0 ||
+        geoSocketCcAllowed("GEOCCL_WAN_CC", "reno", err, sizeof(err)) != 0) {
+        printf("\n  (no bbr or reno in this kernel: restartBbr not tested) ");
+        return;
+    }
+    CU_ASSERT_EQUAL(harness_run_noinit(3, restart_bbr_body, NULL, 60), 0);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -343,6 +455,8 @@ int main(void)
     CU_add_test(s, "GEOCCL_TCP_CC on every socket, refused names an error", test_tcp_cc);
     CU_add_test(s, "GEOCCL_WAN_CC on the connections between regions only", test_wan_cc);
     CU_add_test(s, "GEOCCL_KEEPALIVE on every TCP connection", test_keepalive);
+    CU_add_test(s, "restartBbr: BBR started again on WAN connections, every so often",
+                test_restart_bbr);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

@@ -342,7 +342,26 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     return ncclSuccess;
 }
 
-/* GEOCCL_WAN_PACE (tuning.c set_pacing): while on, pace my connections to
+/* GEOCCL_WAN_PACE (tuning.c set_pacing), uplink: while on, each of my
+ * connections to other regions is capped at its share of my region's
+ * uplink: what this slice's plan sends the peer over what my region sends
+ * in all, (1 + (R-2) w_g) len, times the probe's uplink goodput,
+ * PACE_UP_HEADROOM and up_gain.  BBR's connections sharing one uplink
+ * otherwise run at rates that part only slowly (240 to 316 Mbit/s for four
+ * connections on 1 Gbit/s), and a call ends with the slowest one.  The
+ * probe reads a lossy uplink low (800-960 Mbit/s of 965), so the cap sits
+ * 1.2x over it, and a call that sent at PACE_UP_BINDING of its caps or
+ * more (they held it back) raises up_gain by PACE_UP_RAISE, up to
+ * PACE_GAIN_MAX.  Under that cap, a connection on BBR is also started
+ * again at a call's start once PACE_BBR_RESTART_S have passed
+ * (transport.h restartBbr): BBR holds each connection that shares a queue
+ * to 4 segments for 200-300 ms every 10 s (PROBE_RTT), in the middle of a
+ * call; a restart at the call's start begins its 10 s again, and the cap
+ * keeps its STARTUP from flooding the link.  3x2, 1 Gbit/s, 25 ms, 0.1%
+ * loss, 64 MiB (BENCHMARKS.md, "Lossy and jittery paths"): 0.873-0.890 s
+ * a call paced, 0.917-0.936 s with GEOCCL_WAN_PACE=0.
+ *
+ * Downlink: while on, pace my connections to
  * each rank of a region h whose downlink limits, so that what all ranks
  * send h adds up to its downlink's goodput P_h.  Per slice of len elements,
  * h receives len (1 + (R-2) w_h): w_h len from each of the R-1 other
@@ -376,13 +395,23 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
 #define PACE_LOSS 0.01
 #define PACE_GAIN_MAX 1.3
 #define PACE_GAIN_MIN 0.7
+#define PACE_UP_HEADROOM 1.2
+#define PACE_UP_BINDING 0.8
+#define PACE_UP_RAISE 1.1
+#define PACE_BBR_RESTART_S 8.0
+#define PACE_BBR_IN_ROW 5
 static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
 {
     const geoNetTransport *ops = comm->net.ops;
     const topoRegionMap *m = &comm->regions;
     if (!comm->hier_paced || ops == NULL || ops->setPacing == NULL || sl->len == 0)
         return;
-    double segs[64] = {0}, ret[64] = {0};
+    const int g = m->region_of[comm->rank];
+    /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
+     * of the R-1 others in X2 */
+    const double sent = (double)sl->len *
+                        (1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE);
+    double segs[64] = {0}, ret[64] = {0}, up_cap = 0;
     for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
         const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
         int h = m->region_of[x->peer], seen = 0;
@@ -395,7 +424,7 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
             segs[h] += (double)ls.segs_out;
             ret[h] += (double)ls.retrans;
         }
-        if (!(comm->hier_pace[h] > 0))
+        if (!(comm->hier_pace[h] > 0) && !(comm->hier_up > 0))
             continue;
         double mine = 0;
         for (int j = 0; j < sl->ntx1 + sl->ntx2; j++) {
@@ -404,10 +433,17 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
         }
         double all = (double)sl->len *
                      (1 + (m->nregions - 2) * (double)comm->hier_w[h] / TOPO_SHARE_ONE);
-        uint64_t rate = on && mine > 0
-                            ? (uint64_t)(comm->hier_pace[h] * comm->pace_gain[h] * mine / all) + 1
-                            : 0;
-        ops->setPacing(comm->net.state, x->peer, rate);
+        double rate = 0;
+        if (on && mine > 0 && comm->hier_pace[h] > 0)
+            rate = comm->hier_pace[h] * comm->pace_gain[h] * mine / all;
+        if (on && mine > 0 && comm->hier_up > 0) {
+            double up = comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent;
+            rate = rate > 0 ? fmin(rate, up) : up;
+            up_cap += rate;
+        }
+        ops->setPacing(comm->net.state, x->peer, rate > 0 ? (uint64_t)rate + 1 : 0);
+        if (rate > 0 && ops->restartBbr != NULL)
+            ops->restartBbr(comm->net.state, x->peer, PACE_BBR_RESTART_S, PACE_BBR_IN_ROW);
     }
     /* Only a call that set the pace adjusts it (an error before that
      * lifts a pace this call never set); what leaves after the call
@@ -417,10 +453,22 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
     if (on) {
         memcpy(comm->pace_segs, segs, sizeof(segs));
         memcpy(comm->pace_retrans, ret, sizeof(ret));
+        comm->up_t0 = geoNow();
+        comm->up_bytes0 = comm->net.sent.wan;
+        comm->up_cap = up_cap;
         return;
     }
     if (!armed)
         return;
+    const double took = geoNow() - comm->up_t0;
+    const double went = (double)(comm->net.sent.wan - comm->up_bytes0) / took;
+    if (comm->up_cap > 0 && took > 0 && went >= PACE_UP_BINDING * comm->up_cap &&
+        comm->up_gain < PACE_GAIN_MAX) {
+        geoTrace(GEO_LOG_NET, "uplink pace: the call sent %.1f Mbit/s under caps of %.1f in "
+                 "all; gain %.3f -> %.3f", went * 8e-6, comm->up_cap * 8e-6, comm->up_gain,
+                 fmin(comm->up_gain * PACE_UP_RAISE, PACE_GAIN_MAX));
+        comm->up_gain = fmin(comm->up_gain * PACE_UP_RAISE, PACE_GAIN_MAX);
+    }
     double bs = 0, br = 0; /* the unpaced regions' segments and retransmissions */
     for (int h = 0; h < R; h++)
         if (!(comm->hier_pace[h] > 0)) {

@@ -164,6 +164,15 @@ static void set_pacing(struct ncclComm *comm, const topoModel *m)
     if (comm->hier_paced && comm->rank == 0)
         geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce paced into regions whose downlink "
                 "limits: %s; GEOCCL_WAN_PACE=0 turns it off", line);
+    const int g = comm->regions.region_of[comm->rank];
+    comm->hier_up = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && g >= 0 && g < R
+                        ? m->egress_Bps[g] * m->wan_goodput : 0;
+    comm->up_gain = 1;
+    comm->hier_paced |= comm->hier_up > 0;
+    if (comm->hier_up > 0 && comm->rank == comm->regions.members[g][0])
+        geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce: region %s sends at %.1f Mbit/s in "
+                "all, each connection at its share; GEOCCL_WAN_PACE=0 turns it off",
+                m->names[g], comm->hier_up * 8e-6);
 }
 
 ncclResult_t geoTuningInit(struct ncclComm *comm)

@@ -139,7 +139,16 @@ struct ncclComm {
      * during the hierarchical all-reduce is paced (GEOCCL_WAN_PACE): its
      * downlink's, where that limits; 0: not paced. */
     double hier_pace[64];
-    int hier_paced;             /* some region is */
+    /* Goodput (bytes/s) of my region's uplink, at which what its ranks
+     * send during the hierarchical all-reduce is paced, each connection
+     * at its share (GEOCCL_WAN_PACE); 0: not paced */
+    double hier_up;
+    /* this rank's factor on hier_up, raised after a call whose sends ran
+     * at its cap (coll_hier.c pace_wan); the call's start, its WAN bytes
+     * then and the caps it set, in all */
+    double up_gain, up_t0, up_cap;
+    uint64_t up_bytes0;
+    int hier_paced;             /* some region is, or the uplink is */
     /* this rank's factor on hier_pace[h], adjusted after each paced call
      * (coll_hier.c pace_wan), and its connections' counts at the call's start */
     double pace_gain[64], pace_segs[64], pace_retrans[64];

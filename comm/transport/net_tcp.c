@@ -253,6 +253,8 @@ typedef struct {
     size_t k_cap, k_head, k_len; /* k_base .. s_count - 1 */
     uint64_t k_base;
     size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER) */
+    double bbr_since;      /* restartBbr: when its BBR was last (re)started; 0: not seen */
+    int bbr_restarts;      /* restartBbr: restarts since BBR last ran its own PROBE_RTT */
 } tcpConn;
 
 typedef struct {
@@ -1911,6 +1913,8 @@ static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
     c->refused_since = 0;
     geoSocketTune(c->fd);
     geoSocketSetNonBlocking(c->fd, 1);
+    c->bbr_since = 0; /* a new connection: a new BBR */
+    c->bbr_restarts = 0;
     if (peer->cc[0])
         setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, peer->cc, (socklen_t)strlen(peer->cc));
     if (peer->pace)
@@ -3009,6 +3013,45 @@ static int tcp_set_pacing(void *state, int peer, uint64_t bytes_per_s)
     return err;
 }
 
+static int tcp_restart_bbr(void *state, int peer, double older_than_s, int max_in_row)
+{
+    tcpState *st = state;
+    int n = 0;
+    if (st->peers == NULL || peer < 0 || peer >= st->ctx->nranks || peer == st->ctx->rank)
+        return -1;
+    const double now = geoNow();
+    pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
+    for (int s = 0; s < st->nstreams; s++) {
+        tcpConn *c = &st->peers[peer].conns[s];
+        char cc[16] = "";
+        socklen_t len = sizeof(cc) - 1;
+        if (c->fd < 0 || c->local || c->down ||
+            getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) != 0 ||
+            strcmp(cc, "bbr") != 0) {
+            c->bbr_since = 0;
+            continue;
+        }
+        if (c->bbr_since == 0 || now - c->bbr_since < older_than_s) {
+            c->bbr_since = c->bbr_since == 0 ? now : c->bbr_since;
+            continue;
+        }
+        c->bbr_since = now;
+        if (c->bbr_restarts >= max_in_row) {
+            c->bbr_restarts = 0; /* BBR's own PROBE_RTT, once */
+            continue;
+        }
+        /* Setting the one it has is a no-op: through reno and back, BBR's
+         * init runs (mode STARTUP, min RTT from the kernel's own filter) */
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) == 0 &&
+            setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "bbr", 3) == 0) {
+            c->bbr_restarts++;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    return n;
+}
+
 static int tcp_set_congestion(void *state, int peer, const char *cc)
 {
     tcpState *st = state;
@@ -3042,6 +3085,7 @@ const geoNetTransport geoNetTcp = {
     .setStreams = tcp_set_streams,
     .setCongestion = tcp_set_congestion,
     .setPacing = tcp_set_pacing,
+    .restartBbr = tcp_restart_bbr,
     .hasMailbox = tcp_has_mailbox,
     .mail = tcp_mail,
     .peerPid = tcp_peer_pid,
