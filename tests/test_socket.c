@@ -400,12 +400,12 @@ static int restart_bbr_body(int rank, int nranks, const ncclUniqueId *id, void *
     for (int p = 0; p < nranks; p++) {
         if (p == rank || (p < 2) == (rank < 2))
             continue;
-        /* first sight: its age starts now; then restarted, skipped, restarted */
+        /* restarted, skipped (its own PROBE_RTT), restarted, skipped */
         int got[4] = {restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1),
                       restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1)};
         int young = restart(c->net.state, p, 60, 1);
-        if (got[0] != 0 || got[1] != 2 || got[2] != 0 || got[3] != 2 || young != 0) {
-            fprintf(stderr, "[rank %d] restartBbr to rank %d: %d %d %d %d, then %d; want 0 2 0 2, "
+        if (got[0] != 2 || got[1] != 0 || got[2] != 2 || got[3] != 0 || young != 0) {
+            fprintf(stderr, "[rank %d] restartBbr to rank %d: %d %d %d %d, then %d; want 2 0 2 0, "
                     "then 0\n", rank, p, got[0], got[1], got[2], got[3], young);
             fails++;
         }

@@ -352,7 +352,9 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
  * probe reads a lossy uplink low (800-960 Mbit/s of 965), so the cap sits
  * 1.2x over it, and a call that sent at PACE_UP_BINDING of its caps or
  * more (they held it back) raises up_gain by PACE_UP_RAISE, up to
- * PACE_GAIN_MAX.  Under that cap, a connection on BBR is also started
+ * PACE_GAIN_MAX.  Only calls that keep the uplink busy PACE_UP_MIN_S or
+ * more at that rate are paced there (a DDP bucket of 170 KB is sent at
+ * once, as it was).  Under that cap, a connection on BBR is also started
  * again at a call's start once PACE_BBR_RESTART_S have passed
  * (transport.h restartBbr): BBR holds each connection that shares a queue
  * to 4 segments for 200-300 ms every 10 s (PROBE_RTT), in the middle of a
@@ -396,11 +398,12 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
 #define PACE_GAIN_MAX 1.3
 #define PACE_GAIN_MIN 0.7
 #define PACE_UP_HEADROOM 1.2
-#define PACE_UP_BINDING 0.8
+#define PACE_UP_BINDING 0.9
 #define PACE_UP_RAISE 1.1
+#define PACE_UP_MIN_S 0.1
 #define PACE_BBR_RESTART_S 8.0
 #define PACE_BBR_IN_ROW 5
-static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
+static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_bytes, int on)
 {
     const geoNetTransport *ops = comm->net.ops;
     const topoRegionMap *m = &comm->regions;
@@ -409,8 +412,10 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
     const int g = m->region_of[comm->rank];
     /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
      * of the R-1 others in X2 */
-    const double sent = (double)sl->len *
-                        (1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE);
+    const double spread = 1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE;
+    const double sent = (double)sl->len * spread;
+    /* the uplink only for calls that keep it busy a while */
+    const int up_on = comm->hier_up > 0 && call_bytes * spread >= PACE_UP_MIN_S * comm->hier_up;
     double segs[64] = {0}, ret[64] = {0}, up_cap = 0;
     for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
         const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
@@ -424,7 +429,7 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
             segs[h] += (double)ls.segs_out;
             ret[h] += (double)ls.retrans;
         }
-        if (!(comm->hier_pace[h] > 0) && !(comm->hier_up > 0))
+        if (!(comm->hier_pace[h] > 0) && !up_on)
             continue;
         double mine = 0;
         for (int j = 0; j < sl->ntx1 + sl->ntx2; j++) {
@@ -436,7 +441,7 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, int on)
         double rate = 0;
         if (on && mine > 0 && comm->hier_pace[h] > 0)
             rate = comm->hier_pace[h] * comm->pace_gain[h] * mine / all;
-        if (on && mine > 0 && comm->hier_up > 0) {
+        if (on && mine > 0 && up_on) {
             double up = comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent;
             rate = rate > 0 ? fmin(rate, up) : up;
             up_cap += rate;
@@ -955,7 +960,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                        res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     if (M > 0)
-        pace_wan(comm, &sl[0], 1);
+        pace_wan(comm, &sl[0], (double)op->count * (double)es, 1);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
      * last finished parts came back.  Against the link's time for the bytes
@@ -1039,7 +1044,7 @@ out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
     if (M > 0)
-        pace_wan(comm, &sl[0], 0);
+        pace_wan(comm, &sl[0], (double)op->count * (double)es, 0);
     for (size_t s = 0; s < M; s++)
         slice_free(comm, &sl[s]);
     free(sl);
@@ -1079,7 +1084,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
         goto out;
     }
     t0 = geoNow();
-    pace_wan(comm, &sl, 1);
+    pace_wan(comm, &sl, (double)op->count * (double)es, 1);
     if (hc.codec)
         GEO_CHECK_GOTO(encode_x1(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
@@ -1105,7 +1110,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
-    pace_wan(comm, &sl, 0);
+    pace_wan(comm, &sl, (double)op->count * (double)es, 0);
     slice_free(comm, &sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;

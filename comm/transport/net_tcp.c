@@ -1467,6 +1467,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 c->fd = h->fd;
                 c->local = h->local;
                 c->acking = 1;
+                c->bbr_since = geoNow(); /* its congestion control starts here */
             }
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
@@ -1913,7 +1914,7 @@ static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
     c->refused_since = 0;
     geoSocketTune(c->fd);
     geoSocketSetNonBlocking(c->fd, 1);
-    c->bbr_since = 0; /* a new connection: a new BBR */
+    c->bbr_since = geoNow(); /* a new connection: a new BBR */
     c->bbr_restarts = 0;
     if (peer->cc[0])
         setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, peer->cc, (socklen_t)strlen(peer->cc));
@@ -3032,7 +3033,7 @@ static int tcp_restart_bbr(void *state, int peer, double older_than_s, int max_i
             continue;
         }
         if (c->bbr_since == 0 || now - c->bbr_since < older_than_s) {
-            c->bbr_since = c->bbr_since == 0 ? now : c->bbr_since;
+            c->bbr_since = c->bbr_since == 0 ? now : c->bbr_since; /* 0: not seen on bbr */
             continue;
         }
         c->bbr_since = now;
@@ -3061,10 +3062,13 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
     pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];
-        if (c->fd >= 0 && !c->local &&
-            setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 &&
-            err == 0)
-            err = errno;
+        if (c->fd < 0 || c->local)
+            continue;
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
+            err = err ? err : errno;
+        else
+            c->bbr_since = geoNow(); /* a new one starts (setting the same is a no-op, but
+                                      * then this is only early) */
     }
     if (err == 0 && strlen(cc) < sizeof(st->peers[peer].cc))
         strcpy(st->peers[peer].cc, cc); /* for the connections that replace these */

@@ -128,8 +128,9 @@ typedef struct geoNetTransport {
     int (*setPacing)(void *state, int peer, uint64_t bytes_per_s);
     /* Optional (may be NULL): start BBR again on each network connection
      * to peer that runs it and whose BBR has run older_than_s seconds
-     * since its connection, its last restart or the first call here that
-     * saw it; after max_in_row restarts in a row one is skipped, so that
+     * since its connection, its congestion control was last set, its last
+     * restart, or (a connection that was on another one) the first call
+     * here that saw it on BBR; after max_in_row restarts in a row one is skipped, so that
      * BBR runs its own PROBE_RTT.  Why (Linux's BBR): a connection that
      * has not seen an RTT under its minimum for 10 s holds its window to
      * 4 segments for at least 200 ms (PROBE_RTT), which a connection
