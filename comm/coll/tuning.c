@@ -142,7 +142,9 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
  * the excess of every sender at once: 3x2 with 1 Gbit/s uplinks and one
  * 100 Mbit/s downlink lost 11-12% of the segments into it at init, and the
  * 64 MiB all-reduce ran 1.30x its bound unpaced, 1.12x paced
- * (BENCHMARKS.md, "Uneven links"). */
+ * (BENCHMARKS.md, "Uneven links").  My region's uplink goodput (hier_up)
+ * paces each of my connections to other regions at its share of it
+ * (coll_hier.c pace_wan). */
 static void set_pacing(struct ncclComm *comm, const topoModel *m)
 {
     const int R = m->nregions;

@@ -1261,6 +1261,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
+            st->peers[h->peer].conns[h->stream].bbr_since = geoNow(); /* its cc starts here */
             h->fd = -1;
             h->state = HS_DONE;
             return 1;
@@ -3062,13 +3063,16 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
     pthread_mutex_lock(&st->lock); /* the progress thread replaces reset connections */
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];
+        char was[16] = "";
+        socklen_t wl = sizeof(was) - 1;
         if (c->fd < 0 || c->local)
             continue;
+        if (getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, was, &wl) != 0)
+            was[0] = '\0';
         if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
             err = err ? err : errno;
-        else
-            c->bbr_since = geoNow(); /* a new one starts (setting the same is a no-op, but
-                                      * then this is only early) */
+        else if (strcmp(was, cc) != 0)
+            c->bbr_since = geoNow(); /* a new one starts (setting the one it has is a no-op) */
     }
     if (err == 0 && strlen(cc) < sizeof(st->peers[peer].cc))
         strcpy(st->peers[peer].cc, cc); /* for the connections that replace these */

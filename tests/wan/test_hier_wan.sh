@@ -25,6 +25,10 @@
 #      ingress 100 Mbit/s: rank 0 says it paces into r0, region 1's
 #      connections to r0 carry a maximum pacing rate of about half r0's
 #      downlink in all while 16 MiB all-reduces run; results exact.
+#   u. GEOCCL_WAN_PACE, uplink: 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1%
+#      loss, 16 MiB all-reduces for 16 s: region 1's connections carry
+#      maximum pacing rates adding up to 1.1-1.65x its uplink's figure at
+#      init, none is seen in BBR's PROBE_RTT, results exact.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
 #      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
 #      link goes down (inside its namespace, so peers see a dead link: no
@@ -241,6 +245,54 @@ if [ "$p_bad" = 0 ] && [[ $p_line == *" r0 "* ]] &&
     pass "p. slow downlink: paced into r0, region 1 at about half its rate, results exact"
 else
     fail "p. slow downlink: $p_bad ranks failed; pacing line '${p_line}'; region 1 paced at $p_max bytes/s in all (want 30-75% of 12.5e6)"
+fi
+
+# ---- u: each connection at its share of the uplink; no PROBE_RTT mid-call --------
+
+# 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss (so the pairs stay on
+# BBR), 16 MiB all-reduces for 16 s. Each region's first rank says at init
+# at what goodput its region sends in all; the maximum pacing rates of
+# region 1's connections to the other regions that sent in the last 0.5 s
+# (ss, "pacing_rate NOW/MAX", both ranks) must add up to 1.1-1.65 times that figure (coll_hier.c
+# pace_wan: 1.2 times, and a gain of 1 to 1.3). Sampled every 0.25 s, no
+# connection of region 1 may be seen in BBR's PROBE_RTT (a window of 4
+# segments): without the restarts at call starts each of them spends
+# 200-300 ms of every 10 s there, about 3 s of the run in all.
+echo "== u. 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss; 16 MiB all-reduces for 16 s"
+wan_up -r 3 --rate 1gbit --delay 25ms --loss 0.1 --seed 3
+d=$WORK/uplink
+GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=TUNING start "$d" 29533 60 "0 0 1 1 2 2" loop 16 16777216
+u_max=0 u_probe=0 u_samples=0
+t_end=$(awk -v a="$(now)" 'BEGIN { printf "%.0f", a + 21 }')
+while [ "$(awk -v a="$(now)" 'BEGIN { printf "%.0f", a }')" -lt "$t_end" ]; do
+    sleep 0.25
+    out=$("$WAN" exec -n "$NAME" -i 1 -- ss -tin state established 2>/dev/null)
+    # connections that sent in the last 0.5 s (a pair's second stream
+    # stays idle while the plan uses one, but carries the pair's cap too)
+    m=$(grep 'pacing_rate [0-9]*bps/[0-9]*bps' <<< "$out" |
+        sed -n 's|.*lastsnd:\([0-9]*\) .*pacing_rate [0-9]*bps/\([0-9]*\)bps.*|\1 \2|p' |
+        awk '$1 < 500 { s += $2 } END { printf "%.0f", s / 8 }')
+    [ "${m:-0}" -gt "$u_max" ] && u_max=$m
+    u_probe=$((u_probe + $(grep -c 'bbr:.*pacing_gain:1,cwnd_gain:1).* cwnd:4 \| cwnd:4 .*bbr:.*pacing_gain:1,cwnd_gain:1)' <<< "$out")))
+    u_samples=$((u_samples + 1))
+done
+finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
+u_bad=0
+for ((r = 0; r < NR; r++)); do
+    read -r st _ < "$d/rank$r.exit"
+    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
+        u_bad=$((u_bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
+done
+RANK_PIDS=()
+u_line=$(grep -h "region r1 sends at" "$d"/rank*.out | head -1 | sed 's/.*INFO //')
+u_up=$(sed -n 's/.*sends at \([0-9.]*\) Mbit\/s in all.*/\1/p' <<< "$u_line")
+echo "   ${u_line:-(no uplink pacing line from region 1)}"
+echo "   region 1's connections to other regions: at most $((u_max * 8 / 1000000)) Mbit/s in all; seen in PROBE_RTT in $u_probe of $u_samples samples"
+if [ "$u_bad" = 0 ] && [ -n "$u_up" ] && [ "$u_probe" = 0 ] && [ "$u_samples" -ge 40 ] &&
+   awk -v m="$u_max" -v u="$u_up" 'BEGIN { exit !(m * 8e-6 >= 1.1 * u && m * 8e-6 <= 1.65 * u) }'; then
+    pass "u. uplink: region 1 paced at its share (1.1-1.65x), no PROBE_RTT, results exact"
+else
+    fail "u. uplink: $u_bad ranks failed; uplink '${u_up:-none}' Mbit/s, caps $((u_max * 8 / 1000000)) Mbit/s in all (want 1.1-1.65x); PROBE_RTT in $u_probe of $u_samples samples (want 0 of 40 or more)"
 fi
 
 # ---- d: region 2 cut off mid-all-reduce -----------------------------------------
