@@ -342,26 +342,29 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     return ncclSuccess;
 }
 
-/* GEOCCL_WAN_PACE (tuning.c set_pacing), uplink: while on, each of my
- * connections to other regions is capped at its share of my region's
- * uplink: what this slice's plan sends the peer over what my region sends
- * in all, (1 + (R-2) w_g) len, times the probe's uplink goodput,
- * PACE_UP_HEADROOM and up_gain.  BBR's connections sharing one uplink
- * otherwise run at rates that part only slowly (240 to 316 Mbit/s for four
- * connections on 1 Gbit/s), and a call ends with the slowest one.  The
- * probe reads a lossy uplink low (800-960 Mbit/s of 965), so the cap sits
- * 1.2x over it, and a call that sent at PACE_UP_BINDING of its caps or
- * more (they held it back) raises up_gain by PACE_UP_RAISE, up to
- * PACE_GAIN_MAX.  Only calls that keep the uplink busy PACE_UP_MIN_S or
- * more at that rate are paced there (a DDP bucket of 170 KB is sent at
- * once, as it was).  Under that cap, a connection on BBR is also started
- * again at a call's start once PACE_BBR_RESTART_S have passed
- * (transport.h restartBbr): BBR holds each connection that shares a queue
- * to 4 segments for 200-300 ms every 10 s (PROBE_RTT), in the middle of a
- * call; a restart at the call's start begins its 10 s again, and the cap
- * keeps its STARTUP from flooding the link.  3x2, 1 Gbit/s, 25 ms, 0.1%
- * loss, 64 MiB (BENCHMARKS.md, "Lossy and jittery paths"): 0.873-0.890 s
- * a call paced, 0.917-0.936 s with GEOCCL_WAN_PACE=0.
+/* GEOCCL_WAN_PACE (tuning.c set_pacing), uplink: in an uncompressed call
+ * that keeps my region's uplink busy PACE_UP_MIN_S or more at the probe's
+ * rate (busy), each of my connections to other regions is capped at its
+ * share of that uplink: what this slice's plan sends the peer over what
+ * my region sends in all, (1 + (R-2) w_g) len, times the probe's uplink
+ * goodput, PACE_UP_HEADROOM and up_gain.  BBR's connections sharing one
+ * uplink otherwise settle on rates that stay apart for many round trips,
+ * and a call ends with its slowest connection.  The probe reads a lossy
+ * uplink low, so the cap sits PACE_UP_HEADROOM over its figure, and a
+ * call whose capped connections had acknowledged PACE_UP_BINDING of their
+ * caps or more (they were held back) raises up_gain by PACE_UP_RAISE, up
+ * to PACE_UP_GAIN_MAX; at that, still held back, the uplink is no longer
+ * paced.  A smaller call (a DDP bucket) is sent as before.
+ *
+ * Under that cap, a connection on BBR is started again at the call's
+ * start (transport.h restartBbr) where the call may end past BBR's 10 s
+ * window (older than PACE_BBR_WINDOW_S - busy) and lasts PACE_BBR_MIN_RTTS
+ * round trips or more: BBR holds each connection that shares a queue to 4
+ * segments for 200-300 ms every 10 s (PROBE_RTT), wherever in a call that
+ * falls, and the restart begins the 10 s again at a point where the call
+ * waits anyway; the cap keeps its STARTUP from flooding the link.  3x2,
+ * 1 Gbit/s, 25 ms, 0.1% loss, 64 MiB: see BENCHMARKS.md, "Lossy and
+ * jittery paths" (WPACE).
  *
  * Downlink: while on, pace my connections to
  * each rank of a region h whose downlink limits, so that what all ranks
@@ -400,8 +403,11 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
 #define PACE_UP_HEADROOM 1.2
 #define PACE_UP_BINDING 0.9
 #define PACE_UP_RAISE 1.1
+#define PACE_UP_GAIN_MAX 2.0
 #define PACE_UP_MIN_S 0.1
-#define PACE_BBR_RESTART_S 8.0
+#define PACE_BBR_WINDOW_S 9.5
+#define PACE_BBR_MIN_RTTS 5
+#define PACE_BBR_MIN_S 0.5
 #define PACE_BBR_IN_ROW 5
 static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_bytes, int on)
 {
@@ -409,23 +415,26 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
     const topoRegionMap *m = &comm->regions;
     if (!comm->hier_paced || ops == NULL || ops->setPacing == NULL || sl->len == 0)
         return;
-    const int g = m->region_of[comm->rank];
+    const int R = m->nregions < 64 ? m->nregions : 64, g = m->region_of[comm->rank];
     /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
      * of the R-1 others in X2 */
     const double spread = 1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE;
     const double sent = (double)sl->len * spread;
-    /* the uplink only for calls that keep it busy a while */
-    const int up_on = comm->hier_up > 0 && call_bytes * spread >= PACE_UP_MIN_S * comm->hier_up;
-    double segs[64] = {0}, ret[64] = {0}, up_cap = 0;
+    /* how long the call keeps my region's uplink busy at its rate */
+    const double busy = comm->hier_up > 0 ? call_bytes * spread / comm->hier_up : 0;
+    const int up_on = busy >= PACE_UP_MIN_S;
+    double segs[64] = {0}, ret[64] = {0}, up_cap = 0, up_acked = 0;
+    int down_held[64] = {0}; /* some connection into h held at the downlink's rate */
     for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
         const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
         int h = m->region_of[x->peer], seen = 0;
         for (int j = 0; j < i && !seen; j++)
             seen = (j < sl->ntx1 ? sl->tx1[j].peer : sl->tx2[j - sl->ntx1].peer) == x->peer;
-        if (seen)
+        if (seen || h >= 64)
             continue;
         geoLinkStats ls;
-        if (ops->linkStats != NULL && ops->linkStats(comm->net.state, x->peer, &ls) == 0) {
+        int have = ops->linkStats != NULL && ops->linkStats(comm->net.state, x->peer, &ls) == 0;
+        if (have) {
             segs[h] += (double)ls.segs_out;
             ret[h] += (double)ls.retrans;
         }
@@ -438,43 +447,69 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
         }
         double all = (double)sl->len *
                      (1 + (m->nregions - 2) * (double)comm->hier_w[h] / TOPO_SHARE_ONE);
-        double rate = 0;
-        if (on && mine > 0 && comm->hier_pace[h] > 0)
-            rate = comm->hier_pace[h] * comm->pace_gain[h] * mine / all;
-        if (on && mine > 0 && up_on) {
-            double up = comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent;
-            rate = rate > 0 ? fmin(rate, up) : up;
-            up_cap += rate;
+        /* the same on and off: the gains change only after this loop */
+        double down = mine > 0 && comm->hier_pace[h] > 0
+                          ? comm->hier_pace[h] * comm->pace_gain[h] * mine / all : 0;
+        double up = mine > 0 && up_on
+                        ? comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent : 0;
+        double rate = down > 0 && (up == 0 || down <= up) ? down : up;
+        if (down > 0 && rate == down)
+            down_held[h] = 1;
+        if (up > 0 && rate == up) {
+            up_cap += up;
+            up_acked += have ? (double)ls.bytes_acked : 0;
         }
-        ops->setPacing(comm->net.state, x->peer, rate > 0 ? (uint64_t)rate + 1 : 0);
-        if (rate > 0 && ops->restartBbr != NULL)
-            ops->restartBbr(comm->net.state, x->peer, PACE_BBR_RESTART_S, PACE_BBR_IN_ROW);
+        ops->setPacing(comm->net.state, x->peer, on && rate > 0 ? (uint64_t)rate + 1 : 0);
+        /* restart BBR where the call may outlast its 10 s window, and where
+         * it lasts long enough (PACE_BBR_MIN_RTTS) for STARTUP to end
+         * under the cap */
+        double rtt = comm->topo.region_rtt != NULL ? comm->topo.region_rtt[g * m->nregions + h]
+                                                   : -1;
+        if (on && up > 0 && rate == up && ops->restartBbr != NULL &&
+            busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
+            ops->restartBbr(comm->net.state, x->peer, fmax(0, PACE_BBR_WINDOW_S - busy),
+                            PACE_BBR_IN_ROW);
     }
     /* Only a call that set the pace adjusts it (an error before that
      * lifts a pace this call never set); what leaves after the call
      * returns, uncapped, counts in the next call's figures. */
-    const int armed = comm->pace_armed, R = m->nregions < 64 ? m->nregions : 64;
+    const int armed = comm->pace_armed;
     comm->pace_armed = on;
     if (on) {
         memcpy(comm->pace_segs, segs, sizeof(segs));
         memcpy(comm->pace_retrans, ret, sizeof(ret));
+        memcpy(comm->pace_down_held, down_held, sizeof(down_held));
         comm->up_t0 = geoNow();
-        comm->up_bytes0 = comm->net.sent.wan;
+        comm->up_acked0 = up_acked;
         comm->up_cap = up_cap;
         return;
     }
     if (!armed)
         return;
+    /* the uplink: what the capped connections had acknowledged over the
+     * call, against their caps (a connection replaced by resume counts
+     * from 0 again: then this call says nothing) */
     const double took = geoNow() - comm->up_t0;
-    const double went = (double)(comm->net.sent.wan - comm->up_bytes0) / took;
-    if (comm->up_cap > 0 && took > 0 && went >= PACE_UP_BINDING * comm->up_cap &&
-        comm->up_gain < PACE_GAIN_MAX) {
-        geoTrace(GEO_LOG_NET, "uplink pace: the call sent %.1f Mbit/s under caps of %.1f in "
-                 "all; gain %.3f -> %.3f", went * 8e-6, comm->up_cap * 8e-6, comm->up_gain,
-                 fmin(comm->up_gain * PACE_UP_RAISE, PACE_GAIN_MAX));
-        comm->up_gain = fmin(comm->up_gain * PACE_UP_RAISE, PACE_GAIN_MAX);
+    if (comm->up_cap > 0 && took > 0 && up_acked >= comm->up_acked0) {
+        const double went = (up_acked - comm->up_acked0) / took;
+        if (went >= PACE_UP_BINDING * comm->up_cap) {
+            double gain = fmin(comm->up_gain * PACE_UP_RAISE, PACE_UP_GAIN_MAX);
+            geoTrace(GEO_LOG_NET, "uplink pace: the call sent %.1f Mbit/s under caps of %.1f in "
+                     "all; gain %.3f -> %.3f", went * 8e-6, comm->up_cap * 8e-6, comm->up_gain,
+                     gain);
+            if (comm->up_gain >= PACE_UP_GAIN_MAX) {
+                geoInfo(GEO_LOG_NET | GEO_LOG_TUNING, "uplink pace: calls still ran at their "
+                        "caps at %.1fx the probe's uplink rate; the uplink is no longer paced",
+                        PACE_UP_HEADROOM * PACE_UP_GAIN_MAX);
+                comm->hier_up = 0;
+            }
+            comm->up_gain = gain;
+        }
     }
-    double bs = 0, br = 0; /* the unpaced regions' segments and retransmissions */
+    /* the downlinks: only regions some connection was held into at the
+     * downlink's rate; against the share sent again to regions not paced
+     * at a downlink (the paths' own loss, which pacing cannot help) */
+    double bs = 0, br = 0;
     for (int h = 0; h < R; h++)
         if (!(comm->hier_pace[h] > 0)) {
             bs += segs[h] - comm->pace_segs[h];
@@ -482,21 +517,21 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
         }
     const double base = bs >= PACE_MIN_SEGS && br > 0 ? br / bs : 0;
     for (int h = 0; h < R; h++) {
-        if (!(comm->hier_pace[h] > 0))
+        if (!(comm->hier_pace[h] > 0) || !comm->pace_down_held[h])
             continue;
         double ds = segs[h] - comm->pace_segs[h], dr = ret[h] - comm->pace_retrans[h];
         if (!(ds >= PACE_MIN_SEGS) || dr < 0)
             continue;
-        double g = comm->pace_gain[h];
+        double gn = comm->pace_gain[h];
         if (dr <= base * ds)
-            g = fmin(g * PACE_UP, PACE_GAIN_MAX);
+            gn = fmin(gn * PACE_UP, PACE_GAIN_MAX);
         else if (dr > (PACE_LOSS + base) * ds)
-            g = fmax(g * PACE_DOWN, PACE_GAIN_MIN);
-        if (g != comm->pace_gain[h])
+            gn = fmax(gn * PACE_DOWN, PACE_GAIN_MIN);
+        if (gn != comm->pace_gain[h])
             geoTrace(GEO_LOG_NET, "pacing into region %d: %.0f of %.0f segments sent again in "
                      "the call (%.3g%% to unpaced regions); gain %.3f -> %.3f", h, dr, ds,
-                     base * 100, comm->pace_gain[h], g);
-        comm->pace_gain[h] = g;
+                     base * 100, comm->pace_gain[h], gn);
+        comm->pace_gain[h] = gn;
     }
 }
 
@@ -960,7 +995,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                        res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     if (M > 0)
-        pace_wan(comm, &sl[0], (double)op->count * (double)es, 1);
+        pace_wan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 1);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
      * last finished parts came back.  Against the link's time for the bytes
@@ -1044,7 +1079,7 @@ out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
     if (M > 0)
-        pace_wan(comm, &sl[0], (double)op->count * (double)es, 0);
+        pace_wan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 0);
     for (size_t s = 0; s < M; s++)
         slice_free(comm, &sl[s]);
     free(sl);
@@ -1084,7 +1119,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
         goto out;
     }
     t0 = geoNow();
-    pace_wan(comm, &sl, (double)op->count * (double)es, 1);
+    pace_wan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 1);
     if (hc.codec)
         GEO_CHECK_GOTO(encode_x1(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
@@ -1110,7 +1145,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
-    pace_wan(comm, &sl, (double)op->count * (double)es, 0);
+    pace_wan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 0);
     slice_free(comm, &sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;

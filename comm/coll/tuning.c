@@ -200,6 +200,8 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                                          (uint64_t)TOPO_SHARE_ONE * q / R);
         comm->hier_uneven = 0;
         memset(comm->hier_pace, 0, sizeof(comm->hier_pace));
+        comm->hier_up = 0;
+        comm->up_gain = 1;
         comm->hier_paced = 0;
     }
     if (comm->regions.nregions < 2) {

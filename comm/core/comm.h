@@ -143,11 +143,12 @@ struct ncclComm {
      * send during the hierarchical all-reduce is paced, each connection
      * at its share (GEOCCL_WAN_PACE); 0: not paced */
     double hier_up;
-    /* this rank's factor on hier_up, raised after a call whose sends ran
-     * at its cap (coll_hier.c pace_wan); the call's start, its WAN bytes
-     * then and the caps it set, in all */
-    double up_gain, up_t0, up_cap;
-    uint64_t up_bytes0;
+    /* this rank's factor on hier_up, raised after a call whose capped
+     * connections ran at their caps (coll_hier.c pace_wan); the call's
+     * start, the caps it set in all, and what those connections had had
+     * acknowledged then */
+    double up_gain, up_t0, up_cap, up_acked0;
+    int pace_down_held[64];     /* the call held some connection into h at hier_pace[h] */
     int hier_paced;             /* some region is, or the uplink is */
     /* this rank's factor on hier_pace[h], adjusted after each paced call
      * (coll_hier.c pace_wan), and its connections' counts at the call's start */

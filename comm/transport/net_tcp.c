@@ -253,8 +253,10 @@ typedef struct {
     size_t k_cap, k_head, k_len; /* k_base .. s_count - 1 */
     uint64_t k_base;
     size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER) */
-    double bbr_since;      /* restartBbr: when its BBR was last (re)started; 0: not seen */
-    int bbr_restarts;      /* restartBbr: restarts since BBR last ran its own PROBE_RTT */
+    double bbr_since;      /* restartBbr: since when its BBR's 10 s window may run: its
+                            * handshake, a change of its congestion control, a restart
+                            * or a skipped one; 0: not seen on BBR */
+    int bbr_restarts;      /* restartBbr: restarts in a row, since one was skipped */
 } tcpConn;
 
 typedef struct {
@@ -3042,13 +3044,24 @@ static int tcp_restart_bbr(void *state, int peer, double older_than_s, int max_i
             c->bbr_restarts = 0; /* BBR's own PROBE_RTT, once */
             continue;
         }
+        /* A restart takes BBR's minimum RTT from the kernel's filter of
+         * the last 5 minutes: not where BBR's own PROBE_RTT found the path
+         * longer than that (its delay grew) */
+        if (geoTcpBbrRttGrew(c->fd, 1.1) == 1)
+            continue;
         /* Setting the one it has is a no-op: through reno and back, BBR's
          * init runs (mode STARTUP, min RTT from the kernel's own filter) */
-        if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) == 0 &&
-            setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "bbr", 3) == 0) {
-            c->bbr_restarts++;
-            n++;
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) != 0)
+            continue;
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, "bbr", 3) != 0) {
+            int e = errno;
+            geoWarn(GEO_LOG_NET, "connection %d to rank %d: bbr refused after a restart "
+                    "through reno (%s); it stays on reno", s, peer, strerror(e));
+            c->bbr_since = 0;
+            continue;
         }
+        c->bbr_restarts++;
+        n++;
     }
     pthread_mutex_unlock(&st->lock);
     return n;
@@ -3071,8 +3084,10 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
             was[0] = '\0';
         if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
             err = err ? err : errno;
-        else if (strcmp(was, cc) != 0)
+        else if (strcmp(was, cc) != 0) {
             c->bbr_since = geoNow(); /* a new one starts (setting the one it has is a no-op) */
+            c->bbr_restarts = 0;
+        }
     }
     if (err == 0 && strlen(cc) < sizeof(st->peers[peer].cc))
         strcpy(st->peers[peer].cc, cc); /* for the connections that replace these */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <linux/tcp.h>
+#include <linux/inet_diag.h>
 
 #ifndef SOL_TCP
 #define SOL_TCP 6
@@ -36,8 +37,26 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
         acc->srtt = srtt;
     if (var > acc->rttvar)
         acc->rttvar = var;
+    if (len >= offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
+        acc->bytes_acked += ti.tcpi_bytes_acked;
     acc->conns++;
     return 0;
+}
+
+int geoTcpBbrRttGrew(int fd, double factor)
+{
+    struct tcp_info ti;
+    union tcp_cc_info cc;
+    socklen_t len = sizeof(ti), cl = sizeof(cc);
+
+    memset(&ti, 0, sizeof(ti));
+    memset(&cc, 0, sizeof(cc));
+    if (getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_min_rtt) + sizeof(ti.tcpi_min_rtt) ||
+        ti.tcpi_min_rtt == 0 || getsockopt(fd, SOL_TCP, TCP_CC_INFO, &cc, &cl) != 0 ||
+        cl < sizeof(cc.bbr) || cc.bbr.bbr_min_rtt == 0)
+        return -1;
+    return cc.bbr.bbr_min_rtt > factor * ti.tcpi_min_rtt;
 }
 
 double geoLinkLoss(double sent, double received)

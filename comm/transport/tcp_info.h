@@ -14,12 +14,19 @@ typedef struct {
                          * loss-driven control, the queue's own drops */
     double srtt;        /* seconds: the largest smoothed RTT of the connections */
     double rttvar;      /* seconds: the largest RTT variation (mean deviation) */
+    uint64_t bytes_acked; /* bytes the peer acknowledged (tcpi_bytes_acked; 0 before 4.1) */
     int conns;          /* connections counted */
 } geoLinkStats;
 
 /* Add connection fd's counters to *acc; 0, or -1 (errno) when the kernel
  * gives none (not TCP, or too old to count data segments: before 4.6). */
 int geoTcpInfoAdd(int fd, geoLinkStats *acc);
+
+/* Whether connection fd runs BBR and its own minimum RTT (TCP_CC_INFO)
+ * is over factor times the kernel's minimum over the last 5 minutes
+ * (tcpi_min_rtt): BBR measured the path again, after its 10 s window,
+ * and found it longer.  1, 0, or -1 (not BBR, or the kernel says nothing). */
+int geoTcpBbrRttGrew(int fd, double factor);
 
 /* The loss of one direction of a pair's connections: of the `sent` data
  * segments one end has sent since the connections opened, those the other
