@@ -358,8 +358,9 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
  *
  * Under that cap, a connection on BBR is started again at the call's
  * start (transport.h restartBbr) where the call may end past BBR's 10 s
- * window (older than PACE_BBR_WINDOW_S - busy) and lasts PACE_BBR_MIN_RTTS
- * round trips or more: BBR holds each connection that shares a queue to 4
+ * window (its last restart is older than PACE_BBR_WINDOW_S - PACE_BBR_SLACK
+ * busy: a call may take twice its time at the probe's rate) and lasts
+ * PACE_BBR_MIN_RTTS round trips or more: BBR holds each connection that shares a queue to 4
  * segments for 200-300 ms every 10 s (PROBE_RTT), wherever in a call that
  * falls, and the restart begins the 10 s again at a point where the call
  * waits anyway; the cap keeps its STARTUP from flooding the link.  3x2,
@@ -405,7 +406,8 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
 #define PACE_UP_RAISE 1.1
 #define PACE_UP_GAIN_MAX 2.0
 #define PACE_UP_MIN_S 0.1
-#define PACE_BBR_WINDOW_S 9.5
+#define PACE_BBR_WINDOW_S 9.0
+#define PACE_BBR_SLACK 2.0
 #define PACE_BBR_MIN_RTTS 5
 #define PACE_BBR_MIN_S 0.5
 #define PACE_BBR_IN_ROW 5
@@ -467,8 +469,8 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
                                                    : -1;
         if (on && up > 0 && rate == up && ops->restartBbr != NULL &&
             busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
-            ops->restartBbr(comm->net.state, x->peer, fmax(0, PACE_BBR_WINDOW_S - busy),
-                            PACE_BBR_IN_ROW);
+            ops->restartBbr(comm->net.state, x->peer,
+                            fmax(0, PACE_BBR_WINDOW_S - PACE_BBR_SLACK * busy), PACE_BBR_IN_ROW);
     }
     /* Only a call that set the pace adjusts it (an error before that
      * lifts a pace this call never set); what leaves after the call

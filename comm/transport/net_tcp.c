@@ -254,8 +254,8 @@ typedef struct {
     uint64_t k_base;
     size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER) */
     double bbr_since;      /* restartBbr: since when its BBR's 10 s window may run: its
-                            * handshake, a change of its congestion control, a restart
-                            * or a skipped one; 0: not seen on BBR */
+                            * last restart or skipped one; 0: not known (a new
+                            * connection, a change of congestion control) */
     int bbr_restarts;      /* restartBbr: restarts in a row, since one was skipped */
 } tcpConn;
 
@@ -1263,7 +1263,7 @@ static int hs_out_step(tcpState *st, tcpHs *h, double now, double deadline)
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
-            st->peers[h->peer].conns[h->stream].bbr_since = geoNow(); /* its cc starts here */
+            st->peers[h->peer].conns[h->stream].bbr_since = 0; /* not known: restart it */
             h->fd = -1;
             h->state = HS_DONE;
             return 1;
@@ -1470,7 +1470,7 @@ static int hs_in_step(tcpState *st, tcpHs *h)
                 c->fd = h->fd;
                 c->local = h->local;
                 c->acking = 1;
-                c->bbr_since = geoNow(); /* its congestion control starts here */
+                c->bbr_since = 0; /* when its BBR's window began is not known */
             }
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
@@ -1917,7 +1917,7 @@ static void conn_resumed(tcpState *st, int p, int s, uint64_t n)
     c->refused_since = 0;
     geoSocketTune(c->fd);
     geoSocketSetNonBlocking(c->fd, 1);
-    c->bbr_since = geoNow(); /* a new connection: a new BBR */
+    c->bbr_since = 0; /* a new connection: when its BBR's window began is not known */
     c->bbr_restarts = 0;
     if (peer->cc[0])
         setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, peer->cc, (socklen_t)strlen(peer->cc));
@@ -3035,10 +3035,11 @@ static int tcp_restart_bbr(void *state, int peer, double older_than_s, int max_i
             c->bbr_since = 0;
             continue;
         }
-        if (c->bbr_since == 0 || now - c->bbr_since < older_than_s) {
-            c->bbr_since = c->bbr_since == 0 ? now : c->bbr_since; /* 0: not seen on bbr */
+        /* not known (0): BBR's window began at its connection or at a change
+         * of congestion control, which may lie well before its handshake
+         * here ended; a restart now makes it known */
+        if (c->bbr_since > 0 && now - c->bbr_since < older_than_s)
             continue;
-        }
         c->bbr_since = now;
         if (c->bbr_restarts >= max_in_row) {
             c->bbr_restarts = 0; /* BBR's own PROBE_RTT, once */
@@ -3085,7 +3086,7 @@ static int tcp_set_congestion(void *state, int peer, const char *cc)
         if (setsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
             err = err ? err : errno;
         else if (strcmp(was, cc) != 0) {
-            c->bbr_since = geoNow(); /* a new one starts (setting the one it has is a no-op) */
+            c->bbr_since = 0; /* a new one (setting the one it has is a no-op) */
             c->bbr_restarts = 0;
         }
     }
