@@ -25,6 +25,11 @@ bytes); the ranks still start the timed iterations together and the time
 runs to a step after the last one.  The two bracket what the transport
 gives an all-reduce on the same links.
 
+--pace RATE caps every connection at RATE bytes/s (SO_MAX_PACING_RATE), as
+GeoCCL's uplink pace does, and --restart-bbr starts BBR again on every
+connection at each iteration's start (through reno and back), as GeoCCL's
+restartBbr does before BBR's PROBE_RTT: what each does for TCP alone.
+
 The output is geoccl-perf's table (size, count, type, op, root, time in
 microseconds, algbw, busbw, wrong; the in-place columns repeat the same
 figures), so bench_wan.sh reads it like the others.  Time per size: the
@@ -42,6 +47,7 @@ HELLO = struct.Struct("!8sII")  # tag, rank, stream
 PIECE = struct.Struct("!I")     # --dynamic: bytes of the piece that follows; 0 ends
 TAG = b"geotcp01"
 TCP_NOTSENT_LOWAT = 25          # linux/tcp.h
+SO_MAX_PACING_RATE = 47         # asm-generic/socket.h
 
 
 def parse_size(text):
@@ -90,6 +96,10 @@ def main():
                     help="a pair's bytes go in CHUNK pieces, each to the first of its streams "
                     "with room for it (TCP_NOTSENT_LOWAT of one piece), instead of an equal "
                     "part per stream")
+    ap.add_argument("--pace", type=parse_size, default=0, metavar="RATE",
+                    help="cap every connection at RATE bytes/s (SO_MAX_PACING_RATE)")
+    ap.add_argument("--restart-bbr", action="store_true",
+                    help="start BBR again on every connection at each iteration's start")
     ap.add_argument("--no-sync", action="store_true",
                     help="start an iteration as soon as my own bytes are in")
     ap.add_argument("-b", type=parse_size, default=parse_size("64M"))
@@ -111,8 +121,10 @@ def main():
     if P < 1 or N < 2 * P or N % P or len(hosts) != N // P or not 0 <= a.rank < N:
         fail("--size must be R x --per-region (R >= 2) with one host per region, "
              "and --rank below --size")
-    if a.b < 1 or a.e < a.b or a.f < 2 or a.n < 1 or a.w < 0 or a.streams < 1 or a.dynamic < 0:
-        fail("need 1 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0, --streams >= 1, --dynamic >= 0")
+    if a.b < 1 or a.e < a.b or a.f < 2 or a.n < 1 or a.w < 0 or a.streams < 1 or a.dynamic < 0 \
+            or a.pace < 0:
+        fail("need 1 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0, --streams >= 1, --dynamic >= 0, "
+             "--pace >= 0")
     R = N // P
     q, i = divmod(a.rank, P)
     peers = [r * P + i for r in range(R) if r != q]
@@ -171,6 +183,11 @@ def main():
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     socks = [c for p in peers for c in conns[p]]
     for c in socks:
+        if a.pace:
+            try:
+                c.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, min(a.pace, 2**32 - 2))
+            except OSError as ex:
+                fail("--pace %d refused: %s" % (a.pace, ex.strerror))
         if a.dynamic:
             c.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, a.dynamic)
         if a.cc:
@@ -180,10 +197,13 @@ def main():
                 fail("congestion control %s refused: %s (--cc '' keeps the host's)"
                      % (a.cc, ex.strerror))
 
-    print("# tcp_alone: rank %d of %d, %d regions x %d, %d stream(s) per pair%s, cc %s, %s"
+    print("# tcp_alone: rank %d of %d, %d regions x %d, %d stream(s) per pair%s, cc %s%s%s, %s"
           % (a.rank, N, R, P, a.streams,
              ", %d-byte pieces to the first stream with room" % a.dynamic if a.dynamic else "",
-             a.cc or "of the host", "no step" if a.no_sync else "every rank in step"))
+             a.cc or "of the host",
+             ", each connection paced at %d bytes/s" % a.pace if a.pace else "",
+             ", BBR started again every iteration" if a.restart_bbr else "",
+             "no step" if a.no_sync else "every rank in step"))
     print("#  size  count  type  redop  root  time(us)  algbw  busbw  #wrong"
           "  time(us)  algbw  busbw  #wrong")
     size = a.b
@@ -260,6 +280,13 @@ def main():
                     t_start = time.perf_counter()
             except OSError as ex:
                 fail("size %d, before iteration %d: %s" % (size, it, ex))
+            if a.restart_bbr:
+                for c in socks:
+                    try:
+                        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+                        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
+                    except OSError as ex:
+                        fail("--restart-bbr: %s" % ex.strerror)
             th = [threading.Thread(target=f, args=(k,)) for k in range(len(socks))
                   for f in (send, recv)]
             for t in th:
