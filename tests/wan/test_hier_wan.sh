@@ -108,6 +108,20 @@ matrix() {
     fi
 }
 
+# loop_bad DIR: the ranks of DIR's loop that did not end "loop ok", their
+# last lines shown; the exit status is their number (RANK_PIDS cleared).
+loop_bad() {
+    local d=$1 r st bad=0
+    for ((r = 0; r < NR; r++)); do
+        read -r st _ < "$d/rank$r.exit"
+        [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
+            bad=$((bad + 1)); grep -v ' INFO \| TRACE ' "$d/rank$r.out" | tail -n 4 |
+                sed 's/^/      /'; }
+    done
+    RANK_PIDS=()
+    return "$bad"
+}
+
 # ---- a, c (3 + 1): 2 regions -------------------------------------------------
 
 echo "== 2 regions, 1 Gbit/s, 5 ms one-way"
@@ -177,11 +191,9 @@ watch() {
     GEOCCL_DEBUG=TRACE GEOCCL_DEBUG_SUBSYS=NET start "$d" "$port" 60 "0 0 1 1 2 2" loop 20 174080
     finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
     MOVED=""
+    loop_bad "$d"
+    bad=$?
     for ((r = 0; r < NR; r++)); do
-        read -r st _ < "$d/rank$r.exit"
-        [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
-            bad=$((bad + 1)); grep -v ' INFO \| TRACE ' "$d/rank$r.out" | tail -n 4 |
-                sed 's/^/      /'; }
         n=$(grep -c "cubic from now on" "$d/rank$r.out")
         MOVED="$MOVED r$r:$n"
         [ "$step" = clean ] && [ "$n" != 2 ] &&
@@ -228,13 +240,8 @@ for ((i = 0; i < 20; i++)); do
     [ "${m:-0}" -gt "$p_max" ] && p_max=$m
 done
 finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
-p_bad=0
-for ((r = 0; r < NR; r++)); do
-    read -r st _ < "$d/rank$r.exit"
-    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
-        p_bad=$((p_bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
-done
-RANK_PIDS=()
+loop_bad "$d"
+p_bad=$?
 p_line=$(grep -h "paced into regions" "$d/rank0.out" | head -1 | sed 's/.*INFO //')
 echo "   rank 0: ${p_line:-(no pacing line)}"
 echo "   region 1's connections into r0: at most $((p_max * 8 / 1000000)) Mbit/s in all"
@@ -287,13 +294,8 @@ while [ "$(awk -v a="$(now)" 'BEGIN { printf "%.0f", a }')" -lt "$t_end" ]; do
     u_samples=$((u_samples + 1))
 done
 finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 90 }')"
-u_bad=0
-for ((r = 0; r < NR; r++)); do
-    read -r st _ < "$d/rank$r.exit"
-    [ "$st" = 0 ] && grep -q "^rank $r: loop ok" "$d/rank$r.out" || {
-        u_bad=$((u_bad + 1)); grep -v INFO "$d/rank$r.out" | tail -n 4 | sed 's/^/      /'; }
-done
-RANK_PIDS=()
+loop_bad "$d"
+u_bad=$?
 u_line=$(grep -h "region r1 sends at" "$d"/rank*.out | head -1 | sed 's/.*INFO //')
 u_up=$(sed -n 's/.*sends at \([0-9.]*\) Mbit\/s in all.*/\1/p' <<< "$u_line")
 echo "   ${u_line:-(no uplink pacing line from region 1)}"
