@@ -27,7 +27,7 @@
 #   hiernopace   the same with GEOCCL_WAN_PACE=0: what pacing gains (into a
 #                slow downlink where the probe finds one; each connection at
 #                its share of its region's uplink, with BBR restarted before
-#                its PROBE_RTT, in calls of 0.1 s or more of the uplink)
+#                its PROBE_RTT, in calls of 0.5 s or more of the uplink)
 #   flat         GeoCCL, GEOCCL_ALGO=flat (one ring over all ranks)
 #   ompi         Open MPI MPI_Allreduce, default (tuned) decision
 #   ompiring     Open MPI, ring forced: --mca coll_tuned_use_dynamic_rules 1

@@ -26,7 +26,7 @@
 #      connections to r0 carry a maximum pacing rate of about half r0's
 #      downlink in all while 16 MiB all-reduces run; results exact.
 #   u. GEOCCL_WAN_PACE, uplink: 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1%
-#      loss, 32 MiB all-reduces for 16 s: region 1's connections carry
+#      loss, 64 MiB all-reduces for 16 s: region 1's connections carry
 #      maximum pacing rates adding up to 1.1-1.65x its uplink's figure at
 #      init, none is seen in BBR's PROBE_RTT, results exact.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
@@ -255,8 +255,9 @@ fi
 # ---- u: each connection at its share of the uplink; no PROBE_RTT mid-call --------
 
 # 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss (so the pairs stay on
-# BBR), 32 MiB all-reduces for 16 s (0.4 s of the uplink each, over the 5
-# round trips that a BBR restart needs). Each region's first rank says at init
+# BBR), 64 MiB all-reduces for 16 s (0.75 s of the uplink each: over the
+# 0.5 s from which a call is paced, and the 5 round trips a BBR restart
+# needs). Each region's first rank says at init
 # at what goodput its region sends in all; the maximum pacing rates of
 # region 1's connections to the other regions that sent in the last 0.5 s
 # (ss, "pacing_rate NOW/MAX", both ranks) must add up to 1.1-2.45 times
@@ -265,10 +266,10 @@ fi
 # may be seen in BBR's PROBE_RTT (a window of 4 segments, cwnd_gain 1):
 # with the restarts at call starts turned off, one run saw it in 3 of 71
 # samples.
-echo "== u. 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss; 32 MiB all-reduces for 16 s"
+echo "== u. 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss; 64 MiB all-reduces for 16 s"
 wan_up -r 3 --rate 1gbit --delay 25ms --loss 0.1 --seed 3
 d=$WORK/uplink
-GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=TUNING start "$d" 29533 60 "0 0 1 1 2 2" loop 16 33554432
+GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=TUNING start "$d" 29533 60 "0 0 1 1 2 2" loop 16 67108864
 u_max=0 u_probe=0 u_samples=0 u_bbr=0
 t_end=$(awk -v a="$(now)" 'BEGIN { printf "%.0f", a + 21 }')
 while [ "$(awk -v a="$(now)" 'BEGIN { printf "%.0f", a }')" -lt "$t_end" ]; do
