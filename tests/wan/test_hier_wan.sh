@@ -255,7 +255,7 @@ fi
 # ---- u: each connection at its share of the uplink; no PROBE_RTT mid-call --------
 
 # 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1% loss (so the pairs stay on
-# BBR), 64 MiB all-reduces for 16 s (0.75 s of the uplink each: over the
+# BBR), 64 MiB all-reduces for 16 s (0.74 s of the uplink each: over the
 # 0.5 s from which a call is paced, and the 5 round trips a BBR restart
 # needs). Each region's first rank says at init
 # at what goodput its region sends in all; the maximum pacing rates of
