@@ -403,8 +403,10 @@ static int restart_bbr_body(int rank, int nranks, const ncclUniqueId *id, void *
     for (int p = 0; p < nranks; p++) {
         if (p == rank || (p < 2) == (rank < 2))
             continue;
-        /* restarted, skipped (its own PROBE_RTT), restarted, skipped */
-        int got[4] = {restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1),
+        /* a new connection (its BBR's start not known) restarted whatever
+         * older_than_s says; then skipped (its own PROBE_RTT), restarted,
+         * skipped */
+        int got[4] = {restart(c->net.state, p, 60, 1), restart(c->net.state, p, 0, 1),
                       restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1)};
         int young = restart(c->net.state, p, 60, 1);
         if (got[0] != 2 || got[1] != 0 || got[2] != 2 || got[3] != 0 || young != 0) {

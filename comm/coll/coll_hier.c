@@ -357,7 +357,7 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
  * paced.  A smaller call is sent as before: its connections are not all
  * busy at once, and a cap at the share held them back (3x2, 100 Mbit/s,
  * 25 ms, 1 MiB, a 0.11 s call at the probe's rate: 0.244-0.250 s paced,
- * 0.176-0.183 s not; 16 MiB 1.92 s against 1.92-2.08 s; 2026-12-06).
+ * 0.176-0.183 s not; 16 MiB 1.92-1.93 s against 1.92-2.08 s; 2026-12-06).
  *
  * Under that cap, a connection on BBR is started again at the call's
  * start (transport.h restartBbr) where the call may end past BBR's 10 s

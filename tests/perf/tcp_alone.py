@@ -97,7 +97,8 @@ def main():
                     "with room for it (TCP_NOTSENT_LOWAT of one piece), instead of an equal "
                     "part per stream")
     ap.add_argument("--pace", type=parse_size, default=0, metavar="RATE",
-                    help="cap every connection at RATE bytes/s (SO_MAX_PACING_RATE)")
+                    help="cap every connection at RATE bytes/s (SO_MAX_PACING_RATE; "
+                    "K, M, G are powers of 1024)")
     ap.add_argument("--restart-bbr", action="store_true",
                     help="start BBR again on every connection at each iteration's start")
     ap.add_argument("--no-sync", action="store_true",
@@ -125,6 +126,8 @@ def main():
             or a.pace < 0:
         fail("need 1 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0, --streams >= 1, --dynamic >= 0, "
              "--pace >= 0")
+    if a.restart_bbr and a.cc != "bbr":
+        fail("--restart-bbr needs --cc bbr")
     R = N // P
     q, i = divmod(a.rank, P)
     peers = [r * P + i for r in range(R) if r != q]
@@ -185,7 +188,8 @@ def main():
     for c in socks:
         if a.pace:
             try:
-                c.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, min(a.pace, 2**32 - 2))
+                c.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
+                             struct.pack("I", min(a.pace, 2**32 - 2)))
             except OSError as ex:
                 fail("--pace %d refused: %s" % (a.pace, ex.strerror))
         if a.dynamic:

@@ -27,7 +27,7 @@
 #      downlink in all while 16 MiB all-reduces run; results exact.
 #   u. GEOCCL_WAN_PACE, uplink: 3 regions x 2 ranks, 1 Gbit/s, 25 ms, 0.1%
 #      loss, 64 MiB all-reduces for 16 s: region 1's connections carry
-#      maximum pacing rates adding up to 1.1-1.65x its uplink's figure at
+#      maximum pacing rates adding up to 1.1-2.45x its uplink's figure at
 #      init, none is seen in BBR's PROBE_RTT, results exact.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
 #      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
