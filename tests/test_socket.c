@@ -6,6 +6,7 @@
 #include "harness.h"
 #include "comm/transport/ifaces.h"
 #include "comm/core/comm.h"
+#include "comm/transport/net_tcp_tune.h"
 
 #include <CUnit/Basic.h>
 #include <netinet/in.h>
@@ -334,7 +335,7 @@ static void test_wan_cc(void)
     refused_cc_fails_init("GEOCCL_WAN_CC");
 }
 
-/* The transport's restartBbr (transport.h): BBR starts again, through
+/* The TCP transport's geoNetTcpRestartBbr (net_tcp_tune.h): BBR starts again, through
  * another congestion control and back, on the WAN connections to a peer
  * once they are older_than_s, skipping one after max_in_row in a row.
  * Three forked ranks on loopback labelled "a a b", TCP only, two streams,
@@ -399,24 +400,25 @@ static int restart_bbr_body(int rank, int nranks, const ncclUniqueId *id, void *
     /* everything acknowledged: no sample reaches a restarted BBR */
     usleep(300000);
     const int zero_before = rank == 2 ? bbr_zero_bw() : 0;
-    int (*restart)(void *, int, double, int) = c->net.ops->restartBbr;
     for (int p = 0; p < nranks; p++) {
         if (p == rank || (p < 2) == (rank < 2))
             continue;
         /* a new connection (its BBR's start not known) restarted whatever
          * older_than_s says; then skipped (its own PROBE_RTT), restarted,
          * skipped */
-        int got[4] = {restart(c->net.state, p, 60, 1), restart(c->net.state, p, 0, 1),
-                      restart(c->net.state, p, 0, 1), restart(c->net.state, p, 0, 1)};
-        int young = restart(c->net.state, p, 60, 1);
+        int got[4];
+        got[0] = geoNetTcpRestartBbr(&c->net, p, 60, 1);
+        for (int i = 1; i < 4; i++)
+            got[i] = geoNetTcpRestartBbr(&c->net, p, 0, 1);
+        int young = geoNetTcpRestartBbr(&c->net, p, 60, 1);
         if (got[0] != 2 || got[1] != 0 || got[2] != 2 || got[3] != 0 || young != 0) {
-            fprintf(stderr, "[rank %d] restartBbr to rank %d: %d %d %d %d, then %d; want 2 0 2 0, "
-                    "then 0\n", rank, p, got[0], got[1], got[2], got[3], young);
+            fprintf(stderr, "[rank %d] geoNetTcpRestartBbr to rank %d: %d %d %d %d, then %d; "
+                    "want 2 0 2 0, then 0\n", rank, p, got[0], got[1], got[2], got[3], young);
             fails++;
         }
     }
-    if (restart(c->net.state, rank, 0, 1) != -1 || restart(c->net.state, nranks, 0, 1) != -1) {
-        fprintf(stderr, "[rank %d] restartBbr to itself or past the last rank did not fail\n",
+    if (geoNetTcpRestartBbr(&c->net, rank, 0, 1) != -1 || geoNetTcpRestartBbr(&c->net, nranks, 0, 1) != -1) {
+        fprintf(stderr, "[rank %d] geoNetTcpRestartBbr to itself or past the last rank did not fail\n",
                 rank);
         fails++;
     }

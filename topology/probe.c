@@ -1,6 +1,7 @@
 #include "config.h"
 #include "topology/probe.h"
 #include "comm/base/checks.h"
+#include "comm/transport/net_tcp_tune.h"
 #include "comm/transport/transport.h"
 #include "comm/base/param.h"
 #include "topology/cluster.h"
@@ -644,13 +645,13 @@ double geoProbeStreamWindow(void)
 static void probe_cc(geoProbeCtx *pc, const int *leaders, int R, int me)
 {
     const char *cc = geoSocketWanCc();
-    if (pc->net->ops->setCongestion == NULL || cc == NULL)
+    if (!geoNetTcpTunable(pc->net) || cc == NULL)
         return;
     if (strcmp(cc, "auto") == 0)
         cc = "bbr";
     for (int q = 0; q < R; q++)
         if (q != me)
-            pc->net->ops->setCongestion(pc->net->state, leaders[q], cc);
+            geoNetTcpSetCongestion(pc->net, leaders[q], cc);
 }
 
 /* TCP_INFO of this rank's connections to peers[q] (q != me), summed over
@@ -1217,7 +1218,7 @@ static ncclResult_t wan_congestion_auto(geoProbeCtx *pc, geoTopo *t)
         int err = 0, n = 0;
         for (int r = 0; r < pc->nranks; r++)
             if (m->region_of[r] == h) {
-                int e = pc->net->ops->setCongestion(pc->net->state, r, cc);
+                int e = geoNetTcpSetCongestion(pc->net, r, cc);
                 err = err ? err : e;
                 n++;
             }
@@ -1275,7 +1276,7 @@ static int wan_watch_init(geoWanWatch *w, const geoTopo *t, const topoRegionMap 
     const char *cc = geoSocketWanCc();
     int R = m->nregions, g = m->region_of[rank], any = 0;
     if (cc == NULL || strcmp(cc, "auto") != 0 || t->wan_choice == NULL || R < 2 ||
-        net->ops->linkStats == NULL || net->ops->setCongestion == NULL ||
+        net->ops->linkStats == NULL || !geoNetTcpTunable(net) ||
         !kernel_has_cc("cubic"))
         return -1;
     w->cc = malloc(sizeof(int) * (size_t)R);
@@ -1346,7 +1347,7 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
         int err = 0;
         for (int r = 0; r < nranks; r++)
             if (m->region_of[r] == h) {
-                int e = net->ops->setCongestion(net->state, r, "cubic");
+                int e = geoNetTcpSetCongestion(net, r, "cubic");
                 err = err ? err : e;
             }
         if (err != 0) {
@@ -1354,7 +1355,7 @@ void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m
                     strerror(err));
             for (int r = 0; r < nranks; r++)
                 if (m->region_of[r] == h)
-                    net->ops->setCongestion(net->state, r, "bbr");
+                    geoNetTcpSetCongestion(net, r, "bbr");
             w->cc[h] = -1;
             continue;
         }
@@ -1385,14 +1386,14 @@ static ncclResult_t wan_congestion(geoProbeCtx *pc)
     int g = m->region_of[pc->rank], n = 0, err = 0, who = -1;
 
     pc->wan_cc[0] = '\0';
-    if (cc == NULL || m->nregions < 2 || pc->net->ops->setCongestion == NULL)
+    if (cc == NULL || m->nregions < 2 || !geoNetTcpTunable(pc->net))
         return ncclSuccess;
     if (strcmp(cc, "auto") == 0)
         return wan_congestion_auto(pc, pc->topo);
     for (int r = 0; r < pc->nranks; r++) {
         if (r == pc->rank || m->region_of[r] == g)
             continue;
-        int e = pc->net->ops->setCongestion(pc->net->state, r, cc);
+        int e = geoNetTcpSetCongestion(pc->net, r, cc);
         if (e != 0 && err == 0) {
             err = e;
             who = r;

@@ -46,6 +46,7 @@
 #include "comm/coll/cma.h"
 #include "comm/coll/coll.h"
 #include "comm/core/comm.h"
+#include "comm/transport/net_tcp_tune.h"
 #include "comm/coll/reduce.h"
 #include "compress/codec.h"
 #include "compress/ef.h"
@@ -360,7 +361,7 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
  * 0.176-0.183 s not; 16 MiB 1.92-1.93 s against 1.92-2.08 s; 2026-12-06).
  *
  * Under that cap, a connection on BBR is started again at the call's
- * start (transport.h restartBbr) where the call may end past BBR's 10 s
+ * start (net_tcp_tune.h geoNetTcpRestartBbr) where the call may end past BBR's 10 s
  * window (its last restart is older than PACE_BBR_WINDOW_S - PACE_BBR_SLACK
  * busy: a call may take twice its time at the probe's rate) and lasts
  * PACE_BBR_MIN_RTTS round trips or more: BBR holds each connection that shares a queue to 4
@@ -418,7 +419,7 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
 {
     const geoNetTransport *ops = comm->net.ops;
     const topoRegionMap *m = &comm->regions;
-    if (!comm->hier_paced || ops == NULL || ops->setPacing == NULL || sl->len == 0)
+    if (!comm->hier_paced || !geoNetTcpTunable(&comm->net) || sl->len == 0)
         return;
     const int R = m->nregions < 64 ? m->nregions : 64, g = m->region_of[comm->rank];
     /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
@@ -464,15 +465,15 @@ static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_byt
             up_cap += up;
             up_acked += have ? (double)ls.bytes_acked : 0;
         }
-        ops->setPacing(comm->net.state, x->peer, on && rate > 0 ? (uint64_t)rate + 1 : 0);
+        geoNetTcpSetPacing(&comm->net, x->peer, on && rate > 0 ? (uint64_t)rate + 1 : 0);
         /* restart BBR where the call may outlast its 10 s window, and where
          * it lasts long enough (PACE_BBR_MIN_RTTS) for STARTUP to end
          * under the cap */
         double rtt = comm->topo.region_rtt != NULL ? comm->topo.region_rtt[g * m->nregions + h]
                                                    : -1;
-        if (on && up > 0 && rate == up && ops->restartBbr != NULL &&
+        if (on && up > 0 && rate == up &&
             busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
-            ops->restartBbr(comm->net.state, x->peer,
+            geoNetTcpRestartBbr(&comm->net, x->peer,
                             fmax(0, PACE_BBR_WINDOW_S - PACE_BBR_SLACK * busy), PACE_BBR_IN_ROW);
     }
     /* Only a call that set the pace adjusts it (an error before that

@@ -112,6 +112,7 @@
 #include "comm/base/crypto.h"
 #include "comm/base/param.h"
 #include "comm/transport/shm_ring.h"
+#include "comm/transport/net_tcp_tune.h"
 #include "comm/transport/transport.h"
 
 #include <errno.h>
@@ -3107,12 +3108,34 @@ const geoNetTransport geoNetTcp = {
     .destroy = tcp_destroy,
     .limitQueued = tcp_limit_queued,
     .setStreams = tcp_set_streams,
-    .setCongestion = tcp_set_congestion,
-    .setPacing = tcp_set_pacing,
-    .restartBbr = tcp_restart_bbr,
     .hasMailbox = tcp_has_mailbox,
     .mail = tcp_mail,
     .peerPid = tcp_peer_pid,
     .linkStats = tcp_link_stats,
     .resumeStats = tcp_resume_stats,
 };
+
+/* TCP-only tuning (net_tcp_tune.h): reached through the communicator's
+ * transport only when that transport is this one. */
+int geoNetTcpTunable(const geoNet *net)
+{
+    return net != NULL && net->ops == &geoNetTcp && net->state != NULL;
+}
+
+int geoNetTcpSetCongestion(geoNet *net, int peer, const char *cc)
+{
+    if (cc == NULL)
+        return EINVAL;
+    return geoNetTcpTunable(net) ? tcp_set_congestion(net->state, peer, cc) : EOPNOTSUPP;
+}
+
+int geoNetTcpSetPacing(geoNet *net, int peer, uint64_t bytes_per_s)
+{
+    return geoNetTcpTunable(net) ? tcp_set_pacing(net->state, peer, bytes_per_s) : EOPNOTSUPP;
+}
+
+int geoNetTcpRestartBbr(geoNet *net, int peer, double older_than_s, int max_in_row)
+{
+    return geoNetTcpTunable(net) ? tcp_restart_bbr(net->state, peer, older_than_s, max_in_row)
+                                 : -1;
+}

@@ -117,27 +117,6 @@ typedef struct geoNetTransport {
      * their message sequence with that peer: the probe does it at its end,
      * where every message between every pair has been matched. */
     void (*setStreams)(void *state, int peer, int n);
-    /* Optional (may be NULL): the TCP congestion control (TCP_CONGESTION)
-     * of every network connection to peer, from now on (same-host ones are
-     * left alone).  0, or the errno of the first connection that refused. */
-    int (*setCongestion)(void *state, int peer, const char *cc);
-    /* Optional (may be NULL): pace what goes to peer at bytes_per_s in all
-     * over its network connections (SO_MAX_PACING_RATE, split over the
-     * streams in use), from now on and on connections that replace them; 0
-     * lifts it.  0, or the errno of the first connection that refused. */
-    int (*setPacing)(void *state, int peer, uint64_t bytes_per_s);
-    /* Optional (may be NULL): start BBR again on each network connection to peer that runs it,
-     * where older_than_s seconds have passed since its last restart or skipped one, or none was
-     * made since its connection or the last change of its congestion control (when its BBR
-     * began is not known here); after max_in_row restarts in a row one is skipped, so that BBR
-     * runs its own PROBE_RTT, and none where that PROBE_RTT found the path 10% longer than the
-     * kernel's 5-minute minimum (a restart would put that minimum back).  Why (Linux's BBR): a
-     * connection that has not seen an RTT under its minimum for 10 s holds its window to 4
-     * segments for at least 200 ms (PROBE_RTT), which a connection sharing a queue with others
-     * always comes to, in the middle of whatever it carries; a restart at a point where the
-     * caller waits anyway starts the 10 s again from the kernel's own minimum RTT.  The number
-     * restarted, or -1 (no such peer). */
-    int (*restartBbr)(void *state, int peer, double older_than_s, int max_in_row);
     /* Optional (may be NULL): a mailbox per pair of same-host ranks, one
      * message of at most GEO_NET_MAIL_BYTES at a time each way, outside
      * the ordered stream above, put and taken by the calling threads
