@@ -6,8 +6,10 @@
 #
 #   bash tests/test_layers.sh [SRCDIR]
 #
-# Also checks that no source folder holds more than 16 C/CUDA files, so
-# that a folder stays one thing a newcomer can read.
+# Also checks that no source folder holds more than 16 C/CUDA files and no
+# library source more than 1,000 lines, so that a folder and a file stay
+# things a newcomer reads in one sitting, and that no library source
+# carries a date (history lives in git).
 #
 # Exit status 0 when the tree keeps both rules; 1 with every offending
 # include (file:line, both layers) otherwise.
@@ -83,6 +85,26 @@ while read -r dir; do
 done < <(find comm compress cuda topology examples tests -type d -not -path '*/.*' \
               -not -name '.libs' -not -name '.deps' 2>/dev/null)
 
+# Library sources a newcomer reads in one sitting: at most 1,000 lines each.
+while read -r f; do
+    n=$(wc -l < "$f")
+    if [ "$n" -gt 1000 ]; then
+        echo "$f has $n lines (at most 1000: split it at its seams)"
+        bad=1
+    fi
+done < <(find comm compress topology cuda geoccl include -type f \
+              \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cpp' -o -name '*.hpp' \
+                 -o -name '*.py' \) -not -path '*/.*' 2>/dev/null)
+
+# Library comments state rules and reasons; history (dates of runs, as
+# 2026-01-31) lives in git and on the results page, not in the code.
+if dates=$(grep -rnE '20[0-9]{2}-[01][0-9]-[0-3][0-9]' comm compress topology cuda geoccl include \
+               --include='*.c' --include='*.h' --include='*.cu' --include='*.cpp' \
+               --include='*.hpp' --include='*.py' 2>/dev/null); then
+    echo "$dates" | sed 's/$/  <- a date in a library source/'
+    bad=1
+fi
+
 if [ "$files" -eq 0 ]; then
     echo "no source files found under $src"
     exit 1
@@ -91,4 +113,5 @@ if [ "$bad" -ne 0 ]; then
     echo "FAIL: the layers are not kept (see above)"
     exit 1
 fi
-echo "PASS: $files files in ${#layers[@]} layers, no include upward, no folder over 16 C/CUDA files"
+echo "PASS: $files files in ${#layers[@]} layers, no include upward, no folder over 16 C/CUDA files,"
+echo "      no library source over 1,000 lines or with a date"
