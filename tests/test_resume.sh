@@ -15,7 +15,7 @@
 #   e. during init: ranks 0-2 of 4 (env bootstrap, one process each) have
 #      joined the bootstrap root and wait for the last one; every
 #      connection to the root is reset; rank 3 starts.  The three join
-#      again (comm/bootstrap/bootstrap.c, their token) and all four run;
+#      again (comm/bootstrap/join.c, their token) and all four run;
 #   f. from the start: a random connection of the run reset every 30 ms for
 #      2 s, through the bootstrap, the data connections' handshakes, the
 #      probe and the first all-reduces.

@@ -1,5 +1,5 @@
 /*
- * ncclCommShrink (comm/api/init.c) over forked ranks on loopback.
+ * ncclCommShrink (comm/api/split.c) over forked ranks on loopback.
  *
  * NCCL_SHRINK_DEFAULT on a healthy parent: 4 ranks without rank 0, without
  * the last rank, and 5 ranks without ranks 4 and 0 (listed out of order).

@@ -34,7 +34,7 @@ static int is_rooted(geoOpType t)
            t == GEO_OP_SCATTER || t == GEO_OP_SEND || t == GEO_OP_RECV;
 }
 
-static ncclResult_t validate(geoOp *op, const char *fn)
+static ncclResult_t validate_op(geoOp *op, const char *fn)
 {
     struct ncclComm *comm = op->comm;
     char msg[160];
@@ -118,10 +118,10 @@ static ncclResult_t validate(geoOp *op, const char *fn)
     return ncclSuccess;
 }
 
-static ncclResult_t enqueue(geoOp *op, const char *fn)
+static ncclResult_t enqueue_op(geoOp *op, const char *fn)
 {
     struct ncclComm *comm = op->comm;
-    ncclResult_t res = validate(op, fn);
+    ncclResult_t res = validate_op(op, fn);
     if (res != ncclSuccess)
         return res;
     if (op->count == 0)
@@ -150,7 +150,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_ALLREDUCE, comm, sendbuff, recvbuff, count, datatype, op_, 0);
-    return enqueue(&op, "ncclAllReduce");
+    return enqueue_op(&op, "ncclAllReduce");
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
@@ -162,14 +162,14 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
         return real->Broadcast(sendbuff, recvbuff, count, datatype, root,
                                (geoRealComm)(void *)comm, stream);
     MAKE_OP(GEO_OP_BROADCAST, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
-    return enqueue(&op, "ncclBroadcast");
+    return enqueue_op(&op, "ncclBroadcast");
 }
 
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                        ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_BROADCAST, comm, buff, buff, count, datatype, ncclSum, root);
-    return enqueue(&op, "ncclBcast");
+    return enqueue_op(&op, "ncclBcast");
 }
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
@@ -177,14 +177,14 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                         cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_REDUCE, comm, sendbuff, recvbuff, count, datatype, op_, root);
-    return enqueue(&op, "ncclReduce");
+    return enqueue_op(&op, "ncclReduce");
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_ALLGATHER, comm, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0);
-    return enqueue(&op, "ncclAllGather");
+    return enqueue_op(&op, "ncclAllGather");
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
@@ -192,40 +192,40 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                                cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_REDUCESCATTER, comm, sendbuff, recvbuff, recvcount, datatype, op_, 0);
-    return enqueue(&op, "ncclReduceScatter");
+    return enqueue_op(&op, "ncclReduceScatter");
 }
 
 ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_ALLTOALL, comm, sendbuff, recvbuff, count, datatype, ncclSum, 0);
-    return enqueue(&op, "ncclAlltoAll");
+    return enqueue_op(&op, "ncclAlltoAll");
 }
 
 ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_GATHER, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
-    return enqueue(&op, "ncclGather");
+    return enqueue_op(&op, "ncclGather");
 }
 
 ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_SCATTER, comm, sendbuff, recvbuff, count, datatype, ncclSum, root);
-    return enqueue(&op, "ncclScatter");
+    return enqueue_op(&op, "ncclScatter");
 }
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_SEND, comm, sendbuff, NULL, count, datatype, ncclSum, peer);
-    return enqueue(&op, "ncclSend");
+    return enqueue_op(&op, "ncclSend");
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
     MAKE_OP(GEO_OP_RECV, comm, NULL, recvbuff, count, datatype, ncclSum, peer);
-    return enqueue(&op, "ncclRecv");
+    return enqueue_op(&op, "ncclRecv");
 }

@@ -120,7 +120,7 @@ static void *init_job_main(void *arg)
     return NULL;
 }
 
-static void free_list(geoOp *o)
+static void free_op_list(geoOp *o)
 {
     while (o) {
         geoOp *n = o->next;
@@ -258,11 +258,11 @@ ncclResult_t ncclGroupEnd(void)
         free(tails_col);
     }
     for (int k = 0; k < ncomm; k++) {
-        free_list(work[k].p2p);
-        free_list(work[k].colls);
+        free_op_list(work[k].p2p);
+        free_op_list(work[k].colls);
     }
     free(work);
-    free_list(ops);
+    free_op_list(ops);
     if (res == ncclSuccess && real_res != ncclSuccess)
         res = real_res;
     return res;
@@ -272,7 +272,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 {
     int had_host_ops = group_ops != NULL || group_inits != NULL;
     /* Dropping the group keeps the thread's state clean either way. */
-    free_list(group_ops);
+    free_op_list(group_ops);
     group_ops = group_ops_tail = NULL;
     while (group_inits) {
         geoInitJob *n = group_inits->next;

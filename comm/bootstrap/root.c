@@ -1,0 +1,286 @@
+/* The bootstrap root: a detached thread that listens at the id's address,
+ * accepts every connection at once, runs each one's handshake in one
+ * poll() loop (peer_table.c admits those that prove the secret), sends the
+ * tables when every rank has joined, and stays until every rank has
+ * confirmed its table, taking back ranks whose connection was lost.  It
+ * bounds what strangers can hold: unproven connections in all and per
+ * source, and the log lines their drops cost. */
+#include "config.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/bootstrap/bootstrap_internal.h"
+#include "comm/base/checks.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The root: collects one join per rank, then sends everyone the table.
+ * All joiners are handled at once in one poll() loop: each accepted
+ * connection runs its own handshake (challenge out, join message in) with
+ * its own deadline, so a WAN costs one round trip in all rather than one
+ * per rank, and a stranger that never answers holds only its own slot. */
+#define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
+/* Unproven connections are all served at once (idle strangers cannot make
+ * a rank wait in the backlog); beyond these bounds, over all sources and
+ * per source address, one unproven connection chosen at random is dropped
+ * to make room, and a rank dropped so joins again.  At most 64 are accepted
+ * per pass, so that a flood cannot stop the handshakes under way. */
+#define GEO_ROOT_MAX_PENDING 1024
+#define GEO_ROOT_MAX_PENDING_PER_SOURCE 256
+
+/* Log a dropped connection; past the first GEO_ROOT_DROP_LOG only count
+ * it (a port scan or a flood must not bury the log), summed up at the end. */
+#define GEO_ROOT_DROP_LOG 8
+void geoBootRootDropped(int *count, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    if ((*count)++ >= GEO_ROOT_DROP_LOG)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s%s", text,
+            *count == GEO_ROOT_DROP_LOG ? " (further drops are only counted)" : "");
+}
+
+/* Drop one unproven joiner when there are max of them (from src, or from
+ * anywhere when src is NULL). */
+static void root_make_room(geoBootRootState *rs, geoBootJoiner *pend, int npend,
+                           const geoSockAddr *src, int max)
+{
+    int n = 0, pick = -1;
+    uint32_t r = 0;
+    for (int i = 0; i < npend; i++)
+        n += pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src));
+    if (n < max || n == 0)
+        return;
+    /* One chosen at random, so that a flood cannot aim at a rank's
+     * handshake; a rank dropped so joins again (geoBootstrapJoin). */
+    if (geoRandomBytes(&r, sizeof(r)) != 0)
+        r = 0;
+    for (int i = 0, k = (int)(r % (uint32_t)n); i < npend; i++)
+        if (pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src)) && k-- == 0) {
+            pick = i;
+            break;
+        }
+    geoBootRootDropped(&rs->dropped, "%s (unproven; room for newer ones)", pend[pick].from);
+    close(pend[pick].fd);
+    pend[pick].fd = -1;
+}
+
+static void *root_main(void *arg)
+{
+    geoBootRootArgs *a = arg;
+    double deadline = geoNow() + a->timeout;
+    geoBootRootState rs = {0};
+    geoBootJoiner *pend = NULL;
+    struct pollfd *pfd = NULL;
+    int npend = 0, cap = 0, pfd_cap = 0;
+    int *rank_at = NULL; /* the ranks polled for their confirmation */
+    double confirm_by = 0;
+
+    if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: cannot make the listener non-blocking: %s",
+                strerror(errno));
+        goto out;
+    }
+    /* Collect the joins; send the tables; then wait until every rank has
+     * confirmed its table, taking back ranks whose connection was reset
+     * meanwhile (they join again with their token, and get their table at
+     * once when the tables are out). */
+    for (;;) {
+        if (!rs.sent && rs.nranks > 0 && rs.joined == rs.nranks) {
+            geoBootTableSendAll(a, &rs);
+            confirm_by = geoNow() + a->timeout;
+        }
+        if (rs.sent && rs.acked == rs.nranks)
+            break;
+        double now = geoNow(), wake = rs.sent ? confirm_by : deadline;
+
+        if (!rs.sent && now >= deadline) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
+                    "giving up", rs.joined, rs.nranks, a->timeout);
+            /* Tell the ranks that did join why they get no table. */
+            for (int r = 0; r < rs.nranks; r++)
+                if (rs.fds[r] >= 0) {
+                    uint32_t x = GEO_EXPIRED_MAGIC;
+                    const char *w;
+                    geoSocketSendAll(rs.fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
+                }
+            goto out;
+        }
+        if (rs.sent && now >= confirm_by) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: %d of %d ranks did not confirm their table "
+                    "within %.0f s (their connections were lost and they did not join again)",
+                    rs.nranks - rs.acked, rs.nranks, a->timeout);
+            break;
+        }
+        if (rs.sent && rank_at == NULL &&
+            (rank_at = malloc(sizeof(int) * (size_t)rs.nranks)) == NULL) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+            goto out;
+        }
+        const int maxr = rs.sent ? rs.nranks : 0;
+        if (cap < npend + 1) {
+            int ncap = 2 * (npend + 1) + 16;
+            geoBootJoiner *np = realloc(pend, sizeof(*pend) * (size_t)ncap);
+            if (np)
+                pend = np;
+            if (np == NULL) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            cap = ncap;
+        }
+        if (pfd_cap < cap + 1 + maxr) {
+            struct pollfd *nf = realloc(pfd, sizeof(*pfd) * (size_t)(cap + 1 + maxr));
+            if (nf == NULL) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            pfd = nf;
+            pfd_cap = cap + 1 + maxr;
+        }
+        for (int i = 0; i < npend; i++) {
+            pfd[i] = (struct pollfd){.fd = pend[i].fd,
+                                     .events = pend[i].stage == 0 ? POLLOUT : POLLIN};
+            if (pend[i].deadline < wake)
+                wake = pend[i].deadline;
+        }
+        pfd[npend] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
+        int nr = 0;
+        for (int r = 0; r < maxr; r++)
+            if (rs.fds[r] >= 0 && rs.rank_state[r] == 1) {
+                pfd[npend + 1 + nr] = (struct pollfd){.fd = rs.fds[r], .events = POLLIN};
+                rank_at[nr++] = r;
+            }
+        double ms = (wake - now) * 1000.0;
+        int rc = poll(pfd, (nfds_t)(npend + 1 + nr), ms <= 0 ? 0 : ms >= 100 ? 100 : (int)ms + 1);
+        if (rc < 0 && errno != EINTR) {
+            geoWarn(GEO_LOG_INIT, "bootstrap root: poll failed: %s", strerror(errno));
+            goto out;
+        }
+        now = geoNow();
+        for (int i = 0; i < npend; i++) {
+            int r = 0;
+            if (pfd[i].revents)
+                r = geoBootTableAdmit(a, &rs, &pend[i]);
+            if (r == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            if (r == 1 && rs.sent)
+                geoBootTableSendOne(a, &rs, pend[i].m.rank);
+            if (r == 0 && now >= pend[i].deadline) {
+                geoBootRootDropped(&rs.dropped, "%s (timed out)", pend[i].from);
+                close(pend[i].fd);
+                pend[i].fd = -1;
+            }
+        }
+        for (int k = 0; k < nr; k++)
+            if (pfd[npend + 1 + k].revents && rs.fds[rank_at[k]] >= 0)
+                geoBootTableTakeConfirm(&rs, rank_at[k]);
+        /* Take what arrived; each new joiner gets its challenge at once. */
+        /* The listener's entry is pfd[npend] only until npend grows. */
+        int lready = (pfd[npend].revents & POLLIN) != 0;
+        for (int taken = 0; lready && npend < cap && taken < 64; taken++) {
+            geoBootJoiner *j = &pend[npend];
+            geoSockAddr from;
+            int accepted = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
+            if (accepted < 0 && (errno == EMFILE || errno == ENFILE)) {
+                root_make_room(&rs, pend, npend, NULL, 1);
+                break; /* the next round accepts again */
+            }
+            if (accepted < 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: accept failed: %s", strerror(errno));
+            if (accepted <= 0)
+                break;
+            geoAddrToString(&from, j->from);
+            j->src = from;
+            root_make_room(&rs, pend, npend, &from, GEO_ROOT_MAX_PENDING_PER_SOURCE);
+            root_make_room(&rs, pend, npend, NULL, GEO_ROOT_MAX_PENDING);
+            j->stage = 0;
+            j->off = 0;
+            j->deadline = now + GEO_ROOT_HANDSHAKE_S;
+            if (geoRandomBytes(j->challenge, sizeof(j->challenge)) != 0) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: dropped connection from %s (no "
+                        "randomness)", j->from);
+                close(j->fd);
+                continue;
+            }
+            npend++;
+            int r1 = geoBootTableAdmit(a, &rs, j);
+            if (r1 == -2) {
+                geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                goto out;
+            }
+            if (r1 == 1 && rs.sent)
+                geoBootTableSendOne(a, &rs, j->m.rank);
+        }
+        int keep = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].fd >= 0)
+                pend[keep++] = pend[i];
+        npend = keep;
+    }
+    for (int i = 0; i < npend; i++) {
+        geoBootRootDropped(&rs.dropped, "%s (handshake unfinished when every rank had its table)",
+                     pend[i].from);
+        close(pend[i].fd);
+    }
+    if (rs.dropped > GEO_ROOT_DROP_LOG)
+        geoWarn(GEO_LOG_INIT, "bootstrap root: dropped %d connections in all before they "
+                "proved the secret (timed out, refused or dropped for room; %d logged "
+                "above)", rs.dropped, GEO_ROOT_DROP_LOG);
+    npend = 0;
+out:
+    for (int i = 0; i < npend; i++)
+        if (pend[i].fd >= 0)
+            close(pend[i].fd);
+    if (rs.fds)
+        for (int r = 0; r < rs.nranks; r++)
+            if (rs.fds[r] >= 0)
+                close(rs.fds[r]);
+    free(rs.fds);
+    free(rs.table);
+    free(rs.challenge);
+    free(rs.nonce);
+    free(rs.token);
+    free(rs.rank_state);
+    free(rs.confirm);
+    free(rs.confirm_off);
+    free(rank_at);
+    free(pend);
+    free(pfd);
+    close(a->listen_fd);
+    geoWipe(a, sizeof(*a));
+    free(a);
+    return NULL;
+}
+
+ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, double timeout)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    geoBootRootArgs *a = calloc(1, sizeof(*a));
+    GEO_RETURN_IF(a == NULL, ncclSystemError, "out of memory");
+    a->id = *id;
+    a->listen_fd = fd;
+    a->timeout = timeout;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, root_main, a) != 0) {
+        pthread_attr_destroy(&attr);
+        free(a);
+        close(fd);
+        GEO_RETURN_IF(1, ncclSystemError, "cannot start the bootstrap root thread");
+    }
+    pthread_attr_destroy(&attr);
+    return ncclSuccess;
+}
