@@ -208,7 +208,7 @@ ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
  * every pair from the figures all ranks hold; whether the kernel has bbr
  * is this rank's.  For this rank's own region (from), a pair it moved
  * from bbr to cubic after init, once its connections' own counts showed
- * cubic would do (README, "Congestion control between regions"), says
+ * cubic would do (docs/wan-tuning.md, "The watch"), says
  * cubic and why.  Any output may be NULL; valid while comm lives.
  * ncclInvalidArgument for a NULL/dead comm or a region out of range. */
 ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char **cc,

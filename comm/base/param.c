@@ -17,7 +17,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
                            "seconds an operation may wait without progress before it fails"},
     [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",
-                            "TCP connections per peer pair (1..64)"},
+                            "TCP connections per peer pair (1..64); rank 0's value is used by "
+                            "all; unset, fast WAN pairs use only as many as the probe finds "
+                            "they need"},
     [GEO_PARAM_SOCKET_IFNAME] = {"GEOCCL_SOCKET_IFNAME", GEO_PARAM_STR, NULL,
                                  "interfaces to use: prefixes, =exact, ^ excludes (as NCCL)"},
     [GEO_PARAM_COMM_ID] = {"GEOCCL_COMM_ID", GEO_PARAM_STR, NULL,
@@ -40,8 +42,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_WAN_CC] = {"GEOCCL_WAN_CC", GEO_PARAM_STR, "auto",
                           "TCP congestion control of the connections between regions, set "
                           "once the regions are known (before the warm-up); auto: per pair of "
-                          "regions from the loss the probe counted (cubic where none, bbr "
-                          "where some or unmeasured); host: leave them as the others "
+                          "regions from the loss the probe counted (cubic where the loss it "
+                          "cannot rule out still leaves cubic the rate the pair needs, bbr "
+                          "elsewhere and where unmeasured), and after init a pair moves from "
+                          "bbr to cubic once its own counts show cubic would do; a name "
+                          "(cubic, bbr, reno) forces it; host: leave them as the others "
                           "(GEOCCL_TCP_CC or the host's default)"},
     [GEO_PARAM_WAN_WARMUP] = {"GEOCCL_WAN_WARMUP", GEO_PARAM_INT, "2",
                               "at init, the WAN connections of the hierarchical exchange carry "
@@ -141,11 +146,14 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                             "downlink slower than what the others send it, the hierarchical "
                             "all-reduce paces each connection into that region at its part "
                             "of the downlink's rate, so that a policing downlink does not "
-                            "drop the excess; 0: no pacing"},
+                            "drop the excess; in uncompressed calls that keep the uplink busy "
+                            "0.5 s or more, each connection to another region is also capped "
+                            "at its share of its region's uplink, and its BBR is started again "
+                            "before its 10 s PROBE_RTT window ends; 0: no pacing"},
     [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
                               "slices of the hierarchical all-reduce in flight between regions "
                               "(a slice's partials are reduced this many slices after they are "
-                              "sent); 0: a quarter of the slices, at least 2, at most 8; the "
+                              "sent); 0: a quarter of the slices, at least 2, at most 16; the "
                               "same on every rank"},
     [GEO_PARAM_SHM] = {"GEOCCL_SHM", GEO_PARAM_INT, "1",
                        "same-host fast path between ranks of one host AND one network "

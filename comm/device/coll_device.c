@@ -2021,8 +2021,9 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
             cudaGetLastError();
         if (cs != cudaStreamCaptureStatusNone) {
             geoCommSetError(comm, "%s: NVIDIA's NCCL communicator of this region was not made at "
-                            "init (GEOCCL_NCCL_INIT, README) and cannot be made during CUDA graph "
-                            "capture: make one device-buffer call before capturing", fn);
+                            "init (GEOCCL_NCCL_INIT, docs/device.md) and cannot be made during "
+                            "CUDA graph capture: make one device-buffer call before capturing",
+                            fn);
             return ncclInvalidUsage;
         }
     }
