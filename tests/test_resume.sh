@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
-# TCP connections resume after a reset (comm/transport/net_tcp.c, "Resume
-# after a reset").  Four forked ranks of geoccl-perf on loopback, TCP only
+# TCP connections resume after a reset (comm/transport/net_tcp_internal.h,
+# "Resume after a reset").  Four forked ranks of geoccl-perf on loopback, TCP only
 # (GEOCCL_SHM=0: the same-host sockets are not resumed), all-reduce 16 MiB
 # of exactly summable integers in a loop, every result checked bit for bit
 # by geoccl-perf; while they run, `ss -K` kills established connections

@@ -1,5 +1,5 @@
 /* Same-host peers: who counts as one, and the AF_UNIX sockets that carry
- * their connections instead of TCP (the fast path of net_tcp.c).
+ * their connections instead of TCP (the fast path of the TCP transport, net_tcp_internal.h).
  *
  * Two ranks use the fast path only when all of these hold:
  *   1. the same boot id (/proc/sys/kernel/random/boot_id): the same running
@@ -17,7 +17,7 @@
  *      see the same filesystem, not merely the same kernel;
  *   4. both enabled it (GEOCCL_SHM 1, the default, or 2).
  * The socket is only the medium: every connection still runs the HMAC
- * handshake of net_tcp.c before it carries a byte of data. */
+ * handshake of net_tcp_handshake.c before it carries a byte of data. */
 #ifndef GEOCCL_NET_LOCAL_H_
 #define GEOCCL_NET_LOCAL_H_
 

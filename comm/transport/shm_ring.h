@@ -1,5 +1,5 @@
 /* Single-producer/single-consumer byte rings in shared memory, for the
- * same-host fast path of net_tcp.c.
+ * same-host fast path of the TCP transport (net_tcp_rings.c).
  *
  * A segment is an anonymous memfd (never a name anyone else could open)
  * holding two rings, one per direction of a connection: the connector
@@ -16,7 +16,7 @@
  * same checked headers as on a socket, and a counter that claims more than
  * the capacity reads as a broken peer (see geoShmRingRead).
  *
- * Waking the other side is not the ring's business: net_tcp.c sends a
+ * Waking the other side is not the ring's business: net_tcp_rings.c sends a
  * one-byte doorbell on the socket after it moved bytes.
  *
  * The segment also holds a mailbox per direction: one small message (up to
@@ -33,7 +33,7 @@
 
 #define GEO_SHM_MAIL_BYTES 48
 
-/* The largest capacity of one ring (1 GiB).  net_tcp.c makes rings of a
+/* The largest capacity of one ring (1 GiB).  net_tcp_rings.c makes rings of a
  * few MiB; the limit is far above that, and low enough that the size of a
  * segment (4 KiB + 2 x capacity) cannot wrap even in a 32-bit size_t.  A
  * capacity read from a peer's header is checked against it before any

@@ -1,5 +1,5 @@
 /* Blocking-with-deadline socket helpers for the bootstrap and connection
- * handshakes; the data path uses the same sockets non-blocking (net_tcp.c). */
+ * handshakes; the data path uses the same sockets non-blocking (net_tcp_frame.c). */
 #ifndef GEOCCL_SOCKET_H_
 #define GEOCCL_SOCKET_H_
 
@@ -51,7 +51,7 @@ ncclResult_t geoSocketSendAll(int fd, const void *buf, size_t len, double deadli
 ncclResult_t geoSocketRecvAll(int fd, void *buf, size_t len, double deadline,
                               const char **why);
 /* Non-blocking building blocks for set-up loops that drive many sockets
- * with one poll() (net_tcp.c, the bootstrap root).
+ * with one poll() (net_tcp_setup.c, the bootstrap root).
  *
  * geoSocketConnectStart: start connecting a non-blocking socket to addr.
  * 0: [out] fd is connected or connecting (poll it for POLLOUT, then ask

@@ -148,7 +148,7 @@ extern const geoNetTransport geoNetTcp;
 extern const geoNetTransport *const geoNetTransports[];
 
 /* A message crosses a pair's connections in pieces of this many bytes,
- * each piece on the next connection (net_tcp.c's frames). */
+ * each piece on the next connection (net_tcp_frame.c's frames). */
 #define GEO_NET_STRIPE_BYTES (256 * 1024)
 
 /* Bytes the wrappers below sent, by where they went. */

@@ -9,7 +9,7 @@
 #
 # What a middlebox or a route change does, which the ranks must survive
 # with every result exact (every rank exits 0 with "loop ok" and counts
-# reconnects; comm/transport/net_tcp.c, "Resume after a reset"):
+# reconnects; comm/transport/net_tcp_internal.h, "Resume after a reset"):
 #   a. one WAN connection reset (`ss -K` at one end, inside region 1),
 #      hierarchical all-reduce;
 #   b. every connection between regions 0 and 1 reset at once, flat
@@ -27,7 +27,7 @@
 #      their handshakes at init (a dialler whose ack was lost dials afresh
 #      and replaces the slot it had taken, or resumes it from its start
 #      where the acceptor's set-up is over: hello_fits in
-#      comm/transport/net_tcp.c), the probe (GEOCCL_PROBE=1) and the first
+#      comm/transport/net_tcp_handshake.c), the probe (GEOCCL_PROBE=1) and the first
 #      calls.  How many dialled again is printed: at 10 ms one-way a few
 #      per run; the same for 4 s at 40 ms, 18-37 (6 runs, every rank exact).
 # What a dead peer does, which must end every other rank with a clear error

@@ -1,0 +1,327 @@
+/* Opening every connection of a rank at init: all handshakes, outgoing and
+ * accepted, in one poll() loop with one deadline, and the bounded table of
+ * accepted connections that have not proved themselves yet (shared with the
+ * resumes accepted after set-up).  The handshake itself:
+ * net_tcp_handshake.c. */
+#include "config.h"
+#include "comm/base/checks.h"
+#include "comm/transport/net_tcp_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Set-up runs in the calling thread as one poll() loop that drives every
+ * handshake at once, in both directions: the connections this rank opens
+ * (all started together) and those it accepts (each accepted at once and
+ * given its own deadline).  Over a WAN init then costs a few round trips,
+ * not a few per connection, and a stranger that never answers holds only
+ * its own slot until its deadline, never a legitimate peer. */
+
+/* Unproven accepted connections are all served at once, so that idle
+ * strangers cannot make a peer wait its turn in the backlog; a stranger
+ * costs one descriptor until its deadline.  Beyond these bounds (all
+ * sources; one source address) an unproven one chosen at random is dropped
+ * to make room; a peer dropped so dials again until the deadline.  At most
+ * GEO_TCP_ACCEPTS_PER_PASS are taken per pass of the loop, so that a flood
+ * cannot keep it from driving the handshakes already under way. */
+#define GEO_TCP_MAX_PENDING 1024
+#define GEO_TCP_MAX_PENDING_PER_SOURCE 256
+#define GEO_TCP_ACCEPTS_PER_PASS 64
+
+/* An accepted handshake at set-up: how many more slots are taken for good
+ * (1 when it finished, less one for an earlier connection it replaced). */
+static int setup_in_step(tcpState *st, tcpHs *h)
+{
+    int done = tcpHsInStep(st, h) > 0 ? 1 : 0;
+    done -= st->uncounted;
+    st->uncounted = 0;
+    return done;
+}
+
+static const char *hs_out_stage(const tcpHs *h, char buf[96])
+{
+    switch (h->state) {
+    case HS_RETRY:
+        snprintf(buf, 96, "connecting: %s", h->err ? strerror(h->err) : "not tried yet");
+        return buf;
+    case HS_CONNECT:
+        return "no answer to the TCP connect";
+    case HS_CHALLENGE:
+        return "connected, but its challenge never came";
+    case HS_HELLO:
+        return "could not send our proof";
+    default:
+        return "our proof was never acknowledged";
+    }
+}
+
+/* Name the first connection still missing after the deadline. */
+static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
+                                int in_done, int nin)
+{
+    geoNetCtx *ctx = st->ctx;
+    char pa[GEO_ADDR_STRLEN], stage[96];
+
+    for (int i = 0; i < nout; i++) {
+        const tcpHs *h = &out[i];
+        if (h->state == HS_DONE)
+            continue;
+        geoErrSet(ctx->err, "init: timed out after %.0f s connecting to rank %d at %s (host "
+                        "%s), stream %d (%s); %d of %d outgoing and %d of %d incoming "
+                        "connections were up", ctx->timeout, h->peer,
+                        tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
+                        hs_out_stage(h, stage), out_done, nout, in_done, nin);
+        return;
+    }
+    for (int p = ctx->rank + 1; p < ctx->nranks; p++)
+        for (int s = 0; s < st->nstreams; s++) {
+            if (st->peers[p].conns[s].fd >= 0)
+                continue;
+            geoErrSet(ctx->err, "init: timed out after %.0f s waiting for rank %d at %s (host "
+                            "%s) to connect stream %d; %d of %d incoming connections were up",
+                            ctx->timeout, p, tcpPeerStr(st, p, pa), ctx->peers[p].host, s,
+                            in_done, nin);
+            return;
+        }
+    geoErrSet(ctx->err, "init: timed out after %.0f s acknowledging incoming connections; "
+                    "%d of %d were up", ctx->timeout, in_done, nin);
+}
+
+/* Handshakes still unproven (waiting for a hello), from src or from all. */
+static int count_pending(const tcpHs *pend, int npend, const geoSockAddr *src)
+{
+    int n = 0;
+    for (int i = 0; i < npend; i++)
+        n += pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src));
+    return n;
+}
+
+/* Drop an unproven handshake (from src, or any), chosen at random: a
+ * flood cannot aim at the oldest, which may be a peer's, and a peer that is
+ * dropped all the same dials again (tcpHsOutStep).  0 if one was. */
+int tcpEvictPending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr *src,
+                         const char *why)
+{
+    uint32_t r = 0;
+    if (npend == 0)
+        return -1;
+    if (geoRandomBytes(&r, sizeof(r)) != 0)
+        r = (uint32_t)npend / 2;
+    for (int k = 0; k < npend; k++) {
+        int i = (int)((r + (uint32_t)k) % (uint32_t)npend);
+        if (pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src))) {
+            tcpHsDrop(st, &pend[i], why);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Open every connection of this rank; bounded by ctx->timeout and the
+ * abort flag. */
+ncclResult_t tcpSetupConnections(tcpState *st)
+{
+    geoNetCtx *ctx = st->ctx;
+    int nout = ctx->rank * st->nstreams;
+    int nin = (ctx->nranks - 1 - ctx->rank) * st->nstreams;
+    int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0;
+    double start = geoNow(), deadline = start + ctx->timeout;
+    tcpHs *out = calloc((size_t)(nout > 0 ? nout : 1), sizeof(*out));
+    tcpHs *pend = NULL;           /* accepted, not yet done */
+    struct pollfd *pfd = NULL;
+    int *map = NULL;              /* pfd index -> out index, or -1 - pend index */
+    ncclResult_t res = ncclSuccess;
+
+    if (out == NULL)
+        goto oom;
+    if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) { /* the local one already is */
+        geoErrSet(ctx->err, "init: cannot make the listener non-blocking: %s",
+                        strerror(errno));
+        res = ncclSystemError;
+        goto done;
+    }
+    for (int i = 0; i < nout; i++) {
+        int p = i / st->nstreams;
+        out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = p,
+                         .stream = i % st->nstreams, .when = start, .backoff = 1e-3,
+                         .local = geoLocalSamePlace(&st->local, &ctx->peers[p].local)};
+    }
+    while (out_done < nout || in_done < nin) {
+        double now = geoNow(), wake = deadline;
+        int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
+
+        if (geoErrAborted(ctx->err)) {
+            geoErrSet(ctx->err, "init: aborted while connecting to peers (%d of %d outgoing "
+                            "and %d of %d incoming connections were up)", out_done, nout,
+                            in_done, nin);
+            res = ncclRemoteError;
+            break;
+        }
+        if (now >= deadline) {
+            setup_timeout_error(st, out, nout, out_done, in_done, nin);
+            res = ncclRemoteError;
+            break;
+        }
+        if (cap_pfd < nout + npend + 2) {
+            cap_pfd = 2 * (nout + npend + 2);
+            struct pollfd *np = realloc(pfd, sizeof(*pfd) * (size_t)cap_pfd);
+            int *nm = np ? realloc(map, sizeof(*map) * (size_t)cap_pfd) : NULL;
+            if (np)
+                pfd = np;
+            if (nm == NULL)
+                goto oom;
+            map = nm;
+        }
+        for (int i = 0; i < nout; i++) {
+            tcpHs *h = &out[i];
+            if (h->state == HS_RETRY) {
+                int rc = tcpHsOutStep(st, h, now, deadline);
+                if (rc < 0) {
+                    res = ncclRemoteError;
+                    goto done;
+                }
+                if (h->state == HS_RETRY && h->when < wake)
+                    wake = h->when;
+            }
+            if (h->fd >= 0 && h->state != HS_DONE) {
+                pfd[n] = (struct pollfd){.fd = h->fd, .events = tcpHsEvents(h)};
+                map[n++] = i;
+            }
+        }
+        for (int i = 0; i < npend; i++) {
+            pfd[n] = (struct pollfd){.fd = pend[i].fd, .events = tcpHsEvents(&pend[i])};
+            map[n++] = -1 - i;
+            if (pend[i].when < wake)
+                wake = pend[i].when;
+        }
+        if (in_done < nin) {
+            pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
+            listening[0] = n++;
+            if (st->local_fd >= 0) {
+                pfd[n] = (struct pollfd){.fd = st->local_fd, .events = POLLIN};
+                listening[1] = n++;
+            }
+        }
+        double left_ms = (wake - now) * 1000.0;
+        int ms = left_ms <= 0 ? 0 : left_ms >= 100 ? 100 : (int)left_ms + 1;
+        int rc = poll(pfd, (nfds_t)n, ms);
+        if (rc < 0 && errno != EINTR) {
+            geoErrSet(ctx->err, "init: poll failed while connecting to peers: %s",
+                            strerror(errno));
+            res = ncclSystemError;
+            break;
+        }
+        now = geoNow();
+        for (int k = 0; k < n && rc > 0; k++) {
+            if (pfd[k].revents == 0 || k == listening[0] || k == listening[1])
+                continue;
+            if (map[k] >= 0) {
+                int r = tcpHsOutStep(st, &out[map[k]], now, deadline);
+                if (r < 0) {
+                    res = ncclRemoteError;
+                    goto done;
+                }
+                out_done += r;
+            } else {
+                in_done += setup_in_step(st, &pend[-1 - map[k]]);
+            }
+        }
+        for (int i = 0; i < npend; i++)
+            if (pend[i].state < HS_DONE && now >= pend[i].when)
+                tcpHsDrop(st, &pend[i], "handshake failed (timed out)");
+        for (int l = 0; l < 2; l++) {
+            for (int taken = 0; listening[l] >= 0 && (pfd[listening[l]].revents & POLLIN) &&
+                                taken < GEO_TCP_ACCEPTS_PER_PASS; taken++) {
+                tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1, .local = l};
+                geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
+                int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
+                if (got < 0 && (errno == EMFILE || errno == ENFILE) &&
+                    tcpEvictPending(st, pend, npend, NULL, "dropped to make room (out of file "
+                                  "descriptors)") == 0)
+                    continue;
+                if (got < 0) {
+                    geoErrSet(ctx->err, "init: accept on %s failed: %s",
+                                    l ? st->local.path : tcpPeerStr(st, ctx->rank, h.from),
+                                    strerror(errno));
+                    res = ncclSystemError;
+                    goto done;
+                }
+                if (got == 0)
+                    break;
+                memset(&h.src, 0, sizeof(h.src));
+                if (l) {
+                    snprintf(h.from, sizeof(h.from), "the same-host socket");
+                } else {
+                    geoAddrToString(&from, h.from);
+                    h.src = from;
+                }
+                if (count_pending(pend, npend, &h.src) >= GEO_TCP_MAX_PENDING_PER_SOURCE)
+                    tcpEvictPending(st, pend, npend, &h.src, "dropped to make room for newer "
+                                  "connections from the same address");
+                if (count_pending(pend, npend, NULL) >= GEO_TCP_MAX_PENDING)
+                    tcpEvictPending(st, pend, npend, NULL, "dropped to make room for newer "
+                                  "connections");
+                if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
+                    geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
+                            "challenge", h.from);
+                    close(h.fd);
+                    continue;
+                }
+                h.when = now + GEO_TCP_HANDSHAKE_S < deadline ? now + GEO_TCP_HANDSHAKE_S
+                                                              : deadline;
+                if (npend == cap_pend) {
+                    tcpHs *np = realloc(pend, sizeof(*pend) * (size_t)(cap_pend * 2 + 16));
+                    if (np == NULL) {
+                        close(h.fd);
+                        goto oom;
+                    }
+                    pend = np;
+                    cap_pend = cap_pend * 2 + 16;
+                }
+                pend[npend] = h;
+                in_done += setup_in_step(st, &pend[npend]);
+                npend++;
+            }
+        }
+        /* Forget the finished and the dropped. */
+        int keep = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].state < HS_DONE)
+                pend[keep++] = pend[i];
+        npend = keep;
+    }
+done:
+    /* Connections still in a handshake once every peer is connected are
+     * strangers (every legitimate slot is taken). */
+    for (int i = 0; i < npend; i++) {
+        if (res == ncclSuccess)
+            tcpHsDrop(st, &pend[i], "handshake unfinished when every peer was connected");
+        else if (pend[i].state != HS_ACK) /* an HS_ACK fd is in conns: destroy closes it */
+            close(pend[i].fd);
+    }
+    for (int i = 0; out != NULL && i < nout; i++) {
+        if (out[i].fd >= 0)
+            close(out[i].fd);
+        geoX25519Free(out[i].eph);
+    }
+    if (st->dropped > GEO_TCP_DROP_LOG)
+        geoWarn(GEO_LOG_NET, "dropped %d connections in all before they proved the "
+                "communicator's secret (timed out, refused or dropped for room; %d logged "
+                "above)", st->dropped, GEO_TCP_DROP_LOG);
+    if (res == ncclSuccess)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
+                nout, nin, geoNow() - start);
+    free(out);
+    free(pend);
+    free(pfd);
+    free(map);
+    return res;
+oom:
+    geoErrSet(ctx->err, "init: out of memory while connecting to peers");
+    res = ncclSystemError;
+    goto done;
+}
