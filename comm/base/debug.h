@@ -36,7 +36,8 @@ void geoDebugSetRank(int rank);
 int geoDebugLevel(void);
 
 /* Thread-local text of the last error, for ncclGetLastError(NULL).
- * geoErrReport (GEO_ERR) writes it; call sites report through that. */
+ * Written through error.h: GEO_ERR(NULL, ...) for a new cause,
+ * geoErrSet(NULL, ...) to carry one already reported. */
 void geoSetThreadError(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *geoThreadError(void);
 

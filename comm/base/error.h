@@ -49,9 +49,11 @@ ncclResult_t geoErrReport(geoErr *e, ncclResult_t res, const char *file, int lin
                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #define GEO_ERR(e, res, ...) geoErrReport((e), (res), __FILE__, __LINE__, __VA_ARGS__)
 
-/* Record only, without the log line: kept for the callers not yet moved
- * to GEO_ERR, and removed with the last of them; new code must not call
- * them. */
+/* Record without a log line, on e and the thread (e NULL: the thread
+ * only): only to carry a cause already reported elsewhere to where the
+ * caller will look, with context, e.g. a failed child's text onto the
+ * parent communicator, or a communicator's onto the thread before it is
+ * freed.  Never for a new cause: that is GEO_ERR's. */
 void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void geoErrSetV(geoErr *e, const char *fmt, va_list ap);
 /* Name the operation in progress. */

@@ -2,7 +2,8 @@
  * error state and on the calling thread, writes exactly one WARN line that
  * carries the cause and the reporting site's file:line, and gives back the
  * code; with no error state it records on the thread only; the layers
- * above that pass the code on with GEO_CHECK add no second WARN line.
+ * above that pass the code on with GEO_CHECK add no second WARN line, nor
+ * does geoErrSet, which only carries a cause already reported.
  * stderr is caught through a pipe put in its place for the call. */
 #include "config.h"
 #include "comm/base/checks.h"
@@ -110,7 +111,9 @@ static void test_report_without_state_is_the_threads(void)
     char line[1024];
     geoErrInit(&e);
     debug_at_warn();
+    capture_start(&c);
     (void)GEO_ERR(&e, ncclSystemError, "first cause");
+    capture_end(&c);
 
     capture_start(&c);
     ncclResult_t r = GEO_ERR(NULL, ncclInvalidArgument, "second cause: %s", "bad count");
@@ -194,6 +197,23 @@ static void test_callers_pass_the_code_on(void)
     CU_ASSERT_STRING_EQUAL(c.text, "");
 }
 
+/* Carrying a cause already reported to another state: recorded, no line. */
+static void test_carry_is_silent(void)
+{
+    geoErr parent;
+    capture c;
+    geoErrInit(&parent);
+    debug_at_warn();
+    capture_start(&c);
+    geoErrSet(&parent, "ncclCommShrink: %s", "cannot connect to 10.0.0.2:9000");
+    geoErrSet(NULL, "init: %s", "the root is gone");
+    capture_end(&c);
+    CU_ASSERT_STRING_EQUAL(geoErrLast(&parent), "ncclCommShrink: cannot connect to 10.0.0.2:9000");
+    CU_ASSERT_STRING_EQUAL(geoThreadError(), "init: the root is gone");
+    CU_ASSERT_STRING_EQUAL(c.text, "");
+    geoErrDestroy(&parent);
+}
+
 /* GEOCCL_DEBUG=NONE silences the line, never the record. */
 static void test_silent_log_still_records(void)
 {
@@ -223,6 +243,7 @@ int main(void)
                 test_report_without_state_is_the_threads);
     CU_add_test(s, "the thread's text belongs to the thread", test_thread_text_is_per_thread);
     CU_add_test(s, "GEO_CHECK above the origin adds no line", test_callers_pass_the_code_on);
+    CU_add_test(s, "geoErrSet carries a reported cause without a line", test_carry_is_silent);
     CU_add_test(s, "GEOCCL_DEBUG=NONE: recorded, not logged", test_silent_log_still_records);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
