@@ -13,14 +13,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The caller's file:line is not worth a parameter here: fn and what name
+ * the refused argument. */
 static ncclResult_t arg_error(struct ncclComm *comm, const char *fn, const char *what)
 {
-    if (comm && geoCommCheck(comm, fn) == ncclSuccess)
-        geoCommSetError(comm, "%s: invalid argument: %s", fn, what);
-    else
-        geoSetThreadError("%s: invalid argument: %s", fn, what);
-    geoWarn(GEO_LOG_COLL, "%s: invalid argument: %s", fn, what);
-    return ncclInvalidArgument;
+    return GEO_ERR(comm && geoCommCheck(comm, fn) == ncclSuccess ? &comm->err : NULL,
+                   ncclInvalidArgument, "%s: invalid argument: %s", fn, what);
 }
 
 static int needs_op(geoOpType t)
@@ -94,27 +92,21 @@ static ncclResult_t validate_op(geoOp *op, const char *fn)
     }
     op->device = op->count > 0 &&
                  (geoDevIsDevicePtr(op->sendbuff) || geoDevIsDevicePtr(op->recvbuff));
-    if (__atomic_load_n(&comm->err.async_error, __ATOMIC_ACQUIRE) == ncclInProgress) {
-        geoCommSetError(comm, "%s: the communicator is still initialising (non-blocking init); "
-                        "poll ncclCommGetAsyncError until it returns ncclSuccess", fn);
-        return ncclInvalidUsage;
-    }
-    if (comm->finalized) {
-        geoCommSetError(comm, "%s: the communicator was finalized", fn);
-        return ncclInvalidUsage;
-    }
+    if (__atomic_load_n(&comm->err.async_error, __ATOMIC_ACQUIRE) == ncclInProgress)
+        return GEO_COMM_ERR(comm, ncclInvalidUsage,
+                            "%s: the communicator is still initialising (non-blocking init); "
+                            "poll ncclCommGetAsyncError until it returns ncclSuccess", fn);
+    if (comm->finalized)
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: the communicator was finalized", fn);
+    /* The cause was reported where the communicator broke; every later
+     * call only hands the code back. */
     ncclResult_t broken = geoCommAsyncError(comm);
     if (broken != ncclSuccess) {
-        geoWarn(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, geoErrLast(&comm->err));
+        geoInfo(GEO_LOG_COLL, "%s on a broken communicator: %s", fn, geoErrLast(&comm->err));
         return broken;
     }
-    if (op->device) {
-        ncclResult_t r = geoDevCheck(comm, op, fn);
-        if (r != ncclSuccess) {
-            geoWarn(GEO_LOG_COLL, "%s", geoErrLast(&comm->err));
-            return r;
-        }
-    }
+    if (op->device)
+        GEO_CHECK(geoDevCheck(comm, op, fn));
     return ncclSuccess;
 }
 

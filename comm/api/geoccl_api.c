@@ -352,17 +352,13 @@ ncclResult_t geocclCommWriteTopology(ncclComm_t comm, const char *path)
                   ncclInvalidArgument, "geocclCommWriteTopology: NULL or dead comm, or NULL "
                   "path");
     FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        geoCommSetError(comm, "geocclCommWriteTopology: cannot open %s: %s", path,
-                        strerror(errno));
-        return ncclSystemError;
-    }
+    if (f == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "geocclCommWriteTopology: cannot open %s: %s",
+                            path, strerror(errno));
     int bad = geoTopoWrite(&comm->topo, &comm->regions, comm->nranks, f);
-    if (fclose(f) != 0 || bad) {
-        geoCommSetError(comm, "geocclCommWriteTopology: cannot write %s: %s", path,
-                        strerror(errno));
-        return ncclSystemError;
-    }
+    if (fclose(f) != 0 || bad)
+        return GEO_COMM_ERR(comm, ncclSystemError,
+                            "geocclCommWriteTopology: cannot write %s: %s", path, strerror(errno));
     return ncclSuccess;
 }
 
@@ -379,9 +375,7 @@ ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out)
     char err[512] = "";
     GEO_RETURN_IF(topoFile == NULL || out == NULL, ncclInvalidArgument,
                   "geocclSimulate: NULL topology file or output");
-    if (topoSimulate(topoFile, json, NULL, 0, out, err, sizeof(err)) != 0) {
-        geoSetThreadError("geocclSimulate: %s", err);
-        return ncclInvalidUsage;
-    }
+    GEO_RETURN_IF(topoSimulate(topoFile, json, NULL, 0, out, err, sizeof(err)) != 0,
+                  ncclInvalidUsage, "geocclSimulate: %s", err);
     return ncclSuccess;
 }

@@ -159,11 +159,7 @@ static ncclResult_t run_inits(geoInitJob *jobs)
 ncclResult_t ncclGroupEnd(void)
 {
     ncclResult_t res = ncclSuccess;
-    if (geoGroupDepth <= 0) {
-        geoSetThreadError("ncclGroupEnd without ncclGroupStart");
-        geoWarn(GEO_LOG_ALL, "ncclGroupEnd without ncclGroupStart");
-        return ncclInvalidUsage;
-    }
+    GEO_RETURN_IF(geoGroupDepth <= 0, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--geoGroupDepth > 0)
         return ncclSuccess;
     /* Device operations of single-region communicators went to the real

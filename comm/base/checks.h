@@ -1,11 +1,18 @@
-/* Result propagation macros.  The function that first sees an error logs its
- * concrete cause (geoWarn / geoSetError); callers only pass the code on. */
+/* One way to fail (STYLE.md 2, 3, 13).  The function that first knows why
+ * something failed reports it once: GEO_COMM_ERR(comm, res, ...) on a
+ * communicator (comm/core/comm.h), GEO_ERR(e, res, ...) on another error
+ * state or, with e NULL, on the thread (error.h), GEO_RETURN_IF here for a
+ * condition.  Each records the text (what ncclGetLastError returns: the
+ * operation, the peer, the cause), logs it at WARN with file:line and gives
+ * back the code.  Every caller above passes the code on with GEO_CHECK /
+ * GEO_CHECK_GOTO, which trace the path and add no second message. */
 #ifndef GEOCCL_CHECKS_H_
 #define GEOCCL_CHECKS_H_
 
 #include <errno.h>
 #include "nccl.h"
 #include "comm/base/debug.h"
+#include "comm/base/error.h"
 
 /* Propagate a non-success result. */
 #define GEO_CHECK(call)                                                   \
@@ -29,28 +36,28 @@
         }                                                                 \
     } while (0)
 
-/* Retry a system call on EINTR; on failure log it with errno and return
- * ncclSystemError. */
+/* Retry a system call on EINTR; on failure report it with errno (on the
+ * thread) and return ncclSystemError. */
 #define SYS_CHECK(call, name)                                             \
     do {                                                                  \
         int geo_sys_;                                                     \
         do {                                                              \
             geo_sys_ = (int)(call);                                       \
         } while (geo_sys_ == -1 && errno == EINTR);                       \
-        if (geo_sys_ == -1) {                                             \
-            geoWarn(GEO_LOG_ALL, "%s failed: %s", name, strerror(errno)); \
-            return ncclSystemError;                                       \
-        }                                                                 \
+        if (geo_sys_ == -1)                                               \
+            return GEO_ERR(NULL, ncclSystemError, "%s failed: %s", name,  \
+                           strerror(errno));                              \
     } while (0)
 
-/* Return `err` with a message naming the failed condition. */
+/* If cond holds, report the message on the thread (GEO_ERR(NULL, ...))
+ * and return err: for checks made before a communicator is known good,
+ * such as arguments.  With a live communicator at hand, use
+ * `return GEO_COMM_ERR(comm, err, ...)` so that ncclGetLastError(comm)
+ * has it. */
 #define GEO_RETURN_IF(cond, err, ...)                                     \
     do {                                                                  \
-        if (cond) {                                                       \
-            geoSetThreadError(__VA_ARGS__);                               \
-            geoWarn(GEO_LOG_ALL, __VA_ARGS__);                            \
-            return (err);                                                 \
-        }                                                                 \
+        if (cond)                                                         \
+            return GEO_ERR(NULL, (err), __VA_ARGS__);                     \
     } while (0)
 
 #endif

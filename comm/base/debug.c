@@ -120,8 +120,12 @@ void geoLog(int level, unsigned subsys, const char *file, int line, const char *
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    /* The source path as the tree names it, whatever directory the
+     * compiler was run from. */
+    while (strncmp(file, "../", 3) == 0 || strncmp(file, "./", 2) == 0)
+        file += file[1] == '.' ? 3 : 2;
     pthread_mutex_lock(&log_lock);
-    if (level == GEO_LEVEL_TRACE)
+    if (level != GEO_LEVEL_INFO)
         fprintf(stderr, "%s:%d:%d [geoccl] %s %s:%d %s\n", log_host, (int)getpid(), log_rank,
                 level_name(level), file, line, msg);
     else

@@ -1,5 +1,12 @@
 /* Logging: GEOCCL_DEBUG=WARN|INFO|TRACE, GEOCCL_DEBUG_SUBSYS=INIT,NET,...
- * Each line is prefixed host:pid:rank.  Thread-safe. */
+ * Each line is prefixed host:pid:rank; WARN and TRACE lines also name the
+ * source file:line.  The subsystem mask filters INFO and TRACE only: a WARN
+ * line always prints.  Thread-safe.
+ *
+ * An error of an operation is reported with GEO_ERR / GEO_COMM_ERR
+ * (error.h, comm.h), which record it and log it once; geoWarn is for
+ * warnings that are no error of the call: a fallback taken, an option
+ * refused that the code survives, a setting that will hurt. */
 #ifndef GEOCCL_DEBUG_H_
 #define GEOCCL_DEBUG_H_
 
@@ -28,7 +35,9 @@ void geoDebugInit(void);
 void geoDebugSetRank(int rank);
 int geoDebugLevel(void);
 
-/* Thread-local text of the last error, for ncclGetLastError(NULL). */
+/* Thread-local text of the last error, for ncclGetLastError(NULL).
+ * Written through error.h: GEO_ERR(NULL, ...) for a new cause,
+ * geoErrSet(NULL, ...) to carry one already reported. */
 void geoSetThreadError(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *geoThreadError(void);
 

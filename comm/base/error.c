@@ -18,6 +18,31 @@ void geoErrDestroy(geoErr *e)
     pthread_mutex_destroy(&e->lock);
 }
 
+static void record(geoErr *e, const char *text)
+{
+    if (e != NULL) {
+        pthread_mutex_lock(&e->lock);
+        snprintf(e->last_error, sizeof(e->last_error), "%s", text);
+        pthread_mutex_unlock(&e->lock);
+    }
+    geoSetThreadError("%s", text);
+}
+
+ncclResult_t geoErrReport(geoErr *e, ncclResult_t res, const char *file, int line,
+                          const char *fmt, ...)
+{
+    /* Formatted once, before anything is written: an argument may be the
+     * thread's or e's own last text (geoThreadError, geoErrLast). */
+    char buf[GEO_ERR_TEXT_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    record(e, buf);
+    geoLog(GEO_LEVEL_WARN, (unsigned)GEO_LOG_ALL, file, line, "%s", buf);
+    return res;
+}
+
 void geoErrSet(geoErr *e, const char *fmt, ...)
 {
     va_list ap;
@@ -30,10 +55,7 @@ void geoErrSetV(geoErr *e, const char *fmt, va_list ap)
 {
     char buf[GEO_ERR_TEXT_LEN];
     vsnprintf(buf, sizeof(buf), fmt, ap);
-    pthread_mutex_lock(&e->lock);
-    memcpy(e->last_error, buf, sizeof(buf));
-    pthread_mutex_unlock(&e->lock);
-    geoSetThreadError("%s", buf);
+    record(e, buf);
 }
 
 void geoErrSetOp(geoErr *e, const char *fmt, ...)

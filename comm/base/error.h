@@ -4,8 +4,9 @@
  * one (comm->err).
  *
  * Who writes what: last_error is written by any thread that finds an
- * error, under lock (the first cause is logged where it is found; a later
- * one overwrites the text, as ncclGetLastError reports the latest);
+ * error (geoErrReport), under lock; each cause is logged once, where it is
+ * found, and a later one overwrites the text, as ncclGetLastError reports
+ * the latest;
  * async_error is set once, first error wins, by compare-and-swap, and read
  * with acquire loads (geoErrState); abort_flag is set by ncclCommAbort /
  * ncclCommRevoke and the transports' breakAll from any thread and polled by
@@ -35,7 +36,24 @@ typedef struct geoErr {
 
 void geoErrInit(geoErr *e);
 void geoErrDestroy(geoErr *e);
-/* Record the text ncclGetLastError returns, here and for the thread. */
+
+/* Report an error where its cause is first known (STYLE.md 13): record
+ * the text as the last error of e and of the calling thread (e NULL: of
+ * the thread only, for failures before there is a communicator or outside
+ * one), log it once at WARN with the caller's file:line, return res.  The
+ * text names the operation, the peer and the cause; callers above pass res
+ * on (GEO_CHECK) and neither record nor log it again.  Any thread may call.
+ * Use it through GEO_ERR (or GEO_COMM_ERR, GEO_RETURN_IF), which pass the
+ * site's file:line. */
+ncclResult_t geoErrReport(geoErr *e, ncclResult_t res, const char *file, int line,
+                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+#define GEO_ERR(e, res, ...) geoErrReport((e), (res), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Record without a log line, on e and the thread (e NULL: the thread
+ * only): only to carry a cause already reported elsewhere to where the
+ * caller will look, with context, e.g. a failed child's text onto the
+ * parent communicator, or a communicator's onto the thread before it is
+ * freed.  Never for a new cause: that is GEO_ERR's. */
 void geoErrSet(geoErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void geoErrSetV(geoErr *e, const char *fmt, va_list ap);
 /* Name the operation in progress. */

@@ -39,8 +39,8 @@ static ncclResult_t region_exchange(struct ncclComm *comm, const void *sbuf, siz
     if (req == NULL || mail == NULL) {
         free(req);
         free(mail);
-        geoCommSetError(comm, "out of memory exchanging with %d local ranks", ring->n);
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "out of memory exchanging with %d local ranks",
+                            ring->n);
     }
     for (int k = 1; k < ring->n && res == ncclSuccess; k++) {
         int j = (ring->me + k) % ring->n;
@@ -94,8 +94,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     int64_t *ok = calloc((size_t)n, sizeof(*ok));
     ncclResult_t res = ncclSuccess;
     if (all == NULL || ok == NULL) {
-        geoCommSetError(comm, "init: out of memory for %d local ranks", n);
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d local ranks", n);
         goto out;
     }
     GEO_CHECK_GOTO(region_exchange(comm, &mine, sizeof(mine), all, sizeof(*all)), res, out);
@@ -232,21 +231,18 @@ ncclResult_t geoCmaSignal(struct ncclComm *comm, uint64_t token)
 {
     const geoRing *ring = &comm->region_ring;
     uint64_t *got = calloc((size_t)ring->n, sizeof(*got));
-    if (got == NULL) {
-        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
-        return ncclSystemError;
-    }
+    if (got == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", geoErrOp(&comm->err));
     got[ring->me] = token;
     ncclResult_t res = region_exchange(comm, &token, sizeof(token), got, sizeof(*got));
     for (int j = 0; j < ring->n && res == ncclSuccess; j++)
         if (got[j] != token) {
-            geoCommSetError(comm, "%s: rank %d (host %s) is out of step: signal %llu where %llu "
-                            "was due", geoErrOp(&comm->err), ring->ranks[j],
-                            comm->peers[ring->ranks[j]].net.host, (unsigned long long)got[j],
-                            (unsigned long long)token);
-            geoWarn(GEO_LOG_NET, "%s", geoErrLast(&comm->err));
+            res = GEO_COMM_ERR(comm, ncclInternalError,
+                               "%s: rank %d (host %s) is out of step: signal %llu where %llu "
+                               "was due", geoErrOp(&comm->err), ring->ranks[j],
+                               comm->peers[ring->ranks[j]].net.host, (unsigned long long)got[j],
+                               (unsigned long long)token);
             geoNetBreak(&comm->net);
-            res = ncclInternalError;
         }
     free(got);
     return res;
@@ -271,11 +267,11 @@ static ncclResult_t cma_copy(struct ncclComm *comm, int peer, void *local, uint6
         if (r < 0 && errno == EINTR)
             continue;
         int e = r < 0 ? errno : EIO;
-        geoCommSetError(comm, "%s: %s rank %d's buffer (host %s, pid %d): %s%s", geoErrOp(&comm->err),
-                        write ? "writing into" : "reading", peer, comm->peers[peer].net.host,
-                        (int)pid, strerror(e), e == ESRCH ? " (the process is gone)" : "");
-        geoWarn(GEO_LOG_NET, "%s", geoErrLast(&comm->err));
-        return e == ESRCH ? ncclRemoteError : ncclSystemError;
+        return GEO_COMM_ERR(comm, e == ESRCH ? ncclRemoteError : ncclSystemError,
+                            "%s: %s rank %d's buffer (host %s, pid %d): %s%s",
+                            geoErrOp(&comm->err), write ? "writing into" : "reading", peer,
+                            comm->peers[peer].net.host, (int)pid, strerror(e),
+                            e == ESRCH ? " (the process is gone)" : "");
     }
     comm->net.sent.intra += bytes;
     return ncclSuccess;

@@ -94,8 +94,8 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
     geoNetRequest **slot_send = calloc((size_t)nslots, sizeof(*slot_send));
     char *slots = geoScratchGet(&comm->scratch, (size_t)nslots * ce * es);
     if (!sreq || !rreq || !sposted || !rposted || !slot_send || !slots) {
-        geoCommSetError(comm, "%s: out of memory for %zu chunk requests", geoErrOp(&comm->err), nitems);
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu chunk requests",
+                           geoErrOp(&comm->err), nitems);
         goto out;
     }
 
@@ -488,8 +488,8 @@ ncclResult_t geoP2pRun(struct ncclComm *comm, geoOp *ops)
             if (!s || !rv)
                 break;
             if (s->count * geoTypeSize(s->dt) != rv->count * geoTypeSize(rv->dt)) {
-                geoCommSetError(comm, "send/recv to self with different sizes");
-                res = ncclInvalidUsage;
+                res = GEO_COMM_ERR(comm, ncclInvalidUsage,
+                                   "send/recv to self with different sizes");
                 break;
             }
             memmove(rv->recvbuff, s->sendbuff, s->count * geoTypeSize(s->dt));

@@ -188,10 +188,9 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
     geoTuningFree(comm);
     comm->plan_why[0] = '\0';
     const char *shares = geoParamStr(GEO_PARAM_HIER_SHARES);
-    if (strcmp(shares, "equal") != 0 && strcmp(shares, "auto") != 0) {
-        geoCommSetError(comm, "init: GEOCCL_HIER_SHARES=%s: must be auto or equal", shares);
-        return ncclInvalidArgument;
-    }
+    if (strcmp(shares, "equal") != 0 && strcmp(shares, "auto") != 0)
+        return GEO_COMM_ERR(comm, ncclInvalidArgument,
+                            "init: GEOCCL_HIER_SHARES=%s: must be auto or equal", shares);
     /* Equal shares until a model says otherwise. */
     {
         int R = comm->regions.nregions > 0 ? comm->regions.nregions : 1;
@@ -252,7 +251,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                         !geoParamIsSet(GEO_PARAM_HIER_SLICE);
     topoPlan *p = malloc(sizeof(*p));
     if (p == NULL)
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for the plan");
     if (topoPlanBuild(&m, costs, n, comm->codec_auto ? comm->auto_mask : 0, &force, p) != 0) {
         free(p);
         snprintf(comm->plan_why, sizeof(comm->plan_why), "no plan: the model rejected the "

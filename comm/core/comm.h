@@ -199,7 +199,17 @@ struct ncclComm {
 
 /* Validate a handle: ncclInvalidArgument for NULL or a freed/foreign one. */
 ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn);
-/* Record the text ncclGetLastError(comm) returns (and the thread's). */
+/* Report an error of an operation on comm where its cause is first known:
+ * record the text that ncclGetLastError(comm) returns (and the thread's),
+ * log it once at WARN with this file:line, evaluate to res.  The text
+ * names the operation (geoErrOp), the peer and the cause.  It does not
+ * mark the communicator broken: geoCommFail does, where the error is
+ * asynchronous.  Typical use: `return GEO_COMM_ERR(comm, ncclSystemError,
+ * "%s: out of memory", geoErrOp(&comm->err));`. */
+#define GEO_COMM_ERR(comm, res, ...) GEO_ERR(&(comm)->err, (res), __VA_ARGS__)
+/* Record only, without a log line: kept for the callers not yet moved to
+ * GEO_COMM_ERR (a new cause) or geoErrSet(&comm->err, ...) (a cause
+ * carried from elsewhere), and removed with the last of them. */
 void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Mark the communicator broken with res (first error wins). */

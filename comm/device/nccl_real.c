@@ -40,6 +40,7 @@
 #include "config.h"
 #include "comm/device/nccl_real.h"
 #include "comm/base/debug.h"
+#include "comm/base/error.h"
 #include "comm/base/param.h"
 
 #include <dlfcn.h>
@@ -302,9 +303,8 @@ ncclResult_t geoNcclRealGroupClose(void)
     if (r != ncclSuccess && r != ncclInProgress) {
         const char *txt;
         GEO_REAL_CALL(txt, real_group_lib, GetLastError, NULL);
-        geoSetThreadError("ncclGroupEnd: NVIDIA's NCCL failed the grouped device operations: "
-                          "%s", txt ? txt : "(no text)");
-        geoWarn(GEO_LOG_CUDA, "%s", geoThreadError());
+        GEO_ERR(NULL, r, "ncclGroupEnd: NVIDIA's NCCL failed the grouped device operations: %s",
+                txt ? txt : "(no text)");
     }
     return r;
 }
@@ -317,10 +317,9 @@ ncclResult_t geoNcclRealGroupSimulate(ncclSimInfo_t *info)
     real_group_open = 0;
     if (real_group_lib->GroupSimulateEnd == NULL) {
         GEO_REAL_CALL(r, real_group_lib, GroupEnd);
-        geoSetThreadError("ncclGroupSimulateEnd: the real NCCL at %s has no "
-                          "ncclGroupSimulateEnd; its group was ended instead",
-                          real_group_lib->path);
-        return ncclInvalidUsage;
+        return GEO_ERR(NULL, ncclInvalidUsage, "ncclGroupSimulateEnd: the real NCCL at %s has "
+                       "no ncclGroupSimulateEnd; its group was ended instead",
+                       real_group_lib->path);
     }
     GEO_REAL_CALL(r, real_group_lib, GroupSimulateEnd, info);
     return r;

@@ -237,17 +237,14 @@ ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *boun
     char buf[GEO_ADDR_STRLEN];
 
     s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-        geoWarn(GEO_LOG_NET, "socket() failed: %s", strerror(errno));
-        return ncclSystemError;
-    }
+    GEO_RETURN_IF(s < 0, ncclSystemError, "socket() failed: %s", strerror(errno));
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     pre_tune(s);
     if (bind(s, &addr->sa, geoAddrLen(addr)) != 0 || listen(s, 16384) != 0) {
-        geoSetThreadError("cannot listen on %s: %s", geoAddrToString(addr, buf), strerror(errno));
-        geoWarn(GEO_LOG_NET, "cannot listen on %s: %s", buf, strerror(errno));
+        ncclResult_t res = GEO_ERR(NULL, ncclSystemError, "cannot listen on %s: %s",
+                                   geoAddrToString(addr, buf), strerror(errno));
         close(s);
-        return ncclSystemError;
+        return res;
     }
     memset(bound, 0, sizeof(*bound));
     getsockname(s, &bound->sa, &len);
@@ -263,10 +260,7 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
 
     for (;;) {
         int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (s < 0) {
-            geoWarn(GEO_LOG_NET, "socket() failed: %s", strerror(errno));
-            return ncclSystemError;
-        }
+        GEO_RETURN_IF(s < 0, ncclSystemError, "socket() failed: %s", strerror(errno));
         pre_tune(s);
         if (connect(s, &addr->sa, geoAddrLen(addr)) == 0) {
             *fd = s;
@@ -282,9 +276,8 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
         if (backoff < 100000)
             backoff *= 2;
     }
-    geoSetThreadError("cannot connect to %s: %s", geoAddrToString(addr, buf), strerror(err));
-    geoWarn(GEO_LOG_NET, "cannot connect to %s: %s", buf, strerror(err));
-    return ncclRemoteError;
+    return GEO_ERR(NULL, ncclRemoteError, "cannot connect to %s: %s", geoAddrToString(addr, buf),
+                   strerror(err));
 }
 
 int geoSocketRetryable(int err)
@@ -384,10 +377,8 @@ ncclResult_t geoSocketAccept(int lfd, double deadline, const volatile int *abort
         if (geoNow() >= deadline)
             return ncclRemoteError;
         rc = poll(&p, 1, 100);
-        if (rc < 0 && errno != EINTR) {
-            geoWarn(GEO_LOG_NET, "poll on listener failed: %s", strerror(errno));
-            return ncclSystemError;
-        }
+        GEO_RETURN_IF(rc < 0 && errno != EINTR, ncclSystemError, "poll on listener failed: %s",
+                      strerror(errno));
         if (rc <= 0)
             continue;
         len = sizeof(*peer);
@@ -397,10 +388,8 @@ ncclResult_t geoSocketAccept(int lfd, double deadline, const volatile int *abort
             *fd = s;
             return ncclSuccess;
         }
-        if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-            geoWarn(GEO_LOG_NET, "accept failed: %s", strerror(errno));
-            return ncclSystemError;
-        }
+        GEO_RETURN_IF(errno != EINTR && errno != EAGAIN && errno != ECONNABORTED,
+                      ncclSystemError, "accept failed: %s", strerror(errno));
     }
 }
 
