@@ -21,9 +21,9 @@ GEO_KERNEL void divideF32Kernel(float *dst, size_t count, float divisor)
 /* A load of the host's word with acquire order at system scope: what the
  * host wrote before its release store of the flag (the received bytes in the
  * pinned slots) is visible to everything ordered after the wait.  The
- * emulation's kernels are host threads: an acquire load there too (with a
- * plain volatile read ThreadSanitizer rightly saw no order between the
- * exchange thread's writes and the stream's later copies). */
+ * emulation's kernels are host threads: an acquire load there too (a
+ * plain volatile read leaves the exchange thread's writes unordered with
+ * the stream's later copies, a race ThreadSanitizer reports). */
 #ifdef GEO_CUDA_EMU
 static inline unsigned ldAcquireSys(const volatile unsigned *p)
 {
