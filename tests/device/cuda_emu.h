@@ -1,6 +1,6 @@
 /*
- * The CUDA runtime subset that tests/device/codec_check.c and
- * cuda/codec_kernels.cu use, for the CPU emulation build (GEO_CUDA_EMU):
+ * The CUDA runtime subset that tests/device/codec_check.c and the
+ * kernel files of cuda/ use, for the CPU emulation build (GEO_CUDA_EMU):
  * plain C declarations with the CUDA runtime's names.  The definitions are
  * in cuda_emu_device.h, compiled into the emulated kernels' object.
  *

@@ -1,7 +1,8 @@
 /*
- * CPU emulation of the CUDA device features cuda/codec_kernels.cu uses, and
- * of the runtime calls in cuda_emu.h.  Included (once) by codec_kernels.cu
- * when it is compiled as C++ with GEO_CUDA_EMU, for tests/device/codec_emu.
+ * CPU emulation of the CUDA device features the kernel files of cuda/ use,
+ * and of the runtime calls in cuda_emu.h.  Included (once, through
+ * cuda/kernels_device.h) by cuda_emu_kernels.cpp, which compiles those
+ * files as one C++ unit with GEO_CUDA_EMU, for tests/device/codec_emu.
  *
  * Model: a launch runs at once, block after block; the threads of a block
  * are coroutines (entered with ucontext, then switched with _setjmp and

@@ -24,7 +24,7 @@
 #      wheel (PyTorch's nvidia-nccl: then links under build-device/nccl
 #      give configure its include/ and lib/, and GEOCCL_NCCL_LIB and
 #      LD_LIBRARY_PATH point at the wheel's library).
-#   3. codec check, direct build: nvcc compiles cuda/codec_kernels.cu for
+#   3. codec check, direct build: nvcc compiles cuda/*.cu for
 #      this GPU's architecture only, gcc the CPU codecs (compress/) and
 #      tests/device/codec_check.c; no autotools needed.
 #   4. codec check, run: GPU chunks vs CPU chunks byte for byte, residuals,
@@ -246,11 +246,18 @@ CHECK_BIN=
 direct_build() {
     [ -n "$NVCC" ] || { echo "no nvcc"; return 1; }
     local inc="-I$DIRECT -I$ROOT/include -I$ROOT"
-    echo "  nvcc $ARCHFLAGS cuda/codec_kernels.cu"
-    "$NVCC" -O3 $ARCHFLAGS -DHAVE_CONFIG_H $inc -Xcompiler -fPIC \
-        -c "$ROOT/cuda/codec_kernels.cu" -o "$DIRECT/codec_kernels.o" &
-    local nv=$!
-    local objs=() f ok=0
+    # One nvcc per kernel file, all at once (no relocatable device code:
+    # each file launches only its own kernels).
+    echo "  nvcc $ARCHFLAGS cuda/*.cu"
+    mkdir -p "$DIRECT/cuda"
+    local nvpids=() nvobjs=() cu
+    for cu in "$ROOT"/cuda/*.cu; do
+        nvobjs+=("$DIRECT/cuda/$(basename "$cu" .cu).o")
+        "$NVCC" -O3 $ARCHFLAGS -DHAVE_CONFIG_H $inc -Xcompiler -fPIC \
+            -c "$cu" -o "${nvobjs[-1]}" &
+        nvpids+=($!)
+    done
+    local objs=() f ok=0 p
     for f in "$ROOT"/compress/codec*.c "$ROOT/tests/device/codec_check.c"; do
         local o
         o=$DIRECT/$(basename "$f" .c).o
@@ -258,11 +265,13 @@ direct_build() {
             -c "$f" -o "$o" || ok=1
         objs+=("$o")
     done
-    wait $nv || ok=1
+    for p in "${nvpids[@]}"; do
+        wait "$p" || ok=1
+    done
     [ $ok = 0 ] || return 1
     local libdir=$CUDA_HOME/lib64
     [ -d "$libdir" ] || libdir=$CUDA_HOME/lib
-    gcc -o "$DIRECT/codec_check" "${objs[@]}" "$DIRECT/codec_kernels.o" \
+    gcc -o "$DIRECT/codec_check" "${objs[@]}" "${nvobjs[@]}" \
         -L"$libdir" -Wl,-rpath,"$libdir" -lcudart -lstdc++ $ZSTD_LIB -lm
 }
 if direct_build; then
