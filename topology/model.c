@@ -132,6 +132,7 @@
  */
 #include "config.h"
 #include "topology/model.h"
+#include "topology/wan_tuning.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1073,79 +1074,4 @@ double topoLossRate(double rtt, double p, double mss)
     if (p <= 0 || rtt <= 0)
         return INFINITY;
     return mss / rtt * sqrt(1.5 / p);
-}
-
-int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
-                    int bbr_ok, int max_streams, int *streams_out, char *why, size_t len)
-{
-    const double mss = 1448;
-    int n = streams < 1 ? 1 : streams;
-    *streams_out = n;
-    if (loss < 0 || segs < TOPO_LOSS_MIN_SEGS) {
-        snprintf(why, len, bbr_ok ? "loss not measured"
-                                  : "loss not measured, no bbr in this kernel");
-        return bbr_ok ? TOPO_CC_BBR : TOPO_CC_CUBIC;
-    }
-    /* Judged at the loss the count cannot rule out: k segments lost of N
-     * is consistent (one-sided, about 95%) with a rate up to
-     * (k + 2 + 1.645 sqrt(k + 1)) / N; none lost of 3400 still allows
-     * 0.11%, at which cubic holds 9 Mbit/s per connection at 50 ms. */
-    double lost = loss * segs, hi = (lost + 2 + 1.645 * sqrt(lost + 1)) / segs;
-    double per = topoLossRate(rtt, hi, mss);
-    if (n * per >= TOPO_CC_HEADROOM * share) {
-        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments, at most %.3g%%): %d stream%s "
-                 "of cubic hold %.0f Mbit/s >= %.2f x %.0f needed", loss * 100, lost, segs,
-                 hi * 100, n, n == 1 ? "" : "s", n * per * 8e-6, TOPO_CC_HEADROOM,
-                 share * 8e-6);
-        return TOPO_CC_CUBIC;
-    }
-    if (bbr_ok) {
-        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments, at most %.3g%%): cubic might "
-                 "hold only %.1f Mbit/s on %d stream%s, %.0f needed", loss * 100, lost, segs,
-                 hi * 100, n * per * 8e-6, n, n == 1 ? "" : "s", share * 8e-6);
-        return TOPO_CC_BBR;
-    }
-    /* Without BBR, streams for the loss measured (not its bound). */
-    per = topoLossRate(rtt, loss, mss);
-    double want = isinf(per) ? n : ceil(TOPO_CC_HEADROOM * share / per);
-    *streams_out = want > max_streams ? max_streams : want < n ? n : (int)want;
-    snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments), no bbr in this kernel: %d "
-             "stream%s of cubic at %.1f Mbit/s each for %.0f needed", loss * 100, lost, segs,
-             *streams_out, *streams_out == 1 ? "" : "s", fmin(per, 1e12) * 8e-6, share * 8e-6);
-    return TOPO_CC_CUBIC;
-}
-
-int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
-                     double segs, int streams, int paused, int calls, int restart_idle,
-                     char *why, size_t len)
-{
-    const double mss = 1448;
-    int n = streams < 1 ? 1 : streams;
-    if (restart_idle && paused * 8 > calls) {
-        snprintf(why, len, "%d of %d calls came after a pause of over %.0f ms: cubic would "
-                 "start its window again after each, BBR does not", paused, calls,
-                 TOPO_RTO_MIN_S * 1e3);
-        return TOPO_CC_BBR;
-    }
-    if (segs < TOPO_LOSS_MIN_SEGS || !(rtt > 0) || !(msg > 0)) {
-        snprintf(why, len, "too little counted yet (%.0f segments)", segs);
-        return TOPO_CC_BBR;
-    }
-    /* the same bound as topoWanCcChoice's */
-    double hi = (retrans + 2 + 1.645 * sqrt(retrans + 1)) / segs;
-    double window = sqrt(1.5 / hi);
-    double conns = fmin(n, fmax(1, ceil(msg / fmax(stripe, 1))));
-    double need = msg / conns / mss;
-    if (window >= need) {
-        snprintf(why, len, "%.0f of %.0f segments sent again, loss at most %.3g%%: cubic's mean "
-                 "window of %.0f segments holds a %.0f KB message's %.0f per connection",
-                 retrans, segs, hi * 100, window, msg / 1e3, need);
-        return TOPO_CC_CUBIC;
-    }
-    char inner[192];
-    int m;
-    int c = topoWanCcChoice(share, rtt, retrans / segs, segs, n, 1, n, &m, inner, sizeof(inner));
-    snprintf(why, len, "%s; cubic's mean window of %.0f segments is short of a %.0f KB "
-             "message's %.0f per connection", inner, window, msg / 1e3, need);
-    return c;
 }

@@ -221,7 +221,7 @@ static void comm_free_ex(struct ncclComm *comm, int abort)
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
-    geoWanWatchFree(&comm->wan_watch);
+    geoWanTuningFree(&comm->wan);
     geoTopoInheritFree(&comm->inherit);
     geoTuningFree(comm);
     if (comm->topo_file_loaded)
@@ -447,7 +447,7 @@ static ncclResult_t probe(struct ncclComm *comm)
                       .window = window,
                       .file = comm->topo_file_loaded ? &comm->topo_file : NULL,
                       .inherit = comm->inherit.valid ? &comm->inherit : NULL,
-                      .wan_cc = comm->wan_cc,
+                      .wan_cc = comm->wan.cc,
                       .set_regions = probe_set_regions,
                       .partners = probe_partners,
                       .arg = comm};

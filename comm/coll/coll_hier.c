@@ -46,11 +46,11 @@
 #include "comm/coll/cma.h"
 #include "comm/coll/coll.h"
 #include "comm/core/comm.h"
-#include "comm/transport/net_tcp_tune.h"
 #include "comm/coll/reduce.h"
 #include "compress/codec.h"
 #include "compress/ef.h"
 #include "topology/model.h"
+#include "topology/wan_tuning.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -343,202 +343,34 @@ static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
     return ncclSuccess;
 }
 
-/* GEOCCL_WAN_PACE (tuning.c set_pacing), uplink: in an uncompressed call
- * that keeps my region's uplink busy PACE_UP_MIN_S or more at the probe's
- * rate (busy), each of my connections to other regions is capped at its
- * share of that uplink: what this slice's plan sends the peer over what
- * my region sends in all, (1 + (R-2) w_g) len, times the probe's uplink
- * goodput, PACE_UP_HEADROOM and up_gain.  BBR's connections sharing one
- * uplink otherwise settle on rates that stay apart for many round trips,
- * and a call ends with its slowest connection.  The probe reads a lossy
- * uplink low, so the cap sits PACE_UP_HEADROOM over its figure, and a
- * call whose capped connections had acknowledged PACE_UP_BINDING of their
- * caps or more (they were held back) raises up_gain by PACE_UP_RAISE, up
- * to PACE_UP_GAIN_MAX; at that, still held back, the uplink is no longer
- * paced.  A smaller call is sent as before: its connections are not all
- * busy at once, and a cap at the share held them back (3x2, 100 Mbit/s,
- * 25 ms, 1 MiB, a 0.11 s call at the probe's rate: 0.244-0.250 s paced,
- * 0.176-0.183 s not; 16 MiB 1.92-1.93 s against 1.92-2.08 s; 2026-12-06).
- *
- * Under that cap, a connection on BBR is started again at the call's
- * start (net_tcp_tune.h geoNetTcpRestartBbr) where the call may end past BBR's 10 s
- * window (its last restart is older than PACE_BBR_WINDOW_S - PACE_BBR_SLACK
- * busy: a call may take twice its time at the probe's rate) and lasts
- * PACE_BBR_MIN_RTTS round trips or more: BBR holds each connection that shares a queue to 4
- * segments for 200-300 ms every 10 s (PROBE_RTT), wherever in a call that
- * falls, and the restart begins the 10 s again at a point where the call
- * waits anyway; the cap keeps its STARTUP from flooding the link.  3x2,
- * 1 Gbit/s, 25 ms, 0.1% loss, 64 MiB: see BENCHMARKS.md, "Lossy and
- * jittery paths" (WPACE).
- *
- * Downlink: while on, pace my connections to
- * each rank of a region h whose downlink limits, so that what all ranks
- * send h adds up to its downlink's goodput P_h.  Per slice of len elements,
- * h receives len (1 + (R-2) w_h): w_h len from each of the R-1 other
- * regions in X1 and (1 - w_h) len in all in X2.  My part of that is what
- * this slice's plan sends the peer (tx1 and tx2), so the peer's rate is
- * P_h x mine / all: every sender finishes with the others.  off lifts the
- * cap, so other collectives between the same ranks are not held back to
- * it (TCP keeps pacing those connections at its own rate from then on).
- * A call returns when its sends are in the kernel's buffer, so the tail
- * of what it sent into h leaves at that rate, no longer capped.
- *
- * P_h is the probe's figure (or a file's in=) times this rank's gain for h,
- * which each call adjusts from what its connections into h sent again
- * (TCP_INFO, over at least PACE_MIN_SEGS segments), against the share its
- * connections to the regions it does not pace sent again in the same call
- * (the paths' own random loss, which pacing cannot help): no more than
- * that, and the next call paces PACE_UP faster; PACE_LOSS of the segments
- * or more beyond it (a policer's drops when the senders together exceed
- * it), PACE_DOWN slower; in between it stays.  Why: the probe's figure is read
- * through lossy flows and is no rate a policer keeps to.  Into a 100 Mbit/s
- * policer from two 1 Gbit/s regions: in one run the first call paced at it
- * sent 8% of its segments again (1024 of 12290) and the gain settled at
- * 0.84-0.94; in another no call sent any again until the gain reached
- * 1.16, then it stayed at 1.08-1.16.  With 1% random loss on every path as
- * well, the connections into the policer sent 1.1-1.4% again, as those to
- * the other regions did, and the gain rose (1.13 after 8 calls) instead of
- * falling for loss that pacing cannot help. */
-#define PACE_MIN_SEGS 1000
-#define PACE_UP 1.03
-#define PACE_DOWN 0.95
-#define PACE_LOSS 0.01
-#define PACE_GAIN_MAX 1.3
-#define PACE_GAIN_MIN 0.7
-#define PACE_UP_HEADROOM 1.2
-#define PACE_UP_BINDING 0.9
-#define PACE_UP_RAISE 1.1
-#define PACE_UP_GAIN_MAX 2.0
-#define PACE_UP_MIN_S 0.5
-#define PACE_BBR_WINDOW_S 9.0
-#define PACE_BBR_SLACK 2.0
-#define PACE_BBR_MIN_RTTS 5
-#define PACE_BBR_MIN_S 0.5
-#define PACE_BBR_IN_ROW 5
+/* GEOCCL_WAN_PACE around a call (topology/wan_tuning.h geoWanPace, which
+ * says why): on = 1 before the first message, 0 once the call is over.
+ * What the plan of slice sl sends each peer, X1 and X2 together, each
+ * peer once in the order of its first message; call_bytes, the call's
+ * bytes (0 when compressed).  Out of memory for that list (over 64 messages):
+ * the call is left as it is. */
 static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_bytes, int on)
 {
-    const geoNetTransport *ops = comm->net.ops;
-    const topoRegionMap *m = &comm->regions;
-    if (!comm->hier_paced || !geoNetTcpTunable(&comm->net) || sl->len == 0)
+    geoWanSend local[64], *to = local;
+    const int nmsg = sl->ntx1 + sl->ntx2;
+    int n = 0;
+    if (!geoWanPaceOn(&comm->wan.pace, &comm->net) || sl->len == 0)
         return;
-    const int R = m->nregions < 64 ? m->nregions : 64, g = m->region_of[comm->rank];
-    /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
-     * of the R-1 others in X2 */
-    const double spread = 1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE;
-    const double sent = (double)sl->len * spread;
-    /* how long the call keeps my region's uplink busy at its rate */
-    const double busy = comm->hier_up > 0 ? call_bytes * spread / comm->hier_up : 0;
-    const int up_on = busy >= PACE_UP_MIN_S;
-    double segs[64] = {0}, ret[64] = {0}, up_cap = 0, up_acked = 0;
-    int down_held[64] = {0}; /* some connection into h held at the downlink's rate */
-    for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
+    if (nmsg > 64 && (to = malloc(sizeof(*to) * (size_t)nmsg)) == NULL)
+        return;
+    for (int i = 0; i < nmsg; i++) {
         const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
-        int h = m->region_of[x->peer], seen = 0;
-        for (int j = 0; j < i && !seen; j++)
-            seen = (j < sl->ntx1 ? sl->tx1[j].peer : sl->tx2[j - sl->ntx1].peer) == x->peer;
-        if (seen || h >= 64)
-            continue;
-        geoLinkStats ls;
-        int have = ops->linkStats != NULL && ops->linkStats(comm->net.state, x->peer, &ls) == 0;
-        if (have) {
-            segs[h] += (double)ls.segs_out;
-            ret[h] += (double)ls.retrans;
-        }
-        if (!(comm->hier_pace[h] > 0) && !up_on)
-            continue;
-        double mine = 0;
-        for (int j = 0; j < sl->ntx1 + sl->ntx2; j++) {
-            const hierMsg *y = j < sl->ntx1 ? &sl->tx1[j] : &sl->tx2[j - sl->ntx1];
-            mine += y->peer == x->peer ? (double)y->n : 0;
-        }
-        double all = (double)sl->len *
-                     (1 + (m->nregions - 2) * (double)comm->hier_w[h] / TOPO_SHARE_ONE);
-        /* the same on and off: the gains change only after this loop */
-        double down = mine > 0 && comm->hier_pace[h] > 0
-                          ? comm->hier_pace[h] * comm->pace_gain[h] * mine / all : 0;
-        double up = mine > 0 && up_on
-                        ? comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent : 0;
-        double rate = down > 0 && (up == 0 || down <= up) ? down : up;
-        if (down > 0 && rate == down)
-            down_held[h] = 1;
-        if (up > 0 && rate == up) {
-            up_cap += up;
-            up_acked += have ? (double)ls.bytes_acked : 0;
-        }
-        geoNetTcpSetPacing(&comm->net, x->peer, on && rate > 0 ? (uint64_t)rate + 1 : 0);
-        /* restart BBR where the call may outlast its 10 s window, and where
-         * it lasts long enough (PACE_BBR_MIN_RTTS) for STARTUP to end
-         * under the cap */
-        double rtt = comm->topo.region_rtt != NULL ? comm->topo.region_rtt[g * m->nregions + h]
-                                                   : -1;
-        if (on && up > 0 && rate == up &&
-            busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
-            geoNetTcpRestartBbr(&comm->net, x->peer,
-                            fmax(0, PACE_BBR_WINDOW_S - PACE_BBR_SLACK * busy), PACE_BBR_IN_ROW);
+        int j = 0;
+        while (j < n && to[j].peer != x->peer)
+            j++;
+        if (j == n)
+            to[n++] = (geoWanSend){.peer = x->peer, .amount = 0};
+        to[j].amount += (double)x->n;
     }
-    /* Only a call that set the pace adjusts it (an error before that
-     * lifts a pace this call never set); what leaves after the call
-     * returns, uncapped, counts in the next call's figures. */
-    const int armed = comm->pace_armed;
-    comm->pace_armed = on;
-    if (on) {
-        memcpy(comm->pace_segs, segs, sizeof(segs));
-        memcpy(comm->pace_retrans, ret, sizeof(ret));
-        memcpy(comm->pace_down_held, down_held, sizeof(down_held));
-        comm->up_t0 = geoNow();
-        comm->up_acked0 = up_acked;
-        comm->up_cap = up_cap;
-        return;
-    }
-    if (!armed)
-        return;
-    /* the uplink: what the capped connections had acknowledged over the
-     * call, against their caps (a connection replaced by resume counts
-     * from 0 again: then this call says nothing) */
-    const double took = geoNow() - comm->up_t0;
-    if (comm->up_cap > 0 && took > 0 && up_acked >= comm->up_acked0) {
-        const double went = (up_acked - comm->up_acked0) / took;
-        if (went >= PACE_UP_BINDING * comm->up_cap) {
-            double gain = fmin(comm->up_gain * PACE_UP_RAISE, PACE_UP_GAIN_MAX);
-            geoTrace(GEO_LOG_NET, "uplink pace: the call sent %.1f Mbit/s under caps of %.1f in "
-                     "all; gain %.3f -> %.3f", went * 8e-6, comm->up_cap * 8e-6, comm->up_gain,
-                     gain);
-            if (comm->up_gain >= PACE_UP_GAIN_MAX) {
-                geoInfo(GEO_LOG_NET | GEO_LOG_TUNING, "uplink pace: calls still ran at their "
-                        "caps at %.1fx the probe's uplink rate; the uplink is no longer paced",
-                        PACE_UP_HEADROOM * PACE_UP_GAIN_MAX);
-                comm->hier_up = 0;
-            }
-            comm->up_gain = gain;
-        }
-    }
-    /* the downlinks: only regions some connection was held into at the
-     * downlink's rate; against the share sent again to regions not paced
-     * at a downlink (the paths' own loss, which pacing cannot help) */
-    double bs = 0, br = 0;
-    for (int h = 0; h < R; h++)
-        if (!(comm->hier_pace[h] > 0)) {
-            bs += segs[h] - comm->pace_segs[h];
-            br += ret[h] - comm->pace_retrans[h];
-        }
-    const double base = bs >= PACE_MIN_SEGS && br > 0 ? br / bs : 0;
-    for (int h = 0; h < R; h++) {
-        if (!(comm->hier_pace[h] > 0) || !comm->pace_down_held[h])
-            continue;
-        double ds = segs[h] - comm->pace_segs[h], dr = ret[h] - comm->pace_retrans[h];
-        if (!(ds >= PACE_MIN_SEGS) || dr < 0)
-            continue;
-        double gn = comm->pace_gain[h];
-        if (dr <= base * ds)
-            gn = fmin(gn * PACE_UP, PACE_GAIN_MAX);
-        else if (dr > (PACE_LOSS + base) * ds)
-            gn = fmax(gn * PACE_DOWN, PACE_GAIN_MIN);
-        if (gn != comm->pace_gain[h])
-            geoTrace(GEO_LOG_NET, "pacing into region %d: %.0f of %.0f segments sent again in "
-                     "the call (%.3g%% to unpaced regions); gain %.3f -> %.3f", h, dr, ds,
-                     base * 100, comm->pace_gain[h], gn);
-        comm->pace_gain[h] = gn;
-    }
+    geoWanPace(&comm->wan.pace, &comm->net, &comm->regions, comm->rank, comm->hier_w,
+               comm->topo.region_rtt, to, n, sl->len, call_bytes, on);
+    if (to != local)
+        free(to);
 }
 
 static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send,
