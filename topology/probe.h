@@ -47,7 +47,7 @@ typedef struct {
     int nregions;           /* size of the arrays below */
     int bw_measured;
     int bw_again;           /* leaders: the first rates set regions apart, so the
-                             * transfer ran twice (measure_bw) */
+                             * transfer ran twice (probe_bw.c) */
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
     double *ingress;        /* [R] what reaches a region when its downlink held
