@@ -7,8 +7,9 @@
  * may use.  topoPredict turns that into seconds for one collective with one
  * algorithm, codec, chunk size and stream count (the formulas and the
  * measurements they were checked against are in model.c's top comment);
- * topoPlanBuild picks, per collective and message-size range, the cheapest
- * choice, which the library and geoccl-probe print and obey.
+ * topoPlanBuild (model_plan.c) picks, per collective and message-size
+ * range, the cheapest choice, which the library and geoccl-probe print and
+ * obey.
  *
  * Everything here is a pure function of its arguments: no I/O except the
  * print functions, no global state, no allocation.  Any thread may call any
