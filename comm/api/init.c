@@ -148,7 +148,7 @@ void geoCommCompressionInit(struct ncclComm *comm)
     comm->codec_params.seed = (uint64_t)seed;
     int64_t ef = geoParamInt(GEO_PARAM_EF);
     comm->ef_enabled = ef != 0;
-    /* Unset: each codec's default (coll_hier.c: first trip only for sign). */
+    /* Unset: each codec's default (coll_hier_codec.c: first trip only for sign). */
     comm->ef_mode = !geoParamIsSet(GEO_PARAM_EF) ? 0 : ef >= 1 && ef <= 3 ? (int)ef : 1;
     geoEfInit(&comm->ef, efmax < 0 ? 0 : (size_t)efmax, NULL);
     const char *key = geoParamStr(GEO_PARAM_EF_KEY);
@@ -381,7 +381,7 @@ static void write_topo_file(struct ncclComm *comm)
 
 /* The probe's callbacks: regions it found by measurement become labels
  * "m<k>" and a rebuilt region map; its warm-up opens the connections of the
- * hierarchical exchange (coll_hier.c's partners, found on a 4 Mi-element
+ * hierarchical exchange (coll_hier_plan.c's partners, found on a 4 Mi-element
  * plan, which has every pair of a slice). */
 static ncclResult_t probe_set_regions(void *arg, const int *region_of_rank)
 {

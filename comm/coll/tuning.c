@@ -191,7 +191,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {
             /* (index, value) pairs for a fraction k of the elements on the
-             * first trip, R k on the return trip (coll_hier.c): the mean of
+             * first trip, R k on the return trip (coll_hier_codec.c): the mean of
              * the two trips' ratios. */
             double R = comm->regions.nregions;
             costs[i].ratio = 0.5 / comm->auto_params.topkFraction * 2.0 / (1.0 + R);
