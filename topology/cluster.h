@@ -1,6 +1,6 @@
 /* Finding regions from measured round-trip times, and what the measurements
  * say about each region's WAN link.  Pure functions over matrices: the
- * measuring itself needs the transport and lives in topology/probe.c.
+ * measuring itself needs the transport and lives in topology/probe*.c.
  *
  * The rule (topoClusterRtt):
  *  1. Each pair's RTT is the minimum of its samples (queueing and scheduling

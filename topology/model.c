@@ -95,6 +95,9 @@
  * where the hierarchical all-reduce took 0.62-0.67 s at 64 MiB and the
  * ring 1.01 s.
  *
+ * The plan built on the model (topoPlanBuild, topoPlanLookup, the print
+ * functions) is in model_plan.c.
+ *
  * Calibration (the first full runs of tests/perf/bench_wan.sh and
  * bench_codecs.sh, 2026-11-29, in BENCHMARKS.md as of commit dc44b80; 2-core
  * VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
@@ -132,6 +135,8 @@
  */
 #include "config.h"
 #include "topology/model.h"
+#include "topology/model_internal.h"
+#include "topology/wan_tuning.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -139,16 +144,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The buckets go up to 4 GiB. */
-_Static_assert(SIZE_MAX >= UINT64_MAX, "the plan's size buckets need a 64-bit size_t");
-
 int topoHierDepthAuto(size_t nslices)
 {
     size_t d = nslices / 4;
     return d < 2 ? 2 : d > 16 ? 16 : (int)d;
 }
 #define TCP_GOODPUT (1448.0 / 1500.0)
-#define PREFER_MARGIN 0.01
 
 /* Default intra link when a topology file does not say: a modest
  * NVLink/PCIe/IB-class figure; WAN-bound plans hardly depend on it. */
@@ -195,7 +196,7 @@ void topoModelInit(topoModel *m)
 
 /* ---- model checks and link helpers ------------------------------------- */
 
-static int model_ok(const topoModel *m)
+int topoModelOk(const topoModel *m)
 {
     if (m == NULL || m->nregions < 1 || m->nregions > TOPO_MODEL_MAX_REGIONS)
         return 0;
@@ -214,7 +215,7 @@ static int model_ok(const topoModel *m)
     return 1;
 }
 
-static int model_nranks(const topoModel *m)
+int topoModelNranks(const topoModel *m)
 {
     int n = 0;
     for (int q = 0; q < m->nregions; q++)
@@ -347,7 +348,7 @@ static double chain_time(const topoModel *m, int N, double S, size_t chunk, int 
 
 static double predict_flat(const topoModel *m, int coll, double S, size_t chunk, int ns)
 {
-    int N = model_nranks(m);
+    int N = topoModelNranks(m);
     switch (coll) {
     case TOPO_COLL_ALLREDUCE:
         if (N < 2)
@@ -533,7 +534,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
 double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
                                size_t bytes, size_t slice, int nstreams)
 {
-    if (!model_ok(m))
+    if (!topoModelOk(m))
         return -1;
     if (m->nregions == 1)
         return topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, bytes, slice, nstreams);
@@ -544,7 +545,7 @@ double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *c
 static double predict_hier(const topoModel *m, int coll, const topoCodecCost *codec, double S,
                            size_t chunk, int ns)
 {
-    const int N = model_nranks(m), R = m->nregions;
+    const int N = topoModelNranks(m), R = m->nregions;
     const double a = m->intra_alpha_s, B = m->intra_Bps, blk = N > 0 ? S / N : 0;
     double t1 = 0, t2 = 0;
     if (R == 1 || coll == TOPO_COLL_BROADCAST)
@@ -578,7 +579,7 @@ static double predict_hier(const topoModel *m, int coll, const topoCodecCost *co
 double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *codec,
                    size_t bytes, size_t chunk, int nstreams)
 {
-    if (!model_ok(m) || coll < 0 || coll >= TOPO_COLL_COUNT || algo < 0 ||
+    if (!topoModelOk(m) || coll < 0 || coll >= TOPO_COLL_COUNT || algo < 0 ||
         algo >= TOPO_ALGO_COUNT)
         return -1;
     int ns = nstreams > 0 ? nstreams : m->wan_streams;
@@ -690,382 +691,6 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
     return 0;
 }
 
-/* ---- plan ----------------------------------------------------------------- */
-
-const char *topoCollName(int coll)
-{
-    static const char *const names[TOPO_COLL_COUNT] = {"allreduce", "allgather",
-                                                       "reducescatter", "broadcast"};
-    return coll >= 0 && coll < TOPO_COLL_COUNT ? names[coll] : "?";
-}
-
-const char *topoAlgoName(int algo)
-{
-    return algo == TOPO_ALGO_FLAT ? "flat" : algo == TOPO_ALGO_HIER ? "hier" : "?";
-}
-
-typedef struct {
-    int algo, nstreams;
-    const topoCodecCost *codec; /* NULL = none */
-    size_t chunk;
-    double sec;
-    int by_region;              /* region_codec holds a codec per region */
-    unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
-} planChoice;
-
-static int same_choice(const topoPlanEntry *e, const planChoice *c, int R)
-{
-    int id = c->codec ? c->codec->id : TOPO_CODEC_NONE;
-    return e->algo == c->algo && e->codec == id && e->chunk == c->chunk &&
-           e->nstreams == c->nstreams && e->by_region == c->by_region &&
-           (!c->by_region || memcmp(e->region_codec, c->region_codec, (size_t)R) == 0);
-}
-
-/* topoPlanBuild's codec per sending region for a hierarchical all-reduce
- * whose best single codec c chose (model.h says how).  Sets c->by_region
- * and region_codec when a mix is kept. */
-static void choose_by_region(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
-                             unsigned allowed, size_t bytes, planChoice *c)
-{
-    const int R = m->nregions;
-    const topoCodecCost *cands[33], *cur[TOPO_MODEL_MAX_REGIONS];
-    int ncand = 0;
-    cands[ncand++] = NULL;
-    for (int j = 0; j < ncodecs && ncand < 33; j++)
-        if (codecs[j].id > TOPO_CODEC_NONE && codecs[j].id < 32 &&
-            (allowed >> codecs[j].id) & 1u)
-            cands[ncand++] = &codecs[j];
-    if (ncand < 2 || R < 2)
-        return;
-    for (int q = 0; q < R; q++)
-        cur[q] = c->codec;
-    const double ref = c->sec;
-    double t = ref;
-    /* First each region takes the codec that gains over the margin, region
-     * by region until a pass changes nothing (the time falls at every
-     * change, so this ends); then each region sends exactly where the
-     * time stays within the margin of what the first phase reached, each
-     * checked against that same figure, so the two never undo each other. */
-    for (int pass = 0, changed = 1; pass < 16 && changed; pass++) {
-        changed = 0;
-        for (int q = 0; q < R; q++) {
-            const topoCodecCost *keep = cur[q];
-            for (int j = 0; j < ncand; j++) {
-                if (cands[j] == keep)
-                    continue;
-                cur[q] = cands[j];
-                double tt = topoPredictHierByRegion(m, cur, bytes, c->chunk, c->nstreams);
-                if (tt >= 0 && tt < t * (1 - PREFER_MARGIN)) {
-                    keep = cands[j];
-                    t = tt;
-                    changed = 1;
-                }
-            }
-            cur[q] = keep;
-        }
-    }
-    const double reached = t;
-    for (int q = 0; q < R; q++) {
-        const topoCodecCost *keep = cur[q];
-        if (keep == NULL)
-            continue;
-        cur[q] = NULL;
-        double tt = topoPredictHierByRegion(m, cur, bytes, c->chunk, c->nstreams);
-        if (tt >= 0 && tt <= reached * (1 + PREFER_MARGIN))
-            t = tt;
-        else
-            cur[q] = keep;
-    }
-    int mixed = 0;
-    for (int q = 1; q < R; q++)
-        mixed |= cur[q] != cur[0];
-    if (!mixed || t > ref * (1 + PREFER_MARGIN))
-        return;
-    c->by_region = 1;
-    c->sec = t;
-    for (int q = 0; q < R; q++)
-        c->region_codec[q] = (unsigned char)(cur[q] ? cur[q]->id : TOPO_CODEC_NONE);
-}
-
-/* Candidate chunks: the default first (preferred on a near tie), then
- * sizes around it that the library has been run with. */
-static int chunk_candidates(const topoModel *m, int coll, int algo, const topoPlanForce *f,
-                            size_t *out)
-{
-    static const size_t flat_c[] = {128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20};
-    /* large slices amortise the intra rings' (P-1) alphas on big regions */
-    static const size_t hier_c[] = {1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20,
-                                    256 << 20};
-    if (f->chunk > 0) {
-        out[0] = (size_t)f->chunk;
-        return 1;
-    }
-    int hier = algo == TOPO_ALGO_HIER && coll != TOPO_COLL_BROADCAST && m->nregions > 1;
-    int n = 0;
-    out[n++] = hier ? m->hier_slice : m->chunk;
-    /* only the hierarchical all-reduce is sliced */
-    if (hier && coll != TOPO_COLL_ALLREDUCE)
-        return n;
-    int ncand = hier ? (int)(sizeof(hier_c) / sizeof(hier_c[0]))
-                     : (int)(sizeof(flat_c) / sizeof(flat_c[0]));
-    for (int i = 0; i < ncand; i++) {
-        size_t c = hier ? hier_c[i] : flat_c[i];
-        if (c != out[0])
-            out[n++] = c;
-    }
-    return n;
-}
-
-static void choose(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
-                   unsigned allowed, const topoPlanForce *f, const topoCodecCost *forced,
-                   int coll, size_t bytes, planChoice *best)
-{
-    int algos[2], nalgo = 0;
-    if (f->algo >= 0)
-        algos[nalgo++] = m->nregions > 1 ? f->algo : TOPO_ALGO_FLAT;
-    else {
-        algos[nalgo++] = TOPO_ALGO_FLAT;
-        if (m->nregions > 1)
-            algos[nalgo++] = TOPO_ALGO_HIER;
-    }
-    int streams[16], nst = 0;
-    if (f->nstreams > 0)
-        streams[nst++] = f->nstreams;
-    else {
-        for (int s = 1; s < m->wan_streams && nst < 15; s *= 2)
-            streams[nst++] = s;
-        streams[nst++] = m->wan_streams;
-    }
-    /* Two passes: the least time, then the first candidate in preference
-     * order (flat, none, codecs in table order, the default chunk, fewer
-     * streams) within PREFER_MARGIN of it, so that near ties go to the
-     * simpler choice and the plan does not flicker between equals. */
-    best->sec = -1;
-    double least = -1;
-    for (int pass = 0; pass < 2 && best->sec < 0; pass++)
-        for (int ia = 0; ia < nalgo && best->sec < 0; ia++) {
-            int algo = algos[ia];
-            const topoCodecCost *cands[65];
-            int ncand = 0;
-            int compresses = coll == TOPO_COLL_ALLREDUCE && algo == TOPO_ALGO_HIER &&
-                             m->nregions > 1;
-            if (compresses && f->codec >= 0)
-                cands[ncand++] = forced; /* NULL when none was forced */
-            else {
-                cands[ncand++] = NULL;
-                for (int j = 0; compresses && j < ncodecs && ncand < 65; j++)
-                    if (codecs[j].id != TOPO_CODEC_NONE && codecs[j].id >= 0 &&
-                        codecs[j].id < 32 && (allowed >> codecs[j].id) & 1u)
-                        cands[ncand++] = &codecs[j];
-            }
-            size_t chunks[16];
-            int nch = chunk_candidates(m, coll, algo, f, chunks);
-            for (int ic = 0; ic < ncand && best->sec < 0; ic++)
-                for (int k = 0; k < nch && best->sec < 0; k++)
-                    for (int is = 0; is < nst; is++) {
-                        double t = topoPredict(m, coll, algo, cands[ic], bytes, chunks[k],
-                                               streams[is]);
-                        if (t < 0)
-                            continue;
-                        if (pass == 0) {
-                            if (least < 0 || t < least)
-                                least = t;
-                        } else if (t <= least * (1 + PREFER_MARGIN)) {
-                            best->algo = algo;
-                            best->codec = cands[ic] && cands[ic]->id != TOPO_CODEC_NONE
-                                              ? cands[ic] : NULL;
-                            best->chunk = chunks[k];
-                            best->nstreams = streams[is];
-                            best->sec = t;
-                            break;
-                        }
-                    }
-        }
-}
-
-int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
-                  unsigned allowed_mask, const topoPlanForce *force, topoPlan *out)
-{
-    static const topoPlanForce none = TOPO_PLAN_FORCE_NONE;
-    const topoPlanForce *f = force ? force : &none;
-    const topoCodecCost *forced = NULL;
-    if (!model_ok(m) || (ncodecs > 0 && codecs == NULL) || ncodecs < 0)
-        return -1;
-    if (f->algo >= TOPO_ALGO_COUNT || (f->nstreams == 0) || f->chunk == 0)
-        return -1;
-    if (f->codec > TOPO_CODEC_NONE) {
-        for (int j = 0; j < ncodecs; j++)
-            if (codecs[j].id == f->codec)
-                forced = &codecs[j];
-        if (forced == NULL) /* no costs for it: nothing to predict with */
-            return -1;
-    }
-    topoPlan p;
-    memset(&p, 0, sizeof(p));
-    p.nregions = m->nregions;
-    p.nranks = model_nranks(m);
-    memcpy(p.region_names, m->names, sizeof(p.region_names));
-    snprintf(p.codec_names[TOPO_CODEC_NONE], sizeof(p.codec_names[0]), "none");
-    for (int j = 0; j < ncodecs; j++)
-        if (codecs[j].id > TOPO_CODEC_NONE && codecs[j].id < 32 && codecs[j].name)
-            snprintf(p.codec_names[codecs[j].id], sizeof(p.codec_names[0]), "%s",
-                     codecs[j].name);
-    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++) {
-        for (int k = TOPO_PLAN_MIN_LOG2; k <= TOPO_PLAN_MAX_LOG2; k++) {
-            size_t bytes = (size_t)1 << k;
-            /* Chosen at 1.5 x the bucket's start, not at the start: a
-             * threshold of the library (GEOCCL_DIRECT_MAX, a power of two)
-             * would otherwise make the start's regime speak for a bucket
-             * whose other sizes all run another algorithm. */
-            size_t rep = k > TOPO_PLAN_MIN_LOG2 ? bytes + bytes / 2 : bytes;
-            planChoice c;
-            memset(&c, 0, sizeof(c));
-            c.sec = -1;
-            choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, rep, &c);
-            if (c.sec < 0)
-                return -1;
-            if (coll == TOPO_COLL_ALLREDUCE && c.algo == TOPO_ALGO_HIER && f->codec < 0)
-                choose_by_region(m, codecs, ncodecs, allowed_mask, rep, &c);
-            topoPlanEntry *last = p.nentries[coll] ? &p.entries[coll][p.nentries[coll] - 1] : NULL;
-            if (last != NULL && same_choice(last, &c, m->nregions)) {
-                last->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
-                last->sec_top = c.sec;
-                continue;
-            }
-            topoPlanEntry *e = &p.entries[coll][p.nentries[coll]++];
-            e->lo = k == TOPO_PLAN_MIN_LOG2 ? 0 : bytes;
-            e->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
-            e->algo = c.algo;
-            e->codec = c.codec ? c.codec->id : TOPO_CODEC_NONE;
-            snprintf(e->codec_name, sizeof(e->codec_name), "%s",
-                     c.codec && c.codec->name ? c.codec->name : "none");
-            e->chunk = c.chunk;
-            e->nstreams = c.nstreams;
-            e->sec_lo = e->sec_top = c.sec;
-            e->by_region = c.by_region;
-            memcpy(e->region_codec, c.region_codec, sizeof(e->region_codec));
-        }
-    }
-    *out = p;
-    return 0;
-}
-
-const topoPlanEntry *topoPlanLookup(const topoPlan *plan, int coll, size_t bytes)
-{
-    if (plan == NULL || coll < 0 || coll >= TOPO_COLL_COUNT || plan->nentries[coll] < 1)
-        return NULL;
-    int lo = 0, hi = plan->nentries[coll] - 1;
-    while (lo < hi) { /* the last entry whose lo <= bytes; entries[0].lo == 0 */
-        int mid = (lo + hi + 1) / 2;
-        if (plan->entries[coll][mid].lo <= bytes)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return &plan->entries[coll][lo];
-}
-
-/* "512K", "4M", "1G", or bytes; a power of two's exact suffix form. */
-static const char *fmt_size(size_t v, char *buf, size_t len)
-{
-    static const char sfx[] = "KMGTP";
-    int i = -1;
-    while (v >= 1024 && v % 1024 == 0 && i < 4) {
-        v /= 1024;
-        i++;
-    }
-    if (i < 0)
-        snprintf(buf, len, "%zu", v);
-    else
-        snprintf(buf, len, "%zu%c", v, sfx[i]);
-    return buf;
-}
-
-static const char *fmt_sec(double s, char *buf, size_t len)
-{
-    if (s < 1e-3)
-        snprintf(buf, len, "%.1f us", s * 1e6);
-    else if (s < 1)
-        snprintf(buf, len, "%.2f ms", s * 1e3);
-    else
-        snprintf(buf, len, "%.3f s", s);
-    return buf;
-}
-
-/* A region's name in a plan; its index where the model had none. */
-static const char *region_label(const topoPlan *plan, int q)
-{
-    static __thread char buf[16];
-    if (plan->region_names[q][0])
-        return plan->region_names[q];
-    snprintf(buf, sizeof(buf), "region %d", q);
-    return buf;
-}
-
-void topoPlanPrint(const topoPlan *plan, FILE *f)
-{
-    char a[32], b[32], c[32], t1[32], t2[32];
-    fprintf(f, "plan for %d regions, %d ranks\n", plan->nregions, plan->nranks);
-    fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7s %s\n", "collective", "sizes", "algo",
-            "codec", "chunk", "streams", "predicted (first - last size)");
-    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++)
-        for (int i = 0; i < plan->nentries[coll]; i++) {
-            const topoPlanEntry *e = &plan->entries[coll][i];
-            char range[40];
-            if (e->hi == SIZE_MAX)
-                snprintf(range, sizeof(range), "%s and up", fmt_size(e->lo, a, sizeof(a)));
-            else
-                snprintf(range, sizeof(range), "%s-%s", fmt_size(e->lo, a, sizeof(a)),
-                         fmt_size(e->hi + 1, b, sizeof(b)));
-            fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7d %s - %s\n", topoCollName(coll),
-                    range, topoAlgoName(e->algo), e->by_region ? "by region" : e->codec_name,
-                    fmt_size(e->chunk, c, sizeof(c)), e->nstreams,
-                    fmt_sec(e->sec_lo, t1, sizeof(t1)), fmt_sec(e->sec_top, t2, sizeof(t2)));
-            if (e->by_region) {
-                fprintf(f, "  %-14s %-16s codec of what each region sends:", "", "");
-                for (int q = 0; q < plan->nregions; q++)
-                    fprintf(f, "%s %s %s", q ? "," : "", region_label(plan, q),
-                            plan->codec_names[e->region_codec[q] & 31]);
-                fprintf(f, " (one codec for all: %s)\n", e->codec_name);
-            }
-        }
-    fprintf(f, "  (sizes: from lo up to, not including, hi)\n");
-}
-
-void topoPlanJson(const topoPlan *plan, FILE *f)
-{
-    fprintf(f, "{\"nregions\": %d, \"nranks\": %d, \"entries\": [", plan->nregions,
-            plan->nranks);
-    int first = 1;
-    for (int coll = 0; coll < TOPO_COLL_COUNT; coll++)
-        for (int i = 0; i < plan->nentries[coll]; i++) {
-            const topoPlanEntry *e = &plan->entries[coll][i];
-            char hi[32];
-            if (e->hi == SIZE_MAX)
-                snprintf(hi, sizeof(hi), "null");
-            else
-                snprintf(hi, sizeof(hi), "%zu", e->hi);
-            fprintf(f, "%s\n  {\"coll\": \"%s\", \"lo\": %zu, \"hi\": %s, \"algo\": \"%s\", "
-                    "\"codec\": \"%s\", \"codec_id\": %d, \"chunk\": %zu, \"streams\": %d, "
-                    "\"sec_lo\": %.6g, \"sec_top\": %.6g", first ? "" : ",", topoCollName(coll),
-                    e->lo, hi, topoAlgoName(e->algo), e->codec_name, e->codec, e->chunk,
-                    e->nstreams, e->sec_lo, e->sec_top);
-            if (e->by_region) {
-                fprintf(f, ", \"region_codecs\": {");
-                for (int q = 0; q < plan->nregions; q++) {
-                    fprintf(f, "%s\"", q ? ", " : "");
-                    for (const char *n = region_label(plan, q); *n; n++)
-                        fputc(*n == '"' || *n == '\\' ? '_' : *n, f);
-                    fprintf(f, "\": \"%s\"", plan->codec_names[e->region_codec[q] & 31]);
-                }
-                fprintf(f, "}");
-            }
-            fprintf(f, "}");
-            first = 0;
-        }
-    fprintf(f, "\n]}");
-}
-
 /* ---- congestion control between regions ------------------------------- */
 
 double topoLossRate(double rtt, double p, double mss)
@@ -1073,79 +698,4 @@ double topoLossRate(double rtt, double p, double mss)
     if (p <= 0 || rtt <= 0)
         return INFINITY;
     return mss / rtt * sqrt(1.5 / p);
-}
-
-int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
-                    int bbr_ok, int max_streams, int *streams_out, char *why, size_t len)
-{
-    const double mss = 1448;
-    int n = streams < 1 ? 1 : streams;
-    *streams_out = n;
-    if (loss < 0 || segs < TOPO_LOSS_MIN_SEGS) {
-        snprintf(why, len, bbr_ok ? "loss not measured"
-                                  : "loss not measured, no bbr in this kernel");
-        return bbr_ok ? TOPO_CC_BBR : TOPO_CC_CUBIC;
-    }
-    /* Judged at the loss the count cannot rule out: k segments lost of N
-     * is consistent (one-sided, about 95%) with a rate up to
-     * (k + 2 + 1.645 sqrt(k + 1)) / N; none lost of 3400 still allows
-     * 0.11%, at which cubic holds 9 Mbit/s per connection at 50 ms. */
-    double lost = loss * segs, hi = (lost + 2 + 1.645 * sqrt(lost + 1)) / segs;
-    double per = topoLossRate(rtt, hi, mss);
-    if (n * per >= TOPO_CC_HEADROOM * share) {
-        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments, at most %.3g%%): %d stream%s "
-                 "of cubic hold %.0f Mbit/s >= %.2f x %.0f needed", loss * 100, lost, segs,
-                 hi * 100, n, n == 1 ? "" : "s", n * per * 8e-6, TOPO_CC_HEADROOM,
-                 share * 8e-6);
-        return TOPO_CC_CUBIC;
-    }
-    if (bbr_ok) {
-        snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments, at most %.3g%%): cubic might "
-                 "hold only %.1f Mbit/s on %d stream%s, %.0f needed", loss * 100, lost, segs,
-                 hi * 100, n * per * 8e-6, n, n == 1 ? "" : "s", share * 8e-6);
-        return TOPO_CC_BBR;
-    }
-    /* Without BBR, streams for the loss measured (not its bound). */
-    per = topoLossRate(rtt, loss, mss);
-    double want = isinf(per) ? n : ceil(TOPO_CC_HEADROOM * share / per);
-    *streams_out = want > max_streams ? max_streams : want < n ? n : (int)want;
-    snprintf(why, len, "loss %.3g%% (%.0f of %.0f segments), no bbr in this kernel: %d "
-             "stream%s of cubic at %.1f Mbit/s each for %.0f needed", loss * 100, lost, segs,
-             *streams_out, *streams_out == 1 ? "" : "s", fmin(per, 1e12) * 8e-6, share * 8e-6);
-    return TOPO_CC_CUBIC;
-}
-
-int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
-                     double segs, int streams, int paused, int calls, int restart_idle,
-                     char *why, size_t len)
-{
-    const double mss = 1448;
-    int n = streams < 1 ? 1 : streams;
-    if (restart_idle && paused * 8 > calls) {
-        snprintf(why, len, "%d of %d calls came after a pause of over %.0f ms: cubic would "
-                 "start its window again after each, BBR does not", paused, calls,
-                 TOPO_RTO_MIN_S * 1e3);
-        return TOPO_CC_BBR;
-    }
-    if (segs < TOPO_LOSS_MIN_SEGS || !(rtt > 0) || !(msg > 0)) {
-        snprintf(why, len, "too little counted yet (%.0f segments)", segs);
-        return TOPO_CC_BBR;
-    }
-    /* the same bound as topoWanCcChoice's */
-    double hi = (retrans + 2 + 1.645 * sqrt(retrans + 1)) / segs;
-    double window = sqrt(1.5 / hi);
-    double conns = fmin(n, fmax(1, ceil(msg / fmax(stripe, 1))));
-    double need = msg / conns / mss;
-    if (window >= need) {
-        snprintf(why, len, "%.0f of %.0f segments sent again, loss at most %.3g%%: cubic's mean "
-                 "window of %.0f segments holds a %.0f KB message's %.0f per connection",
-                 retrans, segs, hi * 100, window, msg / 1e3, need);
-        return TOPO_CC_CUBIC;
-    }
-    char inner[192];
-    int m;
-    int c = topoWanCcChoice(share, rtt, retrans / segs, segs, n, 1, n, &m, inner, sizeof(inner));
-    snprintf(why, len, "%s; cubic's mean window of %.0f segments is short of a %.0f KB "
-             "message's %.0f per connection", inner, window, msg / 1e3, need);
-    return c;
 }

@@ -7,8 +7,9 @@
  * may use.  topoPredict turns that into seconds for one collective with one
  * algorithm, codec, chunk size and stream count (the formulas and the
  * measurements they were checked against are in model.c's top comment);
- * topoPlanBuild picks, per collective and message-size range, the cheapest
- * choice, which the library and geoccl-probe print and obey.
+ * topoPlanBuild (model_plan.c) picks, per collective and message-size
+ * range, the cheapest choice, which the library and geoccl-probe print and
+ * obey.
  *
  * Everything here is a pure function of its arguments: no I/O except the
  * print functions, no global state, no allocation.  Any thread may call any
@@ -290,53 +291,7 @@ int topoSimulate(const char *path, int json, const topoCodecCost *codecs, int nc
  * measures and does not back off at a loss.  INFINITY for p <= 0. */
 double topoLossRate(double rtt, double p, double mss);
 
-#define TOPO_LOSS_MIN_SEGS 500 /* segments below which a loss figure is not one */
-#define TOPO_CC_HEADROOM 1.25  /* what a loss-driven control must hold beyond the share */
-
-enum { TOPO_CC_CUBIC = 0, TOPO_CC_BBR = 1 };
-
-/* The congestion control for this rank's connections to one peer in
- * another region, and the streams they need (*streams, at most
- * max_streams):
- * - loss measured (segs >= TOPO_LOSS_MIN_SEGS) and, at the highest loss
- *   its count leaves plausible (about 95%, one-sided), streams x
- *   topoLossRate >= TOPO_CC_HEADROOM x share: cubic (on a clean path it
- *   fills the link sooner after a pair's flows finish: 3 emulated regions
- *   x 2 ranks at 1 Gbit/s, 256 MiB: 3.02-3.13 s against BBR's 3.18-3.24 s);
- *   the probe's few thousand segments rarely suffice, a topology file's
- *   "loss A B 0" (a figure the user knows) does;
- * - otherwise BBR when the kernel has it (bbr_ok);
- * - otherwise cubic on as many streams as the loss term asks.
- * share: the bytes/s this rank's connections to the peer carry in a
- * hierarchical all-reduce; rtt: seconds; loss: lost/sent (< 0 unknown);
- * segs: segments it counts.  why gets the reason in words. */
-int topoWanCcChoice(double share, double rtt, double loss, double segs, int streams,
-                    int bbr_ok, int max_streams, int *streams_out, char *why, size_t len);
-
-/* GEOCCL_WAN_CC=auto after init, for a pair left on BBR (probe.c,
- * geoWanWatchCallEnd): whether this rank's connections to it may now run
- * cubic.  msg: the mean bytes of the messages sent across regions in the
- * last window; stripe: the bytes a message puts on one connection before
- * the next (it spreads over min(streams, msg / stripe) of them); share: a
- * bulk transfer's bytes/s per rank to the pair, as at init; retrans of
- * segs: what the connections sent again of all they sent since they opened
- * (the probe's transfer included; spurious ones count, so the loss is
- * overstated, never understated); paused of calls: how many of the
- * window's calls came after a pause longer than TOPO_RTO_MIN_S;
- * restart_idle: the kernel's tcp_slow_start_after_idle.  Cubic where, at
- * the highest loss the counts leave plausible (topoWanCcChoice's bound),
- * either cubic's mean window on each connection holds a message's share
- * of it (sqrt(3 / (2p)) segments: such messages cross in about one round
- * trip, as with BBR), or the streams hold the bulk share as
- * topoWanCcChoice asks at init; and at most one call in 8 follows such a
- * pause (after an idle retransmission timeout, at least TOPO_RTO_MIN_S,
- * cubic starts its window again and BBR does not: DiLoCo's outer
- * all-reduce, 450 ms of local steps apart, took 154 ms a round under
- * cubic against 119 ms under BBR).  BBR otherwise.  why gets the reason
- * in words. */
-#define TOPO_RTO_MIN_S 0.2 /* Linux's TCP_RTO_MIN */
-int topoWanCcRevisit(double msg, double stripe, double share, double rtt, double retrans,
-                     double segs, int streams, int paused, int calls, int restart_idle,
-                     char *why, size_t len);
+/* Which congestion control the connections between regions run, and the
+ * rules that choose it (topoWanCcChoice, TOPO_CC_*): topology/wan_tuning.h. */
 
 #endif

@@ -13,9 +13,11 @@
  * pairs at once), two exchanges among leaders, and one transfer of
  * clamp(12 RTT, 0.25 s, 1.5 s) between region leaders (all pairs at once).
  * Printed at INFO (subsystem TOPO) with every figure.  After it, apart
- * from its cost, the warm-up of the WAN connections (GEOCCL_WAN_WARMUP;
- * probe.c, warm_wan): 10 RTTs of the same transfer over every pair of the
- * hierarchical exchange on fast links, with or without a topology file. */
+ * from its cost, the congestion control of the WAN connections
+ * (topology/wan_tuning.h, geoWanCcInit) and the warm-up of the WAN
+ * connections (GEOCCL_WAN_WARMUP; probe.c, warm_wan): 10 RTTs of the same
+ * transfer over every pair of the hierarchical exchange on fast links,
+ * with or without a topology file. */
 #ifndef GEOCCL_PROBE_H_
 #define GEOCCL_PROBE_H_
 
@@ -45,7 +47,7 @@ typedef struct {
     int nregions;           /* size of the arrays below */
     int bw_measured;
     int bw_again;           /* leaders: the first rates set regions apart, so the
-                             * transfer ran twice (measure_bw) */
+                             * transfer ran twice (probe_bw.c) */
     double *bw;             /* [R*R] bytes/s from region i to j, all pairs at once */
     double *egress;         /* [R] sum of a region's outgoing rates */
     double *ingress;        /* [R] what reaches a region when its downlink held
@@ -142,45 +144,6 @@ typedef struct geoProbeCtx {
  * to set_regions.  Collective over all ranks; bounded by pc->timeout. */
 ncclResult_t geoProbeRun(geoProbeCtx *pc);
 void geoTopoFree(geoTopo *t);
-/* GEOCCL_WAN_CC=auto after init.  The probe's few thousand segments can
- * rarely rule out the loss at which cubic would be too slow for a bulk
- * transfer, so most pairs start on BBR.  But on traffic that is small and
- * frequent (a DDP step's gradients: one 340 KB all-reduce per step) BBR
- * costs time twice: it paces at its estimate of the rate, which such
- * traffic keeps low, and every 10 s it holds each connection to 4 packets
- * for 200 ms (PROBE_RTT).  3 regions x 2 ranks, 100 Mbit/s, 25 ms: DDP
- * steps of 130 ms against cubic's 98 ms, with no packet lost
- * (BENCHMARKS.md, "PyTorch on emulated regions").  So each rank watches
- * what its connections to each region carry, per window of
- * GEO_WAN_WATCH_S and GEO_WAN_WATCH_CALLS: the mean size of its messages
- * to other regions, the segments sent and sent again (TCP_INFO), and the
- * pauses between calls;
- * and a pair on BBR moves to cubic once topoWanCcRevisit says cubic's
- * window holds such messages at the loss counted.  The move is
- * made once, each rank for its own sending side; a pair does not go back
- * (under cubic, its own drops at a full queue would count as loss). */
-#define GEO_WAN_WATCH_S 1.0     /* a window lasts this long ... */
-#define GEO_WAN_WATCH_CALLS 8   /* ... and this many calls at least */
-typedef struct {
-    int on;                 /* watching (auto, and some pair on BBR); -1: never */
-    double since;           /* start of the window */
-    double last_end;        /* when the last call ended; 0: none yet */
-    int calls, paused;      /* calls in the window; those after a pause over TOPO_RTO_MIN_S */
-    uint64_t bytes, msgs;   /* net->sent.wan and .wan_msgs at the window's start */
-    int *cc;                /* [R] TOPO_CC_* of my connections to each region; -1 not ours */
-    char (*why)[2 * GEO_PROBE_WHY_LEN]; /* [R] why a pair moved to cubic */
-    int restart_idle;       /* net.ipv4.tcp_slow_start_after_idle */
-} geoWanWatch;
-
-/* Around every collective call: Start notes the pause since the last
- * call; End, once a window is over, judges the pairs still on BBR and
- * moves those that qualify (said at INFO, subsystem NET).  t, m and net:
- * the communicator's. */
-void geoWanWatchCallStart(geoWanWatch *w, double now);
-void geoWanWatchCallEnd(geoWanWatch *w, const geoTopo *t, const topoRegionMap *m, int rank,
-                        int nranks, int nstreams, geoNet *net, double now);
-void geoWanWatchFree(geoWanWatch *w);
-
 /* Write what is known (regions, hosts, link rates, RTTs, streams) as a
  * topology file the library loads (topology/topofile.h).  0 or -1 (errno). */
 int geoTopoWrite(const geoTopo *t, const topoRegionMap *m, int nranks, FILE *f);

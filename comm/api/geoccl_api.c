@@ -250,7 +250,7 @@ ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetWanCongestion") != ncclSuccess || name == NULL,
                   ncclInvalidArgument, "geocclCommGetWanCongestion: NULL or dead comm, or NULL name");
-    *name = comm->wan_cc;
+    *name = comm->wan.cc;
     return ncclSuccess;
 }
 
@@ -264,8 +264,8 @@ ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char 
                   ncclInvalidArgument, "geocclCommGetWanPlan: regions %d, %d out of range (%d "
                   "regions)", from, to, t->nregions);
     int k = from * t->nregions + to, c = t->wan_choice != NULL ? t->wan_choice[k] : -1;
-    /* this rank's own pairs: moved to cubic after init (probe.h, geoWanWatch)? */
-    const geoWanWatch *w = &comm->wan_watch;
+    /* this rank's own pairs: moved to cubic after init (wan_tuning.h, geoWanWatch)? */
+    const geoWanWatch *w = &comm->wan.watch;
     int moved = w->cc != NULL && w->why != NULL && from == comm->regions.region_of[comm->rank] &&
                 to < comm->regions.nregions && w->cc[to] == TOPO_CC_CUBIC && c == TOPO_CC_BBR;
     if (moved)

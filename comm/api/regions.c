@@ -155,7 +155,7 @@ void geoCommWriteTopoFile(struct ncclComm *comm)
 
 /* The probe's callbacks: regions it found by measurement become labels
  * "m<k>" and a rebuilt region map; its warm-up opens the connections of the
- * hierarchical exchange (coll_hier.c's partners, found on a 4 Mi-element
+ * hierarchical exchange (coll_hier_plan.c's partners, found on a 4 Mi-element
  * plan, which has every pair of a slice). */
 static ncclResult_t probe_set_regions(void *arg, const int *region_of_rank)
 {
@@ -221,7 +221,7 @@ ncclResult_t geoCommProbe(struct ncclComm *comm)
                       .window = window,
                       .file = comm->topo_file_loaded ? &comm->topo_file : NULL,
                       .inherit = comm->inherit.valid ? &comm->inherit : NULL,
-                      .wan_cc = comm->wan_cc,
+                      .wan_cc = comm->wan.cc,
                       .set_regions = probe_set_regions,
                       .partners = probe_partners,
                       .arg = comm};

@@ -115,7 +115,7 @@ void geoCommCompressionInit(struct ncclComm *comm)
     comm->codec_params.seed = (uint64_t)seed;
     int64_t ef = geoParamInt(GEO_PARAM_EF);
     comm->ef_enabled = ef != 0;
-    /* Unset: each codec's default (coll_hier.c: first trip only for sign). */
+    /* Unset: each codec's default (coll_hier_codec.c: first trip only for sign). */
     comm->ef_mode = !geoParamIsSet(GEO_PARAM_EF) ? 0 : ef >= 1 && ef <= 3 ? (int)ef : 1;
     geoEfInit(&comm->ef, efmax < 0 ? 0 : (size_t)efmax, NULL);
     const char *key = geoParamStr(GEO_PARAM_EF_KEY);

@@ -42,7 +42,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
-    geoWanWatchFree(&comm->wan_watch);
+    geoWanTuningFree(&comm->wan);
     geoTopoInheritFree(&comm->inherit);
     geoTuningFree(comm);
     if (comm->topo_file_loaded)

@@ -40,16 +40,18 @@
  * give each region a codec of its own for what it sends, X1 and X2 alike
  * (a slow link compresses, a fast one sends exactly): each message is
  * decoded in its sender's codec, and the argument above holds per sender
- * (choose_codec). */
+ * (coll_hier_codec.c, hierChooseCodec).
+ *
+ * Each slice's messages are laid out in coll_hier_plan.c
+ * (hier_internal.h); this file runs the phases. */
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/coll/cma.h"
 #include "comm/coll/coll.h"
+#include "comm/coll/hier_internal.h"
 #include "comm/core/comm.h"
-#include "comm/transport/net_tcp_tune.h"
 #include "comm/coll/reduce.h"
 #include "compress/codec.h"
-#include "compress/ef.h"
 #include "topology/model.h"
 
 #include <math.h>
@@ -72,475 +74,6 @@ int geoHierDepth(const struct ncclComm *comm, size_t nslices)
     return comm->hier_depth > 0 ? comm->hier_depth : topoHierDepthAuto(nslices);
 }
 
-typedef struct {
-    int peer;
-    size_t off;         /* element offset in the buffer */
-    size_t n;           /* elements */
-    char *tmp;          /* X1 receive: where the peer's partial lands */
-    const geoCodec *codec; /* the sending region's codec; NULL: exact */
-    char *enc;          /* compressed: the chunk sent, or the receive buffer */
-    size_t enc_cap;     /* bytes at enc */
-    size_t enc_len;     /* send: chunk bytes */
-    int enc_owned;      /* enc was allocated for this message */
-    geoNetRequest req;
-    int posted;
-} hierMsg;
-
-/* What compression does in this call.  Each region encodes what it sends
- * in its codec, of[q] (NULL: exact); codec is my region's, any whether
- * some region compresses.  One codec for all unless the plan gives each
- * region its own (geoTuningRegionCodecs). */
-typedef struct {
-    const geoCodec *codec;
-    const geoCodec *of[64];
-    int any;
-    const geoCodecParams *params;
-    /* The return trip's parameters: the same, except that topk keeps R
-     * times the fraction, so that the union of the R regions' kept elements
-     * (at most R k of the part is non-zero after the first trip) goes back
-     * whole: sparsified once, like top-k SGD, not twice.  Where some
-     * regions send their partials exactly (a codec per region), the part
-     * is denser than that and its return trip keeps only the R k largest. */
-    geoCodecParams p2;
-    float *ef1, *ef2;   /* residuals over the whole buffer, or NULL */
-    uint64_t counter;   /* stochastic rounding stream of this call */
-} hierCodec;
-
-typedef struct {
-    size_t off, n;      /* my part of the piece: elements I reduce */
-    int first_rx;       /* index of its k-1 X1 receives in rx1 */
-} hierPart;
-
-typedef struct {
-    size_t s0, len;     /* slice in elements */
-    hierMsg *tx1, *rx1, *tx2, *rx2;
-    int ntx1, nrx1, ntx2, nrx2;
-    hierPart *parts;
-    int nparts;
-    char *tmp;          /* X1 receive buffer (slice_tmp), NULL outside */
-    size_t tmp_bytes, es;
-} hierSlice;
-
-/* Where the call's data lives on this host and how a region's slice is cut
- * among its ranks.  The host path: the user's buffer (base 0), cut by
- * geoSegRange.  The device path (geoHierExchange): a staging buffer that
- * holds only elements [base, base + n) of the call, cut as NCCL's
- * reduce-scatter cuts (geoSegPadded). */
-typedef void (*hierSegFn)(size_t count, int n, int i, size_t *off, size_t *len);
-typedef struct {
-    char *buf;
-    size_t base;
-    hierSegFn seg;
-} hierView;
-
-static char *at(const hierView *v, size_t off, size_t es)
-{
-    return v->buf + (off - v->base) * es;
-}
-
-void geoSegPadded(size_t count, int n, int i, size_t *off, size_t *len)
-{
-    size_t shard = (count + (size_t)n - 1) / (size_t)n;
-    size_t o = shard * (size_t)i;
-    *off = o < count ? o : count;
-    *len = o < count ? (count - o < shard ? count - o : shard) : 0;
-}
-
-static void msgs_free(hierMsg *m, int n)
-{
-    for (int i = 0; m && i < n; i++)
-        if (m[i].enc_owned)
-            free(m[i].enc);
-}
-
-static void slice_free(struct ncclComm *comm, hierSlice *sl)
-{
-    msgs_free(sl->tx1, sl->ntx1);
-    msgs_free(sl->rx1, sl->nrx1);
-    msgs_free(sl->tx2, sl->ntx2);
-    msgs_free(sl->rx2, sl->nrx2);
-    free(sl->tx1);
-    free(sl->rx1);
-    free(sl->tx2);
-    free(sl->rx2);
-    free(sl->parts);
-    geoScratchPut(&comm->scratch, sl->tmp);
-    memset(sl, 0, sizeof(*sl));
-}
-
-static int cmp_size(const void *a, const void *b)
-{
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static ncclResult_t alloc_enc(hierMsg *m, int n, ncclDataType_t dt, const geoCodecParams *params)
-{
-    for (int i = 0; i < n; i++) {
-        if (m[i].codec == NULL)
-            continue;
-        m[i].enc_cap = m[i].codec->maxEncodedSize(m[i].n, dt, params);
-        if (m[i].enc_cap == 0)
-            return ncclInvalidArgument;
-        m[i].enc = malloc(m[i].enc_cap);
-        if (m[i].enc == NULL)
-            return ncclSystemError;
-        m[i].enc_owned = 1;
-    }
-    return ncclSuccess;
-}
-
-/* The X1 receive buffer of a slice (where the other regions' partials
- * land), from the communicator's scratch (scratch.h): the all-reduce takes
- * it when the slice starts and gives it back once the partials are summed,
- * so only the slices in flight hold one and the pages stay mapped from one
- * call to the next. */
-static ncclResult_t slice_tmp(struct ncclComm *comm, hierSlice *sl)
-{
-    sl->tmp = geoScratchGet(&comm->scratch, sl->tmp_bytes);
-    if (sl->tmp == NULL) {
-        geoCommSetError(comm, "%s: out of memory for %zu receive bytes", geoErrOp(&comm->err),
-                        sl->tmp_bytes);
-        return ncclSystemError;
-    }
-    size_t t = 0;
-    for (int i = 0; i < sl->nrx1; i++) {
-        sl->rx1[i].tmp = sl->tmp + t * sl->es;
-        t += sl->rx1[i].n;
-    }
-    return ncclSuccess;
-}
-
-static void slice_tmp_put(struct ncclComm *comm, hierSlice *sl)
-{
-    geoScratchPut(&comm->scratch, sl->tmp);
-    sl->tmp = NULL;
-    for (int i = 0; i < sl->nrx1; i++)
-        sl->rx1[i].tmp = NULL;
-}
-
-/* Part q of a piece of plen elements: region q's share of it
- * (comm->hier_w, equal unless the links are uneven; every rank cuts the
- * same).  A zero share gives an empty part: no message is posted for it. */
-static void share_range(const struct ncclComm *comm, size_t plen, int q, size_t *off,
-                        size_t *len)
-{
-    if (!comm->hier_uneven) {
-        geoSegRange(plen, comm->regions.nregions, q, off, len);
-        return;
-    }
-    uint64_t before = 0;
-    for (int i = 0; i < q; i++)
-        before += comm->hier_w[i];
-    /* plen < 2^47 elements here, so plen * 2^16 does not overflow */
-    size_t a = (size_t)((uint64_t)plen * before / TOPO_SHARE_ONE);
-    size_t b = (size_t)((uint64_t)plen * (before + comm->hier_w[q]) / TOPO_SHARE_ONE);
-    *off = a;
-    *len = b - a;
-}
-
-/* Lay out the messages of one slice for this rank (slice_tmp gives the
- * receive buffer). */
-static ncclResult_t slice_plan(struct ncclComm *comm, hierSlice *sl, size_t es,
-                               const hierCodec *hc, ncclDataType_t dt, hierSegFn seg)
-{
-    const topoRegionMap *m = &comm->regions;
-    const int k = m->nregions, g = m->region_of[comm->rank], me = m->local_rank[comm->rank];
-    size_t nb = 0, *bounds;
-    size_t my_off, my_len;
-
-    seg(sl->len, m->size[g], me, &my_off, &my_len);
-    int total_ranks = 0;
-    for (int q = 0; q < k; q++)
-        total_ranks += m->size[q];
-    bounds = malloc(sizeof(size_t) * (size_t)(total_ranks + k + 1));
-    if (bounds == NULL)
-        return ncclSystemError;
-    for (int q = 0; q < k; q++)
-        for (int i = 0; i < m->size[q]; i++) {
-            size_t o, l;
-            seg(sl->len, m->size[q], i, &o, &l);
-            if (o >= my_off && o < my_off + my_len)
-                bounds[nb++] = o;
-        }
-    bounds[nb++] = my_off;
-    bounds[nb++] = my_off + my_len;
-    qsort(bounds, nb, sizeof(size_t), cmp_size);
-
-    /* Upper bounds on message counts: one piece per distinct boundary. */
-    size_t maxp = nb, maxm = maxp * (size_t)k;
-    sl->tx1 = calloc(maxm, sizeof(hierMsg));
-    sl->rx1 = calloc(maxm, sizeof(hierMsg));
-    sl->tx2 = calloc(maxm, sizeof(hierMsg));
-    sl->rx2 = calloc(maxm, sizeof(hierMsg));
-    sl->parts = calloc(maxp, sizeof(hierPart));
-    size_t tmp_elems = 0;
-    if (!sl->tx1 || !sl->rx1 || !sl->tx2 || !sl->rx2 || !sl->parts) {
-        free(bounds);
-        return ncclSystemError;
-    }
-    for (size_t t = 0; t + 1 < nb; t++) {
-        size_t a = bounds[t], b = bounds[t + 1];
-        if (b <= a || a < my_off || b > my_off + my_len)
-            continue;
-        size_t plen = b - a;
-        hierPart *part = &sl->parts[sl->nparts++];
-        size_t so, sn;
-        share_range(comm, plen, g, &so, &sn);
-        part->off = sl->s0 + a + so;
-        part->n = sn;
-        part->first_rx = sl->nrx1;
-        for (int q = 0; q < k; q++) {
-            if (q == g)
-                continue;
-            /* The owner of this piece in region q. */
-            int owner = -1;
-            for (int i = 0; i < m->size[q]; i++) {
-                size_t o, l;
-                seg(sl->len, m->size[q], i, &o, &l);
-                if (l > 0 && a >= o && a < o + l) {
-                    owner = m->members[q][i];
-                    break;
-                }
-            }
-            size_t qo, qn;
-            share_range(comm, plen, q, &qo, &qn);
-            /* X1: my partial of part q goes to its owner; its partial of my
-             * part comes to me.  X2: the reverse, with finished values. */
-            const geoCodec *mine = hc->of[g], *theirs = hc->of[q];
-            sl->tx1[sl->ntx1++] =
-                (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn, .codec = mine};
-            sl->rx1[sl->nrx1++] =
-                (hierMsg){.peer = owner, .off = part->off, .n = sn, .codec = theirs};
-            sl->tx2[sl->ntx2++] =
-                (hierMsg){.peer = owner, .off = part->off, .n = sn, .codec = mine};
-            sl->rx2[sl->nrx2++] =
-                (hierMsg){.peer = owner, .off = sl->s0 + a + qo, .n = qn, .codec = theirs};
-            tmp_elems += sn;
-        }
-    }
-    free(bounds);
-    sl->es = es;
-    sl->tmp_bytes = tmp_elems * es + 1;
-    if (hc->any) {
-        /* X2 sends one chunk per part to k-1 owners: one buffer per part,
-         * shared by its messages (allocated for the first, k-1 in a row). */
-        ncclResult_t r;
-        if ((r = alloc_enc(sl->tx1, sl->ntx1, dt, hc->params)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx1, sl->nrx1, dt, hc->params)) != ncclSuccess ||
-            (r = alloc_enc(sl->rx2, sl->nrx2, dt, &hc->p2)) != ncclSuccess)
-            return r;
-        int k1 = comm->regions.nregions - 1;
-        for (int i = 0; hc->codec && i < sl->ntx2; i += k1) {
-            if ((r = alloc_enc(&sl->tx2[i], 1, dt, &hc->p2)) != ncclSuccess)
-                return r;
-            for (int j = 1; j < k1; j++) {
-                sl->tx2[i + j].enc = sl->tx2[i].enc;
-                sl->tx2[i + j].enc_cap = sl->tx2[i].enc_cap;
-            }
-        }
-    }
-    return ncclSuccess;
-}
-
-/* GEOCCL_WAN_PACE (tuning.c set_pacing), uplink: in an uncompressed call
- * that keeps my region's uplink busy PACE_UP_MIN_S or more at the probe's
- * rate (busy), each of my connections to other regions is capped at its
- * share of that uplink: what this slice's plan sends the peer over what
- * my region sends in all, (1 + (R-2) w_g) len, times the probe's uplink
- * goodput, PACE_UP_HEADROOM and up_gain.  BBR's connections sharing one
- * uplink otherwise settle on rates that stay apart for many round trips,
- * and a call ends with its slowest connection.  The probe reads a lossy
- * uplink low, so the cap sits PACE_UP_HEADROOM over its figure, and a
- * call whose capped connections had acknowledged PACE_UP_BINDING of their
- * caps or more (they were held back) raises up_gain by PACE_UP_RAISE, up
- * to PACE_UP_GAIN_MAX; at that, still held back, the uplink is no longer
- * paced.  A smaller call is sent as before: its connections are not all
- * busy at once, and a cap at the share held them back (3x2, 100 Mbit/s,
- * 25 ms, 1 MiB, a 0.11 s call at the probe's rate: 0.244-0.250 s paced,
- * 0.176-0.183 s not; 16 MiB 1.92-1.93 s against 1.92-2.08 s; 2026-12-06).
- *
- * Under that cap, a connection on BBR is started again at the call's
- * start (net_tcp_tune.h geoNetTcpRestartBbr) where the call may end past BBR's 10 s
- * window (its last restart is older than PACE_BBR_WINDOW_S - PACE_BBR_SLACK
- * busy: a call may take twice its time at the probe's rate) and lasts
- * PACE_BBR_MIN_RTTS round trips or more: BBR holds each connection that shares a queue to 4
- * segments for 200-300 ms every 10 s (PROBE_RTT), wherever in a call that
- * falls, and the restart begins the 10 s again at a point where the call
- * waits anyway; the cap keeps its STARTUP from flooding the link.  3x2,
- * 1 Gbit/s, 25 ms, 0.1% loss, 64 MiB: see BENCHMARKS.md, "Lossy and
- * jittery paths" (WPACE).
- *
- * Downlink: while on, pace my connections to
- * each rank of a region h whose downlink limits, so that what all ranks
- * send h adds up to its downlink's goodput P_h.  Per slice of len elements,
- * h receives len (1 + (R-2) w_h): w_h len from each of the R-1 other
- * regions in X1 and (1 - w_h) len in all in X2.  My part of that is what
- * this slice's plan sends the peer (tx1 and tx2), so the peer's rate is
- * P_h x mine / all: every sender finishes with the others.  off lifts the
- * cap, so other collectives between the same ranks are not held back to
- * it (TCP keeps pacing those connections at its own rate from then on).
- * A call returns when its sends are in the kernel's buffer, so the tail
- * of what it sent into h leaves at that rate, no longer capped.
- *
- * P_h is the probe's figure (or a file's in=) times this rank's gain for h,
- * which each call adjusts from what its connections into h sent again
- * (TCP_INFO, over at least PACE_MIN_SEGS segments), against the share its
- * connections to the regions it does not pace sent again in the same call
- * (the paths' own random loss, which pacing cannot help): no more than
- * that, and the next call paces PACE_UP faster; PACE_LOSS of the segments
- * or more beyond it (a policer's drops when the senders together exceed
- * it), PACE_DOWN slower; in between it stays.  Why: the probe's figure is read
- * through lossy flows and is no rate a policer keeps to.  Into a 100 Mbit/s
- * policer from two 1 Gbit/s regions: in one run the first call paced at it
- * sent 8% of its segments again (1024 of 12290) and the gain settled at
- * 0.84-0.94; in another no call sent any again until the gain reached
- * 1.16, then it stayed at 1.08-1.16.  With 1% random loss on every path as
- * well, the connections into the policer sent 1.1-1.4% again, as those to
- * the other regions did, and the gain rose (1.13 after 8 calls) instead of
- * falling for loss that pacing cannot help. */
-#define PACE_MIN_SEGS 1000
-#define PACE_UP 1.03
-#define PACE_DOWN 0.95
-#define PACE_LOSS 0.01
-#define PACE_GAIN_MAX 1.3
-#define PACE_GAIN_MIN 0.7
-#define PACE_UP_HEADROOM 1.2
-#define PACE_UP_BINDING 0.9
-#define PACE_UP_RAISE 1.1
-#define PACE_UP_GAIN_MAX 2.0
-#define PACE_UP_MIN_S 0.5
-#define PACE_BBR_WINDOW_S 9.0
-#define PACE_BBR_SLACK 2.0
-#define PACE_BBR_MIN_RTTS 5
-#define PACE_BBR_MIN_S 0.5
-#define PACE_BBR_IN_ROW 5
-static void pace_wan(struct ncclComm *comm, const hierSlice *sl, double call_bytes, int on)
-{
-    const geoNetTransport *ops = comm->net.ops;
-    const topoRegionMap *m = &comm->regions;
-    if (!comm->hier_paced || !geoNetTcpTunable(&comm->net) || sl->len == 0)
-        return;
-    const int R = m->nregions < 64 ? m->nregions : 64, g = m->region_of[comm->rank];
-    /* what my region sends per slice: (1 - w_g) len in X1, w_g len to each
-     * of the R-1 others in X2 */
-    const double spread = 1 + (m->nregions - 2) * (double)comm->hier_w[g] / TOPO_SHARE_ONE;
-    const double sent = (double)sl->len * spread;
-    /* how long the call keeps my region's uplink busy at its rate */
-    const double busy = comm->hier_up > 0 ? call_bytes * spread / comm->hier_up : 0;
-    const int up_on = busy >= PACE_UP_MIN_S;
-    double segs[64] = {0}, ret[64] = {0}, up_cap = 0, up_acked = 0;
-    int down_held[64] = {0}; /* some connection into h held at the downlink's rate */
-    for (int i = 0; i < sl->ntx1 + sl->ntx2; i++) {
-        const hierMsg *x = i < sl->ntx1 ? &sl->tx1[i] : &sl->tx2[i - sl->ntx1];
-        int h = m->region_of[x->peer], seen = 0;
-        for (int j = 0; j < i && !seen; j++)
-            seen = (j < sl->ntx1 ? sl->tx1[j].peer : sl->tx2[j - sl->ntx1].peer) == x->peer;
-        if (seen || h >= 64)
-            continue;
-        geoLinkStats ls;
-        int have = ops->linkStats != NULL && ops->linkStats(comm->net.state, x->peer, &ls) == 0;
-        if (have) {
-            segs[h] += (double)ls.segs_out;
-            ret[h] += (double)ls.retrans;
-        }
-        if (!(comm->hier_pace[h] > 0) && !up_on)
-            continue;
-        double mine = 0;
-        for (int j = 0; j < sl->ntx1 + sl->ntx2; j++) {
-            const hierMsg *y = j < sl->ntx1 ? &sl->tx1[j] : &sl->tx2[j - sl->ntx1];
-            mine += y->peer == x->peer ? (double)y->n : 0;
-        }
-        double all = (double)sl->len *
-                     (1 + (m->nregions - 2) * (double)comm->hier_w[h] / TOPO_SHARE_ONE);
-        /* the same on and off: the gains change only after this loop */
-        double down = mine > 0 && comm->hier_pace[h] > 0
-                          ? comm->hier_pace[h] * comm->pace_gain[h] * mine / all : 0;
-        double up = mine > 0 && up_on
-                        ? comm->hier_up * PACE_UP_HEADROOM * comm->up_gain * mine / sent : 0;
-        double rate = down > 0 && (up == 0 || down <= up) ? down : up;
-        if (down > 0 && rate == down)
-            down_held[h] = 1;
-        if (up > 0 && rate == up) {
-            up_cap += up;
-            up_acked += have ? (double)ls.bytes_acked : 0;
-        }
-        geoNetTcpSetPacing(&comm->net, x->peer, on && rate > 0 ? (uint64_t)rate + 1 : 0);
-        /* restart BBR where the call may outlast its 10 s window, and where
-         * it lasts long enough (PACE_BBR_MIN_RTTS) for STARTUP to end
-         * under the cap */
-        double rtt = comm->topo.region_rtt != NULL ? comm->topo.region_rtt[g * m->nregions + h]
-                                                   : -1;
-        if (on && up > 0 && rate == up &&
-            busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
-            geoNetTcpRestartBbr(&comm->net, x->peer,
-                            fmax(0, PACE_BBR_WINDOW_S - PACE_BBR_SLACK * busy), PACE_BBR_IN_ROW);
-    }
-    /* Only a call that set the pace adjusts it (an error before that
-     * lifts a pace this call never set); what leaves after the call
-     * returns, uncapped, counts in the next call's figures. */
-    const int armed = comm->pace_armed;
-    comm->pace_armed = on;
-    if (on) {
-        memcpy(comm->pace_segs, segs, sizeof(segs));
-        memcpy(comm->pace_retrans, ret, sizeof(ret));
-        memcpy(comm->pace_down_held, down_held, sizeof(down_held));
-        comm->up_t0 = geoNow();
-        comm->up_acked0 = up_acked;
-        comm->up_cap = up_cap;
-        return;
-    }
-    if (!armed)
-        return;
-    /* the uplink: what the capped connections had acknowledged over the
-     * call, against their caps (a connection replaced by resume counts
-     * from 0 again: then this call says nothing) */
-    const double took = geoNow() - comm->up_t0;
-    if (comm->up_cap > 0 && took > 0 && up_acked >= comm->up_acked0) {
-        const double went = (up_acked - comm->up_acked0) / took;
-        if (went >= PACE_UP_BINDING * comm->up_cap) {
-            double gain = fmin(comm->up_gain * PACE_UP_RAISE, PACE_UP_GAIN_MAX);
-            geoTrace(GEO_LOG_NET, "uplink pace: the call sent %.1f Mbit/s under caps of %.1f in "
-                     "all; gain %.3f -> %.3f", went * 8e-6, comm->up_cap * 8e-6, comm->up_gain,
-                     gain);
-            if (comm->up_gain >= PACE_UP_GAIN_MAX) {
-                geoInfo(GEO_LOG_NET | GEO_LOG_TUNING, "uplink pace: calls still ran at their "
-                        "caps at %.1fx the probe's uplink rate; the uplink is no longer paced",
-                        PACE_UP_HEADROOM * PACE_UP_GAIN_MAX);
-                comm->hier_up = 0;
-            }
-            comm->up_gain = gain;
-        }
-    }
-    /* the downlinks: only regions some connection was held into at the
-     * downlink's rate; against the share sent again to regions not paced
-     * at a downlink (the paths' own loss, which pacing cannot help) */
-    double bs = 0, br = 0;
-    for (int h = 0; h < R; h++)
-        if (!(comm->hier_pace[h] > 0)) {
-            bs += segs[h] - comm->pace_segs[h];
-            br += ret[h] - comm->pace_retrans[h];
-        }
-    const double base = bs >= PACE_MIN_SEGS && br > 0 ? br / bs : 0;
-    for (int h = 0; h < R; h++) {
-        if (!(comm->hier_pace[h] > 0) || !comm->pace_down_held[h])
-            continue;
-        double ds = segs[h] - comm->pace_segs[h], dr = ret[h] - comm->pace_retrans[h];
-        if (!(ds >= PACE_MIN_SEGS) || dr < 0)
-            continue;
-        double gn = comm->pace_gain[h];
-        if (dr <= base * ds)
-            gn = fmin(gn * PACE_UP, PACE_GAIN_MAX);
-        else if (dr > (PACE_LOSS + base) * ds)
-            gn = fmax(gn * PACE_DOWN, PACE_GAIN_MIN);
-        if (gn != comm->pace_gain[h])
-            geoTrace(GEO_LOG_NET, "pacing into region %d: %.0f of %.0f segments sent again in "
-                     "the call (%.3g%% to unpaced regions); gain %.3f -> %.3f", h, dr, ds,
-                     base * 100, comm->pace_gain[h], gn);
-        comm->pace_gain[h] = gn;
-    }
-}
-
 static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int send,
                              const hierView *v, size_t es)
 {
@@ -556,10 +89,10 @@ static ncclResult_t post_all(struct ncclComm *comm, hierMsg *msgs, int n, int se
             continue;
         }
         if (send)
-            GEO_CHECK(geoNetIsend(&comm->net, x->peer, at(v, x->off, es), x->n * es, &x->req));
+            GEO_CHECK(geoNetIsend(&comm->net, x->peer, hierAt(v, x->off, es), x->n * es, &x->req));
         else
-            GEO_CHECK(geoNetIrecv(&comm->net, x->peer, x->tmp ? x->tmp : at(v, x->off, es), x->n * es,
-                                  &x->req));
+            GEO_CHECK(geoNetIrecv(&comm->net, x->peer, x->tmp ? x->tmp : hierAt(v, x->off, es),
+                                  x->n * es, &x->req));
         x->posted = 1;
     }
     return ncclSuccess;
@@ -678,7 +211,7 @@ static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, 
     const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
     for (int p = 0; p < sl->nparts; p++) {
         hierPart *part = &sl->parts[p];
-        char *mine = at(v, part->off, es);
+        char *mine = hierAt(v, part->off, es);
         if (part->n == 0)
             continue;
         /* partial of region q: mine when q == g, else the X1 receive from it */
@@ -695,264 +228,6 @@ static void reduce_parts(struct ncclComm *comm, const geoOp *op, hierSlice *sl, 
         }
         if (op->op == ncclAvg)
             geoDivide(mine, part->n, op->dt, comm->nranks);
-    }
-}
-
-static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int peer,
-                                const char *why, ncclResult_t res)
-{
-    if (peer >= 0)
-        geoCommSetError(comm, "%s: %s rank %d (host %s): %s", geoErrOp(&comm->err), what, peer,
-                        comm->peers[peer].net.host, why ? why : "invalid chunk");
-    else
-        geoCommSetError(comm, "%s: %s: %s", geoErrOp(&comm->err), what, why ? why : "failed");
-    geoWarn(GEO_LOG_COMPRESS, "%s", geoErrLast(&comm->err));
-    return res == ncclInvalidArgument ? ncclRemoteError : res;
-}
-
-/* X1 sends of one slice: encode my region's partial of each part. */
-static ncclResult_t encode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc, const hierView *v)
-{
-    const size_t es = geoTypeSize(op->dt);
-    for (int i = 0; i < sl->ntx1; i++) {
-        hierMsg *x = &sl->tx1[i];
-        ncclResult_t r = hc->codec->encode(at(v, x->off, es), x->n, op->dt,
-                                           hc->params, hc->counter + 2 * x->off,
-                                           hc->ef1 ? hc->ef1 + x->off : NULL, x->enc,
-                                           x->enc_cap, &x->enc_len);
-        if (r != ncclSuccess)
-            return codec_error(comm, "encoding a partial for", x->peer, NULL, r);
-    }
-    return ncclSuccess;
-}
-
-/* X1 receives: decode the other regions' partials of my parts. */
-static ncclResult_t decode_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl)
-{
-    for (int i = 0; i < sl->nrx1; i++) {
-        hierMsg *x = &sl->rx1[i];
-        const char *why = NULL;
-        if (x->codec == NULL) /* an exact region's: already in place */
-            continue;
-        ncclResult_t r = x->codec->decode(x->enc, x->req.size, op->dt, x->tmp, x->n, &why);
-        if (r != ncclSuccess)
-            return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
-    }
-    return ncclSuccess;
-}
-
-/* X1 receives and R of a float32 sum/avg in one pass: the k partials of
- * each of my parts summed in region order, the other regions' decoded
- * straight into the sum (decodeAccumulate: one binary32 addition each, the
- * same bits as decode_x1 then reduce_parts, without the decoded copies). */
-static int fused_decode(const geoOp *op, const hierCodec *hc)
-{
-    return hc->any && op->dt == ncclFloat32 &&
-           (op->op == ncclSum || op->op == ncclAvg);
-}
-
-static ncclResult_t decode_reduce_x1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                                     float *acc, const hierView *v)
-{
-    const int k = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
-    for (int p = 0; p < sl->nparts; p++) {
-        hierPart *part = &sl->parts[p];
-        float *mine = (float *)at(v, part->off, sizeof(float));
-        if (part->n == 0)
-            continue;
-        for (int q = 0, j = 0; q < k; q++) {
-            if (q == g) {
-                if (q == 0)
-                    memcpy(acc, mine, part->n * sizeof(float));
-                else
-                    geoReduce(acc, acc, mine, part->n, ncclFloat32, ncclSum);
-                continue;
-            }
-            hierMsg *x = &sl->rx1[part->first_rx + j++];
-            const char *why = NULL;
-            ncclResult_t r = ncclSuccess;
-            if (x->codec == NULL) { /* an exact region's partial, in x->tmp */
-                if (q == 0)
-                    memcpy(acc, x->tmp, part->n * sizeof(float));
-                else
-                    geoReduce(acc, acc, x->tmp, part->n, ncclFloat32, ncclSum);
-            } else if (q == 0) {
-                r = x->codec->decode(x->enc, x->req.size, ncclFloat32, acc, part->n, &why);
-            } else {
-                r = x->codec->decodeAccumulate(x->enc, x->req.size, ncclFloat32, acc, part->n,
-                                               &why);
-            }
-            if (r != ncclSuccess)
-                return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
-        }
-        if (op->op == ncclAvg)
-            geoDivide(acc, part->n, ncclFloat32, comm->nranks);
-        memcpy(mine, acc, part->n * sizeof(float));
-    }
-    return ncclSuccess;
-}
-
-/* X2: encode each finished part once, and keep decode(encode(part)) as my
- * own copy: the bytes every other region decodes. */
-static ncclResult_t encode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierCodec *hc, const hierView *v)
-{
-    const size_t es = geoTypeSize(op->dt);
-    int k1 = comm->regions.nregions - 1;
-    for (int i = 0; i < sl->ntx2; i += k1) {
-        hierMsg *x = &sl->tx2[i];
-        char *part = at(v, x->off, es);
-        const char *why = NULL;
-        ncclResult_t r = hc->codec->encode(part, x->n, op->dt, &hc->p2,
-                                           hc->counter + 2 * x->off + 1,
-                                           hc->ef2 ? hc->ef2 + x->off : NULL, x->enc, x->enc_cap,
-                                           &x->enc_len);
-        if (r != ncclSuccess)
-            return codec_error(comm, "encoding a reduced part for", x->peer, NULL, r);
-        if (hc->codec->lossy &&
-            (r = hc->codec->decode(x->enc, x->enc_len, op->dt, part, x->n, &why)) != ncclSuccess)
-            return codec_error(comm, "decoding our own chunk", -1, why, r);
-        for (int j = 1; j < k1; j++)
-            sl->tx2[i + j].enc_len = x->enc_len;
-    }
-    return ncclSuccess;
-}
-
-/* X2 receives: decode the finished parts owned by other regions. */
-static ncclResult_t decode_x2(struct ncclComm *comm, const geoOp *op, hierSlice *sl,
-                              const hierView *v)
-{
-    const size_t es = geoTypeSize(op->dt);
-    for (int i = 0; i < sl->nrx2; i++) {
-        hierMsg *x = &sl->rx2[i];
-        const char *why = NULL;
-        if (x->codec == NULL) /* an exact region's: already in place */
-            continue;
-        ncclResult_t r = x->codec->decode(x->enc, x->req.size, op->dt, at(v, x->off, es), x->n,
-                                          &why);
-        if (r != ncclSuccess)
-            return codec_error(comm, "a corrupt compressed chunk from", x->peer, why, r);
-    }
-    return ncclSuccess;
-}
-
-/* The codec a call may use (coll.h): lossy codecs only on float32 sum/avg,
- * and only when the user chose one; anything else is sent exactly (said
- * once at INFO). */
-void geoHierCodecPolicy(struct ncclComm *comm, const geoOp *op, int codec,
-                        geoHierCodecChoice *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->codec = GEO_CODEC_NONE;
-    geoCodecId id = (geoCodecId)codec;
-    if (id == GEO_CODEC_NONE || id >= GEO_CODEC_COUNT)
-        return;
-    const geoCodec *c = geoCodecGet(id);
-    if (c == NULL)
-        return;
-    int ok = c->supports(op->dt) &&
-             (!c->lossy || op->op == ncclSum || op->op == ncclAvg);
-    if (!ok) {
-        if (!comm->compress_fallback_noted) {
-            comm->compress_fallback_noted = 1;
-            geoInfo(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS=%s applies to float sum/avg only: %s %s "
-                    "all-reduces cross the WAN exactly", c->name, geoTypeName(op->dt),
-                    geoOpName(op->op));
-        }
-        return;
-    }
-    out->codec = id;
-    out->p1 = comm->codec_auto ? comm->auto_params : comm->codec_params;
-    out->p2 = out->p1;
-    if (id == GEO_CODEC_TOPK) {
-        double k2 = out->p2.topkFraction * comm->regions.nregions;
-        out->p2.topkFraction = k2 < 1 ? k2 : 1;
-    }
-    /* the call's own number: a device call's exchange runs on the
-     * exchange thread, when the user thread may have issued later calls */
-    out->counter = (op->seq ? op->seq : comm->op_seq) << 40;
-    if (c->lossy && comm->ef_enabled) {
-        /* GEOCCL_EF=2: only the return trip keeps a residual; 3: only the
-         * first trip (see the parameter's help).  Unset: 3 for sign, whose
-         * residuals on both trips made the digits example diverge while the
-         * first trip alone matched uncompressed accuracy (BENCHMARKS.md,
-         * "Which trip keeps the residual"); 1 for the others. */
-        int mode = comm->ef_mode ? comm->ef_mode : id == GEO_CODEC_SIGN ? 3 : 1;
-        out->ef1 = mode != 2;
-        out->ef2 = mode != 3;
-    }
-}
-
-void geoEfNoteUnregistered(struct ncclComm *comm, const void *buf)
-{
-    if (__atomic_exchange_n(&comm->ef_unreg_noted, 1, __ATOMIC_RELAXED))
-        return;
-    geoInfo(GEO_LOG_COMPRESS, "error feedback: %p is in no buffer registered with "
-            "geocclCommRegisterErrorFeedback: compressed without error feedback (this and "
-            "every other such call; GEOCCL_EF_KEY=address keys residuals by address instead)",
-            buf);
-}
-
-/* The call's codecs: region q's is by_region[q] where the plan gives each
- * region its own, else comm->call_codec (the plan's or the user's), each
- * through the policy.  Every rank takes the same, so each message is
- * decoded in the codec it was encoded in.  Why a codec per sending region
- * keeps the results bit-identical: a region's X1 partials are decoded only
- * by the owner of each part, which sums them in region order; its X2 part
- * is encoded once and every region, the owner included (encode_x2),
- * decodes those same bytes.  Error feedback keeps residuals only for my
- * region's codec. */
-static void choose_codec(struct ncclComm *comm, const geoOp *op, hierCodec *hc,
-                         const unsigned char *by_region)
-{
-    const int R = comm->regions.nregions, g = comm->regions.region_of[comm->rank];
-    geoHierCodecChoice ch, mine;
-    memset(hc, 0, sizeof(*hc));
-    memset(&mine, 0, sizeof(mine));
-    for (int q = 0; q < R && q < 64; q++) {
-        geoHierCodecPolicy(comm, op, by_region ? by_region[q] : comm->call_codec, &ch);
-        if (ch.codec == GEO_CODEC_NONE)
-            continue;
-        hc->of[q] = geoCodecGet((geoCodecId)ch.codec);
-        /* p2 differs from p1 only for topk (R k on the return trip) */
-        if (!hc->any || ch.codec == GEO_CODEC_TOPK)
-            hc->p2 = ch.p2;
-        hc->any = 1;
-        hc->counter = ch.counter;
-        if (q == g)
-            mine = ch;
-    }
-    if (!hc->any)
-        return;
-    hc->codec = hc->of[g];
-    hc->params = comm->codec_auto ? &comm->auto_params : &comm->codec_params;
-    ch = mine;
-    if ((ch.ef1 || ch.ef2) && op->ef_key == 0) {
-        geoEfNoteUnregistered(comm, op->recvbuff);
-    } else if (ch.ef1 || ch.ef2) {
-        size_t evicted = 0;
-        geoEfBeginOp(&comm->ef);
-        if (geoEfGet(&comm->ef, op->ef_key, op->recvbuff, op->count, 1, &hc->ef1, &evicted) !=
-                ncclSuccess ||
-            geoEfGet(&comm->ef, op->ef_key, op->recvbuff, op->count, 2, &hc->ef2, &evicted) !=
-                ncclSuccess) {
-            hc->ef1 = hc->ef2 = NULL;
-            if (!comm->ef_full_noted) {
-                comm->ef_full_noted = 1;
-                geoInfo(GEO_LOG_COMPRESS, "error feedback: a %zu-element buffer does not fit "
-                        "GEOCCL_EF_MAX_BYTES=%zu; it is compressed without error feedback",
-                        op->count, comm->ef.maxBytes);
-            }
-        }
-        if (!ch.ef1)
-            hc->ef1 = NULL;
-        if (!ch.ef2)
-            hc->ef2 = NULL;
-        if (geoEfTakeEvictionNotice(&comm->ef))
-            geoInfo(GEO_LOG_COMPRESS, "error feedback: GEOCCL_EF_MAX_BYTES=%zu reached; least "
-                    "recently used residuals are dropped (%llu so far)", comm->ef.maxBytes,
-                    (unsigned long long)comm->ef.evictions);
     }
 }
 
@@ -974,12 +249,12 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     hierCodec hc;
     const hierView view = {.buf = op->recvbuff, .base = 0, .seg = geoSegRange};
     const hierView *v = &view;
-    choose_codec(comm, op, &hc, comm->call_region_codecs);
+    hierChooseCodec(comm, op, &hc, comm->call_region_codecs);
     size_t maxpart = 0;
     for (size_t s = 0; s < M; s++) {
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
-        if (slice_plan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
+        if (hierSlicePlan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
             geoCommSetError(comm, "%s: out of memory planning slice %zu", geoErrOp(&comm->err), s);
             res = ncclSystemError;
             goto out;
@@ -1001,7 +276,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                        res, out);
     const size_t D = (size_t)geoHierDepth(comm, M);
     if (M > 0)
-        pace_wan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 1);
+        hierPaceWan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 1);
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
      * last finished parts came back.  Against the link's time for the bytes
@@ -1015,10 +290,10 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
             comm->stats.t_intra_rs += geoNow() - t0;
             if (hc.codec) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(encode_x1(comm, op, &sl[it], &hc, v), res, out);
+                GEO_CHECK_GOTO(hierEncodeX1(comm, op, &sl[it], &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
-            GEO_CHECK_GOTO(slice_tmp(comm, &sl[it]), res, out);
+            GEO_CHECK_GOTO(hierSliceTmp(comm, &sl[it]), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].tx1, sl[it].ntx1, 1, v, es), res, out);
             GEO_CHECK_GOTO(post_all(comm, sl[it].rx1, sl[it].nrx1, 0, v, es), res, out);
             if (it == 0)
@@ -1033,22 +308,22 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 tl[1] = geoNow();
             if (it - D == M - 1) /* the same slice when there is one */
                 tl[2] = geoNow();
-            if (fused_decode(op, &hc)) {
+            if (hierFusedDecode(op, &hc)) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_reduce_x1(comm, op, x, (float *)scratch, v), res, out);
+                GEO_CHECK_GOTO(hierDecodeReduceX1(comm, op, x, (float *)scratch, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             } else {
                 if (hc.any) {
                     t0 = geoNow();
-                    GEO_CHECK_GOTO(decode_x1(comm, op, x), res, out);
+                    GEO_CHECK_GOTO(hierDecodeX1(comm, op, x), res, out);
                     comm->stats.t_codec += geoNow() - t0;
                 }
                 reduce_parts(comm, op, x, es, scratch, v);
             }
-            slice_tmp_put(comm, x);
+            hierSliceTmpPut(comm, x);
             if (hc.codec) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(encode_x2(comm, op, x, &hc, v), res, out);
+                GEO_CHECK_GOTO(hierEncodeX2(comm, op, x, &hc, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
             GEO_CHECK_GOTO(post_all(comm, x->tx2, x->ntx2, 1, v, es), res, out);
@@ -1065,7 +340,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 tl[3] = geoNow();
             if (hc.any) {
                 t0 = geoNow();
-                GEO_CHECK_GOTO(decode_x2(comm, op, x, v), res, out);
+                GEO_CHECK_GOTO(hierDecodeX2(comm, op, x, v), res, out);
                 comm->stats.t_codec += geoNow() - t0;
             }
             t0 = geoNow();
@@ -1085,9 +360,9 @@ out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
     if (M > 0)
-        pace_wan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 0);
+        hierPaceWan(comm, &sl[0], hc.any ? 0 : (double)op->count * (double)es, 0);
     for (size_t s = 0; s < M; s++)
-        slice_free(comm, &sl[s]);
+        hierSliceFree(comm, &sl[s]);
     free(sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;
@@ -1107,13 +382,13 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
                   "%s: more than 64 regions", geoErrOp(&comm->err));
     /* one codec for all: the GPU path chose it for the whole call */
-    choose_codec(comm, op, &hc, NULL);
-    if (slice_plan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
+    hierChooseCodec(comm, op, &hc, NULL);
+    if (hierSlicePlan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
         geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
         res = ncclSystemError;
         goto out;
     }
-    GEO_CHECK_GOTO(slice_tmp(comm, &sl), res, out);
+    GEO_CHECK_GOTO(hierSliceTmp(comm, &sl), res, out);
     size_t maxpart = 0;
     for (int p = 0; p < sl.nparts; p++)
         if (sl.parts[p].n > maxpart)
@@ -1125,91 +400,36 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
         goto out;
     }
     t0 = geoNow();
-    pace_wan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 1);
+    hierPaceWan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 1);
     if (hc.codec)
-        GEO_CHECK_GOTO(encode_x1(comm, op, &sl, &hc, v), res, out);
+        GEO_CHECK_GOTO(hierEncodeX1(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx1, sl.ntx1, 1, v, es), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.rx1, sl.nrx1, 0, v, es), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.rx1, sl.nrx1), res, out);
-    if (fused_decode(op, &hc)) {
-        GEO_CHECK_GOTO(decode_reduce_x1(comm, op, &sl, (float *)scratch, v), res, out);
+    if (hierFusedDecode(op, &hc)) {
+        GEO_CHECK_GOTO(hierDecodeReduceX1(comm, op, &sl, (float *)scratch, v), res, out);
     } else {
         if (hc.any)
-            GEO_CHECK_GOTO(decode_x1(comm, op, &sl), res, out);
+            GEO_CHECK_GOTO(hierDecodeX1(comm, op, &sl), res, out);
         reduce_parts(comm, op, &sl, es, scratch, v);
     }
     if (hc.codec)
-        GEO_CHECK_GOTO(encode_x2(comm, op, &sl, &hc, v), res, out);
+        GEO_CHECK_GOTO(hierEncodeX2(comm, op, &sl, &hc, v), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.tx2, sl.ntx2, 1, v, es), res, out);
     GEO_CHECK_GOTO(post_all(comm, sl.rx2, sl.nrx2, 0, v, es), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.rx2, sl.nrx2), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.tx1, sl.ntx1), res, out);
     GEO_CHECK_GOTO(wait_msgs(comm, sl.tx2, sl.ntx2), res, out);
     if (hc.any)
-        GEO_CHECK_GOTO(decode_x2(comm, op, &sl, v), res, out);
+        GEO_CHECK_GOTO(hierDecodeX2(comm, op, &sl, v), res, out);
     comm->stats.t_inter += geoNow() - t0;
 out:
     if (res != ncclSuccess)
         geoNetBreak(&comm->net); /* posted requests must not outlive sl */
-    pace_wan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 0);
-    slice_free(comm, &sl);
+    hierPaceWan(comm, &sl, hc.any ? 0 : (double)op->count * (double)es, 0);
+    hierSliceFree(comm, &sl);
     geoScratchPut(&comm->scratch, scratch);
     return res;
-}
-
-static ncclResult_t copy_msgs(const hierMsg *m, int n, geoXMsg **out)
-{
-    *out = calloc((size_t)n + 1, sizeof(geoXMsg));
-    if (*out == NULL)
-        return ncclSystemError;
-    for (int i = 0; i < n; i++)
-        (*out)[i] = (geoXMsg){.peer = m[i].peer, .off = m[i].off, .n = m[i].n};
-    return ncclSuccess;
-}
-
-ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *plan)
-{
-    hierSlice sl = {.s0 = 0, .len = count};
-    hierCodec none;
-    ncclResult_t r = ncclSuccess;
-
-    memset(plan, 0, sizeof(*plan));
-    memset(&none, 0, sizeof(none));
-    GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
-                  "%s: more than 64 regions", geoErrOp(&comm->err));
-    /* es = 0: no receive buffers are laid out, only the messages. */
-    if (slice_plan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded) != ncclSuccess ||
-        copy_msgs(sl.tx1, sl.ntx1, &plan->tx1) != ncclSuccess ||
-        copy_msgs(sl.rx1, sl.nrx1, &plan->rx1) != ncclSuccess ||
-        copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||
-        copy_msgs(sl.rx2, sl.nrx2, &plan->rx2) != ncclSuccess ||
-        (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(geoXPart))) == NULL) {
-        geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
-        r = ncclSystemError;
-    } else {
-        plan->ntx1 = sl.ntx1;
-        plan->nrx1 = sl.nrx1;
-        plan->ntx2 = sl.ntx2;
-        plan->nrx2 = sl.nrx2;
-        plan->nparts = sl.nparts;
-        for (int p = 0; p < sl.nparts; p++)
-            plan->parts[p] = (geoXPart){.off = sl.parts[p].off, .n = sl.parts[p].n,
-                                        .first_rx = sl.parts[p].first_rx};
-    }
-    slice_free(comm, &sl);
-    if (r != ncclSuccess)
-        geoHierExchangePlanFree(plan);
-    return r;
-}
-
-void geoHierExchangePlanFree(geoXPlan *plan)
-{
-    free(plan->tx1);
-    free(plan->rx1);
-    free(plan->tx2);
-    free(plan->rx2);
-    free(plan->parts);
-    memset(plan, 0, sizeof(*plan));
 }
 
 /* ---- hierarchical all-gather and reduce-scatter ----------------------

@@ -75,7 +75,7 @@ ncclResult_t geoCollRun(geoOp *in)
         }
     }
 
-    geoWanWatchCallStart(&comm->wan_watch, geoNow());
+    geoWanWatchCallStart(&comm->wan.watch, geoNow());
 
     /* The plan (comm/coll/tuning.h): algorithm, codec and chunk of this call.
      * Every rank decides from the same plan and the same size. */
@@ -187,9 +187,9 @@ ncclResult_t geoCollRun(geoOp *in)
     comm->hier_slice = saved_slice;
     free(scaled);
     /* Between regions, the control each pair runs may change once what it
-     * carries is known (probe.h, geoWanWatch). */
+     * carries is known (topology/wan_tuning.h, geoWanWatch). */
     if (res == ncclSuccess && comm->regions.nregions > 1)
-        geoWanWatchCallEnd(&comm->wan_watch, &comm->topo, &comm->regions, comm->rank,
+        geoWanWatchCallEnd(&comm->wan.watch, &comm->topo, &comm->regions, comm->rank,
                            comm->nranks, comm->nstreams, &comm->net, geoNow());
     return res;
 }

@@ -4,6 +4,7 @@
 #include "comm/base/debug.h"
 #include "comm/base/param.h"
 #include "topology/model.h"
+#include "topology/wan_tuning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@ static int coll_of(geoOpType t)
     }
 }
 
-/* Whether the congestion control named (comm->wan_cc; "" = the host's)
+/* Whether the congestion control named (comm->wan.cc; "" = the host's)
  * is BBR, which has no loss term. */
 static int cc_is_bbr(const char *name)
 {
@@ -124,7 +125,7 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
             if (t->wan_choice != NULL && t->wan_choice[g * R + h] >= 0)
                 m->loss_driven[g] = t->wan_choice[g * R + h] == TOPO_CC_CUBIC;
             else
-                m->loss_driven[g] = !cc_is_bbr(comm->wan_cc);
+                m->loss_driven[g] = !cc_is_bbr(comm->wan.cc);
         }
     /* Connections are made; the probe may have told WAN pairs to use fewer. */
     m->wan_streams = t->streams_used > 0 ? t->streams_used : comm->nstreams;
@@ -132,49 +133,6 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
     m->hier_slice = comm->hier_slice;
     m->direct_max = comm->direct_max;
     return 0;
-}
-
-/* GEOCCL_WAN_PACE: a region whose downlink takes less than the others can
- * send it (the probe saw its incoming flows held back, or the topology file
- * gave in=) gets what they send it during the hierarchical all-reduce paced
- * at its downlink's goodput.  A policing downlink (a token bucket that
- * drops what exceeds it, as a provider's port limit does) otherwise drops
- * the excess of every sender at once: 3x2 with 1 Gbit/s uplinks and one
- * 100 Mbit/s downlink lost 11-12% of the segments into it at init, and the
- * 64 MiB all-reduce ran 1.30x its bound unpaced, 1.12x paced
- * (BENCHMARKS.md, "Uneven links").  My region's uplink goodput (hier_up)
- * paces each of my connections to other regions at its share of it
- * (coll_hier.c pace_wan). */
-static void set_pacing(struct ncclComm *comm, const topoModel *m)
-{
-    const int R = m->nregions;
-    char line[512];
-    int o = 0;
-    for (int h = 0; h < R; h++) {
-        double in = m->ingress_Bps[h] * m->wan_goodput, sent = 0;
-        for (int q = 0; q < R; q++)
-            if (q != h)
-                sent += m->egress_Bps[q] * m->wan_goodput / (R - 1);
-        comm->hier_pace[h] = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && in > 0 && in < sent ? in : 0;
-        comm->pace_gain[h] = 1;
-        if (comm->hier_pace[h] > 0 && o < (int)sizeof(line) - 64)
-            o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%s %.1f Mbit/s (the others "
-                          "send %.1f)", comm->hier_paced ? ", " : "", m->names[h], in * 8e-6,
-                          sent * 8e-6);
-        comm->hier_paced |= comm->hier_pace[h] > 0;
-    }
-    if (comm->hier_paced && comm->rank == 0)
-        geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce paced into regions whose downlink "
-                "limits: %s; GEOCCL_WAN_PACE=0 turns it off", line);
-    const int g = comm->regions.region_of[comm->rank];
-    comm->hier_up = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && g >= 0 && g < R
-                        ? m->egress_Bps[g] * m->wan_goodput : 0;
-    comm->up_gain = 1;
-    comm->hier_paced |= comm->hier_up > 0;
-    if (comm->hier_up > 0 && comm->rank == comm->regions.members[g][0])
-        geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce: region %s sends at %.1f Mbit/s in "
-                "all, each connection at its share; GEOCCL_WAN_PACE=0 turns it off",
-                m->names[g], comm->hier_up * 8e-6);
 }
 
 ncclResult_t geoTuningInit(struct ncclComm *comm)
@@ -198,10 +156,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
             comm->hier_w[q] = (unsigned)((uint64_t)TOPO_SHARE_ONE * (q + 1) / R -
                                          (uint64_t)TOPO_SHARE_ONE * q / R);
         comm->hier_uneven = 0;
-        memset(comm->hier_pace, 0, sizeof(comm->hier_pace));
-        comm->hier_up = 0;
-        comm->up_gain = 1;
-        comm->hier_paced = 0;
+        geoWanPaceReset(&comm->wan.pace);
     }
     if (comm->regions.nregions < 2) {
         snprintf(comm->plan_why, sizeof(comm->plan_why), "one region: flat, uncompressed");
@@ -230,12 +185,12 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                 topoHierWanPerByte(&m, comm->hier_w) * (1 << 30),
                 topoHierWanPerByte(&m, eq) * (1 << 30));
     }
-    set_pacing(comm, &m);
+    geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {
             /* (index, value) pairs for a fraction k of the elements on the
-             * first trip, R k on the return trip (coll_hier.c): the mean of
+             * first trip, R k on the return trip (coll_hier_codec.c): the mean of
              * the two trips' ratios. */
             double R = comm->regions.nregions;
             costs[i].ratio = 0.5 / comm->auto_params.topkFraction * 2.0 / (1.0 + R);

@@ -19,6 +19,7 @@
 #include "topology/model.h"
 #include "topology/regions.h"
 #include "topology/topofile.h"
+#include "topology/wan_tuning.h"
 #include "comm/base/scratch.h"
 
 #define GEO_COMM_MAGIC 0x47656f43634c4c31ULL /* "GeoCcLL1" */
@@ -117,7 +118,6 @@ struct ncclComm {
     geoScratch scratch;         /* receive buffers kept between calls */
 
     uint64_t op_seq;            /* collective calls issued */
-    char wan_cc[GEO_PROBE_CC_LEN]; /* congestion control set on WAN connections (GEOCCL_WAN_CC), "" if none */
 
     geoRedOp redops[GEO_MAX_REDOPS];
 
@@ -135,30 +135,12 @@ struct ncclComm {
      * unless the plan found the links uneven.  The same on every rank. */
     unsigned hier_w[64];
     int hier_uneven;
-    /* Goodput (bytes/s) at which what all other regions send region q
-     * during the hierarchical all-reduce is paced (GEOCCL_WAN_PACE): its
-     * downlink's, where that limits; 0: not paced. */
-    double hier_pace[64];
-    /* Goodput (bytes/s) of my region's uplink, at which what its ranks
-     * send during the hierarchical all-reduce is paced, each connection
-     * at its share (GEOCCL_WAN_PACE); 0: not paced */
-    double hier_up;
-    /* this rank's factor on hier_up, raised after a call whose capped
-     * connections ran at their caps (coll_hier.c pace_wan); the call's
-     * start, the caps it set in all, and what those connections had had
-     * acknowledged then */
-    double up_gain, up_t0, up_cap, up_acked0;
-    int pace_down_held[64];     /* the call held some connection into h at hier_pace[h] */
-    int hier_paced;             /* some region is, or the uplink is */
-    /* this rank's factor on hier_pace[h], adjusted after each paced call
-     * (coll_hier.c pace_wan), and its connections' counts at the call's start */
-    double pace_gain[64], pace_segs[64], pace_retrans[64];
-    int pace_armed;             /* the call in progress set the pace */
+    geoWanTuning wan;           /* congestion control and pacing between regions
+                                 * (topology/wan_tuning.h) */
     int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;
     geoTopo topo;               /* what the probe measured (probe.h) */
-    geoWanWatch wan_watch;      /* GEOCCL_WAN_CC=auto after init (probe.h) */
     geoTopoInherit inherit;     /* a split/shrink child: the parent's topology */
     topoFile topo_file;         /* GEOCCL_TOPO_FILE as loaded */
     int topo_file_loaded;

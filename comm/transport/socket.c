@@ -188,7 +188,7 @@ int geoSocketCheckParams(char *err, size_t len)
     if (cc != NULL && cc[0] != '\0' && geoSocketCcAllowed("GEOCCL_TCP_CC", cc, err, len) != 0)
         return -1;
     /* The default WAN choice may be missing from a kernel: then the WAN
-     * connections keep what the others have (wan_congestion, probe.c). */
+     * connections keep what the others have (topology/wan_cc.c, geoWanCcInit). */
     cc = geoSocketWanCc();
     if (cc != NULL && geoParamIsSet(GEO_PARAM_WAN_CC) && strcmp(cc, "auto") != 0 &&
         geoSocketCcAllowed("GEOCCL_WAN_CC", cc, err, len) != 0)

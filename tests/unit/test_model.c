@@ -14,6 +14,7 @@
 #include "config.h"
 #include "topology/model.h"
 #include "topology/topofile.h"
+#include "topology/wan_tuning.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -977,7 +978,7 @@ static int revisit(double msg, double retrans, double segs, int paused, int call
                             restart, why, 192);
 }
 
-/* After init (probe.h, geoWanWatch): a pair on BBR moves to cubic when
+/* After init (wan_tuning.h, geoWanWatch): a pair on BBR moves to cubic when
  * cubic's window at the loss the counts allow holds a message, or its
  * streams hold the bulk share; not while calls often pause past an RTO. */
 static void test_wan_cc_revisit(void)

@@ -16,7 +16,7 @@
 #      fast-path peers with 1 and none with 0, and the bytes through all
 #      regions' shapers must be the same within 5% (a fast path between
 #      regions would bypass the shapers and shrink them).
-#   w. GEOCCL_WAN_CC=auto after init (topology/probe.h, geoWanWatch): 3
+#   w. GEOCCL_WAN_CC=auto after init (topology/wan_tuning.h, geoWanWatch): 3
 #      regions x 2 ranks, 100 Mbit/s, 25 ms, 20 s of 170 KB all-reduces at
 #      defaults (probe on): on clean links every rank moves its connections
 #      to both other regions from bbr to cubic; with 1% random loss none
@@ -261,7 +261,7 @@ fi
 # at what goodput its region sends in all; the maximum pacing rates of
 # region 1's connections to the other regions that sent in the last 0.5 s
 # (ss, "pacing_rate NOW/MAX", both ranks) must add up to 1.1-2.45 times
-# that figure (coll_hier.c pace_wan: 1.2 times, and a gain of 1 to 2).
+# that figure (topology/wan_pace.c: 1.2 times, and a gain of 1 to 2).
 # Sampled every 0.25 s, some sending connection must be on bbr and none
 # may be seen in BBR's PROBE_RTT (a window of 4 segments, cwnd_gain 1):
 # with the restarts at call starts turned off, one run saw it in 3 of 71

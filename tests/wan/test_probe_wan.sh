@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# The topology probe (topology/probe.c, topology/cluster.c) and geoccl-probe on
+# The topology probe (topology/probe*.c, topology/cluster.c) and geoccl-probe on
 # emulated regions (examples/wan/geoccl-wan), with no region labels given:
 #
 #   a. 3 regions of 2 + 3 + 1 ranks, asymmetric links: 100 Mbit/s, 1 Gbit/s,
@@ -40,7 +40,7 @@
 #      downlink (ingress 0) and the egress figures stay within 1.3x of each
 #      other. One transfer of 12 round trips, taken while loss kept BBR
 #      from leaving startup, once read two slow flows into a region as a
-#      340 Mbit/s downlink in five inits; measure_bw now measures such
+#      340 Mbit/s downlink in five inits; probeMeasureBw now measures such
 #      rates again on the warmed connections. (Not under a sanitizer,
 #      where the rates are the CPU's.)
 #   g. a rank killed (SIGKILL) while the probe runs (0.6 s after the start,

@@ -1,0 +1,13 @@
+/* What model.c (the cost model) and model_plan.c (the plan built on it)
+ * share and nothing else sees. */
+#ifndef GEOCCL_TOPO_MODEL_INTERNAL_H_
+#define GEOCCL_TOPO_MODEL_INTERNAL_H_
+
+#include "topology/model.h"
+
+/* 1 when every field of m is in range (model.h says which), else 0. */
+int topoModelOk(const topoModel *m);
+/* The ranks of all regions. */
+int topoModelNranks(const topoModel *m);
+
+#endif
