@@ -23,7 +23,7 @@
  * is called from a stream callback, and no host function is used: where
  * stream memory operations are unavailable, a one-warp kernel that polls
  * the flag (geoCudaWaitFlag) takes the place of cuStreamWaitValue32, so
- * that no wait ever holds a thread of CUDA's (see stream_wait).
+ * that no wait ever holds a thread of CUDA's (see devStreamWait).
  *
  * A failure in the exchange marks the communicator broken (ncclComm-
  * GetAsyncError reports it, as NCCL reports a failed kernel) and still
@@ -67,7 +67,7 @@ typedef CUresult (*waitValueFn)(CUstream stream, CUdeviceptr addr, cuuint32_t va
 /* Pinned staging for one job in flight.  Pinned memory is never freed
  * while the communicator lives: cudaFreeHost waits for every stream of the
  * device (the trainer's compute streams too), so a slot that must grow
- * keeps its old buffer on the communicator's retired list (see slot_get),
+ * keeps its old buffer on the communicator's retired list (see devSlotGet),
  * and everything goes at ncclCommDestroy; ncclCommAbort frees none of it
  * (see geoDevFree). */
 typedef struct {
@@ -79,14 +79,14 @@ typedef struct {
     int exchanged;          /* the exchange thread is finished with it */
 } devSlot;
 
-/* A staging buffer a slot outgrew (slot_get). */
+/* A staging buffer a slot outgrew (devSlotGet). */
 typedef struct devRetired {
     void *host;
     size_t bytes;
     struct devRetired *next;
 } devRetired;
 
-struct gxJob;
+struct devCodecJob;
 
 typedef struct devJob {
     geoOp op;               /* count, dt, op; recvbuff keys error feedback */
@@ -95,7 +95,7 @@ typedef struct devJob {
     uint32_t seq;           /* the flag value that releases all of the job */
     uint64_t op_seq;
     int codec;              /* host exchange: the codec of the call */
-    struct gxJob *gx;       /* GPU-encoded exchange (NULL: host exchange) */
+    struct devCodecJob *codec_job;       /* GPU-encoded exchange (NULL: host exchange) */
     int staged;             /* another collective, run on host staging */
     size_t sbytes;          /* staged: the input's bytes at slot->host, the
                                output's after them (at rat) */
@@ -138,7 +138,7 @@ struct geoDevState {
 
     /* Device staging (the chunks of a GPU-encoded exchange, the padded
      * buffer of an uneven count, the residuals) comes from a memory pool of
-     * the communicator's own (see dev_pool), not from the device's default
+     * the communicator's own (see devPoolSetup), not from the device's default
      * pool. */
     cudaMemPool_t pool;
     int pool_checked;
@@ -236,7 +236,7 @@ int geoDevIsDevicePtr(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-static ncclResult_t cuda_error(struct ncclComm *comm, const char *what, cudaError_t e)
+static ncclResult_t devCudaError(struct ncclComm *comm, const char *what, cudaError_t e)
 {
     geoCommSetError(comm, "%s: %s (%s)", geoErrOp(&comm->err), what, cudaGetErrorString(e));
     geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
@@ -247,7 +247,7 @@ static ncclResult_t cuda_error(struct ncclComm *comm, const char *what, cudaErro
     do {                                                    \
         cudaError_t geo_ce_ = (call);                       \
         if (geo_ce_ != cudaSuccess)                         \
-            return cuda_error((comm), (what), geo_ce_);     \
+            return devCudaError((comm), (what), geo_ce_);     \
     } while (0)
 
 /* The communicator's device made current for the duration of a call, the
@@ -260,7 +260,7 @@ typedef struct {
     int switched;
 } devGuard;
 
-static ncclResult_t dev_enter(struct ncclComm *comm, devGuard *g)
+static ncclResult_t devEnter(struct ncclComm *comm, devGuard *g)
 {
     g->prev = -1;
     g->switched = 0;
@@ -274,19 +274,19 @@ static ncclResult_t dev_enter(struct ncclComm *comm, devGuard *g)
         return ncclSuccess;
     cudaError_t e = cudaSetDevice(comm->cuda_dev);
     if (e != cudaSuccess)
-        return cuda_error(comm, "selecting the communicator's CUDA device", e);
+        return devCudaError(comm, "selecting the communicator's CUDA device", e);
     g->switched = 1;
     return ncclSuccess;
 }
 
-static void dev_leave(const devGuard *g)
+static void devLeave(const devGuard *g)
 {
     if (g->switched && g->prev >= 0 && cudaSetDevice(g->prev) != cudaSuccess)
         cudaGetLastError();
 }
 
-static ncclResult_t real_error(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
-                               const char *what, ncclResult_t r)
+static ncclResult_t devRealError(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
+                                 const char *what, ncclResult_t r)
 {
     const char *txt;
     GEO_REAL_CALL(txt, lib, GetLastError, rc);
@@ -345,7 +345,7 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
             s = geoNetWait(&comm->net, &req[i]);
         free(req);
         if (r != ncclSuccess)
-            return real_error(comm, st->lib, NULL, "ncclGetUniqueId", r);
+            return devRealError(comm, st->lib, NULL, "ncclGetUniqueId", r);
         GEO_CHECK(s);
     } else {
         geoNetRequest req;
@@ -380,7 +380,7 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
     if (prev >= 0 && prev != comm->cuda_dev)
         cudaSetDevice(prev);
     if (r != ncclSuccess)
-        return real_error(comm, st->lib, NULL, "ncclCommInitRankConfig", r);
+        return devRealError(comm, st->lib, NULL, "ncclCommInitRankConfig", r);
     __atomic_store_n(&st->real, made, __ATOMIC_RELEASE);
     geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "%s: real NCCL communicator of region '%s' ready: "
             "local rank %d of %d on CUDA device %d (NCCL %d from %s)", fn,
@@ -391,7 +391,7 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
 
 /* The device state with a live real communicator, or an error naming the
  * missing piece. */
-static ncclResult_t dev_ready(struct ncclComm *comm, const char *fn, struct geoDevState **out)
+static ncclResult_t devReady(struct ncclComm *comm, const char *fn, struct geoDevState **out)
 {
     if (comm->cuda_dev < 0) {
         geoCommSetError(comm, "%s: device buffers on a communicator created without a GPU "
@@ -442,7 +442,7 @@ ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real)
                         comm->regions.nregions);
         return ncclInvalidUsage;
     }
-    GEO_CHECK(dev_ready(comm, fn, &st));
+    GEO_CHECK(devReady(comm, fn, &st));
     *real = st->real;
     return ncclSuccess;
 }
@@ -501,7 +501,7 @@ ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
         return ncclSuccess;
     }
     struct geoDevState *st;
-    return dev_ready(comm, "init", &st);
+    return devReady(comm, "init", &st);
 }
 
 /* ---- argument checks --------------------------------------------------- */
@@ -578,7 +578,7 @@ static ncclResult_t real_redop(struct ncclComm *comm, struct geoDevState *st, nc
         GEO_REAL_CALL(res, st->lib, RedOpCreatePreMulSum, &r->real_op, scalar, r->datatype,
                       r->residence, st->real);
         if (res != ncclSuccess)
-            return real_error(comm, st->lib, st->real, "ncclRedOpCreatePreMulSum", res);
+            return devRealError(comm, st->lib, st->real, "ncclRedOpCreatePreMulSum", res);
         r->real_valid = 1;
     }
     *out = r->real_op;
@@ -597,8 +597,8 @@ void geoDevRedOpDestroy(struct ncclComm *comm, int i)
     r->real_valid = 0;
 }
 
-static ncclResult_t pass_through(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
-                                 const char *fn)
+static ncclResult_t devPassThrough(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                                   const char *fn)
 {
     const geoNcclRealLib *L = st->lib;
     geoRealComm rc = st->real;
@@ -660,13 +660,13 @@ static ncclResult_t pass_through(struct ncclComm *comm, struct geoDevState *st, 
     }
     }
     if (r != ncclSuccess && r != ncclInProgress)
-        return real_error(comm, L, rc, fn, r);
+        return devRealError(comm, L, rc, fn, r);
     return r;
 }
 
 /* ---- cross-region all-reduce: the exchange thread ------------------------ */
 
-static void sleep_us(long us)
+static void devSleepUs(long us)
 {
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
@@ -674,7 +674,7 @@ static void sleep_us(long us)
 
 /* Raise the flag to seq (never lower it: a job that failed while it was
  * being enqueued raises it past its own values at once). */
-static void release_flag(struct geoDevState *st, uint32_t seq)
+static void devFlagRelease(struct geoDevState *st, uint32_t seq)
 {
     uint32_t cur = __atomic_load_n(st->flag, __ATOMIC_ACQUIRE);
     while ((int32_t)(seq - cur) > 0 &&
@@ -684,8 +684,8 @@ static void release_flag(struct geoDevState *st, uint32_t seq)
 }
 
 /* Wait for a point of the stream (an event): deadline and abort flag. */
-static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cudaEvent_t ev,
-                               const char *what)
+static ncclResult_t devWaitEvent(struct ncclComm *comm, struct geoDevState *st, cudaEvent_t ev,
+                                 const char *what)
 {
     double t0 = geoNow();
     long backoff = 1;
@@ -697,7 +697,7 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
             char buf[96];
             cudaGetLastError();
             snprintf(buf, sizeof(buf), "waiting for %s", what);
-            return cuda_error(comm, buf, e);
+            return devCudaError(comm, buf, e);
         }
         if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
             geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
@@ -708,16 +708,16 @@ static ncclResult_t wait_event(struct ncclComm *comm, struct geoDevState *st, cu
                             geoErrOp(&comm->err), what, comm->timeout);
             return ncclSystemError;
         }
-        sleep_us(backoff);
+        devSleepUs(backoff);
         if (backoff < 200)
             backoff *= 2;
     }
 }
 
-struct gxJob;
-static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob *j);
-static void gx_free(struct gxJob *g);
-static int gx_enq_done(struct gxJob *g);
+struct devCodecJob;
+static ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, devJob *j);
+static void devCodecJobFree(struct devCodecJob *cj);
+static int devCodecEnqueueDone(struct devCodecJob *cj);
 
 static void *exchange_main(void *arg)
 {
@@ -741,12 +741,12 @@ static void *exchange_main(void *arg)
         ncclResult_t res = geoCommAsyncError(comm);
         if (res == ncclSuccess) {
             geoErrSetOp(&comm->err, "AllReduce #%llu (%zu elements, "
-                     "device)", (unsigned long long)j->op_seq, j->op.count);
+                        "device)", (unsigned long long)j->op_seq, j->op.count);
             if (j->staged) {
                 geoErrSetOp(&comm->err, "%s #%llu (%zu elements, "
-                         "device, staged)", geoOpTypeName(j->op.type),
-                         (unsigned long long)j->op_seq, j->op.count);
-                res = wait_event(comm, st, j->slot->ready, "the staged input");
+                            "device, staged)", geoOpTypeName(j->op.type),
+                            (unsigned long long)j->op_seq, j->op.count);
+                res = devWaitEvent(comm, st, j->slot->ready, "the staged input");
                 if (res == ncclSuccess) {
                     geoOp hop = j->op;
                     hop.sendbuff = j->slot->host;
@@ -755,11 +755,11 @@ static void *exchange_main(void *arg)
                     hop.stream = NULL;
                     res = geoCollRun(&hop);
                 }
-            } else if (j->gx) {
-                res = gx_run(comm, st, j);
+            } else if (j->codec_job) {
+                res = devCodecExchange(comm, st, j);
                 comm->stats.calls_hier++;
             } else {
-                res = wait_event(comm, st, j->slot->ready, "the reduce-scatter's shard");
+                res = devWaitEvent(comm, st, j->slot->ready, "the reduce-scatter's shard");
                 if (res == ncclSuccess) {
                     comm->call_codec = j->codec; /* the plan's (or the user's) */
                     res = geoHierExchange(comm, &j->op, j->slot->host, j->off);
@@ -771,26 +771,26 @@ static void *exchange_main(void *arg)
                 geoCommFail(comm, res);
             }
         }
-        release_flag(st, j->seq); /* also after a failure: the stream goes on */
+        devFlagRelease(st, j->seq); /* also after a failure: the stream goes on */
         /* The user thread may still be enqueuing the job; with every wait
          * released it cannot block for long.  If it still has not finished
          * after GEOCCL_TIMEOUT (a wedged device), the job is left to it:
          * leaked, never freed under it. */
         double t_enq = geoNow();
-        while (j->gx && !gx_enq_done(j->gx)) {
+        while (j->codec_job && !devCodecEnqueueDone(j->codec_job)) {
             if (geoNow() - t_enq > comm->timeout) {
                 geoWarn(GEO_LOG_CUDA, "%s: the calling thread did not finish enqueuing within "
                         "GEOCCL_TIMEOUT=%.0f s; its job is not freed", geoErrOp(&comm->err),
                         comm->timeout);
-                j->gx = NULL;
+                j->codec_job = NULL;
                 break;
             }
-            sleep_us(50);
+            devSleepUs(50);
         }
         pthread_mutex_lock(&st->lock);
         j->slot->exchanged = 1;
         st->pending--;
-        gx_free(j->gx);
+        devCodecJobFree(j->codec_job);
         free(j);
         pthread_cond_broadcast(&st->cv);
     }
@@ -804,9 +804,10 @@ static void *exchange_main(void *arg)
  * When a float32 call is compressed with a codec the GPU implements (every
  * codec but lossless), or is an uncompressed float32 sum or average (codec
  * none: a chunk is a copy with a header), the shard does not go to the
- * host whole (GEOCCL_CUDA_CODECS=0 turns this off): the stream encodes it with the kernels of cuda/ (error
- * feedback residuals in device memory), copies only the chunks to pinned
- * memory, and the exchange thread moves them.  The messages are those of
+ * host whole (GEOCCL_CUDA_CODECS=0 turns this off): the stream encodes it
+ * with the kernels of cuda/ (error feedback residuals in device memory),
+ * copies only the chunks to pinned memory, and the exchange thread moves
+ * them.  The messages are those of
  * the host exchange (geoHierExchangePlan), each cut in sub-chunks of E
  * elements; sub-chunk c of every message forms round c.  GPU chunks have
  * exact sizes, so every buffer is laid out before anything runs, the same
@@ -847,9 +848,9 @@ static void *exchange_main(void *arg)
  * enqueued: the user thread may block on a full launch queue behind a wait
  * that only the exchange thread releases.  An event not yet recorded reads
  * as complete, so the exchange thread first waits for the user thread to
- * have recorded it (gxJob.recorded).  If enqueuing fails half-way, the flag
- * is raised past the job's values, so no stream waits forever, the
- * all-gather is still enqueued (region peers are in it) and the
+ * have recorded it (devCodecJob.recorded).  If enqueuing fails half-way,
+ * the flag is raised past the job's values, so no stream waits forever,
+ * the all-gather is still enqueued (region peers are in it) and the
  * communicator is failed.
  *
  * Numbers: the sum starts from my region's partial (the host path sums in
@@ -860,7 +861,7 @@ static void *exchange_main(void *arg)
  * the same on every rank (a mismatch shows as chunks of unexpected size).
  */
 
-#define GX_DEPTH 2
+#define CODEC_PIPELINE_DEPTH 2
 
 typedef struct {
     int peer;
@@ -870,20 +871,20 @@ typedef struct {
     int status;             /* index of its decoder's status word, or -1 */
     geoNetRequest req;
     int posted;
-} gxMsg;
+} devCodecChunk;
 
 typedef struct {
-    gxMsg *m;
+    devCodecChunk *m;
     int n;
     int *first;             /* round c: m[first[c] .. first[c + 1]) */
-} gxList;
+} devCodecRounds;
 
-typedef struct gxJob {
+typedef struct devCodecJob {
     geoXPlan plan;
     geoHierCodecChoice ch;
     size_t E;               /* elements per sub-chunk */
     int rounds;
-    gxList tx1, rx1, tx2, rx2;
+    devCodecRounds tx1, rx1, tx2, rx2;
     size_t status_at;       /* status words (int) at this byte offset */
     int nstatus;
     size_t bytes;           /* staging bytes, device and host alike */
@@ -899,46 +900,49 @@ typedef struct gxJob {
      * recorded; failed: enqueuing failed; enq_done: the user thread is
      * finished with the job (the exchange thread frees it only then). */
     int recorded, failed, enq_done;
-} gxJob;
+} devCodecJob;
 
-static int gx_enq_done(gxJob *g) { return __atomic_load_n(&g->enq_done, __ATOMIC_ACQUIRE); }
+static int devCodecEnqueueDone(devCodecJob *cj)
+{
+    return __atomic_load_n(&cj->enq_done, __ATOMIC_ACQUIRE);
+}
 
-static size_t gx_up(size_t x) { return (x + 255) & ~(size_t)255; }
+static size_t devStageAlign(size_t x) { return (x + 255) & ~(size_t)255; }
 
-static void gx_list_free(gxList *l)
+static void free_rounds(devCodecRounds *l)
 {
     free(l->m);
     free(l->first);
     memset(l, 0, sizeof(*l));
 }
 
-static void gx_free(gxJob *g)
+static void devCodecJobFree(devCodecJob *cj)
 {
-    if (g == NULL)
+    if (cj == NULL)
         return;
-    geoHierExchangePlanFree(&g->plan);
-    gx_list_free(&g->tx1);
-    gx_list_free(&g->rx1);
-    gx_list_free(&g->tx2);
-    gx_list_free(&g->rx2);
-    for (int i = 0; i < g->nev; i++)
-        cudaEventDestroy(g->ev[i]); /* pending ones are released when done */
-    free(g->ev);
-    free(g);
+    geoHierExchangePlanFree(&cj->plan);
+    free_rounds(&cj->tx1);
+    free_rounds(&cj->rx1);
+    free_rounds(&cj->tx2);
+    free_rounds(&cj->rx2);
+    for (int i = 0; i < cj->nev; i++)
+        cudaEventDestroy(cj->ev[i]); /* pending ones are released when done */
+    free(cj->ev);
+    free(cj);
 }
 
 /* The sub-chunks of msgs, round-major, their chunks laid out from *at.
  * group > 1: messages come in runs of group that carry one chunk (the
  * return trip sends a part to each other region): only the first of a run
  * gets room. */
-static ncclResult_t gx_list(gxList *l, const geoXMsg *msgs, int nmsgs, int rounds, size_t E,
-                            int codec, const geoCodecParams *p, int group, size_t *at,
-                            int *nstatus)
+static ncclResult_t lay_out_rounds(devCodecRounds *l, const geoXMsg *msgs, int nmsgs, int rounds,
+                                   size_t E, int codec, const geoCodecParams *p, int group,
+                                   size_t *at, int *nstatus)
 {
     size_t cnt = 0;
     for (int i = 0; i < nmsgs; i++)
         cnt += (msgs[i].n + E - 1) / E;
-    l->m = calloc(cnt + 1, sizeof(gxMsg));
+    l->m = calloc(cnt + 1, sizeof(devCodecChunk));
     l->first = calloc((size_t)rounds + 1, sizeof(int));
     if (l->m == NULL || l->first == NULL)
         return ncclSystemError;
@@ -949,7 +953,7 @@ static ncclResult_t gx_list(gxList *l, const geoXMsg *msgs, int nmsgs, int round
             size_t o = (size_t)c * E;
             if (o >= msgs[i].n)
                 continue;
-            gxMsg *x = &l->m[k++];
+            devCodecChunk *x = &l->m[k++];
             x->peer = msgs[i].peer;
             x->msg = i;
             x->off = msgs[i].off + o;
@@ -965,7 +969,7 @@ static ncclResult_t gx_list(gxList *l, const geoXMsg *msgs, int nmsgs, int round
             if (x->len == 0)
                 return ncclInvalidArgument;
             x->at = *at;
-            *at = gx_up(*at + x->len);
+            *at = devStageAlign(*at + x->len);
         }
     }
     l->first[rounds] = k;
@@ -974,81 +978,82 @@ static ncclResult_t gx_list(gxList *l, const geoXMsg *msgs, int nmsgs, int round
 }
 
 /* Lay out one job: sub-chunks, staging offsets, status words, events. */
-static ncclResult_t gx_prepare(struct ncclComm *comm, const geoOp *op,
-                               const geoHierCodecChoice *ch, size_t chunk, gxJob **out)
+static ncclResult_t devCodecPrepare(struct ncclComm *comm, const geoOp *op,
+                                    const geoHierCodecChoice *ch, size_t chunk, devCodecJob **out)
 {
-    gxJob *g = calloc(1, sizeof(*g));
+    devCodecJob *cj = calloc(1, sizeof(*cj));
     ncclResult_t r;
     *out = NULL;
-    if (g == NULL)
+    if (cj == NULL)
         goto oom;
-    g->ch = *ch;
-    GEO_CHECK_GOTO(geoHierExchangePlan(comm, op->count, &g->plan), r, fail);
-    g->E = (chunk ? chunk : comm->hier_slice) / sizeof(float);
-    if (g->E < 1024)
-        g->E = 1024;
-    const geoXMsg *lists[4] = {g->plan.tx1, g->plan.rx1, g->plan.tx2, g->plan.rx2};
-    const int ns[4] = {g->plan.ntx1, g->plan.nrx1, g->plan.ntx2, g->plan.nrx2};
+    cj->ch = *ch;
+    GEO_CHECK_GOTO(geoHierExchangePlan(comm, op->count, &cj->plan), r, fail);
+    cj->E = (chunk ? chunk : comm->hier_slice) / sizeof(float);
+    if (cj->E < 1024)
+        cj->E = 1024;
+    const geoXMsg *lists[4] = {cj->plan.tx1, cj->plan.rx1, cj->plan.tx2, cj->plan.rx2};
+    const int ns[4] = {cj->plan.ntx1, cj->plan.nrx1, cj->plan.ntx2, cj->plan.nrx2};
     size_t maxn = 0;
     for (int l = 0; l < 4; l++)
         for (int i = 0; i < ns[l]; i++)
             if (lists[l][i].n > maxn)
                 maxn = lists[l][i].n;
-    g->rounds = (int)((maxn + g->E - 1) / g->E);
-    if (g->rounds == 0) {
-        *out = g; /* nothing crosses the WAN from or to this rank */
+    cj->rounds = (int)((maxn + cj->E - 1) / cj->E);
+    if (cj->rounds == 0) {
+        *out = cj; /* nothing crosses the WAN from or to this rank */
         return ncclSuccess;
     }
     const int k1 = comm->regions.nregions - 1;
     size_t at = 0;
-    if ((r = gx_list(&g->tx1, g->plan.tx1, g->plan.ntx1, g->rounds, g->E, ch->codec, &ch->p1,
-                     1, &at, NULL)) != ncclSuccess ||
-        (r = gx_list(&g->rx1, g->plan.rx1, g->plan.nrx1, g->rounds, g->E, ch->codec, &ch->p1,
-                     1, &at, &g->nstatus)) != ncclSuccess ||
-        (r = gx_list(&g->tx2, g->plan.tx2, g->plan.ntx2, g->rounds, g->E, ch->codec, &ch->p2,
-                     k1, &at, &g->nstatus)) != ncclSuccess ||
-        (r = gx_list(&g->rx2, g->plan.rx2, g->plan.nrx2, g->rounds, g->E, ch->codec, &ch->p2,
-                     1, &at, &g->nstatus)) != ncclSuccess) {
+    if ((r = lay_out_rounds(&cj->tx1, cj->plan.tx1, cj->plan.ntx1, cj->rounds, cj->E, ch->codec,
+                            &ch->p1, 1, &at, NULL)) != ncclSuccess ||
+        (r = lay_out_rounds(&cj->rx1, cj->plan.rx1, cj->plan.nrx1, cj->rounds, cj->E, ch->codec,
+                            &ch->p1, 1, &at, &cj->nstatus)) != ncclSuccess ||
+        (r = lay_out_rounds(&cj->tx2, cj->plan.tx2, cj->plan.ntx2, cj->rounds, cj->E, ch->codec,
+                            &ch->p2, k1, &at, &cj->nstatus)) != ncclSuccess ||
+        (r = lay_out_rounds(&cj->rx2, cj->plan.rx2, cj->plan.nrx2, cj->rounds, cj->E, ch->codec,
+                            &ch->p2, 1, &at, &cj->nstatus)) != ncclSuccess) {
         if (r == ncclSystemError)
             goto oom;
         geoCommSetError(comm, "the GPU codec cannot encode these chunks (codec parameters); "
                         "the host codecs encode them");
         goto fail;
     }
-    size_t s1 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, g->E, &ch->p1);
-    size_t s2 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, g->E, &ch->p2);
-    g->scratch_bytes = s1 > s2 ? s1 : s2;
-    g->scratch_at = at;
-    at = gx_up(at + g->scratch_bytes);
-    g->status_at = at;
-    g->bytes = at + (size_t)g->nstatus * sizeof(int) + 1;
-    g->nev = 2 * g->rounds + 1;
-    g->ev = calloc((size_t)g->nev, sizeof(cudaEvent_t));
-    if (g->ev == NULL)
+    size_t s1 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, cj->E, &ch->p1);
+    size_t s2 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, cj->E, &ch->p2);
+    cj->scratch_bytes = s1 > s2 ? s1 : s2;
+    cj->scratch_at = at;
+    at = devStageAlign(at + cj->scratch_bytes);
+    cj->status_at = at;
+    cj->bytes = at + (size_t)cj->nstatus * sizeof(int) + 1;
+    cj->nev = 2 * cj->rounds + 1;
+    cj->ev = calloc((size_t)cj->nev, sizeof(cudaEvent_t));
+    if (cj->ev == NULL)
         goto oom;
-    for (int i = 0; i < g->nev; i++) {
-        cudaError_t e = cudaEventCreateWithFlags(&g->ev[i], cudaEventDisableTiming);
+    for (int i = 0; i < cj->nev; i++) {
+        cudaError_t e = cudaEventCreateWithFlags(&cj->ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) {
-            g->nev = i;
-            r = cuda_error(comm, "cudaEventCreate", e);
+            cj->nev = i;
+            r = devCudaError(comm, "cudaEventCreate", e);
             goto fail;
         }
     }
-    *out = g;
+    *out = cj;
     return ncclSuccess;
 oom:
-    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange", geoErrOp(&comm->err));
+    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange",
+                    geoErrOp(&comm->err));
     r = ncclSystemError;
 fail:
     if (r == ncclSuccess)
         r = ncclInternalError;
-    gx_free(g);
+    devCodecJobFree(cj);
     return r;
 }
 
 /* Make the stream wait until the flag reaches value. */
-static ncclResult_t stream_wait(struct ncclComm *comm, struct geoDevState *st, cudaStream_t s,
-                                uint32_t value)
+static ncclResult_t devStreamWait(struct ncclComm *comm, struct geoDevState *st, cudaStream_t s,
+                                  uint32_t value)
 {
     CUresult cr = CUDA_ERROR_NOT_SUPPORTED;
     if (st->wait_value)
@@ -1078,25 +1083,25 @@ static ncclResult_t stream_wait(struct ncclComm *comm, struct geoDevState *st, c
 }
 
 /* One copy of the chunks of l's round c between device and host staging. */
-static ncclResult_t gx_copy(struct ncclComm *comm, gxJob *g, const gxList *l, int c, int d2h,
-                            cudaStream_t s)
+static ncclResult_t copy_round(struct ncclComm *comm, devCodecJob *cj, const devCodecRounds *l,
+                               int c, int d2h, cudaStream_t s)
 {
     int a = l->first[c], b = l->first[c + 1];
     if (a == b)
         return ncclSuccess;
     size_t lo = l->m[a].at, hi = l->m[b - 1].at + l->m[b - 1].len;
-    cudaError_t e = d2h ? cudaMemcpyAsync(g->host + lo, g->dbuf + lo, hi - lo,
+    cudaError_t e = d2h ? cudaMemcpyAsync(cj->host + lo, cj->dbuf + lo, hi - lo,
                                           cudaMemcpyDeviceToHost, s)
-                        : cudaMemcpyAsync(g->dbuf + lo, g->host + lo, hi - lo,
+                        : cudaMemcpyAsync(cj->dbuf + lo, cj->host + lo, hi - lo,
                                           cudaMemcpyHostToDevice, s);
     if (e != cudaSuccess)
-        return cuda_error(comm, d2h ? "copying chunks to the host" : "copying chunks to the GPU",
-                          e);
+        return devCudaError(comm, d2h ? "copying chunks to the host" : "copying chunks to the GPU",
+                            e);
     return ncclSuccess;
 }
 
-static ncclResult_t gx_codec_error(struct ncclComm *comm, const char *what, ncclResult_t r,
-                                   const char *why)
+static ncclResult_t kernel_error(struct ncclComm *comm, const char *what, ncclResult_t r,
+                                 const char *why)
 {
     geoCommSetError(comm, "%s: %s on the GPU failed: %s", geoErrOp(&comm->err), what,
                     why ? why : "no detail");
@@ -1107,118 +1112,119 @@ static ncclResult_t gx_codec_error(struct ncclComm *comm, const char *what, nccl
 /* Enqueue everything between the reduce-scatter and the all-gather (see
  * the section's comment).  mine: my shard on the device, elements [off,
  * off + len) of the call; ef1, ef2: its residuals or NULL. */
-static ncclResult_t gx_stream(struct ncclComm *comm, struct geoDevState *st, gxJob *g,
-                              const geoOp *op, char *mine, size_t off, float *ef1, float *ef2,
-                              cudaStream_t s)
+static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *st,
+                                    devCodecJob *cj, const geoOp *op, char *mine, size_t off,
+                                    float *ef1, float *ef2, cudaStream_t s)
 {
-    const int C = g->rounds, k1 = comm->regions.nregions - 1;
-    const geoCodecId codec = (geoCodecId)g->ch.codec;
-    const size_t E = g->E;
-    int *status = (int *)(g->dbuf + g->status_at);
-    void *scratch = g->scratch_bytes ? g->dbuf + g->scratch_at : NULL;
+    const int C = cj->rounds, k1 = comm->regions.nregions - 1;
+    const geoCodecId codec = (geoCodecId)cj->ch.codec;
+    const size_t E = cj->E;
+    int *status = (int *)(cj->dbuf + cj->status_at);
+    void *scratch = cj->scratch_bytes ? cj->dbuf + cj->scratch_at : NULL;
     const char *why = NULL;
     size_t written;
     ncclResult_t r;
-#define GX_AT(o) ((float *)(mine + ((o) - off) * sizeof(float)))
+#define SHARD_AT(o) ((float *)(mine + ((o) - off) * sizeof(float)))
 
-    if (g->nstatus > 0)
-        CUDA_CHECK(comm, cudaMemsetAsync(status, 0, (size_t)g->nstatus * sizeof(int), s),
+    if (cj->nstatus > 0)
+        CUDA_CHECK(comm, cudaMemsetAsync(status, 0, (size_t)cj->nstatus * sizeof(int), s),
                    "clearing the decoders' status words");
     for (int c = 0; c < C; c++) {
-        for (int i = g->tx1.first[c]; i < g->tx1.first[c + 1]; i++) {
-            gxMsg *x = &g->tx1.m[i];
-            r = geoCudaCodecEncode(codec, GX_AT(x->off), x->n, ncclFloat32, &g->ch.p1,
-                                   g->ch.counter + 2 * x->off, ef1 ? ef1 + (x->off - off) : NULL,
-                                   g->dbuf + x->at, x->len, scratch, g->scratch_bytes, s,
+        for (int i = cj->tx1.first[c]; i < cj->tx1.first[c + 1]; i++) {
+            devCodecChunk *x = &cj->tx1.m[i];
+            r = geoCudaCodecEncode(codec, SHARD_AT(x->off), x->n, ncclFloat32, &cj->ch.p1,
+                                   cj->ch.counter + 2 * x->off, ef1 ? ef1 + (x->off - off) : NULL,
+                                   cj->dbuf + x->at, x->len, scratch, cj->scratch_bytes, s,
                                    &written, &why);
             if (r != ncclSuccess)
-                return gx_codec_error(comm, "encoding a partial", r, why);
+                return kernel_error(comm, "encoding a partial", r, why);
         }
-        GEO_CHECK(gx_copy(comm, g, &g->tx1, c, 1, s));
-        CUDA_CHECK(comm, cudaEventRecord(g->ev[c], s), "cudaEventRecord");
-    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
+        GEO_CHECK(copy_round(comm, cj, &cj->tx1, c, 1, s));
+        CUDA_CHECK(comm, cudaEventRecord(cj->ev[c], s), "cudaEventRecord");
+        __atomic_add_fetch(&cj->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
-        GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)c));
-        GEO_CHECK(gx_copy(comm, g, &g->rx1, c, 0, s));
-        int i = g->rx1.first[c], t = g->tx2.first[c];
-        for (int p = 0; p < g->plan.nparts; p++) {
-            const geoXPart *part = &g->plan.parts[p];
+        GEO_CHECK(devStreamWait(comm, st, s, cj->base + 1 + (uint32_t)c));
+        GEO_CHECK(copy_round(comm, cj, &cj->rx1, c, 0, s));
+        int i = cj->rx1.first[c], t = cj->tx2.first[c];
+        for (int p = 0; p < cj->plan.nparts; p++) {
+            const geoXPart *part = &cj->plan.parts[p];
             size_t o = (size_t)c * E;
             if (o >= part->n)
                 continue;
             size_t m = part->n - o < E ? part->n - o : E;
-            float *dst = GX_AT(part->off + o);
+            float *dst = SHARD_AT(part->off + o);
             for (int j = 0; j < k1; j++, i++) {
-                gxMsg *x = &g->rx1.m[i];
-                if (i >= g->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
+                devCodecChunk *x = &cj->rx1.m[i];
+                if (i >= cj->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
                     geoCommSetError(comm, "%s: internal error: the exchange plan and its "
                                     "rounds disagree", geoErrOp(&comm->err));
                     return ncclInternalError;
                 }
-                r = geoCudaCodecDecodeAccumulate(codec, g->dbuf + x->at, x->len, ncclFloat32,
+                r = geoCudaCodecDecodeAccumulate(codec, cj->dbuf + x->at, x->len, ncclFloat32,
                                                  dst, m, status + x->status, s, &why);
                 if (r != ncclSuccess)
-                    return gx_codec_error(comm, "decoding a partial", r, why);
+                    return kernel_error(comm, "decoding a partial", r, why);
             }
             if (op->op == ncclAvg &&
                 (r = geoCudaDivideF32(dst, m, comm->nranks, s, &why)) != ncclSuccess)
-                return gx_codec_error(comm, "averaging", r, why);
-            gxMsg *x = &g->tx2.m[t];
-            if (t >= g->tx2.first[c + 1] || x->off != part->off + o || x->n != m) {
+                return kernel_error(comm, "averaging", r, why);
+            devCodecChunk *x = &cj->tx2.m[t];
+            if (t >= cj->tx2.first[c + 1] || x->off != part->off + o || x->n != m) {
                 geoCommSetError(comm, "%s: internal error: the return trip's rounds disagree "
                                 "with the parts", geoErrOp(&comm->err));
                 return ncclInternalError;
             }
-            r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &g->ch.p2,
-                                   g->ch.counter + 2 * x->off + 1,
-                                   ef2 ? ef2 + (x->off - off) : NULL, g->dbuf + x->at, x->len,
-                                   scratch, g->scratch_bytes, s, &written, &why);
+            r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &cj->ch.p2,
+                                   cj->ch.counter + 2 * x->off + 1,
+                                   ef2 ? ef2 + (x->off - off) : NULL, cj->dbuf + x->at, x->len,
+                                   scratch, cj->scratch_bytes, s, &written, &why);
             if (r != ncclSuccess)
-                return gx_codec_error(comm, "encoding a reduced part", r, why);
+                return kernel_error(comm, "encoding a reduced part", r, why);
             /* lossy: keep what every other region decodes (none: equal) */
             if (codec != GEO_CODEC_NONE &&
-                (r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, dst, m,
+                (r = geoCudaCodecDecode(codec, cj->dbuf + x->at, x->len, ncclFloat32, dst, m,
                                         status + x->status, s, &why)) != ncclSuccess)
-                return gx_codec_error(comm, "decoding our own chunk", r, why);
+                return kernel_error(comm, "decoding our own chunk", r, why);
             t += k1;
         }
-        GEO_CHECK(gx_copy(comm, g, &g->tx2, c, 1, s));
-        CUDA_CHECK(comm, cudaEventRecord(g->ev[C + c], s), "cudaEventRecord");
-    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
+        GEO_CHECK(copy_round(comm, cj, &cj->tx2, c, 1, s));
+        CUDA_CHECK(comm, cudaEventRecord(cj->ev[C + c], s), "cudaEventRecord");
+        __atomic_add_fetch(&cj->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
-        GEO_CHECK(stream_wait(comm, st, s, g->base + 1 + (uint32_t)(C + c)));
-        GEO_CHECK(gx_copy(comm, g, &g->rx2, c, 0, s));
-        for (int i = g->rx2.first[c]; i < g->rx2.first[c + 1]; i++) {
-            gxMsg *x = &g->rx2.m[i];
-            r = geoCudaCodecDecode(codec, g->dbuf + x->at, x->len, ncclFloat32, GX_AT(x->off),
+        GEO_CHECK(devStreamWait(comm, st, s, cj->base + 1 + (uint32_t)(C + c)));
+        GEO_CHECK(copy_round(comm, cj, &cj->rx2, c, 0, s));
+        for (int i = cj->rx2.first[c]; i < cj->rx2.first[c + 1]; i++) {
+            devCodecChunk *x = &cj->rx2.m[i];
+            r = geoCudaCodecDecode(codec, cj->dbuf + x->at, x->len, ncclFloat32, SHARD_AT(x->off),
                                    x->n, status + x->status, s, &why);
             if (r != ncclSuccess)
-                return gx_codec_error(comm, "decoding a finished part", r, why);
+                return kernel_error(comm, "decoding a finished part", r, why);
         }
     }
-    if (g->nstatus > 0)
-        CUDA_CHECK(comm, cudaMemcpyAsync(g->host + g->status_at, status,
-                                         (size_t)g->nstatus * sizeof(int),
+    if (cj->nstatus > 0)
+        CUDA_CHECK(comm, cudaMemcpyAsync(cj->host + cj->status_at, status,
+                                         (size_t)cj->nstatus * sizeof(int),
                                          cudaMemcpyDeviceToHost, s),
                    "copying the decoders' status words");
-    CUDA_CHECK(comm, cudaEventRecord(g->ev[2 * C], s), "cudaEventRecord");
-    __atomic_add_fetch(&g->recorded, 1, __ATOMIC_RELEASE);
-#undef GX_AT
+    CUDA_CHECK(comm, cudaEventRecord(cj->ev[2 * C], s), "cudaEventRecord");
+    __atomic_add_fetch(&cj->recorded, 1, __ATOMIC_RELEASE);
+#undef SHARD_AT
     return ncclSuccess;
 }
 
 /* Post round c of list l (sends or receives). */
-static ncclResult_t gx_post(struct ncclComm *comm, gxJob *g, gxList *l, int c, int send)
+static ncclResult_t post_round(struct ncclComm *comm, devCodecJob *cj, devCodecRounds *l, int c,
+                               int send)
 {
     for (int i = l->first[c]; i < l->first[c + 1]; i++) {
-        gxMsg *x = &l->m[i];
+        devCodecChunk *x = &l->m[i];
         if (send) {
-            GEO_CHECK(geoNetIsendV(&comm->net, x->peer, g->host + x->at, x->len, &x->req));
+            GEO_CHECK(geoNetIsendV(&comm->net, x->peer, cj->host + x->at, x->len, &x->req));
             comm->net.sent.wan_raw += x->n * sizeof(float);
         } else {
-            GEO_CHECK(geoNetIrecvV(&comm->net, x->peer, g->host + x->at, x->len, &x->req));
+            GEO_CHECK(geoNetIrecvV(&comm->net, x->peer, cj->host + x->at, x->len, &x->req));
         }
         x->posted = 1;
     }
@@ -1227,11 +1233,11 @@ static ncclResult_t gx_post(struct ncclComm *comm, gxJob *g, gxList *l, int c, i
 
 /* Wait round c of l (all rounds when c < 0); receives must have the exact
  * chunk size the GPU decoder will read. */
-static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
+static ncclResult_t wait_round(struct ncclComm *comm, devCodecRounds *l, int c, int recv)
 {
     int a = c < 0 ? 0 : l->first[c], b = c < 0 ? l->n : l->first[c + 1];
     for (int i = a; i < b; i++) {
-        gxMsg *x = &l->m[i];
+        devCodecChunk *x = &l->m[i];
         if (!x->posted)
             continue;
         GEO_CHECK(geoNetWait(&comm->net, &x->req));
@@ -1249,14 +1255,15 @@ static ncclResult_t gx_wait(struct ncclComm *comm, gxList *l, int c, int recv)
 
 /* Wait for event idx of the job: first until the user thread has recorded
  * it, then until the stream has reached it. */
-static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gxJob *g, int idx,
-                               const char *what)
+static ncclResult_t wait_recorded(struct ncclComm *comm, struct geoDevState *st, devCodecJob *cj,
+                                  int idx, const char *what)
 {
     double t0 = geoNow();
     long backoff = 1;
-    while (__atomic_load_n(&g->recorded, __ATOMIC_ACQUIRE) <= idx) {
-        if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE)) {
-            geoCommSetError(comm, "%s: enqueuing the call on the stream failed", geoErrOp(&comm->err));
+    while (__atomic_load_n(&cj->recorded, __ATOMIC_ACQUIRE) <= idx) {
+        if (__atomic_load_n(&cj->failed, __ATOMIC_ACQUIRE)) {
+            geoCommSetError(comm, "%s: enqueuing the call on the stream failed",
+                            geoErrOp(&comm->err));
             return ncclUnhandledCudaError;
         }
         if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
@@ -1268,48 +1275,48 @@ static ncclResult_t gx_wait_ev(struct ncclComm *comm, struct geoDevState *st, gx
                             geoErrOp(&comm->err), comm->timeout);
             return ncclSystemError;
         }
-        sleep_us(backoff);
+        devSleepUs(backoff);
         if (backoff < 200)
             backoff *= 2;
     }
-    return wait_event(comm, st, g->ev[idx], what);
+    return devWaitEvent(comm, st, cj->ev[idx], what);
 }
 
 /* The exchange thread's part of a GPU-encoded job. */
-static ncclResult_t gx_run(struct ncclComm *comm, struct geoDevState *st, devJob *j)
+static ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, devJob *j)
 {
-    gxJob *g = j->gx;
-    const int C = g->rounds;
+    devCodecJob *cj = j->codec_job;
+    const int C = cj->rounds;
     ncclResult_t res = ncclSuccess;
 
-    for (int it = 0; it < C + GX_DEPTH; it++) {
+    for (int it = 0; it < C + CODEC_PIPELINE_DEPTH; it++) {
         if (it < C) {
-            GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, it, "the encoded partials"), res, out);
-            GEO_CHECK_GOTO(gx_post(comm, g, &g->tx1, it, 1), res, out);
-            GEO_CHECK_GOTO(gx_post(comm, g, &g->rx1, it, 0), res, out);
+            GEO_CHECK_GOTO(wait_recorded(comm, st, cj, it, "the encoded partials"), res, out);
+            GEO_CHECK_GOTO(post_round(comm, cj, &cj->tx1, it, 1), res, out);
+            GEO_CHECK_GOTO(post_round(comm, cj, &cj->rx1, it, 0), res, out);
         }
-        if (it >= GX_DEPTH && it - GX_DEPTH < C) {
-            int r = it - GX_DEPTH;
-            GEO_CHECK_GOTO(gx_wait(comm, &g->rx1, r, 1), res, out);
-            release_flag(st, g->base + 1 + (uint32_t)r);
-            GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, C + r, "the encoded reduced parts"), res,
+        if (it >= CODEC_PIPELINE_DEPTH && it - CODEC_PIPELINE_DEPTH < C) {
+            int r = it - CODEC_PIPELINE_DEPTH;
+            GEO_CHECK_GOTO(wait_round(comm, &cj->rx1, r, 1), res, out);
+            devFlagRelease(st, cj->base + 1 + (uint32_t)r);
+            GEO_CHECK_GOTO(wait_recorded(comm, st, cj, C + r, "the encoded reduced parts"), res,
                            out);
-            GEO_CHECK_GOTO(gx_post(comm, g, &g->tx2, r, 1), res, out);
-            GEO_CHECK_GOTO(gx_post(comm, g, &g->rx2, r, 0), res, out);
+            GEO_CHECK_GOTO(post_round(comm, cj, &cj->tx2, r, 1), res, out);
+            GEO_CHECK_GOTO(post_round(comm, cj, &cj->rx2, r, 0), res, out);
         }
     }
     for (int r = 0; r < C; r++) {
-        GEO_CHECK_GOTO(gx_wait(comm, &g->rx2, r, 1), res, out);
-        release_flag(st, g->base + 1 + (uint32_t)(C + r));
+        GEO_CHECK_GOTO(wait_round(comm, &cj->rx2, r, 1), res, out);
+        devFlagRelease(st, cj->base + 1 + (uint32_t)(C + r));
     }
-    GEO_CHECK_GOTO(gx_wait(comm, &g->tx1, -1, 0), res, out);
-    GEO_CHECK_GOTO(gx_wait(comm, &g->tx2, -1, 0), res, out);
-    GEO_CHECK_GOTO(gx_wait_ev(comm, st, g, 2 * C, "the decoders"), res, out);
-    const int *status = (const int *)(g->host + g->status_at);
-    const gxList *lists[3] = {&g->rx1, &g->tx2, &g->rx2};
+    GEO_CHECK_GOTO(wait_round(comm, &cj->tx1, -1, 0), res, out);
+    GEO_CHECK_GOTO(wait_round(comm, &cj->tx2, -1, 0), res, out);
+    GEO_CHECK_GOTO(wait_recorded(comm, st, cj, 2 * C, "the decoders"), res, out);
+    const int *status = (const int *)(cj->host + cj->status_at);
+    const devCodecRounds *lists[3] = {&cj->rx1, &cj->tx2, &cj->rx2};
     for (int l = 0; l < 3; l++)
         for (int i = 0; i < lists[l]->n; i++) {
-            const gxMsg *x = &lists[l]->m[i];
+            const devCodecChunk *x = &lists[l]->m[i];
             int v = x->status >= 0 ? status[x->status] : 0;
             if (v != GEO_CUDA_DECODE_OK) {
                 geoCommSetError(comm, "%s: a corrupt compressed chunk %s rank %d (host %s): %s",
@@ -1331,7 +1338,7 @@ out:
 /* Queue j for the exchange thread, which frees it once done: the caller
  * must not touch j afterwards.  Returns the sequence number before j's n
  * values; j's own (what its stream waits for) is that + n. */
-static uint32_t job_push(struct geoDevState *st, devJob *j, uint32_t n)
+static uint32_t devJobPush(struct geoDevState *st, devJob *j, uint32_t n)
 {
     pthread_mutex_lock(&st->lock);
     uint32_t base = st->seq;
@@ -1350,7 +1357,7 @@ static uint32_t job_push(struct geoDevState *st, devJob *j, uint32_t n)
 }
 
 /* Give back a slot no job took. */
-static void slot_put(struct geoDevState *st, devSlot *slot)
+static void devSlotPut(struct geoDevState *st, devSlot *slot)
 {
     pthread_mutex_lock(&st->lock);
     slot->busy = 0;
@@ -1368,7 +1375,7 @@ static void slot_put(struct geoDevState *st, devSlot *slot)
  * not wait: blocks still in use are released when they are freed).  A
  * device without pools (cudaDevAttrMemoryPoolsSupported 0) uses the
  * default one, said once at INFO. */
-static void dev_pool(struct ncclComm *comm, struct geoDevState *st)
+static void devPoolSetup(struct ncclComm *comm, struct geoDevState *st)
 {
     if (st->pool_checked)
         return;
@@ -1396,7 +1403,7 @@ static void dev_pool(struct ncclComm *comm, struct geoDevState *st)
             "comes from the device's default pool", dev);
 }
 
-static cudaError_t dev_malloc(struct geoDevState *st, void **p, size_t bytes, cudaStream_t s)
+static cudaError_t devMalloc(struct geoDevState *st, void **p, size_t bytes, cudaStream_t s)
 {
     return st->pool ? cudaMallocFromPoolAsync(p, bytes, st->pool, s) : cudaMallocAsync(p, bytes, s);
 }
@@ -1412,7 +1419,7 @@ static void *dev_ef_alloc(void *ctx, size_t bytes)
     struct geoDevState *st = ctx;
     void *p = NULL;
     cudaStream_t s = st->ef_stream_valid ? st->ef_stream : 0;
-    if (dev_malloc(st, &p, bytes, s) != cudaSuccess) {
+    if (devMalloc(st, &p, bytes, s) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -1440,9 +1447,9 @@ static void dev_ef_release(void *ctx, void *p, size_t bytes)
         cudaGetLastError();
 }
 
-static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st)
+static ncclResult_t devCrossSetup(struct ncclComm *comm, struct geoDevState *st)
 {
-    dev_pool(comm, st);
+    devPoolSetup(comm, st);
     if (st->flag == NULL) {
         void *h = NULL;
         CUDA_CHECK(comm, cudaHostAlloc(&h, 64, cudaHostAllocMapped | cudaHostAllocPortable),
@@ -1453,7 +1460,7 @@ static ncclResult_t dev_setup_hier(struct ncclComm *comm, struct geoDevState *st
         if (e != cudaSuccess) {
             cudaFreeHost(h);
             st->flag = NULL;
-            return cuda_error(comm, "cudaHostGetDevicePointer of the exchange flag", e);
+            return devCudaError(comm, "cudaHostGetDevicePointer of the exchange flag", e);
         }
     }
     if (!st->wait_value_checked) {
@@ -1512,8 +1519,8 @@ static size_t slot_cap_for(size_t bytes)
  * a grown slot's old buffer is kept (st->retired) until destroy.  Bound:
  * the retired buffers of a slot are powers of two below its capacity, so
  * they hold less than the slot itself. */
-static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size_t bytes,
-                             devSlot **out)
+static ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t bytes,
+                               devSlot **out)
 {
     double t0 = geoNow();
     for (;;) {
@@ -1557,8 +1564,8 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
                                     : cudaHostAlloc(&h, cap, cudaHostAllocPortable);
                 if (e != cudaSuccess) {
                     free(old);
-                    slot_put(st, pick);
-                    return cuda_error(comm, "cudaHostAlloc of a staging buffer", e);
+                    devSlotPut(st, pick);
+                    return devCudaError(comm, "cudaHostAlloc of a staging buffer", e);
                 }
                 if (old) {
                     old->host = pick->host;
@@ -1581,7 +1588,7 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
                             GEO_DEV_MAX_SLOTS);
             return ncclSystemError;
         }
-        sleep_us(100);
+        devSleepUs(100);
     }
 }
 
@@ -1590,7 +1597,7 @@ static ncclResult_t slot_get(struct ncclComm *comm, struct geoDevState *st, size
  * its waits (each slot's done event comes after its job's last wait), the
  * flag and the sequence start again from 0.  User thread. */
 #define GEO_FLAG_REWIND (1u << 31)
-static ncclResult_t flag_rewind(struct ncclComm *comm, struct geoDevState *st, uint32_t need)
+static ncclResult_t devFlagRewind(struct ncclComm *comm, struct geoDevState *st, uint32_t need)
 {
     if (st->seq + need < GEO_FLAG_REWIND)
         return ncclSuccess;
@@ -1598,7 +1605,7 @@ static ncclResult_t flag_rewind(struct ncclComm *comm, struct geoDevState *st, u
     for (int i = 0; i < st->nslots; i++) {
         cudaError_t e;
         if (st->slots[i].busy && (e = cudaEventSynchronize(st->slots[i].done)) != cudaSuccess)
-            return cuda_error(comm, "waiting for the streams before rewinding the flag", e);
+            return devCudaError(comm, "waiting for the streams before rewinding the flag", e);
     }
     pthread_mutex_lock(&st->lock);
     st->seq = 0;
@@ -1611,9 +1618,9 @@ static ncclResult_t flag_rewind(struct ncclComm *comm, struct geoDevState *st, u
 /* The residuals of my shard (those the policy keeps), from the device
  * store.  Evicted ones are freed on the stream after every earlier job
  * (see dev_ef_release). */
-static void gx_residuals(struct ncclComm *comm, struct geoDevState *st, const geoOp *op,
-                         const geoHierCodecChoice *ch, size_t off, size_t len, float **ef1,
-                         float **ef2)
+static void shard_residuals(struct ncclComm *comm, struct geoDevState *st, const geoOp *op,
+                            const geoHierCodecChoice *ch, size_t off, size_t len, float **ef1,
+                            float **ef2)
 {
     /* keyed by the buffer's registration and my shard's address: (buffer,
      * shard) names a bucket of it */
@@ -1654,15 +1661,15 @@ static void gx_residuals(struct ncclComm *comm, struct geoDevState *st, const ge
 }
 
 /* The cross-region all-reduce with the GPU codecs (see "encoded on the
- * GPU" above); g is laid out (gx_prepare) and becomes the job's. */
-static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
-                                       gxJob *g)
+ * GPU" above); cj is laid out (devCodecPrepare) and becomes the job's. */
+static ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                                      devCodecJob *cj)
 {
     const geoNcclRealLib *L = st->lib;
     const int n = comm->region_ring.n, me = comm->region_ring.me;
     const size_t es = sizeof(float), count = op->count;
     const size_t shard = (count + (size_t)n - 1) / (size_t)n;
-    const uint32_t nvals = 2 * (uint32_t)g->rounds;
+    const uint32_t nvals = 2 * (uint32_t)cj->rounds;
     size_t off, len;
     cudaStream_t s = op->stream;
     ncclResult_t r = ncclSuccess, ag;
@@ -1676,19 +1683,19 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
     geoSegPadded(count, n, me, &off, &len);
     /* Everything that can fail alone comes before the reduce-scatter, so
      * that a failure leaves no region peer waiting in NCCL. */
-    if (g->rounds > 0) {
-        GEO_CHECK_GOTO(flag_rewind(comm, st, nvals), r, fail);
-        GEO_CHECK_GOTO(slot_get(comm, st, g->bytes, &slot), r, fail);
-        g->host = slot->host;
+    if (cj->rounds > 0) {
+        GEO_CHECK_GOTO(devFlagRewind(comm, st, nvals), r, fail);
+        GEO_CHECK_GOTO(devSlotGet(comm, st, cj->bytes, &slot), r, fail);
+        cj->host = slot->host;
         j = calloc(1, sizeof(*j));
         if (j == NULL) {
             geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
             r = ncclSystemError;
             goto fail_slot;
         }
-        if ((ce = dev_malloc(st, (void **)&g->dbuf, g->bytes, s)) != cudaSuccess) {
-            g->dbuf = NULL;
-            r = cuda_error(comm, "cudaMallocAsync of the chunk staging", ce);
+        if ((ce = devMalloc(st, (void **)&cj->dbuf, cj->bytes, s)) != cudaSuccess) {
+            cj->dbuf = NULL;
+            r = devCudaError(comm, "cudaMallocAsync of the chunk staging", ce);
             goto fail_slot;
         }
     }
@@ -1696,25 +1703,25 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
      * the one before. */
     if (st->ef_ev != NULL && st->last_stream != s &&
         (ce = cudaStreamWaitEvent(s, st->ef_ev, 0)) != cudaSuccess) {
-        r = cuda_error(comm, "ordering after the previous call's stream", ce);
+        r = devCudaError(comm, "ordering after the previous call's stream", ce);
         goto fail_dbuf;
     }
-    gx_residuals(comm, st, op, &g->ch, off, len, &ef1, &ef2);
+    shard_residuals(comm, st, op, &cj->ch, off, len, &ef1, &ef2);
     if (count % (size_t)n == 0) {
         send = op->sendbuff;
         work = op->recvbuff;
     } else {
         /* NCCL cuts a reduce-scatter in equal shards: pad to n * shard. */
-        if ((ce = dev_malloc(st, (void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
+        if ((ce = devMalloc(st, (void **)&tmp, shard * (size_t)n * es, s)) != cudaSuccess) {
             tmp = NULL;
-            r = cuda_error(comm, "cudaMallocAsync of the padded buffer", ce);
+            r = devCudaError(comm, "cudaMallocAsync of the padded buffer", ce);
             goto fail_dbuf;
         }
         if ((ce = cudaMemcpyAsync(tmp, op->sendbuff, count * es, cudaMemcpyDeviceToDevice, s)) !=
                 cudaSuccess ||
             (ce = cudaMemsetAsync(tmp + count * es, 0, (shard * (size_t)n - count) * es, s)) !=
                 cudaSuccess) {
-            r = cuda_error(comm, "padding the input", ce);
+            r = devCudaError(comm, "padding the input", ce);
             goto fail_dbuf;
         }
         send = tmp;
@@ -1723,34 +1730,34 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
     char *mine = work + (size_t)me * shard * es;
     GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, ncclFloat32, ncclSum, st->real, s);
     if (r != ncclSuccess) {
-        r = real_error(comm, L, st->real, "the intra-region reduce-scatter", r);
+        r = devRealError(comm, L, st->real, "the intra-region reduce-scatter", r);
         goto fail_dbuf;
     }
     /* From here on a failure still enqueues the all-gather (region peers
      * are in it) and fails the communicator. */
-    if (g->rounds > 0) {
+    if (cj->rounds > 0) {
         j->op = *op;
         j->op.next = NULL;
         j->slot = slot;
         j->off = off;
         j->len = len;
         j->op_seq = comm->op_seq;
-        j->codec = g->ch.codec;
-        j->gx = g;
-        g->base = job_push(st, j, nvals);
-        r = gx_stream(comm, st, g, op, mine, off, ef1, ef2, s);
-        ce = cudaFreeAsync(g->dbuf, s);
+        j->codec = cj->ch.codec;
+        j->codec_job = cj;
+        cj->base = devJobPush(st, j, nvals);
+        r = enqueue_program(comm, st, cj, op, mine, off, ef1, ef2, s);
+        ce = cudaFreeAsync(cj->dbuf, s);
         if (r == ncclSuccess && ce != cudaSuccess)
-            r = cuda_error(comm, "cudaFreeAsync", ce);
+            r = devCudaError(comm, "cudaFreeAsync", ce);
         ce = cudaEventRecord(slot->done, s);
         if (r == ncclSuccess && ce != cudaSuccess)
-            r = cuda_error(comm, "cudaEventRecord", ce);
+            r = devCudaError(comm, "cudaEventRecord", ce);
         if (r != ncclSuccess) {
             /* Waits of this job may be enqueued: let them (and those of
              * jobs still in flight before it, whose results are then not
              * valid either) pass; the communicator reports the failure. */
-            __atomic_store_n(&g->failed, 1, __ATOMIC_RELEASE);
-            release_flag(st, g->base + nvals);
+            __atomic_store_n(&cj->failed, 1, __ATOMIC_RELEASE);
+            devFlagRelease(st, cj->base + nvals);
             geoCommFail(comm, r);
             if (ce != cudaSuccess) {
                 /* no done event after the queued copies: never reuse it */
@@ -1760,9 +1767,9 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
                 pthread_mutex_unlock(&st->lock);
             }
         }
-        __atomic_store_n(&g->enq_done, 1, __ATOMIC_RELEASE); /* g is the thread's now */
+        __atomic_store_n(&cj->enq_done, 1, __ATOMIC_RELEASE); /* cj is the thread's now */
     } else {
-        gx_free(g); /* nothing of mine crosses the WAN */
+        devCodecJobFree(cj); /* nothing of mine crosses the WAN */
     }
     if (st->ef_ev != NULL || cudaEventCreateWithFlags(&st->ef_ev, cudaEventDisableTiming) ==
                                  cudaSuccess) {
@@ -1776,31 +1783,31 @@ static ncclResult_t hier_allreduce_gpu(struct ncclComm *comm, struct geoDevState
     }
     GEO_REAL_CALL(ag, L, AllGather, mine, work, shard, ncclFloat32, st->real, s);
     if (ag != ncclSuccess && r == ncclSuccess)
-        r = real_error(comm, L, st->real, "the intra-region all-gather", ag);
+        r = devRealError(comm, L, st->real, "the intra-region all-gather", ag);
     if (tmp) {
         if ((ce = cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice, s)) !=
                 cudaSuccess &&
             r == ncclSuccess)
-            r = cuda_error(comm, "copying the result out of the padded buffer", ce);
+            r = devCudaError(comm, "copying the result out of the padded buffer", ce);
         cudaFreeAsync(tmp, s);
     }
     return r;
 
 fail_dbuf:
-    if (g->dbuf)
-        cudaFreeAsync(g->dbuf, s);
+    if (cj->dbuf)
+        cudaFreeAsync(cj->dbuf, s);
 fail_slot:
     free(j);
     if (slot)
-        slot_put(st, slot);
+        devSlotPut(st, slot);
 fail:
     if (tmp)
         cudaFreeAsync(tmp, s);
-    gx_free(g);
+    devCodecJobFree(cj);
     return r;
 }
 
-static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
+static ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
 {
     const geoNcclRealLib *L = st->lib;
     const int n = comm->region_ring.n, me = comm->region_ring.me;
@@ -1814,7 +1821,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     const char *send;
     devSlot *slot;
 
-    GEO_CHECK(dev_setup_hier(comm, st));
+    GEO_CHECK(devCrossSetup(comm, st));
     /* The codec the plan (or the user) gives this size; on the GPU when it
      * has the codec. */
     int hier_unused, codec;
@@ -1833,14 +1840,15 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     if (op->dt == ncclFloat32 && geoParamInt(GEO_PARAM_CUDA_CODECS) != 0 &&
         (exact_f32 ||
          (ch.codec != GEO_CODEC_NONE && geoCudaCodecAvailable((geoCodecId)ch.codec)))) {
-        gxJob *g = NULL;
-        r = gx_prepare(comm, op, &ch, chunk, &g);
+        devCodecJob *cj = NULL;
+        r = devCodecPrepare(comm, op, &ch, chunk, &cj);
         if (r == ncclSuccess)
-            return hier_allreduce_gpu(comm, st, op, g);
+            return devCodecAllReduce(comm, st, op, cj);
         if (r != ncclInvalidArgument)
             return r;
         /* The GPU codec refuses these parameters: the host codecs serve. */
-        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", geoErrOp(&comm->err), geoErrLast(&comm->err));
+        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", geoErrOp(&comm->err),
+                geoErrLast(&comm->err));
     }
     geoSegPadded(count, n, me, &off, &len);
     if (count % (size_t)n == 0) {
@@ -1848,7 +1856,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
         work = op->recvbuff;
     } else {
         /* NCCL cuts a reduce-scatter in equal shards: pad to n * shard. */
-        CUDA_CHECK(comm, dev_malloc(st, (void **)&tmp, shard * (size_t)n * es, s),
+        CUDA_CHECK(comm, devMalloc(st, (void **)&tmp, shard * (size_t)n * es, s),
                    "cudaMallocAsync of the padded buffer");
         CUDA_CHECK(comm, cudaMemcpyAsync(tmp, op->sendbuff, count * es, cudaMemcpyDeviceToDevice,
                                          s), "copying the input to the padded buffer");
@@ -1860,24 +1868,24 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     char *mine = work + (size_t)me * shard * es;
     cudaError_t ce = cudaSuccess;
     devJob *j = NULL;
-    r = flag_rewind(comm, st, 1);
+    r = devFlagRewind(comm, st, 1);
     if (r == ncclSuccess)
-        r = slot_get(comm, st, shard * es + 1, &slot);
+        r = devSlotGet(comm, st, shard * es + 1, &slot);
     if (r != ncclSuccess)
         goto undo_tmp;
     GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, op->dt, rsop, st->real, s);
     if (r != ncclSuccess) {
-        r = real_error(comm, L, st->real, "the intra-region reduce-scatter", r);
+        r = devRealError(comm, L, st->real, "the intra-region reduce-scatter", r);
         goto undo_slot;
     }
     if (len > 0 &&
         (ce = cudaMemcpyAsync(slot->host, mine, len * es, cudaMemcpyDeviceToHost, s)) !=
             cudaSuccess) {
-        r = cuda_error(comm, "copying the shard to the host", ce);
+        r = devCudaError(comm, "copying the shard to the host", ce);
         goto undo_slot;
     }
     if ((ce = cudaEventRecord(slot->ready, s)) != cudaSuccess) {
-        r = cuda_error(comm, "cudaEventRecord", ce);
+        r = devCudaError(comm, "cudaEventRecord", ce);
         goto undo_slot;
     }
     j = calloc(1, sizeof(*j));
@@ -1896,19 +1904,19 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     j->codec = codec;
     /* From here the job belongs to the exchange thread, which frees it
      * when done: never touch it again, keep only its sequence number. */
-    uint32_t jseq = job_push(st, j, 1) + 1;
+    uint32_t jseq = devJobPush(st, j, 1) + 1;
     j = NULL;
 
     /* The job is queued: the stream must wait for it whatever happens, or
      * the exchange thread would write into a slot reused by a later call. */
-    GEO_CHECK(stream_wait(comm, st, s, jseq));
+    GEO_CHECK(devStreamWait(comm, st, s, jseq));
     if (len > 0)
         CUDA_CHECK(comm, cudaMemcpyAsync(mine, slot->host, len * es, cudaMemcpyHostToDevice, s),
                    "copying the exchanged shard back");
     CUDA_CHECK(comm, cudaEventRecord(slot->done, s), "cudaEventRecord");
     GEO_REAL_CALL(r, L, AllGather, mine, work, shard, op->dt, st->real, s);
     if (r != ncclSuccess)
-        return real_error(comm, L, st->real, "the intra-region all-gather", r);
+        return devRealError(comm, L, st->real, "the intra-region all-gather", r);
     if (tmp) {
         CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice,
                                          s), "copying the result out of the padded buffer");
@@ -1917,7 +1925,7 @@ static ncclResult_t hier_allreduce(struct ncclComm *comm, struct geoDevState *st
     return ncclSuccess;
 
 undo_slot:
-    slot_put(st, slot);
+    devSlotPut(st, slot);
 undo_tmp:
     if (tmp)
         cudaFreeAsync(tmp, s);
@@ -1957,7 +1965,7 @@ static void staged_sizes(const struct ncclComm *comm, const geoOp *op, size_t *i
     *out *= es;
 }
 
-static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
+static ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
 {
     cudaStream_t s = op->stream;
     size_t in, out;
@@ -1966,21 +1974,21 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     cudaError_t ce;
     ncclResult_t r;
 
-    GEO_CHECK(dev_setup_hier(comm, st));
+    GEO_CHECK(devCrossSetup(comm, st));
     staged_sizes(comm, op, &in, &out, &copy_in, &copy_out);
-    const size_t rat = gx_up(in);
-    GEO_CHECK(flag_rewind(comm, st, 1));
-    GEO_CHECK(slot_get(comm, st, rat + out + 1, &slot));
+    const size_t rat = devStageAlign(in);
+    GEO_CHECK(devFlagRewind(comm, st, 1));
+    GEO_CHECK(devSlotGet(comm, st, rat + out + 1, &slot));
     if ((copy_in && (ce = cudaMemcpyAsync(slot->host, op->sendbuff, in, cudaMemcpyDefault, s)) !=
                         cudaSuccess) ||
         (ce = cudaEventRecord(slot->ready, s)) != cudaSuccess) {
-        r = cuda_error(comm, "copying the input to the host", ce);
-        slot_put(st, slot);
+        r = devCudaError(comm, "copying the input to the host", ce);
+        devSlotPut(st, slot);
         return r;
     }
     devJob *j = calloc(1, sizeof(*j));
     if (j == NULL) {
-        slot_put(st, slot);
+        devSlotPut(st, slot);
         geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
         return ncclSystemError;
     }
@@ -1992,10 +2000,10 @@ static ncclResult_t staged_collective(struct ncclComm *comm, struct geoDevState 
     j->staged = 1;
     j->sbytes = in;
     j->rat = rat;
-    uint32_t jseq = job_push(st, j, 1) + 1; /* j is the exchange thread's now (it frees it) */
+    uint32_t jseq = devJobPush(st, j, 1) + 1; /* j is the exchange thread's now (it frees it) */
     j = NULL;
     /* queued: the stream must wait for it whatever happens */
-    GEO_CHECK(stream_wait(comm, st, s, jseq));
+    GEO_CHECK(devStreamWait(comm, st, s, jseq));
     if (copy_out)
         CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, slot->host + rat, out, cudaMemcpyDefault,
                                          s), "copying the output back");
@@ -2027,22 +2035,22 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
             return ncclInvalidUsage;
         }
     }
-    GEO_CHECK(dev_ready(comm, fn, &st));
+    GEO_CHECK(devReady(comm, fn, &st));
     comm->op_seq++;
     geoErrSetOp(&comm->err, "%s #%llu (%zu elements, device)",
-             geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
+                geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
     if (comm->regions.nregions == 1) {
         /* NVIDIA's NCCL selects the communicator's device itself */
         if (geoGroupActive())
             GEO_CHECK(geoNcclRealGroupOpen(st->lib));
-        return pass_through(comm, st, op, fn);
+        return devPassThrough(comm, st, op, fn);
     }
-    GEO_CHECK(dev_enter(comm, &g));
+    GEO_CHECK(devEnter(comm, &g));
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
-    r = op->type == GEO_OP_ALLREDUCE ? hier_allreduce(comm, st, op)
-                                     : staged_collective(comm, st, op);
+    r = op->type == GEO_OP_ALLREDUCE ? devCrossAllReduce(comm, st, op)
+                                     : devStagedCollective(comm, st, op);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
-    dev_leave(&g);
+    devLeave(&g);
     return r;
 }
 
@@ -2065,8 +2073,8 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
         if (st->pending > 0 && (geoErrAborted(&comm->err) || geoNow() - t0 > comm->timeout)) {
             pthread_mutex_unlock(&st->lock);
             geoCommSetError(comm, "%s: %d cross-region device all-reduces still wait for their "
-                            "streams after GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err), st->pending,
-                            comm->timeout);
+                            "streams after GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err),
+                            st->pending, comm->timeout);
             return ncclSystemError;
         }
     }
@@ -2078,10 +2086,10 @@ void geoDevResetErrorFeedback(struct ncclComm *comm)
 {
     struct geoDevState *st = comm->dev;
     devGuard g;
-    if (st != NULL && st->ef_ready && dev_enter(comm, &g) == ncclSuccess) {
+    if (st != NULL && st->ef_ready && devEnter(comm, &g) == ncclSuccess) {
         st->ef_stream_valid = 0;
         geoEfReset(&st->ef);
-        dev_leave(&g);
+        devLeave(&g);
     }
 }
 
@@ -2089,10 +2097,10 @@ void geoDevDropErrorFeedback(struct ncclComm *comm, uint64_t tag)
 {
     struct geoDevState *st = comm->dev;
     devGuard g;
-    if (st != NULL && st->ef_ready && dev_enter(comm, &g) == ncclSuccess) {
+    if (st != NULL && st->ef_ready && devEnter(comm, &g) == ncclSuccess) {
         st->ef_stream_valid = 0;
         geoEfDropTag(&st->ef, tag);
-        dev_leave(&g);
+        devLeave(&g);
     }
 }
 
@@ -2117,7 +2125,7 @@ ncclResult_t geoDevFinalize(struct ncclComm *comm)
     if (st->real)
         GEO_REAL_CALL(r, st->lib, CommFinalize, st->real);
     if (r != ncclSuccess && r != ncclInProgress)
-        return real_error(comm, st->lib, st->real, "ncclCommFinalize", r);
+        return devRealError(comm, st->lib, st->real, "ncclCommFinalize", r);
     return r;
 }
 
@@ -2130,7 +2138,7 @@ void geoDevFree(struct ncclComm *comm, int abort)
         return;
     /* Failing to select the device leaves the caller's current: the frees
      * below still work there (they are not bound to a device). */
-    if (dev_enter(comm, &g) != ncclSuccess)
+    if (devEnter(comm, &g) != ncclSuccess)
         g.switched = 0;
     if (st->thread_live) {
         if (!abort && geoDevDrain(comm) != ncclSuccess)
@@ -2143,7 +2151,7 @@ void geoDevFree(struct ncclComm *comm, int abort)
         pthread_join(st->thread, NULL);
     }
     if (st->flag)
-        release_flag(st, st->seq); /* no stream may wait for a job that will not run */
+        devFlagRelease(st, st->seq); /* no stream may wait for a job that will not run */
     if (st->real) {
         for (int i = 0; i < GEO_MAX_REDOPS; i++)
             if (comm->redops[i].real_valid && !abort)
@@ -2220,12 +2228,12 @@ void geoDevFree(struct ncclComm *comm, int abort)
     if (st->ef_ev)
         cudaEventDestroy(st->ef_ev);
     if (st->pool && !st->ef_leak)
-        cudaMemPoolDestroy(st->pool); /* waits for nothing (see dev_pool) */
+        cudaMemPoolDestroy(st->pool); /* waits for nothing (see devPoolSetup) */
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->lock);
     free(st);
     comm->dev = NULL;
-    dev_leave(&g);
+    devLeave(&g);
 }
 
 #else /* !HAVE_CUDA: no GPU can exist, so no device buffer can reach us */
