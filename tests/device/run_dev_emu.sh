@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
-# The device-buffer path (comm/device/coll_device.c, comm/device/nccl_real.c, the codec
-# kernels) run end to end without a GPU: tests/device/dev_allreduce, built
+# The device-buffer path (comm/device/, the codec kernels) run end to
+# end without a GPU: tests/device/dev_allreduce, built
 # as dev_allreduce-emu against the emulated CUDA runtime and kernels, with
 # the one-rank emulated NCCL as "NVIDIA's" (see Makefile.am).  Every rank is
 # its own region, so every call crosses regions: the exact all-reduce, the
@@ -78,8 +78,8 @@ run() {
 # emulated launches a rank and 1-2 minutes) keeps that count and 2 ranks
 # only; 3 ranks run int8 and sign through the same exchange.  A
 # 64 KiB GEOCCL_HIER_SLICE cuts the larger calls in many rounds of
-# sub-chunks, so the pipelined schedule (GX_DEPTH) runs, not only its
-# one-round case.
+# sub-chunks, so the pipelined schedule (CODEC_PIPELINE_DEPTH,
+# comm/device/dev_codec_job.c) runs, not only its one-round case.
 # Under the sanitizers (GEOCCL_SANITIZE: tests/run-sanitizers.sh, where the
 # emulated kernels run 5-10x slower) the codecs run at 1000 elements and
 # topk only queued (below): what the sanitizers look for here is in the
