@@ -87,7 +87,7 @@ typedef struct {
     ncclRedOp_t real_op;
 } geoRedOp;
 
-struct geoDevState;             /* coll_device.c */
+struct geoDevState;             /* comm/device/dev_internal.h */
 
 struct ncclComm {
     uint64_t magic;

@@ -1,7 +1,7 @@
 /*
- * A CPU emulation of the CUDA runtime and driver subset that
- * comm/device/coll_device.c, comm/device/nccl_real.c, tests/device/dev_allreduce.c and
- * the emulated NCCL (tests/device/nccl_emu.c) call, so that the device-
+ * A CPU emulation of the CUDA runtime and driver subset that the device
+ * layer (comm/device/), tests/device/dev_allreduce.c and the emulated
+ * NCCL (tests/device/nccl_emu.c) call, so that the device-
  * buffer path of GeoCCL runs end to end in make check without a GPU
  * (tests/device/dev_allreduce-emu, run by tests/device/run_dev_emu.sh).
  * The declarations are the CUDA toolkit's own (cuda.h,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
-# The device-buffer path (comm/device/coll_device.c, comm/device/nccl_real.c, the codec
-# kernels) run end to end without a GPU: tests/device/dev_allreduce, built
+# The device-buffer path (comm/device/, the codec kernels) run end to
+# end without a GPU: tests/device/dev_allreduce, built
 # as dev_allreduce-emu against the emulated CUDA runtime and kernels, with
 # the one-rank emulated NCCL as "NVIDIA's" (see Makefile.am).  Every rank is
 # its own region, so every call crosses regions: the exact all-reduce, the
@@ -74,12 +74,11 @@ run() {
 
 # The emulated kernels run some 10^5 to 10^6 elements a second: the codec
 # checks leave out the 4 Mi-element count (DEV_ALLREDUCE_MAX_COUNT), topk
-# (the slowest kernels: its 1000-element calls on 3 ranks took some 640
-# emulated launches a rank and 1-2 minutes) keeps that count and 2 ranks
-# only; 3 ranks run int8 and sign through the same exchange.  A
+# (the slowest kernels: on 3 ranks even its 1000-element calls take
+# minutes) keeps that count and 2 ranks only; 3 ranks run int8 and sign through the same exchange.  A
 # 64 KiB GEOCCL_HIER_SLICE cuts the larger calls in many rounds of
-# sub-chunks, so the pipelined schedule (GX_DEPTH) runs, not only its
-# one-round case.
+# sub-chunks, so the pipelined schedule (CODEC_PIPELINE_DEPTH,
+# comm/device/dev_codec_job.c) runs, not only its one-round case.
 # Under the sanitizers (GEOCCL_SANITIZE: tests/run-sanitizers.sh, where the
 # emulated kernels run 5-10x slower) the codecs run at 1000 elements and
 # topk only queued (below): what the sanitizers look for here is in the
@@ -87,14 +86,13 @@ run() {
 # queued ones cover; the kernels' own memory use is tests/device/codec_emu's
 # under address,undefined.  The host codecs' runs (GEOCCL_CUDA_CODECS=0)
 # stop at the same count there too (hc): at 4 Mi elements int8 on the host
-# took 44 s on 2 ranks and 63 s on 3 under the thread sanitizer.
+# takes about a minute a run under the thread sanitizer.
 big=1048579 tk=1 hc=
 [ -n "${GEOCCL_SANITIZE:-}" ] && big=1000 tk=0 hc=DEV_ALLREDUCE_MAX_COUNT=1000
 # Each run ends with one timed call of its 1 MiB after one warm-up
-# (DEV_ALLREDUCE_ITERS), not ten after two: an emulated kernel's time says
-# nothing of a GPU's, and what is wanted of those calls is the pipelined
-# path with compression (the sign codec's runs took 30-39 s under
-# address,undefined, most of it those twelve calls).
+# (DEV_ALLREDUCE_ITERS): an emulated kernel's time says nothing of a GPU's,
+# and what is wanted of those calls is the pipelined path with compression;
+# more calls would only lengthen the runs under the sanitizers.
 export DEV_ALLREDUCE_ITERS="${DEV_ALLREDUCE_ITERS:-1}"
 sl=GEOCCL_HIER_SLICE=65536
 for n in 2 3; do
@@ -143,8 +141,8 @@ queued() {
     fi
 }
 # Under the sanitizers 10000 elements a call, not 100000: the queued topk
-# calls encoded by the emulated kernels took some 200 s under
-# address,undefined beside codec_emu, past GEOCCL_TIMEOUT.
+# calls encoded by the emulated kernels would run past GEOCCL_TIMEOUT under
+# address,undefined beside codec_emu.
 qn=
 [ -n "${GEOCCL_SANITIZE:-}" ] && qn=DEV_ALLREDUCE_MAX_COUNT=10000
 for c in 0 1; do
