@@ -98,9 +98,8 @@
  * The plan built on the model (topoPlanBuild, topoPlanLookup, the print
  * functions) is in model_plan.c.
  *
- * Calibration (the first full runs of tests/perf/bench_wan.sh and
- * bench_codecs.sh, 2026-11-29, in BENCHMARKS.md as of commit dc44b80; 2-core
- * VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
+ * Calibration (full runs of tests/perf/bench_wan.sh and bench_codecs.sh on a
+ * 2-core VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
  * measured rows.  Model: examples/topo/3x2-100mbit.topo's settings (and
  * the same with 2x4 and 1gbit): goodput 1448/1500, intra 0.2 ms and
  * 140 MB/s per rank (the 64 MiB sign run spent 0.248 s in reduce-scatter
@@ -157,9 +156,8 @@ int topoHierDepthAuto(size_t nslices)
 #define DEFAULT_INTRA_BPS 5e9
 
 /* Per-core throughputs: tests/unit/test_codec in the first codec run
- * (2026-11-29, in BENCHMARKS.md as of commit dc44b80; the current page's
- * "CPU codec throughput per core" is a later run, within 15% but for sign,
- * 3.29 / 4.58 GB/s there once built at -O3), one thread, 64 MiB of
+ * (BENCHMARKS.md's "CPU codec throughput per core" is within 15% of these
+ * but for sign, 3.29 / 4.58 GB/s there once built at -O3), one thread, 64 MiB of
  * Gaussian float32, GB/s of float32 input.  Ratios: lossless ~1.1 on gradients (1.19 measured on
  * Gaussian data, less on real gradients); casts 2; int8, int4 and sign with
  * one float32 scale per 256-element block: 4 / (1 + 4/256) = 3.94,

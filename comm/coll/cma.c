@@ -117,7 +117,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
                                              : 0;
         /* Claiming to be us while the kernel names another process is the
          * attack; ranks that are threads of this one process (kernel and
-         * table agree it is us) read their own memory, as before. */
+         * table agree it is us) read their own memory. */
         if (pj->pid == (int32_t)getpid() && vouched != getpid()) {
             geoWarn(GEO_LOG_INIT, "single-copy: rank %d claims this process's own pid, but the "
                     "kernel says it is pid %d: refused", ring->ranks[j], vouched);

@@ -66,9 +66,7 @@
  * D pushes the all-gathers to the end, where nothing hides them: a quarter
  * of the slices, 2 to 16.  Up to 16 because 8 left 2 x 4 regions at 1 Gbit/s
  * (1 MiB slices, 8.4 ms of link time each) short of partials now and then;
- * 3 x 2 ran the same at 8, 12 and 16 (2026-11-30; BENCHMARKS.md as of
- * commit 87c1c2f holds the A/B runs).  Every
- * rank computes the same D. */
+ * 3 x 2 ran the same at 8, 12 and 16.  Every rank computes the same D. */
 int geoHierDepth(const struct ncclComm *comm, size_t nslices)
 {
     return comm->hier_depth > 0 ? comm->hier_depth : topoHierDepthAuto(nslices);
@@ -160,8 +158,7 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
  * everything it had to write and read everything it had to read) is
  * enough for everyone to return.  Pulling instead (read the others'
  * segments once each has signalled the slice) cost a wake-up round per
- * slice, and one more at the end, on hosts with fewer cores than ranks
- * (2026-11-30; BENCHMARKS.md as of commit 951e80f holds the A/B runs). */
+ * slice, and one more at the end, on hosts with fewer cores than ranks. */
 static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, const char *out,
                                  size_t es)
 {
@@ -280,7 +277,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     /* The call's timeline, for GEOCCL_DEBUG=TRACE: when the first partials
      * left for other regions, when the first and the last came in, when the
      * last finished parts came back.  Against the link's time for the bytes
-     * it shows where the WAN waited (BENCHMARKS.md as of commit 17941ed). */
+     * it shows where the WAN waited. */
     const double tstart = geoNow();
     double tl[4] = {0, 0, 0, 0};
     for (size_t it = 0; it < M + 2 * D; it++) {

@@ -169,9 +169,8 @@ uint8_t geoFloatToFp8e5m2(float f) { return (uint8_t)float_to_mini(&fmt_e5m2, f,
  * extensions; plain SSE2 on x86-64, NEON on arm64).  At -O2 GCC 12 leaves the
  * scalar loops below scalar (one addss per element).  Where the operands come
  * from memory, as in a ring step on a large buffer, the loop waits on its
- * loads either way (14-15% of the machine on the 2 x 4 benchmark before and
- * after; BENCHMARKS.md as of commit 17941ed); on data in cache it does a quarter of
- * the instructions.  Each
+ * loads either way (the 2 x 4 benchmark spent the same share of the machine
+ * in it); on data in cache it does a quarter of the instructions.  Each
  * vector is loaded before its result is stored, so dst may be a or b (the
  * in-place calls); lane i is the same IEEE operation as the scalar loop's,
  * so the bits are the same.  Loads and stores go through memcpy: no

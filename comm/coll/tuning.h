@@ -13,7 +13,7 @@
  *
  * Without link figures (labels on one host, GEOCCL_PROBE=0 and no rates in
  * a topology file) there is no plan: hierarchical whenever there are
- * several regions, as before, and compression as GEOCCL_COMPRESS says. */
+ * several regions, and compression as GEOCCL_COMPRESS says. */
 #ifndef GEOCCL_TUNING_H_
 #define GEOCCL_TUNING_H_
 
