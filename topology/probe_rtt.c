@@ -156,7 +156,7 @@ out:
 /* Who reports a measured pair in the exchange: the end that measured fewer
  * pairs this round (a landmark measures many), the lower index on a tie.
  * Both ends measured it; one value is enough. */
-static int reports(const int *cnt, int a, int j)
+static int reports_pair(const int *cnt, int a, int j)
 {
     return cnt[a] < cnt[j] || (cnt[a] == cnt[j] && a < j);
 }
@@ -220,7 +220,7 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
             for (int a = 0; a < L; a++) {
                 int c = 0;
                 for (int j = 0; j < L; j++)
-                    c += with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j);
+                    c += with[(size_t)a * (size_t)L + (size_t)j] && reports_pair(cnt, a, j);
                 cap = c > cap ? c : cap;
             }
             size_t row_bytes = sizeof(double) * (size_t)(cap + 1);
@@ -238,7 +238,7 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
             int c = 1;
             mine[0] = t->nic_gbit[me];
             for (int j = 0; j < L; j++)
-                if (with[(size_t)me * (size_t)L + (size_t)j] && reports(cnt, me, j))
+                if (with[(size_t)me * (size_t)L + (size_t)j] && reports_pair(cnt, me, j))
                     mine[c++] = row[j];
             for (; c <= cap; c++)
                 mine[c] = -1;
@@ -250,7 +250,7 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
                     t->nic_gbit[a] = ra[0];
                 int i = 1;
                 for (int j = 0; j < L; j++)
-                    if (with[(size_t)a * (size_t)L + (size_t)j] && reports(cnt, a, j)) {
+                    if (with[(size_t)a * (size_t)L + (size_t)j] && reports_pair(cnt, a, j)) {
                         t->rtt[(size_t)a * (size_t)L + (size_t)j] = ra[i];
                         t->rtt[(size_t)j * (size_t)L + (size_t)a] = ra[i];
                         i++;

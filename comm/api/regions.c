@@ -169,7 +169,7 @@ static ncclResult_t probe_set_regions(void *arg, const int *region_of_rank)
 static ncclResult_t probe_partners(void *arg, int **ranks, int *n)
 {
     struct ncclComm *comm = arg;
-    geoXPlan plan;
+    hierXferPlan plan;
     *ranks = NULL;
     *n = 0;
     GEO_CHECK(geoHierExchangePlan(comm, (size_t)1 << 22, &plan));

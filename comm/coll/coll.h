@@ -105,19 +105,19 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
 typedef struct {
     int peer;
     size_t off, n;
-} geoXMsg;
+} hierXferMsg;
 typedef struct {
     size_t off, n;
     int first_rx;
-} geoXPart;
+} hierXferPart;
 typedef struct {
-    geoXMsg *tx1, *rx1, *tx2, *rx2;
+    hierXferMsg *tx1, *rx1, *tx2, *rx2;
     int ntx1, nrx1, ntx2, nrx2;
-    geoXPart *parts;
+    hierXferPart *parts;
     int nparts;
-} geoXPlan;
-ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *plan);
-void geoHierExchangePlanFree(geoXPlan *plan);
+} hierXferPlan;
+ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, hierXferPlan *plan);
+void geoHierExchangePlanFree(hierXferPlan *plan);
 
 /* What compression does in one hierarchical all-reduce: the codec
  * (GEO_CODEC_NONE: exact; lossy codecs only on float32 sum/avg), the

@@ -438,7 +438,7 @@ out:
  * b's local rank modulo q's size: regions of different sizes spread the
  * blocks over all their ranks. */
 
-static int handler(const topoRegionMap *m, int q, int b)
+static int block_handler(const topoRegionMap *m, int q, int b)
 {
     if (m->region_of[b] == q)
         return b;
@@ -465,10 +465,10 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
     /* (1) inter-region: my block out, the blocks I handle in */
     for (int q = 0; q < m->nregions; q++)
         if (q != g)
-            GEO_CHECK_GOTO(geoNetIsend(&comm->net, handler(m, q, me), op->sendbuff, bytes,
+            GEO_CHECK_GOTO(geoNetIsend(&comm->net, block_handler(m, q, me), op->sendbuff, bytes,
                                        &req[nreq++]), res, out);
     for (int b = 0; b < N; b++)
-        if (m->region_of[b] != g && handler(m, g, b) == me)
+        if (m->region_of[b] != g && block_handler(m, g, b) == me)
             GEO_CHECK_GOTO(geoNetIrecv(&comm->net, b, out + (size_t)b * bytes, bytes, &req[nreq++]),
                            res, out);
     for (int i = 0; i < nreq; i++)
@@ -478,7 +478,7 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
     /* (2) intra-region: blocks from their handlers to everyone */
     nreq = 0;
     for (int b = 0; b < N; b++) {
-        int h = handler(m, g, b);
+        int h = block_handler(m, g, b);
         if (h == me) {
             for (int i = 0; i < m->size[g]; i++)
                 if (m->members[g][i] != me)
@@ -511,7 +511,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     const char *in = op->sendbuff;
     int mine = 0; /* blocks I handle */
     for (int b = 0; b < N; b++)
-        mine += handler(m, g, b) == me;
+        mine += block_handler(m, g, b) == me;
     /* per handled block: ng inputs (mine in place) then the region share */
     char *stage = malloc((size_t)mine * (size_t)ng * bytes + 1);
     char *shares = malloc((size_t)m->nregions * bytes + 1);
@@ -528,7 +528,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     }
     /* (1) intra-region */
     for (int b = 0, k = 0; b < N; b++) {
-        int h = handler(m, g, b);
+        int h = block_handler(m, g, b);
         if (h != me) {
             GEO_CHECK_GOTO(geoNetIsend(&comm->net, h, in + (size_t)b * bytes, bytes, &req[nreq++]),
                            res, out);
@@ -545,7 +545,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     for (int i = 0; i < nreq; i++)
         GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);
     for (int b = 0, k = 0; b < N; b++) {
-        if (handler(m, g, b) != me)
+        if (block_handler(m, g, b) != me)
             continue;
         char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
         for (int i = 1; i < ng; i++) /* region share into the slot's first input */
@@ -556,7 +556,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     /* (2) inter-region: shares of other ranks' blocks out, mine in */
     nreq = 0;
     for (int b = 0, k = 0; b < N; b++) {
-        if (handler(m, g, b) != me)
+        if (block_handler(m, g, b) != me)
             continue;
         char *slot = stage + (size_t)k++ * (size_t)ng * bytes;
         if (b != me)
@@ -566,7 +566,7 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
     }
     for (int q = 0; q < m->nregions; q++)
         if (q != g)
-            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, handler(m, q, me), shares + (size_t)q * bytes, bytes,
+            GEO_CHECK_GOTO(geoNetIrecv(&comm->net, block_handler(m, q, me), shares + (size_t)q * bytes, bytes,
                                        &req[nreq++]), res, out);
     for (int i = 0; i < nreq; i++)
         GEO_CHECK_GOTO(geoNetWait(&comm->net, &req[i]), res, out);

@@ -251,17 +251,17 @@ void hierPaceWan(struct ncclComm *comm, const hierSlice *sl, double call_bytes, 
         free(to);
 }
 
-static ncclResult_t copy_msgs(const hierMsg *m, int n, geoXMsg **out)
+static ncclResult_t copy_msgs(const hierMsg *m, int n, hierXferMsg **out)
 {
-    *out = calloc((size_t)n + 1, sizeof(geoXMsg));
+    *out = calloc((size_t)n + 1, sizeof(hierXferMsg));
     if (*out == NULL)
         return ncclSystemError;
     for (int i = 0; i < n; i++)
-        (*out)[i] = (geoXMsg){.peer = m[i].peer, .off = m[i].off, .n = m[i].n};
+        (*out)[i] = (hierXferMsg){.peer = m[i].peer, .off = m[i].off, .n = m[i].n};
     return ncclSuccess;
 }
 
-ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *plan)
+ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, hierXferPlan *plan)
 {
     hierSlice sl = {.s0 = 0, .len = count};
     hierCodec none;
@@ -277,7 +277,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
         copy_msgs(sl.rx1, sl.nrx1, &plan->rx1) != ncclSuccess ||
         copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||
         copy_msgs(sl.rx2, sl.nrx2, &plan->rx2) != ncclSuccess ||
-        (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(geoXPart))) == NULL) {
+        (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(hierXferPart))) == NULL) {
         geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
         r = ncclSystemError;
     } else {
@@ -287,7 +287,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
         plan->nrx2 = sl.nrx2;
         plan->nparts = sl.nparts;
         for (int p = 0; p < sl.nparts; p++)
-            plan->parts[p] = (geoXPart){.off = sl.parts[p].off, .n = sl.parts[p].n,
+            plan->parts[p] = (hierXferPart){.off = sl.parts[p].off, .n = sl.parts[p].n,
                                         .first_rx = sl.parts[p].first_rx};
     }
     hierSliceFree(comm, &sl);
@@ -296,7 +296,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, geoXPlan *
     return r;
 }
 
-void geoHierExchangePlanFree(geoXPlan *plan)
+void geoHierExchangePlanFree(hierXferPlan *plan)
 {
     free(plan->tx1);
     free(plan->rx1);

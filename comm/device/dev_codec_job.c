@@ -98,7 +98,7 @@ void devCodecJobFree(devCodecJob *cj)
  * group > 1: messages come in runs of group that carry one chunk (the
  * return trip sends a part to each other region): only the first of a run
  * gets room. */
-static ncclResult_t lay_out_rounds(devCodecRounds *l, const geoXMsg *msgs, int nmsgs, int rounds,
+static ncclResult_t lay_out_rounds(devCodecRounds *l, const hierXferMsg *msgs, int nmsgs, int rounds,
                                    size_t E, int codec, const geoCodecParams *p, int group,
                                    size_t *at, int *nstatus)
 {
@@ -154,7 +154,7 @@ ncclResult_t devCodecPrepare(struct ncclComm *comm, const geoOp *op,
     cj->E = (chunk ? chunk : comm->hier_slice) / sizeof(float);
     if (cj->E < 1024)
         cj->E = 1024;
-    const geoXMsg *lists[4] = {cj->plan.tx1, cj->plan.rx1, cj->plan.tx2, cj->plan.rx2};
+    const hierXferMsg *lists[4] = {cj->plan.tx1, cj->plan.rx1, cj->plan.tx2, cj->plan.rx2};
     const int ns[4] = {cj->plan.ntx1, cj->plan.nrx1, cj->plan.ntx2, cj->plan.nrx2};
     size_t maxn = 0;
     for (int l = 0; l < 4; l++)

@@ -79,7 +79,7 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
         GEO_CHECK(copy_round(comm, cj, &cj->rx1, c, 0, s));
         int i = cj->rx1.first[c], t = cj->tx2.first[c];
         for (int p = 0; p < cj->plan.nparts; p++) {
-            const geoXPart *part = &cj->plan.parts[p];
+            const hierXferPart *part = &cj->plan.parts[p];
             size_t o = (size_t)c * E;
             if (o >= part->n)
                 continue;

@@ -222,7 +222,7 @@ typedef struct {
  * the staging, the status words of the decoders and the events the
  * exchange thread waits for. */
 typedef struct devCodecJob {
-    geoXPlan plan;
+    hierXferPlan plan;
     geoHierCodecChoice ch;
     size_t E;               /* elements per sub-chunk */
     int rounds;
