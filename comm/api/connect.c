@@ -32,21 +32,18 @@ static ncclResult_t encrypt_params(struct ncclComm *comm, int *mode, int *cipher
         *mode = GEO_ENCRYPT_ALL;
     else if (strcmp(e, "off") == 0)
         *mode = GEO_ENCRYPT_OFF;
-    else {
-        geoCommSetError(comm, "init: GEOCCL_ENCRYPT=%s: must be wan, all or off", e);
-        return ncclInvalidArgument;
-    }
+    else
+        return GEO_COMM_ERR(comm, ncclInvalidArgument,
+                            "init: GEOCCL_ENCRYPT=%s: must be wan, all or off", e);
     if (strcmp(c, "auto") == 0)
         *cipher = geoCipherPreferred();
     else if (strcmp(c, "aes-256-gcm") == 0)
         *cipher = GEO_CIPHER_AES256GCM;
     else if (strcmp(c, "chacha20-poly1305") == 0)
         *cipher = GEO_CIPHER_CHACHA20POLY1305;
-    else {
-        geoCommSetError(comm, "init: GEOCCL_CIPHER=%s: must be auto, aes-256-gcm or "
-                        "chacha20-poly1305", c);
-        return ncclInvalidArgument;
-    }
+    else
+        return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: GEOCCL_CIPHER=%s: must be auto, "
+                            "aes-256-gcm or chacha20-poly1305", c);
     return ncclSuccess;
 }
 
@@ -57,16 +54,13 @@ static ncclResult_t encrypt_params(struct ncclComm *comm, int *mode, int *cipher
 static ncclResult_t check_peer_table(struct ncclComm *comm)
 {
     const geoPeerInfo *p0 = &comm->peers[0];
-    if (p0->nstreams < 1 || p0->nstreams > 64) {
-        geoCommSetError(comm, "init: rank 0 asks for %d streams per peer pair: outside 1..64; "
-                        "refusing the communicator", p0->nstreams);
-        return ncclRemoteError;
-    }
-    if (p0->chunk_size < 4096 || p0->chunk_size > ((int64_t)1 << 30)) {
-        geoCommSetError(comm, "init: rank 0 asks for chunks of %lld bytes: outside 4 KiB..1 GiB; "
-                        "refusing the communicator", (long long)p0->chunk_size);
-        return ncclRemoteError;
-    }
+    if (p0->nstreams < 1 || p0->nstreams > 64)
+        return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank 0 asks for %d streams per peer "
+                            "pair: outside 1..64; refusing the communicator", p0->nstreams);
+    if (p0->chunk_size < 4096 || p0->chunk_size > ((int64_t)1 << 30))
+        return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank 0 asks for chunks of %lld bytes: "
+                            "outside 4 KiB..1 GiB; refusing the communicator",
+                            (long long)p0->chunk_size);
     for (int r = 0; r < comm->nranks; r++) {
         geoPeerInfo *p = &comm->peers[r];
         /* Strings end inside their fields, whatever was sent. */
@@ -74,12 +68,11 @@ static ncclResult_t check_peer_table(struct ncclComm *comm)
         p->net.local.path[sizeof(p->net.local.path) - 1] = '\0';
         p->region[sizeof(p->region) - 1] = '\0';
         if (p->encrypt < GEO_ENCRYPT_OFF || p->encrypt > GEO_ENCRYPT_ALL ||
-            (p->net.addr.sa.sa_family != AF_INET && p->net.addr.sa.sa_family != AF_INET6)) {
-            geoCommSetError(comm, "init: rank %d's entry in the bootstrap table is malformed "
-                            "(address family %d, encryption mode %d): another GeoCCL "
-                            "version?", r, p->net.addr.sa.sa_family, p->encrypt);
-            return ncclRemoteError;
-        }
+            (p->net.addr.sa.sa_family != AF_INET && p->net.addr.sa.sa_family != AF_INET6))
+            return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank %d's entry in the bootstrap "
+                                "table is malformed (address family %d, encryption mode %d): "
+                                "another GeoCCL version?", r, p->net.addr.sa.sa_family,
+                                p->encrypt);
     }
     return ncclSuccess;
 }
@@ -93,10 +86,9 @@ static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInterna
 {
     const geoPeerInfo *me = &comm->peers[comm->rank];
     comm->encrypt = calloc((size_t)comm->nranks, 1);
-    if (comm->encrypt == NULL) {
-        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
-        return ncclSystemError;
-    }
+    if (comm->encrypt == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
     for (int r = 0; r < comm->nranks; r++) {
         const geoPeerInfo *p = &comm->peers[r];
         int mode = me->encrypt > p->encrypt ? me->encrypt : p->encrypt;
@@ -106,19 +98,18 @@ static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInterna
             continue;
         comm->encrypt[r] = mode == GEO_ENCRYPT_ALL ||
                            (mode == GEO_ENCRYPT_WAN && !same_region && !same_place);
-        if (comm->encrypt[r] && (id->flags & GEO_ID_NOSECRET)) {
-            geoCommSetError(comm, "init: connections to rank %d (host %s%s%s) are to be "
-                            "encrypted (GEOCCL_ENCRYPT=%s here, %s there), but GEOCCL_COMM_SECRET "
-                            "is not set: every key would derive from GEOCCL_COMM_ID, which "
-                            "anyone can know.  Set GEOCCL_COMM_SECRET to a passphrase every "
-                            "rank shares, or GEOCCL_ENCRYPT=off on every rank to send in the clear", r,
-                            p->net.host, p->region[0] ? ", region " : "", p->region,
-                            me->encrypt == GEO_ENCRYPT_ALL ? "all"
-                            : me->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off",
-                            p->encrypt == GEO_ENCRYPT_ALL ? "all"
-                            : p->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off");
-            return ncclInvalidArgument;
-        }
+        if (comm->encrypt[r] && (id->flags & GEO_ID_NOSECRET))
+            return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: connections to rank %d (host "
+                                "%s%s%s) are to be encrypted (GEOCCL_ENCRYPT=%s here, %s there), "
+                                "but GEOCCL_COMM_SECRET is not set: every key would derive from "
+                                "GEOCCL_COMM_ID, which anyone can know.  Set GEOCCL_COMM_SECRET "
+                                "to a passphrase every rank shares, or GEOCCL_ENCRYPT=off on "
+                                "every rank to send in the clear", r, p->net.host,
+                                p->region[0] ? ", region " : "", p->region,
+                                me->encrypt == GEO_ENCRYPT_ALL ? "all"
+                                : me->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off",
+                                p->encrypt == GEO_ENCRYPT_ALL ? "all"
+                                : p->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off");
     }
     return ncclSuccess;
 }
@@ -136,18 +127,15 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     geoDebugSetRank(comm->rank);
     {
         char why[400];
-        if (geoSocketCheckParams(why, sizeof(why)) != 0) {
-            geoCommSetError(comm, "init: %s", why);
-            return ncclInvalidArgument;
-        }
+        if (geoSocketCheckParams(why, sizeof(why)) != 0)
+            return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: %s", why);
         int64_t warm = geoParamInt(GEO_PARAM_WAN_WARMUP);
-        if (warm < 0 || warm > 2) {
-            geoCommSetError(comm, "init: GEOCCL_WAN_WARMUP=%lld: must be 0 (never), 1 (every "
-                            "pair of regions) or 2 (fast pairs)", (long long)warm);
-            return ncclInvalidArgument;
-        }
+        if (warm < 0 || warm > 2)
+            return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: GEOCCL_WAN_WARMUP=%lld: must "
+                                "be 0 (never), 1 (every pair of regions) or 2 (fast pairs)",
+                                (long long)warm);
     }
-    int enc_mode, cipher;
+    int enc_mode = GEO_ENCRYPT_OFF, cipher = GEO_CIPHER_NONE; /* or what encrypt_params says */
     GEO_CHECK(encrypt_params(comm, &enc_mode, &cipher));
     if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
@@ -164,15 +152,12 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
             comm->net.ops = geoNetTransports[i];
             break;
         }
-    if (comm->net.ops == NULL) {
-        geoCommSetError(comm, "init: no transport can connect this communicator");
-        return ncclSystemError;
-    }
-    if (topoFindIfaces(filter, &id->root.sa, ifs, 1) < 1) {
-        geoCommSetError(comm, "init: no usable network interface (GEOCCL_SOCKET_IFNAME=%s)",
-                        filter ? filter : "unset");
-        return ncclSystemError;
-    }
+    if (comm->net.ops == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError,
+                            "init: no transport can connect this communicator");
+    if (topoFindIfaces(filter, &id->root.sa, ifs, 1) < 1)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: no usable network interface "
+                            "(GEOCCL_SOCKET_IFNAME=%s)", filter ? filter : "unset");
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr.addr, &ifs[0].addr,
            ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.addr.sin6) : sizeof(addr.addr.sin));
@@ -201,10 +186,9 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
             mine.nccl_init = GEO_NCCL_INIT_EAGER;
         else if (ni && strcasecmp(ni, "lazy") == 0)
             mine.nccl_init = GEO_NCCL_INIT_LAZY;
-        else if (ni && strcasecmp(ni, "auto") != 0) {
-            geoCommSetError(comm, "init: GEOCCL_NCCL_INIT=%s: must be auto, eager or lazy", ni);
-            return ncclInvalidArgument;
-        }
+        else if (ni && strcasecmp(ni, "auto") != 0)
+            return GEO_COMM_ERR(comm, ncclInvalidArgument,
+                                "init: GEOCCL_NCCL_INIT=%s: must be auto, eager or lazy", ni);
         /* Lazy here: NCCL is not even loaded at init. */
         if (mine.nccl_init != GEO_NCCL_INIT_LAZY)
             mine.dev_ready = geoDevIdentify(comm->cuda_dev, mine.dev_bus);
@@ -215,10 +199,9 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
         !geoParamIsSet(GEO_PARAM_NSTREAMS))
         mine.nstreams = comm->topo_file.streams > 64 ? 64 : comm->topo_file.streams;
     comm->peers = calloc((size_t)comm->nranks, sizeof(geoPeerInfo));
-    if (comm->peers == NULL) {
-        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
-        return ncclSystemError;
-    }
+    if (comm->peers == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
     {
         char b[GEO_ADDR_STRLEN];
         geoInfo(GEO_LOG_INIT, "rank %d of %d joining root %s, listening on %s (%s)", comm->rank,
@@ -230,10 +213,9 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
                             .timeout = comm->timeout, .err = &comm->err};
         geoBootInfo *table = calloc((size_t)comm->nranks, sizeof(*table));
         geoBootInfo me;
-        if (table == NULL) {
-            geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
-            return ncclSystemError;
-        }
+        if (table == NULL)
+            return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                                comm->nranks);
         memset(&me, 0, sizeof(me));
         memcpy(me.bytes, &mine, sizeof(mine));
         res = geoBootstrapJoin(&self, id, &me, table);
@@ -251,10 +233,9 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     GEO_CHECK(encrypt_plan(comm, id));
     comm->net.ctx.nstreams = comm->nstreams;
     comm->net.ctx.peers = calloc((size_t)comm->nranks, sizeof(geoNetPeer));
-    if (comm->net.ctx.peers == NULL) {
-        geoCommSetError(comm, "init: out of memory for %d peers", comm->nranks);
-        return ncclSystemError;
-    }
+    if (comm->net.ctx.peers == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
     for (int r = 0; r < comm->nranks; r++)
         comm->net.ctx.peers[r] = comm->peers[r].net;
     comm->net.ctx.encrypt = comm->encrypt;

@@ -138,15 +138,20 @@ static ncclResult_t run_inits(geoInitJob *jobs)
     pthread_t *t = calloc((size_t)n, sizeof(*t));
     int *started = calloc((size_t)n, sizeof(int));
     if (t == NULL || started == NULL)
-        res = ncclSystemError;
-    for (geoInitJob *j = jobs; j && res == ncclSuccess; j = j->next, i++)
-        started[i] = pthread_create(&t[i], NULL, init_job_main, j) == 0;
+        res = GEO_ERR(NULL, ncclSystemError, "ncclGroupEnd: out of memory for %d inits", n);
+    for (geoInitJob *j = jobs; j && res == ncclSuccess; j = j->next, i++) {
+        int rc = pthread_create(&t[i], NULL, init_job_main, j);
+        started[i] = rc == 0;
+        if (rc != 0)
+            j->res = GEO_ERR(NULL, ncclSystemError, "ncclGroupEnd: cannot start the thread of "
+                             "the init of rank %d: %s", j->rank, strerror(rc));
+    }
     i = 0;
     for (geoInitJob *j = jobs; j; j = j->next, i++) {
         if (started && started[i])
             pthread_join(t[i], NULL);
-        else
-            j->res = ncclSystemError;
+        else if (res != ncclSuccess)
+            j->res = res; /* out of memory, reported above */
         /* ncclInProgress (non-blocking init) is reported unless something failed. */
         if (j->res != ncclSuccess && (res == ncclSuccess || res == ncclInProgress))
             res = j->res;
@@ -200,7 +205,7 @@ ncclResult_t ncclGroupEnd(void)
         if (k == ncomm) {
             commWork *nw = realloc(work, sizeof(*work) * (size_t)(ncomm + 1));
             if (nw == NULL) {
-                res = ncclSystemError;
+                res = GEO_ERR(NULL, ncclSystemError, "ncclGroupEnd: out of memory");
                 break;
             }
             work = nw;
@@ -213,7 +218,7 @@ ncclResult_t ncclGroupEnd(void)
         geoOp **tails_p2p = calloc((size_t)ncomm, sizeof(geoOp *));
         geoOp **tails_col = calloc((size_t)ncomm, sizeof(geoOp *));
         if (!tails_p2p || !tails_col) {
-            res = ncclSystemError;
+            res = GEO_ERR(NULL, ncclSystemError, "ncclGroupEnd: out of memory");
         } else {
             while (o) {
                 geoOp *n = o->next;
@@ -284,8 +289,8 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
         return geoNcclRealGroupSimulate(simInfo);
     if (geoNcclRealGroupIsOpen())
         geoNcclRealGroupSimulate(simInfo); /* ends the real group; no estimate for the rest */
-    GEO_RETURN_IF(1, ncclInvalidUsage,
-                  "ncclGroupSimulateEnd: GeoCCL has no time model for host-buffer or "
-                  "cross-region operations yet (it comes with the topology probe); the "
-                  "group's operations were dropped");
+    return GEO_ERR(NULL, ncclInvalidUsage,
+                   "ncclGroupSimulateEnd: GeoCCL has no time model for host-buffer or "
+                   "cross-region operations yet (it comes with the topology probe); the "
+                   "group's operations were dropped");
 }

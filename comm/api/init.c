@@ -36,6 +36,10 @@ static void *nonblocking_init_main(void *arg)
 {
     initArgs *a = arg;
     ncclResult_t res = geoCommConnect(a->comm, &a->id, a->allow_env_root);
+    /* A cause reported on this thread only (before the communicator's
+     * state was at hand, e.g. a listen) goes where the caller looks. */
+    if (res != ncclSuccess && geoErrLast(&a->comm->err)[0] == '\0')
+        geoErrSet(&a->comm->err, "%s", geoThreadError());
     __atomic_store_n(&a->comm->err.async_error, res, __ATOMIC_RELEASE);
     free(a);
     return NULL;
@@ -82,7 +86,7 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         pthread_mutex_destroy(&comm->ef_lock);
         geoErrDestroy(&comm->err);
         free(comm);
-        GEO_RETURN_IF(1, ncclSystemError, "out of memory for the parent's topology");
+        return GEO_ERR(NULL, ncclSystemError, "out of memory for the parent's topology");
     }
     /* NCCL's rule: the communicator belongs to the device current in the
      * caller's thread at the call (or devlist's entry); a thread of our own
@@ -100,16 +104,18 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         initArgs *a = malloc(sizeof(*a));
         if (a == NULL) {
             geoCommFree(comm);
-            GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+            return GEO_ERR(NULL, ncclSystemError, "out of memory");
         }
         a->comm = comm;
         a->id = id;
         a->allow_env_root = allow_env_root;
         comm->err.async_error = ncclInProgress;
-        if (pthread_create(&comm->init_thread, NULL, nonblocking_init_main, a) != 0) {
+        int rc = pthread_create(&comm->init_thread, NULL, nonblocking_init_main, a);
+        if (rc != 0) {
             free(a);
             geoCommFree(comm);
-            GEO_RETURN_IF(1, ncclSystemError, "cannot start the init thread");
+            return GEO_ERR(NULL, ncclSystemError, "cannot start the init thread: %s",
+                           strerror(rc));
         }
         comm->init_thread_live = 1;
         *out = comm;
@@ -117,8 +123,10 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
     }
     res = geoCommConnect(comm, &id, allow_env_root);
     if (res != ncclSuccess) {
-        geoWarn(GEO_LOG_INIT, "%s", geoErrLast(&comm->err)[0] ? geoErrLast(&comm->err) : geoThreadError());
-        geoSetThreadError("%s", geoErrLast(&comm->err)[0] ? geoErrLast(&comm->err) : geoThreadError());
+        /* Reported (logged) where it was found; the text stays with the
+         * thread, as the communicator goes. */
+        if (geoErrLast(&comm->err)[0] != '\0')
+            geoErrSet(NULL, "%s", geoErrLast(&comm->err));
         geoCommFree(comm);
         return res;
     }
@@ -185,14 +193,16 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
     if (a == NULL || t == NULL) {
         free(a);
         free(t);
-        GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+        return GEO_ERR(NULL, ncclSystemError, "out of memory");
     }
     for (int i = 0; i < ndev; i++) {
         a[i] = (allArgs){.out = &comms[i], .n = ndev, .rank = i, .id = id, .res = ncclSuccess,
                          .dev = !have_gpu ? -1 : devlist ? devlist[i] : i};
         comms[i] = NULL;
-        if (pthread_create(&t[i], NULL, init_all_main, &a[i]) != 0) {
-            a[i].res = ncclSystemError;
+        int rc = pthread_create(&t[i], NULL, init_all_main, &a[i]);
+        if (rc != 0) {
+            a[i].res = GEO_ERR(NULL, ncclSystemError, "ncclCommInitAll: cannot start the init "
+                               "thread of rank %d: %s", i, strerror(rc));
             t[i] = 0;
         }
     }

@@ -72,9 +72,8 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, vo
             GEO_REAL_CALL(r, real, CommRegister, (geoRealComm)rc, buff, size, &h->real);
             if (r != ncclSuccess) {
                 free(h);
-                geoCommSetError(comm, "ncclCommRegister: NVIDIA's NCCL refused the buffer: %s",
-                                real->GetErrorString(r));
-                return r;
+                return GEO_COMM_ERR(comm, r, "ncclCommRegister: NVIDIA's NCCL refused the "
+                                    "buffer: %s", real->GetErrorString(r));
             }
         }
     }
@@ -120,23 +119,21 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, nc
     if (comm->regions.nregions == 1 && geoDevIsDevicePtr(buff)) {
         const geoNcclRealLib *real = geoNcclReal();
         void *rc = NULL;
-        if (real && real->CommWindowRegister == NULL) {
-            geoCommSetError(comm, "ncclCommWindowRegister: the real NCCL at %s (version %d) "
-                            "has no ncclCommWindowRegister", real->path, real->version);
-            return ncclInvalidUsage;
-        }
+        if (real && real->CommWindowRegister == NULL)
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "ncclCommWindowRegister: the real NCCL at "
+                                "%s (version %d) has no ncclCommWindowRegister", real->path,
+                                real->version);
         GEO_CHECK(geoDevRealComm(comm, "ncclCommWindowRegister", &rc));
         ncclResult_t r;
         GEO_REAL_CALL(r, real, CommWindowRegister, (geoRealComm)rc, buff, size, win, winFlags);
         return r;
     }
-    geoCommSetError(comm, "ncclCommWindowRegister: symmetric memory windows are supported by "
-                    "GeoCCL only on device memory of a single-region communicator on a GPU "
-                    "with NVIDIA's NCCL loaded (%s)",
-                    comm->regions.nregions != 1 ? "this one spans several regions"
-                    : comm->cuda_dev < 0        ? "this one has no GPU"
-                                                : "the buffer is not device memory");
-    return ncclInvalidUsage;
+    return GEO_COMM_ERR(comm, ncclInvalidUsage, "ncclCommWindowRegister: symmetric memory windows "
+                        "are supported by GeoCCL only on device memory of a single-region "
+                        "communicator on a GPU with NVIDIA's NCCL loaded (%s)",
+                        comm->regions.nregions != 1 ? "this one spans several regions"
+                        : comm->cuda_dev < 0        ? "this one has no GPU"
+                                                    : "the buffer is not device memory");
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
@@ -154,7 +151,7 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
         GEO_REAL_CALL(r, real, CommWindowDeregister, (geoRealComm)rc, win);
         return r;
     }
-    geoCommSetError(comm, "ncclCommWindowDeregister: no window was registered (GeoCCL "
-                    "registers windows only on device memory of a single-region communicator)");
-    return ncclInvalidUsage;
+    return GEO_COMM_ERR(comm, ncclInvalidUsage, "ncclCommWindowDeregister: no window was "
+                        "registered (GeoCCL registers windows only on device memory of a "
+                        "single-region communicator)");
 }

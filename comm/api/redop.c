@@ -40,9 +40,8 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataTyp
         return ncclSuccess;
     }
     pthread_mutex_unlock(&comm->lock);
-    geoCommSetError(comm, "ncclRedOpCreatePreMulSum: all %d op handles are in use",
-                    GEO_MAX_REDOPS);
-    return ncclInvalidUsage;
+    return GEO_COMM_ERR(comm, ncclInvalidUsage,
+                        "ncclRedOpCreatePreMulSum: all %d op handles are in use", GEO_MAX_REDOPS);
 }
 
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)

@@ -40,11 +40,9 @@ ncclResult_t geoCommResolveRegion(struct ncclComm *comm, const geoSockAddr *addr
         return ncclSuccess;
     }
     if (label) {
-        if (strlen(label) >= TOPO_REGION_LABEL_LEN) {
-            geoCommSetError(comm, "init: GEOCCL_REGION '%s' is longer than %d characters",
-                            label, TOPO_REGION_LABEL_LEN - 1);
-            return ncclInvalidUsage;
-        }
+        if (strlen(label) >= TOPO_REGION_LABEL_LEN)
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "init: GEOCCL_REGION '%s' is longer "
+                                "than %d characters", label, TOPO_REGION_LABEL_LEN - 1);
         snprintf(out, TOPO_REGION_LABEL_LEN, "%s", label);
     }
     if (path) {
@@ -56,10 +54,8 @@ ncclResult_t geoCommResolveRegion(struct ncclComm *comm, const geoSockAddr *addr
                     "write it", path);
             return ncclSuccess;
         }
-        if (topoFileLoad(path, &comm->topo_file, err, sizeof(err)) != 0) {
-            geoCommSetError(comm, "init: %s", err);
-            return ncclInvalidUsage;
-        }
+        if (topoFileLoad(path, &comm->topo_file, err, sizeof(err)) != 0)
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "init: %s", err);
         comm->topo_file_loaded = 1;
         if (label)
             return ncclSuccess;
@@ -125,8 +121,7 @@ ncclResult_t geoCommBuildRegions(struct ncclComm *comm)
     comm->net.region_of = comm->regions.region_of;
     return ncclSuccess;
 oom:
-    geoCommSetError(comm, "init: out of memory for the region map");
-    return ncclSystemError;
+    return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for the region map");
 }
 
 /* Cache what the probe found where GEOCCL_TOPO_FILE points (rank 0).  A
@@ -176,8 +171,8 @@ static ncclResult_t probe_partners(void *arg, int **ranks, int *n)
     int *out = malloc(sizeof(int) * (size_t)(plan.ntx1 + 1)), k = 0;
     if (out == NULL) {
         geoHierExchangePlanFree(&plan);
-        geoCommSetError(comm, "init: out of memory planning the warm-up");
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError,
+                            "init: out of memory planning the warm-up");
     }
     for (int i = 0; i < plan.ntx1; i++) {
         int p = plan.tx1[i].peer, seen = 0;

@@ -52,11 +52,10 @@ static ncclResult_t set_auto_codec(struct ncclComm *comm, const char *spec)
         mask = 0;
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             geoCodecId id;
-            if (geoCodecParse(tok, &id, &ap) != ncclSuccess || id == GEO_CODEC_AUTO) {
-                geoCommSetError(comm, "compression '%s': '%s' is not none, lossless, fp16, "
-                                "bf16, int8, int4, sign or topk:<k>", spec, tok);
-                return ncclInvalidArgument;
-            }
+            if (geoCodecParse(tok, &id, &ap) != ncclSuccess || id == GEO_CODEC_AUTO)
+                return GEO_COMM_ERR(comm, ncclInvalidArgument, "compression '%s': '%s' is not "
+                                    "none, lossless, fp16, bf16, int8, int4, sign or topk:<k>",
+                                    spec, tok);
             if (id != GEO_CODEC_NONE)
                 mask |= 1u << id;
         }
@@ -80,11 +79,10 @@ ncclResult_t geoCommSetCodec(struct ncclComm *comm, const char *spec)
     geoCodecParams p = comm->codec_params;
     if (spec && strncmp(spec, "auto", 4) == 0 && (spec[4] == '\0' || spec[4] == ':'))
         return set_auto_codec(comm, spec);
-    if (geoCodecParse(spec, &id, &p) != ncclSuccess) {
-        geoCommSetError(comm, "compression '%s' is not none, lossless, fp16, bf16, int8, int4, "
-                        "sign or topk:<k> (0 < k <= 1)", spec ? spec : "(null)");
-        return ncclInvalidArgument;
-    }
+    if (geoCodecParse(spec, &id, &p) != ncclSuccess)
+        return GEO_COMM_ERR(comm, ncclInvalidArgument, "compression '%s' is not none, lossless, "
+                            "fp16, bf16, int8, int4, sign or topk:<k> (0 < k <= 1)",
+                            spec ? spec : "(null)");
     comm->codec_auto = 0;
     comm->codec = id;
     comm->codec_params = p;
@@ -125,8 +123,10 @@ void geoCommCompressionInit(struct ncclComm *comm)
                 "registered", key);
     comm->codec = GEO_CODEC_NONE;
     const char *spec = geoParamStr(GEO_PARAM_COMPRESS);
+    /* A refused GEOCCL_COMPRESS was reported (WARN) where it was parsed;
+     * the communicator goes on without compression. */
     if (spec && geoCommSetCodec(comm, spec) != ncclSuccess) {
-        geoWarn(GEO_LOG_COMPRESS, "%s: exact transfer", geoErrLast(&comm->err));
+        geoInfo(GEO_LOG_COMPRESS, "GEOCCL_COMPRESS=%s refused: exact transfer", spec);
         comm->codec = GEO_CODEC_NONE;
     }
 }

@@ -42,7 +42,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     all = malloc(sizeof(int32_t) * 2 * (size_t)comm->nranks);
     ids = calloc((size_t)comm->nranks, sizeof(ncclUniqueId));
     if (all == NULL || ids == NULL) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "ncclCommSplit: out of memory");
         goto out;
     }
     GEO_CHECK_GOTO(allgather_bytes(comm, mine, all, sizeof(mine)), res, out);
@@ -99,12 +99,8 @@ out:
 /* ---- shrink ---------------------------------------------------------- */
 
 /* Every validation failure says why in the parent's error text. */
-#define SHRINK_BAD(comm, ...)                                             \
-    do {                                                                  \
-        geoCommSetError((comm), "ncclCommShrink: " __VA_ARGS__);          \
-        geoWarn(GEO_LOG_INIT, "%s", geoErrLast(&(comm)->err));                  \
-        return ncclInvalidArgument;                                       \
-    } while (0)
+#define SHRINK_BAD(comm, ...) \
+    return GEO_COMM_ERR((comm), ncclInvalidArgument, "ncclCommShrink: " __VA_ARGS__)
 
 typedef struct {
     int32_t ok;                 /* the leader made a root */
@@ -132,8 +128,7 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     if (comm->rank == leader) {
         geoNetRequest *req = calloc((size_t)comm->nranks, sizeof(*req));
         if (req == NULL) {
-            geoCommSetError(comm, "ncclCommShrink: out of memory");
-            res = ncclSystemError;
+            res = GEO_COMM_ERR(comm, ncclSystemError, "ncclCommShrink: out of memory");
             goto out;
         }
         made = geoBootstrapNewRootKeyed(child, &msg.id);
@@ -150,9 +145,9 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
                     res = w;
             }
         free(req);
-        if (made != ncclSuccess) {
-            geoCommSetError(comm, "ncclCommShrink: cannot start the new communicator's "
-                            "bootstrap root: %s", geoThreadError());
+        if (made != ncclSuccess) { /* reported on this thread: carried here */
+            geoErrSet(&comm->err, "ncclCommShrink: cannot start the new communicator's "
+                      "bootstrap root: %s", geoThreadError());
             res = made;
         }
     } else {
@@ -160,11 +155,10 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
         memset(&req, 0, sizeof(req));
         GEO_CHECK_GOTO(geoNetIrecv(&comm->net, leader, &msg, sizeof(msg), &req), res, out);
         GEO_CHECK_GOTO(geoNetWait(&comm->net, &req), res, out);
-        if (!msg.ok) {
-            geoCommSetError(comm, "ncclCommShrink: rank %d, the lowest survivor, could not "
-                            "start the new communicator's bootstrap root", leader);
-            res = ncclRemoteError;
-        }
+        if (!msg.ok)
+            res = GEO_COMM_ERR(comm, ncclRemoteError, "ncclCommShrink: rank %d, the lowest "
+                               "survivor, could not start the new communicator's bootstrap "
+                               "root", leader);
     }
     if (res == ncclSuccess) {
         *id = msg.id;
@@ -224,15 +218,13 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     if (excludeRanksCount > 0 && excludeRanksList == NULL)
         SHRINK_BAD(comm, "excludeRanksList is NULL with excludeRanksCount %d",
                    excludeRanksCount);
-    if (geoCommCheckConfig(config) != ncclSuccess) { /* which has logged why */
-        geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+    if (geoCommCheckConfig(config) != ncclSuccess) { /* which has reported why */
+        geoErrSet(&comm->err, "ncclCommShrink: %s", geoThreadError());
         return ncclInvalidArgument;
     }
     excluded = calloc((size_t)comm->nranks, 1);
-    if (excluded == NULL) {
-        geoCommSetError(comm, "ncclCommShrink: out of memory");
-        return ncclSystemError;
-    }
+    if (excluded == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "ncclCommShrink: out of memory");
     for (int i = 0; i < excludeRanksCount; i++) {
         int r = excludeRanksList[i];
         if (r < 0 || r >= comm->nranks || excluded[r] || r == comm->rank) {
@@ -250,16 +242,15 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     ncclResult_t state = geoCommAsyncError(comm);
     if (state == ncclInProgress) {
         free(excluded);
-        geoCommSetError(comm, "ncclCommShrink: the communicator's non-blocking init has not "
-                        "finished (poll ncclCommGetAsyncError first)");
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "ncclCommShrink: the communicator's "
+                            "non-blocking init has not finished (poll ncclCommGetAsyncError "
+                            "first)");
     }
     if (state != ncclSuccess && shrinkFlags == NCCL_SHRINK_DEFAULT) {
         free(excluded);
-        geoCommSetError(comm, "ncclCommShrink: the communicator is broken (%s: %s); "
-                        "NCCL_SHRINK_ABORT builds the new one without it",
-                        ncclGetErrorString(state), geoErrLast(&comm->err));
-        return state;
+        return GEO_COMM_ERR(comm, state, "ncclCommShrink: the communicator is broken (%s: %s); "
+                            "NCCL_SHRINK_ABORT builds the new one without it",
+                            ncclGetErrorString(state), geoErrLast(&comm->err));
     }
 
     int leader = -1, newrank = 0, newsize = comm->nranks - excludeRanksCount;
@@ -278,8 +269,12 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     if (shrinkFlags == NCCL_SHRINK_DEFAULT) {
         GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, counter, &id), res, out);
     } else {
-        if (state == ncclSuccess)
-            geoCommSetError(comm, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
+        /* Asked for, so no failure to report: the text is what the
+         * parent's later calls fail with (ncclGetLastError). */
+        if (state == ncclSuccess) {
+            geoErrSet(&comm->err, "communicator revoked by ncclCommShrink(NCCL_SHRINK_ABORT)");
+            geoInfo(GEO_LOG_INIT, "%s", geoErrLast(&comm->err));
+        }
         geoErrAbort(&comm->err); /* device exchanges and waits end */
         if (comm->net.ops && comm->net.state)
             geoNetBreak(&comm->net);
@@ -291,8 +286,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
             geoUniqueIdInternal in;
             GEO_CHECK_GOTO(geoBootstrapDecode(&id, &in), res, out);
             res = geoBootstrapStartRoot(&in, newsize, comm->timeout);
-            if (res != ncclSuccess) {
-                geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+            if (res != ncclSuccess) { /* reported on this thread: carried here */
+                geoErrSet(&comm->err, "ncclCommShrink: %s", geoThreadError());
                 goto out;
             }
         }
@@ -304,8 +299,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
     geoInitParent = NULL;
     if (res == ncclInProgress)
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
-    else if (res != ncclSuccess)
-        geoCommSetError(comm, "ncclCommShrink: %s", geoThreadError());
+    else if (res != ncclSuccess) /* the child's init reported why */
+        geoErrSet(&comm->err, "ncclCommShrink: %s", geoThreadError());
 out:
     free(excluded);
     return res;

@@ -130,7 +130,10 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
                   "ncclCommRevoke: comm is NULL or not a live communicator");
     GEO_RETURN_IF(revokeFlags != NCCL_REVOKE_DEFAULT, ncclInvalidArgument,
                   "ncclCommRevoke: revokeFlags must be 0");
-    geoCommSetError(comm, "communicator revoked");
+    /* Asked for, so no failure to report: the text is what the
+     * communicator's later calls fail with (ncclGetLastError). */
+    geoErrSet(&comm->err, "communicator revoked");
+    geoInfo(GEO_LOG_INIT, "communicator revoked (ncclCommRevoke)");
     if (comm->net.ops && comm->net.state)
         geoNetBreak(&comm->net);
     return ncclSuccess;

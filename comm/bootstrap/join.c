@@ -150,10 +150,8 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
     useconds_t backoff = 10000;
     uint8_t token[GEO_CHALLENGE_BYTES];
 
-    if (geoRandomBytes(token, sizeof(token)) != 0) {
-        geoErrSet(self->err, "shrink: no randomness for the join");
-        return ncclSystemError;
-    }
+    if (geoRandomBytes(token, sizeof(token)) != 0)
+        return GEO_ERR(self->err, ncclSystemError, "shrink: no randomness for the join");
 
     while (geoNow() < deadline) {
         for (int k = 0; k < GEO_SHRINK_PORTS && geoNow() < deadline; k++) {
@@ -179,12 +177,11 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
                                                magic != GEO_IMPOSTOR_MAGIC &&
                                                strcmp(why, "connection closed by peer") != 0 &&
                                                strcmp(why, strerror(ECONNRESET)) != 0)) {
-                geoErrSet(self->err, "shrink: the bootstrap root at %s gave up or stopped "
-                                "answering (%s): not all %d survivors joined within %.0f s",
-                                geoAddrToString(&cand, ra), magic == GEO_EXPIRED_MAGIC
-                                                                ? "expired" : why,
-                                self->nranks, self->timeout);
-                return ncclRemoteError;
+                return GEO_ERR(self->err, ncclRemoteError, "shrink: the bootstrap root at %s "
+                               "gave up or stopped answering (%s): not all %d survivors joined "
+                               "within %.0f s", geoAddrToString(&cand, ra),
+                               magic == GEO_EXPIRED_MAGIC ? "expired" : why, self->nranks,
+                               self->timeout);
             }
             /* Not our root: it refused the proof.  One that hung up on
              * it (a close or a reset) may be the parent's data listener of
@@ -204,13 +201,12 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
         if (backoff < 200000)
             backoff *= 2;
     }
-    geoErrSet(self->err, "shrink: no bootstrap root of the shrunk communicator answered at "
-                    "%s or its %d other candidate ports within %.0f s (%d answered but were "
-                    "not ours; last cause: %s): the lowest surviving rank did not call "
-                    "ncclCommShrink with the same exclude list, or could not listen",
-                    geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, self->timeout, tried,
-                    why);
-    return ncclRemoteError;
+    return GEO_ERR(self->err, ncclRemoteError, "shrink: no bootstrap root of the shrunk "
+                   "communicator answered at %s or its %d other candidate ports within %.0f s "
+                   "(%d answered but were not ours; last cause: %s): the lowest surviving rank "
+                   "did not call ncclCommShrink with the same exclude list, or could not listen",
+                   geoAddrToString(&id->root, ra), GEO_SHRINK_PORTS - 1, self->timeout, tried,
+                   why);
 }
 
 ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal *id,
@@ -226,14 +222,14 @@ ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal
 
     if (id->flags & GEO_ID_SHRINK)
         return join_candidates(self, id, mine, all, deadline);
-    if (geoRandomBytes(token, sizeof(token)) != 0) {
-        geoErrSet(self->err, "init: no randomness for the join");
-        return ncclSystemError;
-    }
+    if (geoRandomBytes(token, sizeof(token)) != 0)
+        return GEO_ERR(self->err, ncclSystemError, "init: no randomness for the join");
     geoAddrToString(&id->root, ra);
     if (geoSocketConnect(&id->root, deadline, &fd) != ncclSuccess) {
+        /* geoSocketConnect reported why; the communicator gets it with
+         * what it means here. */
         geoErrSet(self->err, "init: cannot reach the bootstrap root at %s within %.0f s", ra,
-                        self->timeout);
+                  self->timeout);
         return ncclRemoteError;
     }
     ncclResult_t r = join_over_fd(self, id, fd, token, mine, all, deadline, deadline, &magic,
@@ -264,29 +260,23 @@ ncclResult_t geoBootstrapJoin(const geoBootSelf *self, const geoUniqueIdInternal
     if (r == ncclSuccess)
         return ncclSuccess;
     if (magic == GEO_IMPOSTOR_MAGIC)
-        geoErrSet(self->err,
-                  "init: refused the bootstrap root at %s: its table does not prove the "
-                  "communicator's secret (another program holds the root's address, or the "
-                  "connection was altered); nothing it sent was used", ra);
-    else if (magic == GEO_REFUSED_MAGIC)
-        geoErrSet(self->err,
-                        "init: the bootstrap root at %s refused rank %d: its ncclUniqueId does "
-                        "not carry the root's secret, or rank %d of %d is already taken",
-                        ra, self->rank, self->rank, self->nranks);
-    else if (magic == GEO_EXPIRED_MAGIC)
-        geoErrSet(self->err,
-                        "init: the bootstrap root at %s gave up: not all %d ranks joined within "
-                        "its timeout (GEOCCL_TIMEOUT of the process that made the id)",
-                        ra, self->nranks);
-    else if (proved && strcmp(why, "connection closed by peer") == 0)
-        geoErrSet(self->err,
-                        "init: the bootstrap root at %s closed the connection after rank %d "
-                        "joined (the root's process ended, or it refused us)",
-                        ra, self->rank);
-    else
-        geoErrSet(self->err,
-                        "init: bootstrap with the root at %s failed (%s): not all %d ranks "
-                        "joined within %.0f s",
-                        ra, why, self->nranks, self->timeout);
-    return ncclRemoteError;
+        return GEO_ERR(self->err, ncclRemoteError, "init: refused the bootstrap root at %s: its "
+                       "table does not prove the communicator's secret (another program holds "
+                       "the root's address, or the connection was altered); nothing it sent "
+                       "was used", ra);
+    if (magic == GEO_REFUSED_MAGIC)
+        return GEO_ERR(self->err, ncclRemoteError, "init: the bootstrap root at %s refused rank "
+                       "%d: its ncclUniqueId does not carry the root's secret, or rank %d of %d "
+                       "is already taken", ra, self->rank, self->rank, self->nranks);
+    if (magic == GEO_EXPIRED_MAGIC)
+        return GEO_ERR(self->err, ncclRemoteError, "init: the bootstrap root at %s gave up: not "
+                       "all %d ranks joined within its timeout (GEOCCL_TIMEOUT of the process "
+                       "that made the id)", ra, self->nranks);
+    if (proved && strcmp(why, "connection closed by peer") == 0)
+        return GEO_ERR(self->err, ncclRemoteError, "init: the bootstrap root at %s closed the "
+                       "connection after rank %d joined (the root's process ended, or it "
+                       "refused us)", ra, self->rank);
+    return GEO_ERR(self->err, ncclRemoteError, "init: bootstrap with the root at %s failed (%s): "
+                   "not all %d ranks joined within %.0f s", ra, why, self->nranks,
+                   self->timeout);
 }

@@ -275,11 +275,13 @@ ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, doubl
     a->timeout = timeout;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, root_main, a) != 0) {
+    int rc = pthread_create(&t, &attr, root_main, a);
+    if (rc != 0) {
         pthread_attr_destroy(&attr);
         free(a);
         close(fd);
-        GEO_RETURN_IF(1, ncclSystemError, "cannot start the bootstrap root thread");
+        return GEO_ERR(NULL, ncclSystemError, "cannot start the bootstrap root thread: %s",
+                       strerror(rc));
     }
     pthread_attr_destroy(&attr);
     return ncclSuccess;

@@ -87,11 +87,10 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
 
     memset(&id, 0, sizeof(id));
     id.magic = GEO_ID_MAGIC;
-    if (topoFindIfaces(geoParamStr(GEO_PARAM_SOCKET_IFNAME), NULL, ifs, 1) < 1) {
-        GEO_RETURN_IF(1, ncclSystemError, "no usable network interface (GEOCCL_SOCKET_IFNAME=%s)",
-                      geoParamStr(GEO_PARAM_SOCKET_IFNAME) ? geoParamStr(GEO_PARAM_SOCKET_IFNAME)
-                                                           : "unset");
-    }
+    const char *filter = geoParamStr(GEO_PARAM_SOCKET_IFNAME);
+    if (topoFindIfaces(filter, NULL, ifs, 1) < 1)
+        return GEO_ERR(NULL, ncclSystemError, "no usable network interface "
+                       "(GEOCCL_SOCKET_IFNAME=%s)", filter ? filter : "unset");
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr, &ifs[0].addr, ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6)
                                                                   : sizeof(addr.sin));
@@ -100,8 +99,9 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
         memcpy(id.secret, secret, sizeof(id.secret));
     if ((secret == NULL && geoRandomBytes(id.secret, sizeof(id.secret)) != 0) ||
         geoRandomBytes(&id.nonce, sizeof(id.nonce)) != 0) {
+        int err = errno;
         close(fd);
-        GEO_RETURN_IF(1, ncclSystemError, "getrandom failed: %s", strerror(errno));
+        return GEO_ERR(NULL, ncclSystemError, "getrandom failed: %s", strerror(err));
     }
     GEO_CHECK(geoBootRootStartThread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT)));
     memset(out, 0, sizeof(*out));
@@ -242,17 +242,23 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
         GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
         return geoBootRootStartThread(id, fd, timeout);
     }
+    /* A candidate taken is no error while another one is free: tried
+     * quietly, and only the last refusal is reported. */
+    int err = 0;
     for (int k = 0; k < GEO_SHRINK_PORTS; k++) {
         geoBootstrapCandidate(id, k, &cand);
-        if (geoSocketListen(&cand, &fd, &bound) == ncclSuccess) {
+        if (geoSocketListenQuiet(&cand, &fd, &bound) == ncclSuccess) {
             geoInfo(GEO_LOG_INIT, "shrink: bootstrap root listening on %s (candidate %d)",
                     geoAddrToString(&bound, a), k);
             return geoBootRootStartThread(id, fd, timeout);
         }
+        err = errno;
+        geoInfo(GEO_LOG_INIT, "shrink: cannot listen on %s (candidate %d): %s",
+                geoAddrToString(&cand, a), k, strerror(err));
     }
-    char last[256];
-    snprintf(last, sizeof(last), "%s", geoThreadError());
-    GEO_RETURN_IF(1, ncclSystemError, "cannot listen on any of the %d candidate ports of "
-                  "the shrunk communicator's root at %s (the last error: %s)",
-                  GEO_SHRINK_PORTS, geoAddrToString(&id->root, a), last);
+    char c[GEO_ADDR_STRLEN];
+    return GEO_ERR(NULL, ncclSystemError, "cannot listen on any of the %d candidate ports of "
+                   "the shrunk communicator's root at %s (the last error: cannot listen on "
+                   "%s: %s)", GEO_SHRINK_PORTS, geoAddrToString(&id->root, a),
+                   geoAddrToString(&cand, c), strerror(err));
 }

@@ -69,15 +69,16 @@ void tcpBreakLocked(tcpState *st, ncclResult_t res)
     pthread_cond_broadcast(&st->cv);
 }
 
-void tcpPeerError(tcpState *st, int peer, int stream, const char *what)
+void tcpPeerErrorAt(tcpState *st, int peer, int stream, const char *what, const char *file,
+                    int line)
 {
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
-    geoErrSet(st->ctx->err, "%s: rank %d (%s, host %s) %s (stream %d%s)", geoErrOp(st->ctx->err),
-                    peer, tcpPeerStr(st, peer, a), st->ctx->peers[peer].host, what, stream,
-                    st->peers[peer].conns[stream].local ? ", same-host socket" : "");
-    geoWarn(GEO_LOG_NET, "%s", geoErrLast(st->ctx->err));
+    geoErrReport(st->ctx->err, ncclRemoteError, file, line, "%s: rank %d (%s, host %s) %s "
+                 "(stream %d%s)", geoErrOp(st->ctx->err), peer, tcpPeerStr(st, peer, a),
+                 st->ctx->peers[peer].host, what, stream,
+                 st->peers[peer].conns[stream].local ? ", same-host socket" : "");
     tcpBreakLocked(st, ncclRemoteError);
 }
 
@@ -93,7 +94,8 @@ static ncclResult_t tcp_listen(geoNetCtx *ctx, void **state, geoNetAddr *addr)
     geoSockAddr bound;
     ncclResult_t res;
 
-    GEO_RETURN_IF(st == NULL, ncclSystemError, "out of memory");
+    if (st == NULL)
+        return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
     st->ctx = ctx;
     st->listen_fd = -1;
     st->local_fd = -1;
@@ -125,11 +127,13 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
 
     st->nstreams = ctx->nstreams;
     st->peers = calloc((size_t)ctx->nranks, sizeof(tcpPeer));
-    GEO_RETURN_IF(st->peers == NULL, ncclSystemError, "out of memory");
+    if (st->peers == NULL)
+        return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
     for (int p = 0; p < ctx->nranks; p++) {
         st->peers[p].conns = calloc((size_t)st->nstreams, sizeof(tcpConn));
         st->peers[p].active = st->nstreams;
-        GEO_RETURN_IF(st->peers[p].conns == NULL, ncclSystemError, "out of memory");
+        if (st->peers[p].conns == NULL)
+            return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
         for (int s = 0; s < st->nstreams; s++) {
             st->peers[p].conns[s].fd = -1;
             st->peers[p].conns[s].probe_fd = -1;
@@ -179,17 +183,16 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
     ctx->ring_peers = ring_peers;
     st->reconnect_s = (double)geoParamInt(GEO_PARAM_RECONNECT_TIMEOUT);
     st->rpend = calloc(GEO_TCP_RESUME_PENDING, sizeof(tcpHs));
-    GEO_RETURN_IF(st->rpend == NULL, ncclSystemError, "out of memory");
+    if (st->rpend == NULL)
+        return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
     st->running = 1;
     st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (st->wake_fd < 0) {
-        geoErrSet(ctx->err, "init: eventfd failed: %s", strerror(errno));
-        return ncclSystemError;
-    }
-    if (pthread_create(&st->thread, NULL, tcpProgressMain, st) != 0) {
-        geoErrSet(ctx->err, "init: cannot start the progress thread: %s", strerror(errno));
-        return ncclSystemError;
-    }
+    if (st->wake_fd < 0)
+        return GEO_ERR(ctx->err, ncclSystemError, "init: eventfd failed: %s", strerror(errno));
+    int rc = pthread_create(&st->thread, NULL, tcpProgressMain, st);
+    if (rc != 0)
+        return GEO_ERR(ctx->err, ncclSystemError, "init: cannot start the progress thread: %s",
+                       strerror(rc));
     st->thread_live = 1;
     geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d streams each; same-host "
             "fast path to %d of them (%d through shared-memory rings, %d AF_UNIX only)%s%s",
@@ -219,16 +222,16 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (st->broken) {
         res = st->broken_res;
     } else if (st->peers[req->peer].gone) {
-        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) is gone: its connection was reset and "
-                  "its listener refuses new ones", geoErrOp(ctx->err), req->peer,
-                  tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host);
-        tcpBreakLocked(st, ncclRemoteError);
-        res = ncclRemoteError;
+        res = GEO_ERR(ctx->err, ncclRemoteError, "%s: rank %d (%s, host %s) is gone: its "
+                      "connection was reset and its listener refuses new ones",
+                      geoErrOp(ctx->err), req->peer, tcpPeerStr(st, req->peer, pa),
+                      ctx->peers[req->peer].host);
+        tcpBreakLocked(st, res);
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
-        geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections", geoErrOp(ctx->err),
-                        req->peer, tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host);
-        tcpBreakLocked(st, ncclRemoteError);
-        res = ncclRemoteError;
+        res = GEO_ERR(ctx->err, ncclRemoteError, "%s: rank %d (%s, host %s) has closed its "
+                      "connections", geoErrOp(ctx->err), req->peer,
+                      tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host);
+        tcpBreakLocked(st, res);
     } else {
         tcpPeer *peer = &st->peers[req->peer];
         geoNetRequest **pp = &peer->q[req->dir];
@@ -269,21 +272,19 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
             break;
         if (geoErrAborted(ctx->err)) {
             if (!st->broken)
-                geoErrSet(ctx->err, "%s: communicator aborted", geoErrOp(ctx->err));
+                GEO_ERR(ctx->err, ncclRemoteError, "%s: communicator aborted",
+                        geoErrOp(ctx->err));
             tcpBreakLocked(st, ncclRemoteError);
             break;
         }
         double idle = geoNow() - req->last_progress;
         if (idle > ctx->timeout) {
             char pa[GEO_ADDR_STRLEN];
-            geoErrSet(ctx->err,
-                            "%s: timed out after %.0f s without progress %s rank %d (%s, host "
-                            "%s); %zu of %zu frames done",
-                            geoErrOp(ctx->err), idle, req->dir == GEO_NET_SEND ? "sending to"
-                                                                          : "receiving from",
-                            req->peer, tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host,
-                            req->frames_done, req->nframes);
-            geoWarn(GEO_LOG_NET, "%s", geoErrLast(ctx->err));
+            GEO_ERR(ctx->err, ncclRemoteError, "%s: timed out after %.0f s without progress %s "
+                    "rank %d (%s, host %s); %zu of %zu frames done", geoErrOp(ctx->err), idle,
+                    req->dir == GEO_NET_SEND ? "sending to" : "receiving from", req->peer,
+                    tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host,
+                    req->frames_done, req->nframes);
             tcpBreakLocked(st, ncclRemoteError);
             break;
         }

@@ -134,9 +134,12 @@ static void local_fallback(tcpHs *h)
 }
 
 /* Advance an outgoing handshake as far as it goes without blocking.
- * 1: done; 0: waiting (on its socket, or until h->when); -1: failed, the
- * communicator's error says how. */
-int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline)
+ * 1: done; 0: waiting (on its socket, or until h->when); -1: failed, fail
+ * says how.  It reports nothing: at set-up the failure is the init's error
+ * (tcpSetupConnections reports it), a resume dial may be tried again
+ * (tcpDialFailed decides). */
+int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
+                 char fail[GEO_ERR_TEXT_LEN])
 {
     geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN];
@@ -266,11 +269,12 @@ connect_failed:
             h->backoff *= 2;
         return 0;
     }
-    geoErrSet(ctx->err, "%s: cannot connect to rank %d at %s (host %s), stream %d: %s%s",
-                    h->resume ? geoErrOp(ctx->err) : "init", h->peer, tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
-                    strerror(h->err), h->resume ? (h->err == ECONNREFUSED
-                                                   ? " (its process is gone)"
-                                                   : " (reconnecting after a reset)") : "");
+    snprintf(fail, GEO_ERR_TEXT_LEN, "%s: cannot connect to rank %d at %s (host %s), stream "
+             "%d: %s%s", h->resume ? geoErrOp(ctx->err) : "init", h->peer,
+             tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, strerror(h->err),
+             h->resume ? (h->err == ECONNREFUSED ? " (its process is gone)"
+                                                 : " (reconnecting after a reset)")
+                       : "");
     return -1;
 wait_or_refused:
     if (rc == 0)
@@ -289,16 +293,16 @@ wait_or_refused:
             h->backoff *= 2;
         return 0;
     }
-    geoErrSet(ctx->err, "%s: rank %d at %s (host %s) closed our connection on stream %d "
-                    "during the handshake %d times (%s): it refused our proof, or dropped us "
-                    "among many unproven connections", h->resume ? geoErrOp(ctx->err) : "init",
-                    h->peer, tcpPeerStr(st, h->peer, pa),
-                    ctx->peers[h->peer].host, h->stream, h->drops, why);
+    snprintf(fail, GEO_ERR_TEXT_LEN, "%s: rank %d at %s (host %s) closed our connection on "
+             "stream %d during the handshake %d times (%s): it refused our proof, or dropped "
+             "us among many unproven connections", h->resume ? geoErrOp(ctx->err) : "init",
+             h->peer, tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, h->drops,
+             why);
     return -1;
 refused:
-    geoErrSet(ctx->err, "%s: refused rank %d at %s (host %s) on stream %d: %s",
-                    h->resume ? geoErrOp(ctx->err) : "init", h->peer,
-                    tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, why);
+    snprintf(fail, GEO_ERR_TEXT_LEN, "%s: refused rank %d at %s (host %s) on stream %d: %s",
+             h->resume ? geoErrOp(ctx->err) : "init", h->peer, tcpPeerStr(st, h->peer, pa),
+             ctx->peers[h->peer].host, h->stream, why);
     return -1;
 }
 

@@ -359,8 +359,13 @@ void tcpWake(tcpState *st);
 const char *tcpPeerStr(tcpState *st, int peer, char buf[GEO_ADDR_STRLEN]);
 /* Fail every request, shut every connection. */
 void tcpBreakLocked(tcpState *st, ncclResult_t res);
-/* Record "peer ... what (stream)" on the communicator, log it, break. */
-void tcpPeerError(tcpState *st, int peer, int stream, const char *what);
+/* Report "peer ... what (stream)" on the communicator (geoErrReport: one
+ * WARN line, with the file:line of tcpPeerError's caller), then break it;
+ * nothing once it is broken or stopping. */
+void tcpPeerErrorAt(tcpState *st, int peer, int stream, const char *what, const char *file,
+                    int line);
+#define tcpPeerError(st, peer, stream, what)                                  \
+    tcpPeerErrorAt((st), (peer), (stream), (what), __FILE__, __LINE__)
 
 /* ---- net_tcp_frame.c ---- */
 
@@ -383,8 +388,11 @@ void tcpConnKeysFree(tcpConn *c);
 short tcpHsEvents(const tcpHs *h);
 /* Advance an outgoing handshake without blocking.  1: done, the connection
  * installed in its slot; 0: waiting (on its socket, or until h->when); -1:
- * failed, the communicator's error says how.  deadline bounds retries. */
-int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline);
+ * failed, and why says how (nothing is reported: a resume dial that fails
+ * may be tried again, so the caller decides whether it is the error).
+ * deadline bounds retries. */
+int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
+                 char why[GEO_ERR_TEXT_LEN]);
 /* Advance an accepted handshake without blocking.  1: done; 0: waiting;
  * -1: dropped (logged and closed).  At set-up, one that replaces its slot's
  * earlier connection adds 1 to st->uncounted. */
@@ -429,8 +437,9 @@ void tcpConnFreeResume(tcpConn *c);
 /* The new incarnation is up (c->fd) and the peer has n of our frames
  * whole: send the rest again, then go on. */
 void tcpConnResumed(tcpState *st, int p, int s, uint64_t n);
-/* Our resume dial of connection s of peer p failed (ctx->err says how). */
-void tcpDialFailed(tcpState *st, int p, int s);
+/* Our resume dial of connection s of peer p failed (why: tcpHsOutStep's
+ * text): dial again, or report it and break. */
+void tcpDialFailed(tcpState *st, int p, int s, const char *why);
 /* A connection that is down: give up after the reconnect timeout, drive
  * our dial, or probe the peer's listener; adds its poll entries from n on
  * and returns the entries used. */

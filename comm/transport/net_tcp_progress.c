@@ -24,8 +24,8 @@ void *tcpProgressMain(void *arg)
     geoDebugSetRank(ctx->rank);
     if (pfd == NULL || map == NULL) {
         pthread_mutex_lock(&st->lock);
-        geoErrSet(ctx->err, "out of memory in progress thread");
-        tcpBreakLocked(st, ncclSystemError);
+        tcpBreakLocked(st, GEO_ERR(ctx->err, ncclSystemError, "out of memory in progress "
+                                   "thread"));
         pthread_mutex_unlock(&st->lock);
         free(pfd);
         free(map);
@@ -108,8 +108,9 @@ void *tcpProgressMain(void *arg)
         int rc = poll(pfd, (nfds_t)n + 1, 200);
         pthread_mutex_lock(&st->lock);
         if (rc < 0 && errno != EINTR) {
-            geoErrSet(ctx->err, "poll failed in progress thread: %s", strerror(errno));
-            tcpBreakLocked(st, ncclSystemError);
+            if (!st->broken) /* reported once: the loop polls on until stopped */
+                tcpBreakLocked(st, GEO_ERR(ctx->err, ncclSystemError, "poll failed in progress "
+                                           "thread: %s", strerror(errno)));
             continue;
         }
         if (pfd[n].revents & POLLIN) {
@@ -136,11 +137,12 @@ void *tcpProgressMain(void *arg)
             if (map[i].kind == PK_DIAL) {
                 if (c->dial == NULL || c->dial->fd != map[i].fd)
                     continue;
-                int r = tcpHsOutStep(st, c->dial, now, c->down_since + st->reconnect_s);
+                char fail[GEO_ERR_TEXT_LEN];
+                int r = tcpHsOutStep(st, c->dial, now, c->down_since + st->reconnect_s, fail);
                 if (r > 0)
                     tcpConnResumed(st, p, s, c->dial->ack.count);
                 else if (r < 0)
-                    tcpDialFailed(st, p, s);
+                    tcpDialFailed(st, p, s, fail);
                 continue;
             }
             if (map[i].kind == PK_PROBE) {

@@ -284,8 +284,8 @@ static int refused_for_good(tcpConn *c, double now)
     return now - c->refused_since >= GEO_GONE_CONFIRM_S;
 }
 
-/* A dial of ours failed for good (ctx->err says how). */
-void tcpDialFailed(tcpState *st, int p, int s)
+/* A dial of ours failed (why: how); a refusal or a reset dials again. */
+void tcpDialFailed(tcpState *st, int p, int s, const char *why)
 {
     tcpConn *c = &st->peers[p].conns[s];
     if (c->dial->err == ECONNREFUSED && refused_for_good(c, geoNow())) {
@@ -310,8 +310,7 @@ void tcpDialFailed(tcpState *st, int p, int s)
                            .stream = s, .when = geoNow() + 0.01, .backoff = 1e-3};
         return;
     }
-    geoWarn(GEO_LOG_NET, "%s", geoErrLast(st->ctx->err));
-    tcpBreakLocked(st, ncclRemoteError);
+    tcpBreakLocked(st, GEO_ERR(st->ctx->err, ncclRemoteError, "%s", why));
 }
 
 /* A connection that is down: give up after the reconnect timeout, drive
@@ -331,13 +330,14 @@ int tcpPollDown(tcpState *st, int p, int s, double now, struct pollfd *pfd,
     if (c->dial != NULL) {
         tcpHs *h = c->dial;
         if (h->state == HS_RETRY) {
-            int rc = tcpHsOutStep(st, h, now, c->down_since + st->reconnect_s);
+            char fail[GEO_ERR_TEXT_LEN];
+            int rc = tcpHsOutStep(st, h, now, c->down_since + st->reconnect_s, fail);
             if (rc > 0) {
                 tcpConnResumed(st, p, s, h->ack.count);
                 return n;
             }
             if (rc < 0) {
-                tcpDialFailed(st, p, s);
+                tcpDialFailed(st, p, s, fail);
                 return n;
             }
         }

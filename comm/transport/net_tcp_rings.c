@@ -154,8 +154,8 @@ ncclResult_t tcpSetupRings(tcpState *st)
     ncclResult_t res = ncclSuccess;
 
     if (waiting == NULL || pfd == NULL || map == NULL) {
-        geoErrSet(ctx->err, "init: out of memory setting up shared-memory rings");
-        res = ncclSystemError;
+        res = GEO_ERR(ctx->err, ncclSystemError, "init: out of memory setting up shared-memory "
+                      "rings");
         goto out;
     }
     /* Offers first (we connected to the lower ranks). */
@@ -175,11 +175,11 @@ ncclResult_t tcpSetupRings(tcpState *st)
             if (fd >= 0)
                 close(fd); /* the mapping, and the peer's copy, keep it alive */
             if (rc != 0) {
+                int e = errno;
                 geoShmSegmentUnmap(seg, ring_capacity(st->nstreams));
-                geoErrSet(ctx->err, "init: cannot send to rank %d at %s (host %s) on its "
-                                "same-host socket, stream %d: %s", p, tcpPeerStr(st, p, pa),
-                                ctx->peers[p].host, s, strerror(errno));
-                res = ncclRemoteError;
+                res = GEO_ERR(ctx->err, ncclRemoteError, "init: cannot send to rank %d at %s "
+                              "(host %s) on its same-host socket, stream %d: %s", p,
+                              tcpPeerStr(st, p, pa), ctx->peers[p].host, s, strerror(e));
                 goto out;
             }
             c->seg = seg; /* attached when the answer is yes */
@@ -200,11 +200,10 @@ ncclResult_t tcpSetupRings(tcpState *st)
             while (!waiting[i])
                 i++;
             int p = i / st->nstreams;
-            geoErrSet(ctx->err, "init: %s while waiting for rank %d at %s (host %s) to "
-                            "agree on shared-memory rings (stream %d)",
-                            geoErrAborted(ctx->err) ? "aborted" : "timed out", p, tcpPeerStr(st, p, pa),
-                            ctx->peers[p].host, i % st->nstreams);
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "init: %s while waiting for rank %d at %s "
+                          "(host %s) to agree on shared-memory rings (stream %d)",
+                          geoErrAborted(ctx->err) ? "aborted" : "timed out", p,
+                          tcpPeerStr(st, p, pa), ctx->peers[p].host, i % st->nstreams);
             goto out;
         }
         n = 0;
@@ -217,9 +216,8 @@ ncclResult_t tcpSetupRings(tcpState *st)
             }
         int ms = (int)((deadline - now) * 1000.0) + 1;
         if (poll(pfd, (nfds_t)n, ms > 100 ? 100 : ms) < 0 && errno != EINTR) {
-            geoErrSet(ctx->err, "init: poll failed setting up shared-memory rings: %s",
-                            strerror(errno));
-            res = ncclSystemError;
+            res = GEO_ERR(ctx->err, ncclSystemError, "init: poll failed setting up shared-memory "
+                          "rings: %s", strerror(errno));
             goto out;
         }
         for (int k = 0; k < n; k++) {
@@ -232,13 +230,12 @@ ncclResult_t tcpSetupRings(tcpState *st)
             if (rc == 0)
                 continue;
             if (rc < 0) {
-                geoErrSet(ctx->err, "init: rank %d at %s (host %s) %s on its same-host "
-                                "socket (stream %d) before agreeing on shared-memory rings",
-                                p, tcpPeerStr(st, p, pa), ctx->peers[p].host,
-                                errno ? strerror(errno) : "closed the connection", s);
+                res = GEO_ERR(ctx->err, ncclRemoteError, "init: rank %d at %s (host %s) %s on "
+                              "its same-host socket (stream %d) before agreeing on shared-memory "
+                              "rings", p, tcpPeerStr(st, p, pa), ctx->peers[p].host,
+                              errno ? strerror(errno) : "closed the connection", s);
                 if (fd >= 0)
                     close(fd);
-                res = ncclRemoteError;
                 goto out;
             }
             waiting[i] = 0;
@@ -265,11 +262,11 @@ ncclResult_t tcpSetupRings(tcpState *st)
             if (fd >= 0)
                 close(fd);
             if (ring_send_byte(c->fd, yes ? RING_YES : RING_NO, -1) != 0) {
+                int e = errno;
                 geoShmSegmentUnmap(seg, cap);
-                geoErrSet(ctx->err, "init: cannot answer rank %d at %s (host %s) on its "
-                                "same-host socket, stream %d: %s", p, tcpPeerStr(st, p, pa),
-                                ctx->peers[p].host, s, strerror(errno));
-                res = ncclRemoteError;
+                res = GEO_ERR(ctx->err, ncclRemoteError, "init: cannot answer rank %d at %s "
+                              "(host %s) on its same-host socket, stream %d: %s", p,
+                              tcpPeerStr(st, p, pa), ctx->peers[p].host, s, strerror(e));
                 goto out;
             }
             if (yes)
@@ -315,10 +312,9 @@ ncclResult_t tcpMail(void *state, int peer, void *buf, size_t len, int send)
     const double start = geoNow();
     ncclResult_t res = ncclSuccess;
 
-    if (len > GEO_SHM_MAIL_BYTES) {
-        geoErrSet(ctx->err, "%s: a %zu-byte signal does not fit a mailbox", geoErrOp(ctx->err), len);
-        return ncclInternalError;
-    }
+    if (len > GEO_SHM_MAIL_BYTES)
+        return GEO_ERR(ctx->err, ncclInternalError, "%s: a %zu-byte signal does not fit a "
+                       "mailbox", geoErrOp(ctx->err), len);
     for (;;) {
         int r = send ? geoShmMailPut(b, buf, len) : geoShmMailTake(b, buf, len);
         if (r > 0)
@@ -327,28 +323,25 @@ ncclResult_t tcpMail(void *state, int peer, void *buf, size_t len, int send)
         if (st->broken) {
             res = st->broken_res;
         } else if (r < 0) {
-            geoErrSet(ctx->err, "%s: malformed signal from rank %d (%s, host %s)",
-                            geoErrOp(ctx->err), peer, tcpPeerStr(st, peer, pa), ctx->peers[peer].host);
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "%s: malformed signal from rank %d (%s, "
+                          "host %s)", geoErrOp(ctx->err), peer, tcpPeerStr(st, peer, pa),
+                          ctx->peers[peer].host);
         } else if (geoErrAborted(ctx->err)) {
-            geoErrSet(ctx->err, "%s: communicator aborted", geoErrOp(ctx->err));
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "%s: communicator aborted",
+                          geoErrOp(ctx->err));
         } else if (c->closed) {
-            geoErrSet(ctx->err, "%s: rank %d (%s, host %s) has closed its connections",
-                            geoErrOp(ctx->err), peer, tcpPeerStr(st, peer, pa), ctx->peers[peer].host);
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "%s: rank %d (%s, host %s) has closed its "
+                          "connections", geoErrOp(ctx->err), peer, tcpPeerStr(st, peer, pa),
+                          ctx->peers[peer].host);
         } else if (geoNow() - start > ctx->timeout) {
-            geoErrSet(ctx->err, "%s: timed out after %.0f s %s rank %d (%s, host %s)",
-                            geoErrOp(ctx->err), geoNow() - start,
-                            send ? "signalling" : "waiting for a signal from", peer,
-                            tcpPeerStr(st, peer, pa), ctx->peers[peer].host);
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "%s: timed out after %.0f s %s rank %d "
+                          "(%s, host %s)", geoErrOp(ctx->err), geoNow() - start,
+                          send ? "signalling" : "waiting for a signal from", peer,
+                          tcpPeerStr(st, peer, pa), ctx->peers[peer].host);
         }
         if (res != ncclSuccess) {
-            if (!st->broken) {
-                geoWarn(GEO_LOG_NET, "%s", geoErrLast(ctx->err));
+            if (!st->broken)
                 tcpBreakLocked(st, res);
-            }
             pthread_mutex_unlock(&st->lock);
             tcpWake(st);
             return res;

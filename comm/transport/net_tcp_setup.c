@@ -59,9 +59,10 @@ static const char *hs_out_stage(const tcpHs *h, char buf[96])
     }
 }
 
-/* Name the first connection still missing after the deadline. */
-static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
-                                int in_done, int nin)
+/* Report the deadline's passing, naming the first connection still
+ * missing. */
+static ncclResult_t setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
+                                        int in_done, int nin)
 {
     geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN], stage[96];
@@ -70,25 +71,23 @@ static void setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int ou
         const tcpHs *h = &out[i];
         if (h->state == HS_DONE)
             continue;
-        geoErrSet(ctx->err, "init: timed out after %.0f s connecting to rank %d at %s (host "
-                        "%s), stream %d (%s); %d of %d outgoing and %d of %d incoming "
-                        "connections were up", ctx->timeout, h->peer,
-                        tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
-                        hs_out_stage(h, stage), out_done, nout, in_done, nin);
-        return;
+        return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s connecting "
+                       "to rank %d at %s (host %s), stream %d (%s); %d of %d outgoing and %d "
+                       "of %d incoming connections were up", ctx->timeout, h->peer,
+                       tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
+                       hs_out_stage(h, stage), out_done, nout, in_done, nin);
     }
     for (int p = ctx->rank + 1; p < ctx->nranks; p++)
         for (int s = 0; s < st->nstreams; s++) {
             if (st->peers[p].conns[s].fd >= 0)
                 continue;
-            geoErrSet(ctx->err, "init: timed out after %.0f s waiting for rank %d at %s (host "
-                            "%s) to connect stream %d; %d of %d incoming connections were up",
-                            ctx->timeout, p, tcpPeerStr(st, p, pa), ctx->peers[p].host, s,
-                            in_done, nin);
-            return;
+            return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s waiting "
+                           "for rank %d at %s (host %s) to connect stream %d; %d of %d "
+                           "incoming connections were up", ctx->timeout, p,
+                           tcpPeerStr(st, p, pa), ctx->peers[p].host, s, in_done, nin);
         }
-    geoErrSet(ctx->err, "init: timed out after %.0f s acknowledging incoming connections; "
-                    "%d of %d were up", ctx->timeout, in_done, nin);
+    return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s acknowledging "
+                   "incoming connections; %d of %d were up", ctx->timeout, in_done, nin);
 }
 
 /* Handshakes still unproven (waiting for a hello), from src or from all. */
@@ -135,13 +134,13 @@ ncclResult_t tcpSetupConnections(tcpState *st)
     struct pollfd *pfd = NULL;
     int *map = NULL;              /* pfd index -> out index, or -1 - pend index */
     ncclResult_t res = ncclSuccess;
+    char fail[GEO_ERR_TEXT_LEN];
 
     if (out == NULL)
         goto oom;
     if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) { /* the local one already is */
-        geoErrSet(ctx->err, "init: cannot make the listener non-blocking: %s",
-                        strerror(errno));
-        res = ncclSystemError;
+        res = GEO_ERR(ctx->err, ncclSystemError, "init: cannot make the listener "
+                      "non-blocking: %s", strerror(errno));
         goto done;
     }
     for (int i = 0; i < nout; i++) {
@@ -155,15 +154,13 @@ ncclResult_t tcpSetupConnections(tcpState *st)
         int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
 
         if (geoErrAborted(ctx->err)) {
-            geoErrSet(ctx->err, "init: aborted while connecting to peers (%d of %d outgoing "
-                            "and %d of %d incoming connections were up)", out_done, nout,
-                            in_done, nin);
-            res = ncclRemoteError;
+            res = GEO_ERR(ctx->err, ncclRemoteError, "init: aborted while connecting to peers "
+                          "(%d of %d outgoing and %d of %d incoming connections were up)",
+                          out_done, nout, in_done, nin);
             break;
         }
         if (now >= deadline) {
-            setup_timeout_error(st, out, nout, out_done, in_done, nin);
-            res = ncclRemoteError;
+            res = setup_timeout_error(st, out, nout, out_done, in_done, nin);
             break;
         }
         if (cap_pfd < nout + npend + 2) {
@@ -179,9 +176,9 @@ ncclResult_t tcpSetupConnections(tcpState *st)
         for (int i = 0; i < nout; i++) {
             tcpHs *h = &out[i];
             if (h->state == HS_RETRY) {
-                int rc = tcpHsOutStep(st, h, now, deadline);
+                int rc = tcpHsOutStep(st, h, now, deadline, fail);
                 if (rc < 0) {
-                    res = ncclRemoteError;
+                    res = GEO_ERR(ctx->err, ncclRemoteError, "%s", fail);
                     goto done;
                 }
                 if (h->state == HS_RETRY && h->when < wake)
@@ -210,9 +207,8 @@ ncclResult_t tcpSetupConnections(tcpState *st)
         int ms = left_ms <= 0 ? 0 : left_ms >= 100 ? 100 : (int)left_ms + 1;
         int rc = poll(pfd, (nfds_t)n, ms);
         if (rc < 0 && errno != EINTR) {
-            geoErrSet(ctx->err, "init: poll failed while connecting to peers: %s",
-                            strerror(errno));
-            res = ncclSystemError;
+            res = GEO_ERR(ctx->err, ncclSystemError, "init: poll failed while connecting to "
+                          "peers: %s", strerror(errno));
             break;
         }
         now = geoNow();
@@ -220,9 +216,9 @@ ncclResult_t tcpSetupConnections(tcpState *st)
             if (pfd[k].revents == 0 || k == listening[0] || k == listening[1])
                 continue;
             if (map[k] >= 0) {
-                int r = tcpHsOutStep(st, &out[map[k]], now, deadline);
+                int r = tcpHsOutStep(st, &out[map[k]], now, deadline, fail);
                 if (r < 0) {
-                    res = ncclRemoteError;
+                    res = GEO_ERR(ctx->err, ncclRemoteError, "%s", fail);
                     goto done;
                 }
                 out_done += r;
@@ -244,10 +240,9 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                                   "descriptors)") == 0)
                     continue;
                 if (got < 0) {
-                    geoErrSet(ctx->err, "init: accept on %s failed: %s",
-                                    l ? st->local.path : tcpPeerStr(st, ctx->rank, h.from),
-                                    strerror(errno));
-                    res = ncclSystemError;
+                    res = GEO_ERR(ctx->err, ncclSystemError, "init: accept on %s failed: %s",
+                                  l ? st->local.path : tcpPeerStr(st, ctx->rank, h.from),
+                                  strerror(errno));
                     goto done;
                 }
                 if (got == 0)
@@ -321,7 +316,6 @@ done:
     free(map);
     return res;
 oom:
-    geoErrSet(ctx->err, "init: out of memory while connecting to peers");
-    res = ncclSystemError;
+    res = GEO_ERR(ctx->err, ncclSystemError, "init: out of memory while connecting to peers");
     goto done;
 }

@@ -76,8 +76,7 @@ ncclResult_t geoAddrFromString(const char *s, geoSockAddr *out)
     struct addrinfo hints, *res = NULL;
     int rc;
 
-    if (s == NULL)
-        return ncclInvalidArgument;
+    GEO_RETURN_IF(s == NULL, ncclInvalidArgument, "no address given (NULL)");
     if (s[0] == '[') {
         const char *end = strchr(s, ']');
         GEO_RETURN_IF(end == NULL || end[1] != ':', ncclInvalidArgument,
@@ -230,26 +229,40 @@ void geoSocketTune(int fd)
     }
 }
 
-ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound)
+static ncclResult_t listen_on(const geoSockAddr *addr, int *fd, geoSockAddr *bound, int quiet)
 {
-    int s, one = 1;
+    int s, one = 1, err;
     socklen_t len = sizeof(*bound);
     char buf[GEO_ADDR_STRLEN];
 
     s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    GEO_RETURN_IF(s < 0, ncclSystemError, "socket() failed: %s", strerror(errno));
+    if (s < 0)
+        return quiet ? ncclSystemError
+                     : GEO_ERR(NULL, ncclSystemError, "socket() failed: %s", strerror(errno));
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     pre_tune(s);
     if (bind(s, &addr->sa, geoAddrLen(addr)) != 0 || listen(s, 16384) != 0) {
-        ncclResult_t res = GEO_ERR(NULL, ncclSystemError, "cannot listen on %s: %s",
-                                   geoAddrToString(addr, buf), strerror(errno));
+        err = errno;
         close(s);
-        return res;
+        errno = err;
+        return quiet ? ncclSystemError
+                     : GEO_ERR(NULL, ncclSystemError, "cannot listen on %s: %s",
+                               geoAddrToString(addr, buf), strerror(err));
     }
     memset(bound, 0, sizeof(*bound));
     getsockname(s, &bound->sa, &len);
     *fd = s;
     return ncclSuccess;
+}
+
+ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound)
+{
+    return listen_on(addr, fd, bound, 0);
+}
+
+ncclResult_t geoSocketListenQuiet(const geoSockAddr *addr, int *fd, geoSockAddr *bound)
+{
+    return listen_on(addr, fd, bound, 1);
 }
 
 ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)

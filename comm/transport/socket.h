@@ -34,8 +34,12 @@ int geoAddrPort(const geoSockAddr *addr);
  * the listeners' per-source limits group by. */
 int geoAddrSameHost(const geoSockAddr *a, const geoSockAddr *b);
 
-/* Listen on addr (port 0: any).  [out] fd, bound (address with its port). */
+/* Listen on addr (port 0: any).  [out] fd, bound (address with its port).
+ * A failure is reported (GEO_ERR on the thread). */
 ncclResult_t geoSocketListen(const geoSockAddr *addr, int *fd, geoSockAddr *bound);
+/* The same without a report: ncclSystemError leaves errno set, for a caller
+ * that tries other addresses and reports once when none is left. */
+ncclResult_t geoSocketListenQuiet(const geoSockAddr *addr, int *fd, geoSockAddr *bound);
 /* Connect, retrying refused or unreachable attempts until deadline (geoNow
  * seconds).  The connected socket is blocking.  [out] fd. */
 ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd);
