@@ -45,15 +45,13 @@ void geoTopoFree(geoTopo *t)
 ncclResult_t probeCheckDeadline(geoProbeCtx *pc, double deadline, const char *what)
 {
     if (geoErrAborted(pc->err)) {
-        geoErrSet(pc->err, "init: probe %s: communicator aborted", what);
         geoNetBreak(pc->net);
-        return ncclRemoteError;
+        return GEO_ERR(pc->err, ncclRemoteError, "init: probe %s: communicator aborted", what);
     }
     if (geoNow() > deadline) {
-        geoErrSet(pc->err, "init: probe %s: no answer within GEOCCL_TIMEOUT (%.0f s)", what,
-                        pc->timeout);
         geoNetBreak(pc->net);
-        return ncclRemoteError;
+        return GEO_ERR(pc->err, ncclRemoteError, "init: probe %s: no answer within "
+                       "GEOCCL_TIMEOUT (%.0f s)", what, pc->timeout);
     }
     return ncclSuccess;
 }
@@ -68,7 +66,7 @@ static ncclResult_t find_nodes(geoProbeCtx *pc, geoTopo *t)
     t->node_addr = malloc(sizeof(*t->node_addr) * (size_t)n);
     t->nic_gbit = malloc(sizeof(double) * (size_t)n);
     if (!t->node_of || !t->leader || !t->node_addr || !t->nic_gbit)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d ranks", n);
     for (int k = 0; k < n; k++)
         t->nic_gbit[k] = -1;
     t->nnodes = 0;
@@ -100,7 +98,8 @@ ncclResult_t probeExchangeAmong(geoProbeCtx *pc, const int *ranks, int n, int me
     geoNetRequest *rq = calloc((size_t)2 * (size_t)n, sizeof(geoNetRequest));
     ncclResult_t res = ncclSuccess;
     if (rq == NULL)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d requests",
+                       2 * n);
     memcpy((char *)all + (size_t)me * len, mine, len);
     for (int i = 0; i < n && res == ncclSuccess; i++) {
         if (i == me)
@@ -132,7 +131,8 @@ ncclResult_t probeFanOut(geoProbeCtx *pc, int src, const int *dst, int n, void *
     geoNetRequest *rq = calloc((size_t)(n > 0 ? n : 1), sizeof(geoNetRequest));
     ncclResult_t res = ncclSuccess;
     if (rq == NULL)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d requests",
+                       n);
     for (int i = 0; i < n && res == ncclSuccess; i++)
         if (dst[i] != src)
             res = geoNetIsend(pc->net, dst[i], buf, len, &rq[i]);
@@ -258,7 +258,8 @@ static ncclResult_t warm_wan(geoProbeCtx *pc, geoTopo *t)
         return ncclSuccess;
     unsigned char *warm = calloc((size_t)R * (size_t)R, 1);
     if (warm == NULL)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions "
+                       "to warm", R);
     for (int a = 0; a < R; a++)
         for (int b = a + 1; b < R; b++) {
             double ab = geoWanPairRate(t, R, a, b), ba = geoWanPairRate(t, R, b, a);
@@ -284,14 +285,16 @@ static ncclResult_t warm_wan(geoProbeCtx *pc, geoTopo *t)
     }
     int *peers = malloc(sizeof(int) * (size_t)(np + 1)), n = 0;
     if (peers == NULL)
-        res = ncclSystemError;
+        res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d peers to "
+                      "warm", np);
     for (int i = 0; peers && i < np; i++)
         if (warm[g * R + m->region_of[partners[i]]])
             peers[n++] = partners[i];
     free(partners);
     double t0 = geoNow(), *in = malloc(sizeof(double) * (size_t)(n + 1));
-    if (in == NULL)
-        res = ncclSystemError;
+    if (in == NULL && res == ncclSuccess)
+        res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d peers to "
+                      "warm", n);
     if (res == ncclSuccess && n > 0) {
         double dur = 10 * maxrtt;
         dur = dur < 0.1 ? 0.1 : dur > 1.0 ? 1.0 : dur;
@@ -353,19 +356,21 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
         t->t_rtt = geoNow() - t0;
         if (!labelled) {
             int *reg = malloc(sizeof(int) * (size_t)t->nnodes);
-            if (reg == NULL)
-                return ncclSystemError;
-            int nreg = topoClusterRtt(t->nnodes, t->rtt, TOPO_MIN_WAN_RTT, TOPO_MAX_LAN_RTT,
-                                      TOPO_MIN_GAP_RATIO, reg, &t->cut);
+            int nreg = reg == NULL ? -1
+                                   : topoClusterRtt(t->nnodes, t->rtt, TOPO_MIN_WAN_RTT,
+                                                    TOPO_MAX_LAN_RTT, TOPO_MIN_GAP_RATIO, reg,
+                                                    &t->cut);
             if (nreg < 0) {
                 free(reg);
-                return ncclSystemError;
+                return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory finding "
+                               "the regions of %d nodes", t->nnodes);
             }
             if (nreg > 1) {
                 int *of_rank = malloc(sizeof(int) * (size_t)pc->nranks);
                 if (of_rank == NULL) {
                     free(reg);
-                    return ncclSystemError;
+                    return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for "
+                                   "%d ranks", pc->nranks);
                 }
                 for (int r = 0; r < pc->nranks; r++)
                     of_rank[r] = reg[t->node_of[r]];
@@ -397,7 +402,8 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
     if (!t->region_rtt || !t->oneway || !t->bw || !t->egress || !t->ingress || !t->loss ||
         !t->loss_segs ||
         !t->rttvar)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the figures "
+                       "of %d regions", R);
     for (int i = 0; i < R * R; i++)
         t->region_rtt[i] = t->loss[i] = -1;
     if (t->rtt_measured)

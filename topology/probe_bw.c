@@ -63,7 +63,8 @@ ncclResult_t probeBwTransfer(geoProbeCtx *pc, const int *peers, int R, int me,
     if (p == NULL || sbuf == NULL) {
         free(p);
         free(sbuf);
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for a transfer "
+                       "with %d peers", R);
     }
     ((uint64_t *)(void *)sbuf)[0] = MSG_DATA;
     /* What a socket holds unsent when the transfer stops must drain at the
@@ -79,7 +80,8 @@ ncclResult_t probeBwTransfer(geoProbeCtx *pc, const int *peers, int R, int me,
         p[q].tt = malloc(sizeof(double) * (size_t)p[q].cap);
         p[q].tb = malloc(sizeof(double) * (size_t)p[q].cap);
         if (!p[q].rbuf || !p[q].tt || !p[q].tb) {
-            res = ncclSystemError;
+            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the "
+                          "receives from rank %d", peers[q]);
             break;
         }
         for (int s = 0; s < PROBE_BW_SLOTS && res == ncclSuccess; s++) {
@@ -148,7 +150,8 @@ ncclResult_t probeBwTransfer(geoProbeCtx *pc, const int *peers, int R, int me,
                         if (y)
                             b->tb = y;
                         if (!x || !y) {
-                            res = ncclSystemError;
+                            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of "
+                                          "memory for %d arrival times", nc);
                             break;
                         }
                         b->cap = nc;
@@ -159,9 +162,8 @@ ncclResult_t probeBwTransfer(geoProbeCtx *pc, const int *peers, int R, int me,
                     b->got_end = 1;
                     b->total = w[1] + PROBE_BW_SLOTS;
                 } else if (type != MSG_PAD) {
-                    geoErrSet(pc->err, "init: probe: unexpected bandwidth message %llu from "
-                                    "rank %d", (unsigned long long)type, peers[q]);
-                    res = ncclInternalError;
+                    res = GEO_ERR(pc->err, ncclInternalError, "init: probe: unexpected bandwidth "
+                                  "message %llu from rank %d", (unsigned long long)type, peers[q]);
                     break;
                 }
             }
@@ -295,7 +297,8 @@ ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
     if (leaders == NULL || in == NULL) {
         free(leaders);
         free(in);
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions",
+                       R);
     }
     for (int g = 0; g < R; g++) {
         leaders[g] = m->members[g][0];
@@ -317,7 +320,8 @@ ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
         double *seen = malloc(sizeof(double) * 3 * (size_t)R);
         double *all = malloc(sizeof(double) * 3 * (size_t)R * (size_t)R);
         if (col == NULL || seen == NULL || all == NULL)
-            res = ncclSystemError;
+            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the "
+                          "figures of %d regions", R);
         if (res == ncclSuccess) {
             geoWanCcForProbe(pc->net, leaders, R, me);
             res = probeBwTransfer(pc, leaders, R, me, dur, 0.3, 0.8, in);
@@ -403,7 +407,8 @@ ncclResult_t probeMeasureIntra(geoProbeCtx *pc, geoTopo *t)
     char *buf = NULL;
 
     if (all == NULL)
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions",
+                       R);
     /* Every pair of local ranks (0-1, 2-3, ...) moves the same bytes at the
      * same time, in every region at once, so that the figure pair 0-1
      * reports is what a rank gets while all ranks of the host work, as in a
@@ -416,7 +421,8 @@ ncclResult_t probeMeasureIntra(geoProbeCtx *pc, geoTopo *t)
         geoNetRequest a, b;
         buf = malloc(PROBE_INTRA_BYTES);
         if (buf == NULL)
-            res = ncclSystemError;
+            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d bytes",
+                          PROBE_INTRA_BYTES);
         for (int k = 0; k < 5 && res == ncclSuccess; k++) {
             double t0 = geoNow();
             if (sender) {
@@ -468,7 +474,8 @@ ncclResult_t probeMeasureIntra(geoProbeCtx *pc, geoTopo *t)
     if (res == ncclSuccess) {
         int *leaders = malloc(sizeof(int) * (size_t)R);
         if (leaders == NULL)
-            res = ncclSystemError;
+            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions",
+                          R);
         for (int q = 0; leaders && q < R; q++)
             leaders[q] = m->members[q][0];
         if (res == ncclSuccess && lr == 0)

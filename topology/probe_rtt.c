@@ -46,7 +46,8 @@ static ncclResult_t ping_rounds(geoProbeCtx *pc, const int *leaders, int L, int 
     int posted = 0, live = 0, warm_left = 0;
 
     if (!rr || !sr || !in || !out || !t0 || !st || !round) {
-        res = ncclSystemError;
+        res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for round trips "
+                      "with %d nodes", L);
         goto out;
     }
     *warm_end = geoNow();
@@ -99,9 +100,9 @@ static ncclResult_t ping_rounds(geoProbeCtx *pc, const int *leaders, int L, int 
                     if (round[p] > 0 && (row[p] < 0 || rtt < row[p]))
                         row[p] = rtt;
                 } else {
-                    geoErrSet(pc->err, "init: probe: unexpected message %llu from rank %d",
-                                    (unsigned long long)in[2 * p + k][0], leaders[p]);
-                    res = ncclInternalError;
+                    res = GEO_ERR(pc->err, ncclInternalError, "init: probe: unexpected message "
+                                  "%llu from rank %d", (unsigned long long)in[2 * p + k][0],
+                                  leaders[p]);
                 }
             }
             if (res != ncclSuccess || !st[2 * p] || !st[2 * p + 1])
@@ -181,7 +182,8 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
     t->rtt = malloc(sizeof(double) * LL);
     if (share == NULL || t->rtt == NULL) {
         free(share);
-        return ncclSystemError;
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the round "
+                       "trips of %d nodes", L);
     }
     for (size_t x = 0; x < LL; x++)
         t->rtt[x] = x % ((size_t)L + 1) == 0 ? 0 : -1;
@@ -196,11 +198,13 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
         double *row = malloc(sizeof(double) * (size_t)(L + 1)), *all = NULL;
         int *cnt = malloc(sizeof(int) * (size_t)L);
         if (!landmark || !with || !row || !cnt)
-            res = ncclSystemError;
+            res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the round "
+                          "trips of %d nodes", L);
         for (int round = 0; res == ncclSuccess; round++) {
             int npairs = topoRttSampleRound(L, K, round, t->rtt, landmark, with);
             if (npairs < 0)
-                res = ncclSystemError;
+                res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory choosing "
+                              "the pairs of round %d", round);
             if (npairs <= 0)
                 break;
             t->rtt_pairs += npairs;
@@ -226,13 +230,15 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
             size_t row_bytes = sizeof(double) * (size_t)(cap + 1);
             double *na = realloc(all, row_bytes * (size_t)L);
             if (res == ncclSuccess && na == NULL)
-                res = ncclSystemError;
+                res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the "
+                              "reports of %d nodes", L);
             all = na ? na : all;
             if (res != ncclSuccess)
                 break;
             double *mine = malloc(row_bytes);
             if (mine == NULL) {
-                res = ncclSystemError;
+                res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for a "
+                              "report");
                 break;
             }
             int c = 1;
@@ -273,7 +279,8 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
         int m = 0;
         if (members == NULL) {
             free(share);
-            return ncclSystemError;
+            return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d ranks",
+                           pc->nranks);
         }
         for (int r = 0; r < pc->nranks; r++)
             if (t->node_of[r] == node)

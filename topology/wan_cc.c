@@ -157,7 +157,8 @@ static ncclResult_t cc_auto(geoNet *net, const topoRegionMap *m, int rank, int n
     t->wan_choice = malloc(sizeof(int) * (size_t)R * (size_t)R);
     t->wan_why = calloc((size_t)R * (size_t)R, sizeof(*t->wan_why));
     if (t->wan_choice == NULL || t->wan_why == NULL)
-        return ncclSystemError;
+        return GEO_ERR(net->ctx.err, ncclSystemError, "init: out of memory choosing the "
+                       "congestion control of %d regions", R);
     int streams = t->streams_used > 0 ? t->streams_used : nstreams;
     for (int a = 0; a < R; a++)
         for (int b = 0; b < R; b++) {

@@ -128,8 +128,8 @@ static ncclResult_t intra_cma_rs(struct ncclComm *comm, const geoOp *op, const h
     const size_t be = HIER_CMA_BLOCK / es;
     char *tmp = geoScratchGet(&comm->scratch, be * es);
     if (tmp == NULL) {
-        geoCommSetError(comm, "%s: out of memory for a reduce-scatter", geoErrOp(&comm->err));
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for a reduce-scatter",
+                            geoErrOp(&comm->err));
     }
     ncclResult_t res = ncclSuccess;
     for (size_t c = 0; c < mlen && res == ncclSuccess; c += be) {
@@ -239,9 +239,9 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     double t0;
 
     if (sl == NULL || comm->regions.nregions > 64) {
-        geoCommSetError(comm, "%s: out of memory (or more than 64 regions)", geoErrOp(&comm->err));
         free(sl);
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory (or more than 64 regions)",
+                            geoErrOp(&comm->err));
     }
     hierCodec hc;
     const hierView view = {.buf = op->recvbuff, .base = 0, .seg = geoSegRange};
@@ -252,8 +252,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
         if (hierSlicePlan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
-            geoCommSetError(comm, "%s: out of memory planning slice %zu", geoErrOp(&comm->err), s);
-            res = ncclSystemError;
+            res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory planning slice %zu",
+                               geoErrOp(&comm->err), s);
             goto out;
         }
         for (int p = 0; p < sl[s].nparts; p++)
@@ -262,7 +262,8 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     }
     scratch = geoScratchGet(&comm->scratch, maxpart * es + 1);
     if (scratch == NULL) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for the exchange",
+                           geoErrOp(&comm->err));
         goto out;
     }
     /* Single-copy reads: the others need my input's and output's addresses
@@ -376,13 +377,14 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
     ncclResult_t res = ncclSuccess;
     double t0;
 
-    GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
-                  "%s: more than 64 regions", geoErrOp(&comm->err));
+    if (comm->regions.nregions > 64)
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: more than 64 regions",
+                            geoErrOp(&comm->err));
     /* one codec for all: the GPU path chose it for the whole call */
     hierChooseCodec(comm, op, &hc, NULL);
     if (hierSlicePlan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
-        geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory planning the exchange",
+                           geoErrOp(&comm->err));
         goto out;
     }
     GEO_CHECK_GOTO(hierSliceTmp(comm, &sl), res, out);
@@ -392,8 +394,8 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
             maxpart = sl.parts[p].n;
     scratch = geoScratchGet(&comm->scratch, maxpart * es + 1);
     if (scratch == NULL) {
-        geoCommSetError(comm, "%s: out of memory for the exchange", geoErrOp(&comm->err));
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for the exchange",
+                           geoErrOp(&comm->err));
         goto out;
     }
     t0 = geoNow();
@@ -459,7 +461,9 @@ ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op)
     ncclResult_t res = ncclSuccess;
     double t0 = geoNow();
 
-    GEO_RETURN_IF(req == NULL, ncclSystemError, "out of memory");
+    if (req == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %d requests",
+                            geoErrOp(&comm->err), N + N * m->size[g] + m->nregions);
     if (out + (size_t)me * bytes != (const char *)op->sendbuff)
         memmove(out + (size_t)me * bytes, op->sendbuff, bytes);
     /* (1) inter-region: my block out, the blocks I handle in */
@@ -524,7 +528,8 @@ ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op)
         free(stage);
         free(shares);
         free(req);
-        GEO_RETURN_IF(1, ncclSystemError, "out of memory");
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory staging %d blocks",
+                            geoErrOp(&comm->err), mine);
     }
     /* (1) intra-region */
     for (int b = 0, k = 0; b < N; b++) {

@@ -15,17 +15,23 @@
 
 #include <string.h>
 
-static ncclResult_t codec_error(struct ncclComm *comm, const char *what, int peer,
-                                const char *why, ncclResult_t res)
+/* A codec step failed: report it on comm with the file:line of the step
+ * (codec_error) and return its code, where a codec's ncclInvalidArgument
+ * becomes ncclRemoteError (a chunk it calls invalid came so from its
+ * sender).  peer < 0: no rank to name. */
+static ncclResult_t codec_error_at(struct ncclComm *comm, const char *file, int line,
+                                   const char *what, int peer, const char *why, ncclResult_t res)
 {
+    res = res == ncclInvalidArgument ? ncclRemoteError : res;
     if (peer >= 0)
-        geoCommSetError(comm, "%s: %s rank %d (host %s): %s", geoErrOp(&comm->err), what, peer,
-                        comm->peers[peer].net.host, why ? why : "invalid chunk");
-    else
-        geoCommSetError(comm, "%s: %s: %s", geoErrOp(&comm->err), what, why ? why : "failed");
-    geoWarn(GEO_LOG_COMPRESS, "%s", geoErrLast(&comm->err));
-    return res == ncclInvalidArgument ? ncclRemoteError : res;
+        return geoErrReport(&comm->err, res, file, line, "%s: %s rank %d (host %s): %s",
+                            geoErrOp(&comm->err), what, peer, comm->peers[peer].net.host,
+                            why ? why : "invalid chunk");
+    return geoErrReport(&comm->err, res, file, line, "%s: %s: %s", geoErrOp(&comm->err), what,
+                        why ? why : "failed");
 }
+#define codec_error(comm, what, peer, why, res) \
+    codec_error_at((comm), __FILE__, __LINE__, (what), (peer), (why), (res))
 
 /* X1 sends of one slice: encode my region's partial of each part. */
 ncclResult_t hierEncodeX1(struct ncclComm *comm, const geoOp *op, hierSlice *sl,

@@ -76,9 +76,8 @@ ncclResult_t hierSliceTmp(struct ncclComm *comm, hierSlice *sl)
 {
     sl->tmp = geoScratchGet(&comm->scratch, sl->tmp_bytes);
     if (sl->tmp == NULL) {
-        geoCommSetError(comm, "%s: out of memory for %zu receive bytes", geoErrOp(&comm->err),
-                        sl->tmp_bytes);
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu receive bytes",
+                            geoErrOp(&comm->err), sl->tmp_bytes);
     }
     size_t t = 0;
     for (int i = 0; i < sl->nrx1; i++) {
@@ -269,8 +268,9 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, hierXferPl
 
     memset(plan, 0, sizeof(*plan));
     memset(&none, 0, sizeof(none));
-    GEO_RETURN_IF(comm->regions.nregions > 64, ncclInvalidUsage,
-                  "%s: more than 64 regions", geoErrOp(&comm->err));
+    if (comm->regions.nregions > 64)
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: more than 64 regions",
+                            geoErrOp(&comm->err));
     /* es = 0: no receive buffers are laid out, only the messages. */
     if (hierSlicePlan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded) != ncclSuccess ||
         copy_msgs(sl.tx1, sl.ntx1, &plan->tx1) != ncclSuccess ||
@@ -278,8 +278,8 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, hierXferPl
         copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||
         copy_msgs(sl.rx2, sl.nrx2, &plan->rx2) != ncclSuccess ||
         (plan->parts = calloc((size_t)sl.nparts + 1, sizeof(hierXferPart))) == NULL) {
-        geoCommSetError(comm, "%s: out of memory planning the exchange", geoErrOp(&comm->err));
-        r = ncclSystemError;
+        r = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory planning the exchange",
+                         geoErrOp(&comm->err));
     } else {
         plan->ntx1 = sl.ntx1;
         plan->nrx1 = sl.nrx1;

@@ -121,7 +121,8 @@ ncclResult_t geoRingRun(struct ncclComm *comm, const geoOp *op, const geoRing *r
     size_t slot_rr = 0;
     int *item_slot = malloc(nitems * sizeof(int));
     if (item_slot == NULL) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu chunk slots",
+                           geoErrOp(&comm->err), nitems);
         goto out;
     }
     for (size_t s = 0; s < (size_t)p->nsteps; s++) {
@@ -227,7 +228,8 @@ ncclResult_t geoChainBcast(struct ncclComm *comm, const geoOp *op, const geoRing
     unsigned char *sp = calloc(nc ? nc : 1, 1), *rp = calloc(nc ? nc : 1, 1);
 
     if (!sreq || !rreq || !sp || !rp) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu chunk requests",
+                           geoErrOp(&comm->err), nc);
         goto out;
     }
     if (pos == 0) {
@@ -280,7 +282,8 @@ ncclResult_t geoChainReduce(struct ncclComm *comm, const geoOp *op, const geoRin
     char *slots = geoScratchGet(&comm->scratch, (size_t)nslots * ce * es);
 
     if (!sreq || !rreq || !sp || !rp || !slots) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu chunk requests",
+                           geoErrOp(&comm->err), nc);
         goto out;
     }
     size_t posted = 0;
@@ -339,7 +342,8 @@ ncclResult_t geoExchange(struct ncclComm *comm, const geoOp *op)
     char *rb = op->recvbuff;
 
     if (!reqs || !posted) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %d requests",
+                           geoErrOp(&comm->err), 2 * N);
         goto out;
     }
     switch (op->type) {
@@ -347,7 +351,8 @@ ncclResult_t geoExchange(struct ncclComm *comm, const geoOp *op)
         if (sb == rb && bytes) { /* in place: keep our input while peers overwrite it */
             copy = malloc(bytes * (size_t)N);
             if (copy == NULL) {
-                res = ncclSystemError;
+                res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory keeping the input "
+                                   "(%zu bytes)", geoErrOp(&comm->err), bytes * (size_t)N);
                 goto out;
             }
             memcpy(copy, sb, bytes * (size_t)N);
@@ -396,7 +401,8 @@ ncclResult_t geoExchange(struct ncclComm *comm, const geoOp *op)
         }
         break;
     default:
-        res = ncclInternalError;
+        res = GEO_COMM_ERR(comm, ncclInternalError, "%s: internal error: geoExchange has no "
+                           "case for %s", geoErrOp(&comm->err), geoOpTypeName(op->type));
         goto out;
     }
 out:
@@ -423,7 +429,8 @@ ncclResult_t geoDirectAllReduce(struct ncclComm *comm, const geoOp *op)
     ncclResult_t res = ncclSuccess;
 
     if (!all || !reqs || !posted) {
-        res = ncclSystemError;
+        res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %d inputs",
+                           geoErrOp(&comm->err), N);
         goto out;
     }
     memcpy(all + (size_t)me * bytes, op->sendbuff, bytes);
@@ -462,7 +469,12 @@ ncclResult_t geoP2pRun(struct ncclComm *comm, geoOp *ops)
         n++;
     geoNetRequest *reqs = calloc(n ? n : 1, sizeof(*reqs));
     unsigned char *posted = calloc(n ? n : 1, 1);
-    GEO_RETURN_IF(!reqs || !posted, ncclSystemError, "out of memory");
+    if (!reqs || !posted) {
+        free(reqs);
+        free(posted);
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for %zu requests",
+                            geoErrOp(&comm->err), n);
+    }
     for (geoOp *o = ops; o; o = o->next, i++) {
         size_t bytes = o->count * geoTypeSize(o->dt);
         if (o->root == comm->rank) {

@@ -68,7 +68,9 @@ ncclResult_t geoCollRun(geoOp *in)
         if (premul_scalar(comm, o.op, &scalar)) {
             /* Scale our input once, then it is a plain sum. */
             scaled = malloc(total * es + 1);
-            GEO_RETURN_IF(scaled == NULL, ncclSystemError, "out of memory for PreMulSum");
+            if (scaled == NULL)
+                return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for PreMulSum",
+                                    geoErrOp(&comm->err));
             geoScale(scaled, o.sendbuff, total, o.dt, scalar);
             o.sendbuff = scaled;
             o.op = ncclSum;

@@ -90,7 +90,8 @@ static inline char *hierAt(const hierView *v, size_t off, size_t es)
  * X1 receive buffer while the slice is in flight, hierSliceTmpPut takes
  * it back; hierSliceFree frees what the plan allocated.  The plan:
  * ncclSuccess, ncclSystemError (out of memory) or ncclInvalidArgument (a
- * codec that cannot bound its chunks); the others record the cause. */
+ * codec that cannot bound its chunks), unreported: the caller, which names
+ * the operation, reports it; hierSliceTmp reports its own failure. */
 ncclResult_t hierSlicePlan(struct ncclComm *comm, hierSlice *sl, size_t es,
                            const hierCodec *hc, ncclDataType_t dt, hierSegFn seg);
 ncclResult_t hierSliceTmp(struct ncclComm *comm, hierSlice *sl);

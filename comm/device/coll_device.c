@@ -66,50 +66,45 @@
 ncclResult_t geoDevCheck(struct ncclComm *comm, const geoOp *op, const char *fn)
 {
     if (comm->cuda_dev < 0) {
-        geoCommSetError(comm, "%s: device buffers on a communicator created without a GPU "
-                        "(no CUDA device was current at ncclCommInitRank)", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: device buffers on a communicator created "
+                            "without a GPU (no CUDA device was current at ncclCommInitRank)", fn);
     }
     if (geoNcclReal() == NULL) {
-        geoCommSetError(comm, "%s: device buffers need NVIDIA's NCCL inside each region: %s",
-                        fn, geoNcclRealError());
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: device buffers need NVIDIA's NCCL inside "
+                            "each region: %s", fn, geoNcclRealError());
     }
     if (comm->regions.nregions == 1)
         return ncclSuccess; /* pass-through: NVIDIA's NCCL checks the rest */
     if (op->type == GEO_OP_SEND || op->type == GEO_OP_RECV) {
-        geoCommSetError(comm, "%s on device buffers across %d regions is not supported by this "
-                        "release (collectives are); use host buffers for it, or one region",
-                        fn, comm->regions.nregions);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s on device buffers across %d regions is "
+                            "not supported by this release (collectives are); use host buffers "
+                            "for it, or one region", fn, comm->regions.nregions);
     }
     if ((op->type == GEO_OP_ALLREDUCE || op->type == GEO_OP_REDUCE ||
          op->type == GEO_OP_REDUCESCATTER) && op->op >= ncclNumOps) {
-        geoCommSetError(comm, "%s: PreMulSum ops on device buffers across regions are not "
-                        "supported by this release; use ncclAvg or scale before the call", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: PreMulSum ops on device buffers across "
+                            "regions are not supported by this release; use ncclAvg or scale "
+                            "before the call", fn);
     }
     if (op->type == GEO_OP_ALLREDUCE &&
         (!geoDevIsDevicePtr(op->sendbuff) || !geoDevIsDevicePtr(op->recvbuff))) {
-        geoCommSetError(comm, "%s: one buffer is device memory and the other is not; across "
-                        "regions both must be device memory", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: one buffer is device memory and the "
+                            "other is not; across regions both must be device memory", fn);
     }
     if (geoNcclRealGroupIsOpen() || geoGroupActive()) {
-        geoCommSetError(comm, "%s: a cross-region device collective inside "
-                        "ncclGroupStart/End is not supported by this release", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: a cross-region device collective inside "
+                            "ncclGroupStart/End is not supported by this release", fn);
     }
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(op->stream, &cs) != cudaSuccess) {
         cudaGetLastError();
-        geoCommSetError(comm, "%s: the stream is not a valid CUDA stream", fn);
-        return ncclInvalidArgument;
+        return GEO_COMM_ERR(comm, ncclInvalidArgument, "%s: the stream is not a valid CUDA stream",
+                            fn);
     }
     if (cs != cudaStreamCaptureStatusNone) {
-        geoCommSetError(comm, "%s: CUDA graph capture of a cross-region all-reduce is not "
-                        "supported by this release (its host exchange cannot be captured)", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: CUDA graph capture of a cross-region "
+                            "all-reduce is not supported by this release (its host exchange "
+                            "cannot be captured)", fn);
     }
     return ncclSuccess;
 }
@@ -131,11 +126,10 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
         if (cudaStreamIsCapturing(op->stream, &cs) != cudaSuccess)
             cudaGetLastError();
         if (cs != cudaStreamCaptureStatusNone) {
-            geoCommSetError(comm, "%s: NVIDIA's NCCL communicator of this region was not made at "
-                            "init (GEOCCL_NCCL_INIT, docs/device.md) and cannot be made during "
-                            "CUDA graph capture: make one device-buffer call before capturing",
-                            fn);
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: NVIDIA's NCCL communicator of this "
+                                "region was not made at init (GEOCCL_NCCL_INIT, docs/device.md) "
+                                "and cannot be made during CUDA graph capture: make one "
+                                "device-buffer call before capturing", fn);
         }
     }
     GEO_CHECK(devReady(comm, fn, &st));
@@ -144,8 +138,8 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
                 geoOpTypeName(op->type), (unsigned long long)comm->op_seq, op->count);
     if (comm->regions.nregions == 1) {
         /* NVIDIA's NCCL selects the communicator's device itself */
-        if (geoGroupActive())
-            GEO_CHECK(geoNcclRealGroupOpen(st->lib));
+        if (geoGroupActive() && (r = geoNcclRealGroupOpen(st->lib)) != ncclSuccess)
+            return devRealError(comm, st->lib, NULL, "ncclGroupStart", r);
         return devPassThrough(comm, st, op, fn);
     }
     GEO_CHECK(devEnter(comm, &g));
@@ -170,8 +164,8 @@ int geoDevIsDevicePtr(const void *p)
 ncclResult_t geoDevCheck(struct ncclComm *comm, const geoOp *op, const char *fn)
 {
     (void)op;
-    geoCommSetError(comm, "%s: device buffers need a GeoCCL built with CUDA", fn);
-    return ncclInvalidUsage;
+    return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: device buffers need a GeoCCL built with CUDA",
+                        fn);
 }
 
 ncclResult_t geoDevEnqueue(geoOp *op, const char *fn) { return geoDevCheck(op->comm, op, fn); }
@@ -219,7 +213,7 @@ ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
 ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real)
 {
     (void)real;
-    geoCommSetError(comm, "%s on device memory needs a GeoCCL built with CUDA", fn);
-    return ncclInvalidUsage;
+    return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s on device memory needs a GeoCCL built with "
+                        "CUDA", fn);
 }
 #endif

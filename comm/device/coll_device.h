@@ -17,7 +17,8 @@ int geoDevCurrent(void);
  * with cannot use it (for instance a driver older than the runtime's major
  * version needs), naming the driver's and the runtime's CUDA versions:
  * such a machine has GPUs that must not be taken for absent.  Logged at
- * WARN once, the first time the GPUs are counted. */
+ * INFO the first time the GPUs are counted; the caller that refuses to go
+ * on for it (ncclCommInitRank) reports it, the one WARN line. */
 const char *geoDevProblem(void);
 /* 1 when p is device or managed memory (which the host path must not
  * touch), 0 for host memory or without a GPU. */

@@ -178,9 +178,7 @@ ncclResult_t devCodecPrepare(struct ncclComm *comm, const geoOp *op,
                             &ch->p2, 1, &at, &cj->nstatus)) != ncclSuccess) {
         if (r == ncclSystemError)
             goto oom;
-        geoCommSetError(comm, "the GPU codec cannot encode these chunks (codec parameters); "
-                        "the host codecs encode them");
-        goto fail;
+        goto fail; /* ncclInvalidArgument: the caller falls back, unreported */
     }
     size_t s1 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, cj->E, &ch->p1);
     size_t s2 = geoCudaCodecScratchBytes((geoCodecId)ch->codec, cj->E, &ch->p2);
@@ -204,9 +202,8 @@ ncclResult_t devCodecPrepare(struct ncclComm *comm, const geoOp *op,
     *out = cj;
     return ncclSuccess;
 oom:
-    geoCommSetError(comm, "%s: out of memory laying out the compressed exchange",
-                    geoErrOp(&comm->err));
-    r = ncclSystemError;
+    r = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory laying out the compressed exchange",
+                     geoErrOp(&comm->err));
 fail:
     if (r == ncclSuccess)
         r = ncclInternalError;
@@ -243,11 +240,11 @@ static ncclResult_t wait_round(struct ncclComm *comm, devCodecRounds *l, int c, 
         GEO_CHECK(geoNetWait(&comm->net, &x->req));
         x->posted = 0;
         if (recv && x->req.size != x->len) {
-            geoCommSetError(comm, "%s: rank %d (host %s) sent a compressed chunk of %zu bytes "
-                            "where %zu were expected (are GEOCCL_COMPRESS and "
-                            "GEOCCL_CUDA_CODECS the same on every rank?)", geoErrOp(&comm->err),
-                            x->peer, comm->peers[x->peer].net.host, x->req.size, x->len);
-            return ncclRemoteError;
+            return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (host %s) sent a compressed "
+                                "chunk of %zu bytes where %zu were expected (are GEOCCL_COMPRESS "
+                                "and GEOCCL_CUDA_CODECS the same on every rank?)",
+                                geoErrOp(&comm->err), x->peer, comm->peers[x->peer].net.host,
+                                x->req.size, x->len);
         }
     }
     return ncclSuccess;
@@ -262,18 +259,15 @@ static ncclResult_t wait_recorded(struct ncclComm *comm, struct geoDevState *st,
     long backoff = 1;
     while (__atomic_load_n(&cj->recorded, __ATOMIC_ACQUIRE) <= idx) {
         if (__atomic_load_n(&cj->failed, __ATOMIC_ACQUIRE)) {
-            geoCommSetError(comm, "%s: enqueuing the call on the stream failed",
-                            geoErrOp(&comm->err));
-            return ncclUnhandledCudaError;
+            return GEO_COMM_ERR(comm, ncclUnhandledCudaError, "%s: enqueuing the call on the "
+                                "stream failed", geoErrOp(&comm->err));
         }
         if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
-            geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: aborted", geoErrOp(&comm->err));
         }
         if (geoNow() - t0 > comm->timeout) {
-            geoCommSetError(comm, "%s: the call was not enqueued within GEOCCL_TIMEOUT=%.0f s",
-                            geoErrOp(&comm->err), comm->timeout);
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: the call was not enqueued within "
+                                "GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err), comm->timeout);
         }
         devSleepUs(backoff);
         if (backoff < 200)
@@ -319,10 +313,10 @@ ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, dev
             const devCodecChunk *x = &lists[l]->m[i];
             int v = x->status >= 0 ? status[x->status] : 0;
             if (v != GEO_CUDA_DECODE_OK) {
-                geoCommSetError(comm, "%s: a corrupt compressed chunk %s rank %d (host %s): %s",
-                                geoErrOp(&comm->err), l == 1 ? "of ours, for" : "from", x->peer,
-                                comm->peers[x->peer].net.host, geoCudaDecodeStatusString(v));
-                res = ncclRemoteError;
+                res = GEO_COMM_ERR(comm, ncclRemoteError, "%s: a corrupt compressed chunk %s rank "
+                                   "%d (host %s): %s", geoErrOp(&comm->err),
+                                   l == 1 ? "of ours, for" : "from", x->peer,
+                                   comm->peers[x->peer].net.host, geoCudaDecodeStatusString(v));
                 goto out;
             }
         }

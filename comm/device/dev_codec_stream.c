@@ -31,14 +31,16 @@ static ncclResult_t copy_round(struct ncclComm *comm, devCodecJob *cj, const dev
     return ncclSuccess;
 }
 
-static ncclResult_t kernel_error(struct ncclComm *comm, const char *what, ncclResult_t r,
-                                 const char *why)
+/* A codec kernel failed to launch: report it on comm with the file:line of
+ * the step (kernel_error) and return r. */
+static ncclResult_t kernel_error_at(struct ncclComm *comm, const char *file, int line,
+                                    const char *what, ncclResult_t r, const char *why)
 {
-    geoCommSetError(comm, "%s: %s on the GPU failed: %s", geoErrOp(&comm->err), what,
-                    why ? why : "no detail");
-    geoWarn(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s", geoErrLast(&comm->err));
-    return r;
+    return geoErrReport(&comm->err, r, file, line, "%s: %s on the GPU failed: %s",
+                        geoErrOp(&comm->err), what, why ? why : "no detail");
 }
+#define kernel_error(comm, what, r, why) \
+    kernel_error_at((comm), __FILE__, __LINE__, (what), (r), (why))
 
 /* Enqueue everything between the reduce-scatter and the all-gather (see
  * the top of dev_codec_job.c).  mine: my shard on the device, elements [off,
@@ -88,9 +90,9 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
             for (int j = 0; j < k1; j++, i++) {
                 devCodecChunk *x = &cj->rx1.m[i];
                 if (i >= cj->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
-                    geoCommSetError(comm, "%s: internal error: the exchange plan and its "
-                                    "rounds disagree", geoErrOp(&comm->err));
-                    return ncclInternalError;
+                    return GEO_COMM_ERR(comm, ncclInternalError, "%s: internal error: the "
+                                        "exchange plan and its rounds disagree",
+                                        geoErrOp(&comm->err));
                 }
                 r = geoCudaCodecDecodeAccumulate(codec, cj->dbuf + x->at, x->len, ncclFloat32,
                                                  dst, m, status + x->status, s, &why);
@@ -102,9 +104,8 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
                 return kernel_error(comm, "averaging", r, why);
             devCodecChunk *x = &cj->tx2.m[t];
             if (t >= cj->tx2.first[c + 1] || x->off != part->off + o || x->n != m) {
-                geoCommSetError(comm, "%s: internal error: the return trip's rounds disagree "
-                                "with the parts", geoErrOp(&comm->err));
-                return ncclInternalError;
+                return GEO_COMM_ERR(comm, ncclInternalError, "%s: internal error: the return "
+                                    "trip's rounds disagree with the parts", geoErrOp(&comm->err));
             }
             r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &cj->ch.p2,
                                    cj->ch.counter + 2 * x->off + 1,
@@ -220,8 +221,7 @@ ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         cj->host = slot->host;
         j = calloc(1, sizeof(*j));
         if (j == NULL) {
-            geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
-            r = ncclSystemError;
+            r = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", geoErrOp(&comm->err));
             goto fail_slot;
         }
         if ((ce = devMalloc(st, (void **)&cj->dbuf, cj->bytes, s)) != cudaSuccess) {

@@ -63,7 +63,9 @@ static void count_gpus(void)
                  "the CUDA runtime %s cannot use the GPUs (driver for CUDA %s): "
                  "cudaGetDeviceCount failed with %s (%s)", rtxt, dtxt, cudaGetErrorName(e),
                  cudaGetErrorString(e));
-    geoWarn(GEO_LOG_INIT | GEO_LOG_CUDA, "%s", gpu_problem);
+    /* Not logged at WARN here: ncclCommInitRank refuses with this text
+     * (geoDevProblem), and that report is the one WARN line. */
+    geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "%s", gpu_problem);
 }
 
 const char *geoDevProblem(void)
@@ -100,11 +102,11 @@ int geoDevIsDevicePtr(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-ncclResult_t devCudaError(struct ncclComm *comm, const char *what, cudaError_t e)
+ncclResult_t devCudaErrorAt(struct ncclComm *comm, const char *file, int line, const char *what,
+                            cudaError_t e)
 {
-    geoCommSetError(comm, "%s: %s (%s)", geoErrOp(&comm->err), what, cudaGetErrorString(e));
-    geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
-    return ncclUnhandledCudaError;
+    return geoErrReport(&comm->err, ncclUnhandledCudaError, file, line, "%s: %s (%s)",
+                        geoErrOp(&comm->err), what, cudaGetErrorString(e));
 }
 
 /* The communicator's device made current for the duration of a call (see

@@ -51,13 +51,11 @@ ncclResult_t devWaitEvent(struct ncclComm *comm, struct geoDevState *st, cudaEve
             return devCudaError(comm, buf, e);
         }
         if (geoErrAborted(&comm->err) || __atomic_load_n(&st->aborting, __ATOMIC_ACQUIRE)) {
-            geoCommSetError(comm, "%s: aborted", geoErrOp(&comm->err));
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: aborted", geoErrOp(&comm->err));
         }
         if (geoNow() - t0 > comm->timeout) {
-            geoCommSetError(comm, "%s: the stream did not reach %s within GEOCCL_TIMEOUT=%.0f s",
-                            geoErrOp(&comm->err), what, comm->timeout);
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: the stream did not reach %s within "
+                                "GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err), what, comm->timeout);
         }
         devSleepUs(backoff);
         if (backoff < 200)
@@ -112,10 +110,8 @@ static void *exchange_main(void *arg)
                     comm->stats.calls_hier++;
                 }
             }
-            if (res != ncclSuccess) {
-                geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
+            if (res != ncclSuccess) /* reported (and logged) where it failed */
                 geoCommFail(comm, res);
-            }
         }
         devFlagRelease(st, j->seq); /* also after a failure: the stream goes on */
         /* The user thread may still be enqueuing the job; with every wait
@@ -189,9 +185,8 @@ ncclResult_t devStreamWait(struct ncclComm *comm, struct geoDevState *st, cudaSt
     ncclResult_t r = geoCudaWaitFlag((const uint32_t *)st->dflag, value, (struct CUstream_st *)s,
                                      &why);
     if (r != ncclSuccess) {
-        geoCommSetError(comm, "%s: the kernel that waits for the exchange failed to launch: %s",
-                        geoErrOp(&comm->err), why ? why : "no detail");
-        return r;
+        return GEO_COMM_ERR(comm, r, "%s: the kernel that waits for the exchange failed to "
+                            "launch: %s", geoErrOp(&comm->err), why ? why : "no detail");
     }
     return ncclSuccess;
 }
@@ -256,8 +251,8 @@ ncclResult_t devCrossSetup(struct ncclComm *comm, struct geoDevState *st)
     GEO_CHECK(devEfStoreSetup(comm, st));
     if (!st->thread_live) {
         if (pthread_create(&st->thread, NULL, exchange_main, comm) != 0) {
-            geoCommSetError(comm, "%s: cannot start the exchange thread", geoErrOp(&comm->err));
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: cannot start the exchange thread",
+                                geoErrOp(&comm->err));
         }
         st->thread_live = 1;
     }
@@ -282,10 +277,9 @@ ncclResult_t geoDevDrain(struct ncclComm *comm)
         pthread_cond_timedwait(&st->cv, &st->lock, &ts);
         if (st->pending > 0 && (geoErrAborted(&comm->err) || geoNow() - t0 > comm->timeout)) {
             pthread_mutex_unlock(&st->lock);
-            geoCommSetError(comm, "%s: %d cross-region device all-reduces still wait for their "
-                            "streams after GEOCCL_TIMEOUT=%.0f s", geoErrOp(&comm->err),
-                            st->pending, comm->timeout);
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: %d cross-region device all-reduces "
+                                "still wait for their streams after GEOCCL_TIMEOUT=%.0f s",
+                                geoErrOp(&comm->err), st->pending, comm->timeout);
         }
     }
     pthread_mutex_unlock(&st->lock);

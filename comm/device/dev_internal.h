@@ -109,9 +109,12 @@ struct geoDevState {
 
 /* ---- CUDA helpers (dev_cuda.c) ---------------------------------------- */
 
-/* Record "what: CUDA's text" on the communicator, log it at WARN and
- * return ncclUnhandledCudaError. */
-ncclResult_t devCudaError(struct ncclComm *comm, const char *what, cudaError_t e);
+/* Report "op: what (CUDA's text)" on the communicator (GEO_COMM_ERR: the
+ * record and one WARN line, with the file:line of the site that names what)
+ * and return ncclUnhandledCudaError. */
+ncclResult_t devCudaErrorAt(struct ncclComm *comm, const char *file, int line, const char *what,
+                            cudaError_t e);
+#define devCudaError(comm, what, e) devCudaErrorAt((comm), __FILE__, __LINE__, (what), (e))
 
 /* Return devCudaError(comm, what, ...) when call fails. */
 #define CUDA_CHECK(comm, call, what)                        \
@@ -139,10 +142,14 @@ void devLeave(const devGuard *g);
 
 /* ---- NVIDIA's communicator of the region (dev_lifecycle.c) ------------ */
 
-/* Record a failed call of NVIDIA's NCCL (what) with its last error text on
- * comm, log it at WARN and return r. */
-ncclResult_t devRealError(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
-                          const char *what, ncclResult_t r);
+/* Report a failed call of NVIDIA's NCCL (what) with its last error text on
+ * comm (the record and one WARN line, with the file:line of the site that
+ * names what) and return r. */
+ncclResult_t devRealErrorAt(struct ncclComm *comm, const char *file, int line,
+                            const geoNcclRealLib *lib, geoRealComm rc, const char *what,
+                            ncclResult_t r);
+#define devRealError(comm, lib, rc, what, r) \
+    devRealErrorAt((comm), __FILE__, __LINE__, (lib), (rc), (what), (r))
 /* The device state of comm with a live real communicator (made now, a
  * collective over the region, when there is none yet), or an error naming
  * the missing piece. */
@@ -251,8 +258,9 @@ static inline int devCodecEnqueueDone(devCodecJob *cj)
     return __atomic_load_n(&cj->enq_done, __ATOMIC_ACQUIRE);
 }
 /* Lay out the GPU-encoded job of op (codec ch, sub-chunks of chunk bytes):
- * ncclInvalidArgument when the GPU codec refuses these parameters (the
- * host codecs serve then), another error recorded on comm otherwise. */
+ * ncclInvalidArgument, neither recorded nor logged, when the GPU codec
+ * refuses these parameters (no error: the host codecs serve then), another
+ * error reported on comm otherwise. */
 ncclResult_t devCodecPrepare(struct ncclComm *comm, const geoOp *op,
                              const geoHierCodecChoice *ch, size_t chunk, devCodecJob **out);
 void devCodecJobFree(devCodecJob *cj);

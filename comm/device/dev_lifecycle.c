@@ -13,15 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-ncclResult_t devRealError(struct ncclComm *comm, const geoNcclRealLib *lib, geoRealComm rc,
-                          const char *what, ncclResult_t r)
+ncclResult_t devRealErrorAt(struct ncclComm *comm, const char *file, int line,
+                            const geoNcclRealLib *lib, geoRealComm rc, const char *what,
+                            ncclResult_t r)
 {
     const char *txt;
     GEO_REAL_CALL(txt, lib, GetLastError, rc);
-    geoCommSetError(comm, "%s: NVIDIA's NCCL failed %s: %s (%s)", geoErrOp(&comm->err), what,
-                    lib->GetErrorString(r), txt && txt[0] ? txt : "no detail");
-    geoWarn(GEO_LOG_CUDA, "%s", geoErrLast(&comm->err));
-    return r;
+    return geoErrReport(&comm->err, r, file, line, "%s: NVIDIA's NCCL failed %s: %s (%s)",
+                        geoErrOp(&comm->err), what, lib->GetErrorString(r),
+                        txt && txt[0] ? txt : "no detail");
 }
 
 static struct geoDevState *dev_state(struct ncclComm *comm)
@@ -61,8 +61,7 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
         msg.ok = r == ncclSuccess;
         geoNetRequest *req = calloc((size_t)n, sizeof(*req));
         if (req == NULL) {
-            geoCommSetError(comm, "%s: out of memory", fn);
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", fn);
         }
         ncclResult_t s = ncclSuccess;
         for (int i = 1; i < n && s == ncclSuccess; i++)
@@ -79,9 +78,9 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
         GEO_CHECK(geoNetIrecv(&comm->net, ring->ranks[0], &msg, sizeof(msg), &req));
         GEO_CHECK(geoNetWait(&comm->net, &req));
         if (!msg.ok) {
-            geoCommSetError(comm, "%s: local rank 0 of my region (rank %d) could not get an "
-                            "NCCL unique id from NVIDIA's NCCL", fn, ring->ranks[0]);
-            return ncclRemoteError;
+            return GEO_COMM_ERR(comm, ncclRemoteError, "%s: local rank 0 of my region (rank %d) "
+                                "could not get an NCCL unique id from NVIDIA's NCCL", fn,
+                                ring->ranks[0]);
         }
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -94,9 +93,8 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
         prev = -1;
     if (prev != comm->cuda_dev && cudaSetDevice(comm->cuda_dev) != cudaSuccess) {
         cudaGetLastError();
-        geoCommSetError(comm, "%s: cannot select CUDA device %d of the communicator", fn,
-                        comm->cuda_dev);
-        return ncclUnhandledCudaError;
+        return GEO_COMM_ERR(comm, ncclUnhandledCudaError, "%s: cannot select CUDA device %d of "
+                            "the communicator", fn, comm->cuda_dev);
     }
     /* Made into a local and published once complete: geoDevAsyncError
      * (ncclCommGetAsyncError, any thread) reads st->real without a lock, and
@@ -120,34 +118,30 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
 ncclResult_t devReady(struct ncclComm *comm, const char *fn, struct geoDevState **out)
 {
     if (comm->cuda_dev < 0) {
-        geoCommSetError(comm, "%s: device buffers on a communicator created without a GPU "
-                        "(no CUDA device was current at ncclCommInitRank)", fn);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: device buffers on a communicator created "
+                            "without a GPU (no CUDA device was current at ncclCommInitRank)", fn);
     }
     const geoNcclRealLib *lib = geoNcclReal();
     if (lib == NULL) {
-        geoCommSetError(comm, "%s: device buffers need NVIDIA's NCCL inside each region: %s",
-                        fn, geoNcclRealError());
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: device buffers need NVIDIA's NCCL inside "
+                            "each region: %s", fn, geoNcclRealError());
     }
     struct geoDevState *st = dev_state(comm);
     if (st == NULL) {
-        geoCommSetError(comm, "%s: out of memory", fn);
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", fn);
     }
     st->lib = lib;
     if (st->real == NULL) {
         if (st->real_failed != ncclSuccess) {
-            geoCommSetError(comm, "%s: the real NCCL communicator of this region failed to "
-                            "initialise earlier (%s)", fn, lib->GetErrorString(st->real_failed));
-            return st->real_failed;
+            return GEO_COMM_ERR(comm, st->real_failed, "%s: the real NCCL communicator of this "
+                                "region failed to initialise earlier (%s)", fn,
+                                lib->GetErrorString(st->real_failed));
         }
         if (geoNcclRealGroupIsOpen()) {
-            geoCommSetError(comm, "%s: the first device-buffer call of a communicator cannot "
-                            "be inside a group that already holds device operations of "
-                            "another communicator; make one call on it outside a group "
-                            "first", fn);
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: the first device-buffer call of a "
+                                "communicator cannot be inside a group that already holds device "
+                                "operations of another communicator; make one call on it outside "
+                                "a group first", fn);
         }
         ncclResult_t r = real_init(comm, st, fn);
         if (r != ncclSuccess) {
@@ -163,10 +157,9 @@ ncclResult_t geoDevRealComm(struct ncclComm *comm, const char *fn, void **real)
 {
     struct geoDevState *st;
     if (comm->regions.nregions != 1) {
-        geoCommSetError(comm, "%s is supported by GeoCCL on device memory within one region "
-                        "only; this communicator spans %d regions", fn,
-                        comm->regions.nregions);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s is supported by GeoCCL on device memory "
+                            "within one region only; this communicator spans %d regions", fn,
+                            comm->regions.nregions);
     }
     GEO_CHECK(devReady(comm, fn, &st));
     *real = st->real;
@@ -201,9 +194,8 @@ ncclResult_t geoDevInitAtInit(struct ncclComm *comm)
         }
     }
     if (why[0] && mode == GEO_NCCL_INIT_EAGER) {
-        geoCommSetError(comm, "init: GEOCCL_NCCL_INIT=eager, but NVIDIA's NCCL communicator of "
-                        "region '%s' cannot be made: %s", region, why);
-        return ncclInvalidUsage;
+        return GEO_COMM_ERR(comm, ncclInvalidUsage, "init: GEOCCL_NCCL_INIT=eager, but NVIDIA's "
+                            "NCCL communicator of region '%s' cannot be made: %s", region, why);
     }
     if (why[0]) {
         geoInfo(GEO_LOG_INIT | GEO_LOG_CUDA, "init: NVIDIA's NCCL communicator of region '%s' "

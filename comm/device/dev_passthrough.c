@@ -17,9 +17,8 @@ static ncclResult_t real_redop(struct ncclComm *comm, struct geoDevState *st, nc
     if (!r->real_valid) {
         ncclResult_t res;
         if (st->lib->RedOpCreatePreMulSum == NULL) {
-            geoCommSetError(comm, "%s: the real NCCL at %s has no ncclRedOpCreatePreMulSum",
-                            geoErrOp(&comm->err), st->lib->path);
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: the real NCCL at %s has no "
+                                "ncclRedOpCreatePreMulSum", geoErrOp(&comm->err), st->lib->path);
         }
         void *scalar = r->residence == ncclScalarDevice ? (void *)r->ptr : (void *)r->scalar;
         GEO_REAL_CALL(res, st->lib, RedOpCreatePreMulSum, &r->real_op, scalar, r->datatype,
@@ -90,9 +89,8 @@ ncclResult_t devPassThrough(struct ncclComm *comm, struct geoDevState *st, geoOp
                   : op->type == GEO_OP_GATHER ? (void *)L->Gather
                                               : (void *)L->Scatter;
         if (f == NULL) {
-            geoCommSetError(comm, "%s: the real NCCL at %s (version %d) lacks it", fn, L->path,
-                            L->version);
-            return ncclInvalidUsage;
+            return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: the real NCCL at %s (version %d) "
+                                "lacks it", fn, L->path, L->version);
         }
         if (op->type == GEO_OP_ALLTOALL)
             GEO_REAL_CALL(r, L, AlltoAll, op->sendbuff, op->recvbuff, op->count, op->dt, rc,

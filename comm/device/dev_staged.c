@@ -57,8 +57,8 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         if (r != ncclInvalidArgument)
             return r;
         /* The GPU codec refuses these parameters: the host codecs serve. */
-        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: %s", geoErrOp(&comm->err),
-                geoErrLast(&comm->err));
+        geoInfo(GEO_LOG_CUDA | GEO_LOG_COMPRESS, "%s: the GPU codec cannot encode these chunks "
+                "(codec parameters); the host codecs encode them", geoErrOp(&comm->err));
     }
     geoSegPadded(count, n, me, &off, &len);
     if (count % (size_t)n == 0) {
@@ -100,8 +100,7 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
     }
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
-        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
-        r = ncclSystemError;
+        r = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", geoErrOp(&comm->err));
         goto undo_slot;
     }
     j->op = *op;
@@ -199,8 +198,7 @@ ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, 
     devJob *j = calloc(1, sizeof(*j));
     if (j == NULL) {
         devSlotPut(st, slot);
-        geoCommSetError(comm, "%s: out of memory", geoErrOp(&comm->err));
-        return ncclSystemError;
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory", geoErrOp(&comm->err));
     }
     j->op = *op;
     j->op.next = NULL;

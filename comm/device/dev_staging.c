@@ -55,8 +55,8 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
                 cudaEventCreateWithFlags(&pick->done, cudaEventDisableTiming) != cudaSuccess) {
                 pthread_mutex_unlock(&st->lock);
                 cudaGetLastError();
-                geoCommSetError(comm, "%s: cudaEventCreate failed", geoErrOp(&comm->err));
-                return ncclUnhandledCudaError;
+                return GEO_COMM_ERR(comm, ncclUnhandledCudaError, "%s: cudaEventCreate failed",
+                                    geoErrOp(&comm->err));
             }
             st->nslots++;
         }
@@ -94,10 +94,9 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
             return ncclSuccess;
         }
         if (geoNow() - t0 > comm->timeout) {
-            geoCommSetError(comm, "%s: %d cross-region device all-reduces are in flight and "
-                            "none finished within GEOCCL_TIMEOUT", geoErrOp(&comm->err),
-                            GEO_DEV_MAX_SLOTS);
-            return ncclSystemError;
+            return GEO_COMM_ERR(comm, ncclSystemError, "%s: %d cross-region device all-reduces "
+                                "are in flight and none finished within GEOCCL_TIMEOUT",
+                                geoErrOp(&comm->err), GEO_DEV_MAX_SLOTS);
         }
         devSleepUs(100);
     }
@@ -204,9 +203,8 @@ ncclResult_t devEfStoreSetup(struct ncclComm *comm, struct geoDevState *st)
         const geoEfAllocator dev_alloc = {.allocZeroed = dev_ef_alloc,
                                           .release = dev_ef_release, .ctx = st};
         if (geoEfInit(&st->ef, comm->ef.maxBytes, &dev_alloc) != ncclSuccess) {
-            geoCommSetError(comm, "%s: cannot set up the device error-feedback store",
-                            geoErrOp(&comm->err));
-            return ncclInternalError;
+            return GEO_COMM_ERR(comm, ncclInternalError, "%s: cannot set up the device "
+                                "error-feedback store", geoErrOp(&comm->err));
         }
         st->ef_ready = 1;
     }

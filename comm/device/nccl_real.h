@@ -108,7 +108,10 @@ int geoNcclRealInCall(void);
     } while (0)
 
 /* The real group this thread opened inside a GeoCCL group (pass-through of
- * device operations): open it once, close it at the outermost group end. */
+ * device operations): open it once, close it at the outermost group end.
+ * Open's failure is the real ncclGroupStart's code, unreported: the caller
+ * has the communicator to report it on; Close and Simulate report theirs
+ * on the thread. */
 ncclResult_t geoNcclRealGroupOpen(const geoNcclRealLib *lib);
 int geoNcclRealGroupIsOpen(void);
 ncclResult_t geoNcclRealGroupClose(void);
