@@ -17,14 +17,6 @@ ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn)
     return ncclSuccess;
 }
 
-void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    geoErrSetV(&comm->err, fmt, ap);
-    va_end(ap);
-}
-
 void geoCommFail(struct ncclComm *comm, ncclResult_t res)
 {
     geoErrFail(&comm->err, res);

@@ -189,11 +189,6 @@ ncclResult_t geoCommCheck(const struct ncclComm *comm, const char *fn);
  * asynchronous.  Typical use: `return GEO_COMM_ERR(comm, ncclSystemError,
  * "%s: out of memory", geoErrOp(&comm->err));`. */
 #define GEO_COMM_ERR(comm, res, ...) GEO_ERR(&(comm)->err, (res), __VA_ARGS__)
-/* Record only, without a log line: kept for the callers not yet moved to
- * GEO_COMM_ERR (a new cause) or geoErrSet(&comm->err, ...) (a cause
- * carried from elsewhere), and removed with the last of them. */
-void geoCommSetError(struct ncclComm *comm, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 /* Mark the communicator broken with res (first error wins). */
 void geoCommFail(struct ncclComm *comm, ncclResult_t res);
 ncclResult_t geoCommAsyncError(struct ncclComm *comm);
