@@ -130,7 +130,7 @@
  * settle, not bounded for sign and topk (a dropped element's residual grows
  * until it is sent).  Through the hierarchical all-reduce a result crosses
  * two round trips (the partials of k - 1 regions, then the sum), with the
- * float sums between them: geoccl-perf's check (tests/perf/perf_common.c,
+ * float sums between them: geoccl-perf's check (tools/perf_common.c,
  * codec_bound) composes these bounds, from zero residuals, into the bound it
  * holds each element to.
  */

@@ -4,7 +4,7 @@
 # library if needed, then:
 #   1. the minimal example: 4 ranks on this machine, one all-reduce, checked;
 #   2. 3 emulated regions x 2 ranks (network namespaces, 100 Mbit/s and 25 ms
-#      one-way between regions, examples/wan/geoccl-wan) and the all-reduce
+#      one-way between regions, tools/geoccl-wan) and the all-reduce
 #      table of GeoCCL's hierarchical algorithm against its flat ring, on the
 #      same links, with the bytes each rank sent over the WAN.
 # Without root (or without ip netns) step 2 runs the same ranks with region
@@ -33,7 +33,7 @@ maxbytes=${DEMO_MAXBYTES:-16M}
 regions=3
 per=2
 nranks=$((regions * per))
-wan=examples/wan/geoccl-wan
+wan=tools/geoccl-wan
 perf_args=(-b 1M -e "$maxbytes" -f 4 -n 2 -w 1 -c 1)
 
 echo

@@ -40,7 +40,7 @@ make -j2 check
 check_status=$?
 
 # Per-test results, from the .trs files of the parallel harness, with each
-# test's wall time (tests/timed.sh).
+# test's wall time (tests/helpers/timed.sh).
 echo "== results"
 find . -name '*.trs' -newer config.status 2>/dev/null | sort | while read -r trs; do
     result=$(sed -n 's/^:test-result: *//p' "$trs" | head -n 1)

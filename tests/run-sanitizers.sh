@@ -35,7 +35,7 @@ modes=("$@")
 # Slowest first (make -j2 starts them in this order; under thread they
 # took, alone, about 190, 130, 70 and 33 s, the rest under 10 s).
 thread_tests="tests/test_hier tests/device/run_dev_emu.sh tests/test_collectives \
-tests/test_peer_death tests/test_transport tests/test_bootstrap tests/unit/test_shm_ring"
+tests/test_peer_death tests/unit/test_transport tests/unit/test_bootstrap tests/unit/test_shm_ring"
 thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')tests/device/dev_allreduce-emu"
 
 # Left out under address,undefined: the probe over emulated regions (about
@@ -118,7 +118,7 @@ for mode in "${modes[@]}"; do
     else
         make -C "$b" -j2 check > "$b/check.log" 2>&1
     fi
-    # Each test's result and wall time (tests/timed.sh), slowest first.
+    # Each test's result and wall time (tests/helpers/timed.sh), slowest first.
     for trs in "$b"/tests/*.trs "$b"/tests/*/*.trs; do
         [ -f "$trs" ] || continue
         result=$(sed -n 's/^:test-result: *//p' "$trs" | head -n 1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# Drop-in check: tests/unit/test_abi_nccl is the ABI test compiled against the
+# Drop-in check: tests/test_abi_nccl is the ABI test compiled against the
 # toolkit's nccl.h and linked with NVIDIA's libnccl.so (as a trainer is).
 # Run with LD_PRELOAD=libgeoccl.so, every NCCL call must land in GeoCCL and
 # work on host buffers; without the preload it would be NVIDIA's library.
@@ -11,7 +11,7 @@ if [ -n "${GEOCCL_SANITIZE:-}" ]; then
     echo "      program built without the sanitizer runtime cannot work (the runtime must load first)"
     exit 77
 fi
-bin="./tests/unit/test_abi_nccl"
+bin="./tests/test_abi_nccl"
 lib="${GEOCCL_TEST_BUILDDIR:-$PWD}/lib/.libs/libgeoccl.so"
 [ -x "$bin" ] || { echo "SKIP: $bin not built (no NCCL library found)"; exit 77; }
 export LD_LIBRARY_PATH="${NCCL_LIB_DIR:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

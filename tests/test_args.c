@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "tests/helpers/harness.h"
 
 #define TIMEOUT_S 60.0
 

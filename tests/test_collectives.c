@@ -5,7 +5,7 @@
  * ranks loop over every case of one collective: every data type x every
  * reduction op x in-place/out-of-place x counts {0, 1, 7} x roots
  * {0, nranks-1}, plus a 1000003-element case for int8 and float. Results are
- * compared byte for byte with references computed in tests/harness.c, the
+ * compared byte for byte with references computed in tests/helpers/harness.c, the
  * send buffer must be left untouched, nothing may be written past the end
  * of a buffer, and results that every rank holds must be bit-identical on
  * all ranks (hash all-gathered after the case).
@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/helpers/harness.h"
 
 #define TIMEOUT_S 150.0
 #define BIG_COUNT ((size_t)1000003)

@@ -7,7 +7,7 @@
  * (geocclCommRegisterErrorFeedback). */
 #include "config.h"
 #include "geoccl.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "nccl.h"
 
 #include <CUnit/Basic.h>

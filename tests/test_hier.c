@@ -8,7 +8,7 @@
  * run every data type x every op x in-place/out-of-place x counts
  * {0, 1, 2, 7}, 1000003 elements for float sum and int8 max, and a
  * pre-multiplied float sum. Results must equal the reference of
- * tests/harness.c byte for byte (within rounding where the harness says the
+ * tests/helpers/harness.c byte for byte (within rounding where the harness says the
  * result is approximate), be bit-identical on every rank, leave the send
  * buffer alone and write nothing past the end of the output.
  *
@@ -51,7 +51,7 @@
 
 #include <geoccl.h>
 
-#include "harness.h"
+#include "tests/helpers/harness.h"
 
 #define TIMEOUT_S 120.0
 #define BIG_COUNT ((size_t)1000003)

@@ -9,7 +9,7 @@
 #include "comm/core/comm.h"
 #include "comm/coll/reduce.h"
 #include "geoccl.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "nccl.h"
 
 #include <CUnit/Basic.h>

@@ -75,14 +75,15 @@ for layer in "${layers[@]}"; do
     done
 done
 
-# Folders of sources (library, tools, tests): at most 16 C/CUDA files each.
+# Folders of sources (library, tools/, examples, tests): at most 16 C/CUDA
+# files each.
 while read -r dir; do
     n=$(find "$dir" -maxdepth 1 -type f \( -name '*.c' -o -name '*.cu' \) | wc -l)
     if [ "$n" -gt 16 ]; then
         echo "$dir holds $n C/CUDA files (at most 16)"
         bad=1
     fi
-done < <(find comm compress cuda topology examples tests -type d -not -path '*/.*' \
+done < <(find comm compress cuda topology tools examples tests -type d -not -path '*/.*' \
               -not -name '.libs' -not -name '.deps' 2>/dev/null)
 
 # Library sources a newcomer reads in one sitting: at most 1,000 lines each.

@@ -2,12 +2,12 @@
  * NVIDIA's library and its functions, never GeoCCL's; GEOCCL_NCCL_LIB
  * naming a missing file or GeoCCL itself gives a clear error; and a trainer
  * linked with NVIDIA's libnccl and run with LD_PRELOAD=libgeoccl.so still
- * gets NVIDIA's functions (tests/nccl_real_preload, run here).  Runs without
+ * gets NVIDIA's functions (tests/helpers/nccl_real_preload, run here).  Runs without
  * a GPU: loading and ncclGetVersion need none. */
 #include "config.h"
 #include "comm/device/nccl_real.h"
 #include "comm/base/param.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "nccl.h"
 
 #include <CUnit/Basic.h>
@@ -159,13 +159,13 @@ static void test_cached_default(void)
     CU_ASSERT_EQUAL(in_child(NULL, cached_finds_nvidia), 0);
 }
 
-/* tests/nccl_real_preload is linked with NVIDIA's libnccl only; run under
+/* tests/helpers/nccl_real_preload is linked with NVIDIA's libnccl only; run under
  * LD_PRELOAD=libgeoccl.so it checks the loader from inside that process. */
 static void test_preload(void)
 {
     const char *bdir = getenv("GEOCCL_TEST_BUILDDIR");
     char helper[1024], lib[1024];
-    snprintf(helper, sizeof(helper), "%s/tests/nccl_real_preload", bdir ? bdir : ".");
+    snprintf(helper, sizeof(helper), "%s/tests/helpers/nccl_real_preload", bdir ? bdir : ".");
     snprintf(lib, sizeof(lib), "%s/lib/.libs/libgeoccl.so", bdir ? bdir : ".");
     if (access(helper, X_OK) != 0) {
         printf("  skipped: %s not built (configure found no NVIDIA NCCL)\n", helper);

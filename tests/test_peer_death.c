@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 #include "geoccl.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 
 #define NRANKS 4
 #define VICTIM 2

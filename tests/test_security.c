@@ -11,7 +11,7 @@
  * GEOCCL_ENCRYPT=off and =all, over TCP and over same-host rings. */
 #define _GNU_SOURCE
 #include "config.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "comm/base/crypto.h"
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"

@@ -38,7 +38,7 @@
 
 #include <geoccl.h>
 
-#include "harness.h"
+#include "tests/helpers/harness.h"
 
 #define LIB_TIMEOUT_S 5 /* GEOCCL_TIMEOUT given to the library */
 #define COUNT 4099      /* floats per all-reduce: several TCP frames, odd */

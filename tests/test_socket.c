@@ -3,7 +3,7 @@
 #include "comm/transport/socket.h"
 #include "comm/base/param.h"
 #include "geoccl.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "comm/transport/ifaces.h"
 #include "comm/core/comm.h"
 #include "comm/transport/net_tcp_tune.h"
@@ -135,7 +135,7 @@ static void refused_cc_fails_init(const char *var)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
     /* An env id (GEOCCL_COMM_ID): ncclGetUniqueId starts no bootstrap root
      * in this process, which forks the next tests' ranks and must have no
-     * thread then (tests/harness.c; under AddressSanitizer a child of a
+     * thread then (tests/helpers/harness.c; under AddressSanitizer a child of a
      * process whose other thread held an allocator lock at fork hangs). The
      * port is never listened on: init fails before. */
     ncclUniqueId id;

@@ -8,7 +8,7 @@
  *   2. the same network namespace (the device and inode of /proc/self/ns/net).
  *      Ranks in different namespaces of one host are on the same host, but
  *      they talk through whatever links join their namespaces, and those
- *      links may be the point: the emulated regions of examples/wan are
+ *      links may be the point: the emulated regions of tools/geoccl-wan are
  *      namespaces joined by shaped veth pairs, and a fast path between them
  *      would bypass the WAN emulation and make every WAN figure a lie.  So
  *      such ranks keep using TCP, always;

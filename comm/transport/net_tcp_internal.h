@@ -70,7 +70,7 @@
  * Same-host fast path (GEOCCL_SHM, net_local.h, shm_ring.h).  A connection
  * to a peer on the same host AND in the same network namespace is an
  * AF_UNIX stream socket instead of TCP.  Ranks of one host in different
- * namespaces (the emulated regions of examples/wan) always use TCP: their
+ * namespaces (the emulated regions of tools/geoccl-wan) always use TCP: their
  * traffic must cross the shaped links between the namespaces, or every WAN
  * figure would be a lie.  The connector falls back to TCP when the peer's
  * socket file cannot be opened from here (another mount namespace, a

@@ -11,7 +11,7 @@
 # feedback off for that run (GEOCCL_EF=0), e.g. `sign+noef`. Default: none.
 # TRAIN_OPTIONS go to every run (default: --epochs 30 --seed 1).
 #
-# The regions come from examples/wan/geoccl-wan (needs root): R regions
+# The regions come from tools/geoccl-wan (needs root): R regions
 # (default 3) of P ranks (default 2), every region's link to the others
 # shaped to --rate (default 100mbit) and delayed --delay one way (default
 # 25ms). Only one emulated WAN can be up on a machine; while another one is
@@ -52,7 +52,7 @@ export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom 
 PROG=${0##*/}
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-wan=$top/examples/wan/geoccl-wan
+wan=$top/tools/geoccl-wan
 
 regions=3
 per=2

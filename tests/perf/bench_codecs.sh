@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_codecs.sh: the codecs of GEOCCL_COMPRESS side by side, in one run on
-# one emulated WAN (examples/wan/geoccl-wan): a float sum all-reduce per
+# one emulated WAN (tools/geoccl-wan): a float sum all-reduce per
 # codec with geoccl-perf, hierarchical (more than one region), every rank in
 # its region's namespace. Needs root (network namespaces, tc).
 #
@@ -201,7 +201,7 @@ bps=$(awk -v v="${rate,,}" 'BEGIN {
   f = u == "bit" ? 1 : u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : u == "gbit" ? 1e9 : 0
   if (f == 0) exit 1; printf "%.0f\n", n * f }') || die "--rate $rate: want e.g. 100mbit"
 
-wan=${GEOCCL_WAN:-$SRCDIR/examples/wan/geoccl-wan}
+wan=${GEOCCL_WAN:-$SRCDIR/tools/geoccl-wan}
 geoperf=$builddir/geoccl-perf
 [ -x "$wan" ] || die "$wan: not an executable"
 [ -x "$geoperf" ] || die "$geoperf: not built"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_delayline.sh: what the emulated WAN itself costs (examples/wan).
+# bench_delayline.sh: what the emulated WAN itself costs (tools/geoccl-wan).
 # Needs root and iperf3.
 #
 #   sudo tests/perf/bench_delayline.sh [-r REGIONS] [--rate RATE] [--delay D] [-t SECONDS] [-P STREAMS] [-l LOSS,...]
@@ -20,7 +20,7 @@
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-WAN=${GEOCCL_WAN:-$HERE/../../examples/wan/geoccl-wan}
+WAN=${GEOCCL_WAN:-$HERE/../../tools/geoccl-wan}
 NAME=gdlbench
 REGIONS=3 RATE=1gbit DELAY=25ms SECS=10 STREAMS=2 LOSSES=''
 

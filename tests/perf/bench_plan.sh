@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_plan.sh: the cost model and the automatic plan against
-# measurement, on emulated regions (examples/wan/geoccl-wan). Needs root.
+# measurement, on emulated regions (tools/geoccl-wan). Needs root.
 #
 #   sudo tests/perf/bench_plan.sh [-t TOPOS] [-r RATES] [-d DELAY_MS] [-n ITERS]
 #                                 [-e MAX] [-p PATHS] BUILDDIR
@@ -54,7 +54,7 @@ while [ $# -gt 1 ]; do
 done
 BUILD=$(cd "${1:?usage: bench_plan.sh [options] BUILDDIR}" && pwd) || exit 1
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-WAN=$SRC/examples/wan/geoccl-wan
+WAN=$SRC/tools/geoccl-wan
 NAME=gplan
 OUT=$(mktemp -d /tmp/geoccl-bench-plan.XXXXXX)
 [ "$(id -u)" = 0 ] || { echo "needs root"; exit 77; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_torch_wan.sh: PyTorch on emulated regions (examples/wan/geoccl-wan),
+# bench_torch_wan.sh: PyTorch on emulated regions (tools/geoccl-wan),
 # the geoccl backend and Gloo side by side on the same links, one run:
 #
 #   ddp       examples/torch/ddp_digits.py (DistributedDataParallel, small
@@ -49,7 +49,7 @@ python=${python:-/usr/bin/python3}
 R=${topo%x*} P=${topo#*x} N=$((R * P))
 out=${out:-$(mktemp -d /tmp/bench-torch-wan.XXXXXX)}
 mkdir -p "$out"
-wan=$SRC/examples/wan/geoccl-wan name=gtorch port=29800
+wan=$SRC/tools/geoccl-wan name=gtorch port=29800
 export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 trap '"$wan" down -n "$name" -q >/dev/null 2>&1' EXIT
 trap 'echo interrupted; exit 130' INT TERM

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_wan.sh: GeoCCL's hierarchical all-reduce against the alternatives on
-# the same emulated WAN links (examples/wan/geoccl-wan), side by side in one
+# the same emulated WAN links (tools/geoccl-wan), side by side in one
 # run. Needs root (network namespaces, tc).
 #
 #   sudo tests/perf/bench_wan.sh [options] BUILDDIR
@@ -370,7 +370,7 @@ if [ -n "$report_dir" ]; then
   exit 0
 fi
 builddir=$(cd "$builddir" 2>/dev/null && pwd) || die "$builddir: no such directory"
-wan=${GEOCCL_WAN:-$SRCDIR/examples/wan/geoccl-wan}
+wan=${GEOCCL_WAN:-$SRCDIR/tools/geoccl-wan}
 geoperf=$builddir/geoccl-perf
 mpiperf=$builddir/tests/perf/mpi-allreduce-perf
 tcpalone=$SRCDIR/tests/perf/tcp_alone.py

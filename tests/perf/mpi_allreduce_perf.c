@@ -13,7 +13,7 @@
  * 3 an MPI call failed, 4 the -T watchdog fired.
  */
 #define _GNU_SOURCE
-#include "perf_common.h"
+#include "tools/perf_common.h"
 
 #include <mpi.h>
 

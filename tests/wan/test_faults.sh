@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 #
-# Faults between emulated regions (examples/wan/geoccl-wan): 3 regions x 2
+# Faults between emulated regions (tools/geoccl-wan): 3 regions x 2
 # ranks, 1 Gbit/s, 10 ms one-way (RTT 20 ms between regions), one
-# tests/wan/hier_rank per rank in its region's namespace, looping on 4 MiB
+# tests/helpers/hier_rank per rank in its region's namespace, looping on 4 MiB
 # float all-reduces followed by a broadcast, an all-gather, a reduce-scatter
 # and a send/recv ring (hier_rank loop ... all), every result checked.
 # Regions come from the namespaces' labels (GEOCCL_PROBE=0).
@@ -50,10 +50,10 @@ export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom 
 export LC_ALL=C
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
-. "$SRC/tests/wan/wan_common.sh"
+. "$SRC/tests/helpers/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
-WAN=$SRC/examples/wan/geoccl-wan
+WAN=$SRC/tools/geoccl-wan
 NAME=gfault
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 RTT_MS=20
@@ -67,7 +67,7 @@ unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIE
 export GEOCCL_PROBE=0 GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET
 
 WORK=$(mktemp -d /tmp/geoccl-faults.XXXXXX) || exit 1
-. "$SRC/tests/wan/rank_common.sh"
+. "$SRC/tests/helpers/rank_common.sh"
 
 # conns REGION TO: "localport peerport" of the established connections from
 # region REGION to region TO's address.

@@ -2,7 +2,7 @@
 #
 # The hierarchical all-reduce (comm/coll/coll_hier.c) across emulated regions:
 # real network namespaces joined by shaped, delayed links
-# (examples/wan/geoccl-wan), one process per rank (tests/wan/hier_rank.c),
+# (tools/geoccl-wan), one process per rank (tests/helpers/hier_rank.c),
 # env bootstrap at rank 0 in region r0 (GEOCCL_COMM_ID=10.231.0.10:PORT),
 # GEOCCL_SOCKET_IFNAME unset so that each rank picks its interface itself.
 #
@@ -38,7 +38,7 @@
 #
 # "matrix" is every type x op x in-place/out-of-place x counts 1, 2, 7, 4099,
 # 262147-element float sum and int8 max, and a pre-multiplied float sum,
-# checked against tests/harness.c's reference and for identical bits on
+# checked against tests/helpers/harness.c's reference and for identical bits on
 # every rank, with geocclCommGetStats showing hierarchical calls and WAN
 # bytes (see hier_rank.c).
 #
@@ -61,10 +61,10 @@ export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom 
 export LC_ALL=C   # decimal points in $EPOCHREALTIME and awk
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
-. "$SRC/tests/wan/wan_common.sh"
+. "$SRC/tests/helpers/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
-WAN=$SRC/examples/wan/geoccl-wan
+WAN=$SRC/tools/geoccl-wan
 NAME=ghier
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 TIMEOUT_CUT=10          # GEOCCL_TIMEOUT in the cut-off step
@@ -83,7 +83,7 @@ export GEOCCL_ALGO=hier
 
 WORK=$(mktemp -d /tmp/geoccl-hier-wan.XXXXXX) || exit 1
 
-. "$SRC/tests/wan/rank_common.sh"
+. "$SRC/tests/helpers/rank_common.sh"
 
 # matrix NAME PORT "LAYOUT": the matrix on every rank of the layout.
 matrix() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # The topology probe (topology/probe*.c, topology/cluster.c) and geoccl-probe on
-# emulated regions (examples/wan/geoccl-wan), with no region labels given:
+# emulated regions (tools/geoccl-wan), with no region labels given:
 #
 #   a. 3 regions of 2 + 3 + 1 ranks, asymmetric links: 100 Mbit/s, 1 Gbit/s,
 #      1 Gbit/s egress, one-way 25, 10 and 5 ms (RTTs 35, 30, 15 ms). The
@@ -22,7 +22,7 @@
 #   d. labels win: the same 8 ranks labelled 6 + 2 across the built regions:
 #      the regions are the labels, not the measurement.
 #   e. geoccl-probe-mpi under mpirun (when Open MPI is here): the layout of a.
-#   f. ncclCommSplit of a probed communicator (tests/wan/hier_rank split, the
+#   f. ncclCommSplit of a probed communicator (tests/helpers/hier_rank split, the
 #      layout of a., GEOCCL_WAN_WARMUP=1): the child has the parent's regions
 #      and link figures without probing again, and both all-reduce right
 #      after their warm-ups.
@@ -62,10 +62,10 @@ export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom 
 export LC_ALL=C
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
-. "$SRC/tests/wan/wan_common.sh"
+. "$SRC/tests/helpers/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
-WAN=$SRC/examples/wan/geoccl-wan
+WAN=$SRC/tools/geoccl-wan
 NAME=gprobe
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 LIMIT=90               # seconds a step's ranks may take before they are killed
@@ -196,7 +196,7 @@ else
 fi
 
 echo "== f. ncclCommSplit of a probed communicator, 2 + 3 + 1 ranks"
-HIER_BIN=${HIER_RANK:-$BUILD/tests/wan/hier_rank}
+HIER_BIN=${HIER_RANK:-$BUILD/tests/helpers/hier_rank}
 if [ -x "$HIER_BIN" ]; then
     mkdir -p "$WORK/f"
     r=0

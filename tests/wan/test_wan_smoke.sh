@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# Smoke test of the emulated WAN (examples/wan/geoccl-wan):
+# Smoke test of the emulated WAN (tools/geoccl-wan):
 #
 #   2 regions, 100 Mbit/s, 25 ms:  RTT r0->r1 is 50 +- 5 ms; one TCP stream
 #       r0->r1 gets 90..100 Mbit/s; inside r0 (loopback, own address) the
@@ -17,15 +17,15 @@
 #
 # Needs root and network namespaces (exit 77, "skipped", otherwise); uses
 # ping and iperf3 when present (installs iperf3 with apt-get when it can),
-# else tests/wan/netprobe.py (GEOCCL_WAN_PROBES=python forces the latter). Takes about a minute. The last line is always
+# else tests/helpers/netprobe.py (GEOCCL_WAN_PROBES=python forces the latter). Takes about a minute. The last line is always
 # "N passed, N failed".
 #
 set -uo pipefail
 
 cd "$(dirname "$0")/../.." || exit 1
-. tests/wan/wan_common.sh
-WAN=$PWD/examples/wan/geoccl-wan
-PROBE=$PWD/tests/wan/netprobe.py
+. tests/helpers/wan_common.sh
+WAN=$PWD/tools/geoccl-wan
+PROBE=$PWD/tests/helpers/netprobe.py
 NAME=gwsmoke
 
 
@@ -36,7 +36,7 @@ within() { awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x != "" && x + 0 
 if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then skip "no 'ip netns' here"; fi
 [ -c /dev/net/tun ] || skip "no /dev/net/tun"
 if ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'; then
-    skip "10.231.0.1 is in use (an emulated WAN is up: examples/wan/geoccl-wan status); take it down first"
+    skip "10.231.0.1 is in use (an emulated WAN is up: tools/geoccl-wan status); take it down first"
 fi
 
 # Teardown whatever happens from here on.

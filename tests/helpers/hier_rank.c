@@ -13,7 +13,7 @@
  * matrix: every data type x every op x in-place/out-of-place x counts
  *   {1, 2, 7, 4099}, then 262147 elements for float sum and int8 max, then a
  *   pre-multiplied float sum. Each result must equal the reference of
- *   tests/harness.c (within rounding where the harness calls it approximate),
+ *   tests/helpers/harness.c (within rounding where the harness calls it approximate),
  *   be bit-identical on every rank (harness_same_on_all_ranks), leave the
  *   send buffer alone and write nothing past the end of the output. Then
  *   geocclCommGetStats must show hierarchical calls and WAN bytes, and
@@ -53,7 +53,7 @@
 
 #include <geoccl.h>
 
-#include "../harness.h"
+#include "tests/helpers/harness.h"
 
 #define GUARD 64 /* bytes checked past the end of outputs */
 

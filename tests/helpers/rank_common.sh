@@ -1,4 +1,4 @@
-# Sourced by the emulated-WAN tests that run tests/wan/hier_rank.c, one
+# Sourced by the emulated-WAN tests that run tests/helpers/hier_rank.c, one
 # process per rank inside its region's namespace (test_hier_wan.sh,
 # test_faults.sh), after wan_common.sh.  The sourcing script sets SRC,
 # BUILD, WAN, NAME and WORK first.  It builds the rank program (BIN) and
@@ -29,7 +29,7 @@ else
     [ -e "$LIBDIR/libgeoccl.so" ] || { echo "no $LIBDIR/libgeoccl.so (build first, or pass the build directory)"; exit 1; }
     BIN=$WORK/hier_rank
     if ! cc -O2 -std=gnu11 -Wall -Wextra -pthread -I "$BUILD/include" -I "$SRC/include" -I "$SRC" \
-            "$SRC/tests/wan/hier_rank.c" "$SRC/tests/harness.c" \
+            "$SRC/tests/helpers/hier_rank.c" "$SRC/tests/helpers/harness.c" \
             -L "$LIBDIR" -lgeoccl -Wl,-rpath,"$LIBDIR" -o "$BIN" > "$WORK/cc.log" 2>&1; then
         cat "$WORK/cc.log"
         echo "cannot build hier_rank"

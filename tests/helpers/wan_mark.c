@@ -1,6 +1,6 @@
 /*
  * wan_mark.c: a marked buffer from one region to another, for looking at
- * what crosses the WAN (tests/run_wan_security.sh captures it and tampers
+ * what crosses the WAN (tests/wan/run_wan_security.sh captures it and tampers
  * with it). One process per rank, two ranks, the NCCL API of include/nccl.h
  * only:
  *

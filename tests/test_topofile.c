@@ -14,7 +14,7 @@
 #include "topology/topofile.h"
 #include "geoccl.h"
 
-#include "tests/harness.h"
+#include "tests/helpers/harness.h"
 
 #include <CUnit/Basic.h>
 #include <stdio.h>

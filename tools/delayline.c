@@ -2,7 +2,7 @@
  * delayline.c: holds every packet that the kernel routes into a TUN device
  * for a fixed time, then hands it back to the kernel through the same
  * device. Routed through it, a link gains a one-way delay: this is the
- * latency half of the emulated WAN built by examples/wan/geoccl-wan (the
+ * latency half of the emulated WAN built by tools/geoccl-wan (the
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
  *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS [-R]] [-l LOSS_PCT | -g P,R[,H[,K]]]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 #
 # What crosses the WAN between regions, seen from outside. Two regions of an
-# emulated WAN (examples/wan/geoccl-wan: 1 Gbit/s, 5 ms), one rank in each
-# (tests/wan_mark: rank 0 in r0 sends 8 MiB filled with a 16-byte ASCII
+# emulated WAN (tools/geoccl-wan: 1 Gbit/s, 5 ms), one rank in each
+# (tests/helpers/wan_mark: rank 0 in r0 sends 8 MiB filled with a 16-byte ASCII
 # pattern to rank 1 in r1, which checks every byte; env bootstrap with
 # GEOCCL_COMM_ID and a GEOCCL_COMM_SECRET). Four checks, each reported by
 # name:
@@ -33,11 +33,11 @@
 # tampering lands in the transfer, not in the handshakes.
 # Every rank runs under GEOCCL_TIMEOUT=15 and timeout(1).
 #
-#   sudo bash tests/run_wan_security.sh [BUILDDIR]
+#   sudo bash tests/wan/run_wan_security.sh [BUILDDIR]
 #
 # BUILDDIR (or $GEOCCL_TEST_BUILDDIR, else the current directory) holds the
 # built library and geoccl-info; wan_mark is $WAN_MARK when set, else
-# BUILDDIR/tests/wan_mark, else it is built here with cc.
+# BUILDDIR/tests/helpers/wan_mark, else it is built here with cc.
 #
 # Exit status: 0 when every check passed, 1 otherwise, 77 (skipped) when the machine cannot
 # emulate a WAN (geoccl-wan exits 77), tcpdump is missing, or another WAN
@@ -48,11 +48,11 @@
 set -uo pipefail
 export LC_ALL=C
 
-SRC=$(cd "$(dirname "$0")/.." && pwd) || exit 1
-. "$SRC/tests/wan/wan_common.sh"
+SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
+. "$SRC/tests/helpers/wan_common.sh"
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "no build directory '$BUILD'"; exit 1; }
-WAN=$SRC/examples/wan/geoccl-wan
+WAN=$SRC/tools/geoccl-wan
 NAME=gsec
 WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 EVERY=16                 # --tamper
@@ -92,12 +92,12 @@ T0=$EPOCHREALTIME
 LIBDIR=$BUILD/lib/.libs
 if [ -n "${WAN_MARK:-}" ]; then
     BIN=$WAN_MARK
-elif [ -x "$BUILD/tests/wan_mark" ]; then
-    BIN=$BUILD/tests/wan_mark
+elif [ -x "$BUILD/tests/helpers/wan_mark" ]; then
+    BIN=$BUILD/tests/helpers/wan_mark
 else
     [ -e "$LIBDIR/libgeoccl.so" ] || { echo "no $LIBDIR/libgeoccl.so (build first, or pass the build directory)"; exit 1; }
     BIN=$WORK/wan_mark
-    cc -O2 -std=gnu11 -Wall -Wextra -pthread -I "$SRC/include" "$SRC/tests/wan_mark.c" \
+    cc -O2 -std=gnu11 -Wall -Wextra -pthread -I "$SRC/include" "$SRC/tests/helpers/wan_mark.c" \
         -L "$LIBDIR" -lgeoccl -Wl,-rpath,"$LIBDIR" -o "$BIN" > "$WORK/cc.log" 2>&1 ||
         { cat "$WORK/cc.log"; echo "cannot build wan_mark"; exit 1; }
 fi
