@@ -155,9 +155,11 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     if (comm->net.ops == NULL)
         return GEO_COMM_ERR(comm, ncclSystemError,
                             "init: no transport can connect this communicator");
-    if (topoFindIfaces(filter, &id->root.sa, ifs, 1) < 1)
-        return GEO_COMM_ERR(comm, ncclSystemError, "init: no usable network interface "
-                            "(GEOCCL_SOCKET_IFNAME=%s)", filter ? filter : "unset");
+    if (topoFindIfaces(filter, &id->root.sa, ifs, 1) < 1) {
+        char set[300];
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: no usable network interface (%s)",
+                            geoParamSetting(GEO_PARAM_SOCKET_IFNAME, set, sizeof(set)));
+    }
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr.addr, &ifs[0].addr,
            ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.addr.sin6) : sizeof(addr.addr.sin));

@@ -48,6 +48,24 @@ static unsigned parse_subsys(const char *s)
     return invert ? ~mask : mask;
 }
 
+/* The NCCL variables set that are no parameter's twin: those accepted,
+ * each with what GeoCCL makes of it, and the others in one line. */
+static void log_nccl_others(void)
+{
+    char list[640];
+    const char *name, *how;
+    int id;
+
+    for (int i = 0; (name = geoParamNcclVar(i, &id, &how)) != NULL; i++)
+        if (id < 0 && getenv(name) != NULL)
+            geoInfo(GEO_LOG_ENV, "%s=%s %s", name, getenv(name), how);
+    int n = geoParamNcclIgnored(list, sizeof(list));
+    if (n > 0)
+        geoInfo(GEO_LOG_ENV, "NCCL variable%s with no GeoCCL meaning, ignored: %s (NVIDIA's "
+                "NCCL, where GeoCCL loads it for device buffers, reads its own)",
+                n > 1 ? "s" : "", list);
+}
+
 /* A fork while another thread logs must not leave the child's logger
  * locked (programs fork ranks after ncclGetUniqueId started the root
  * thread). */
@@ -82,11 +100,20 @@ void geoDebugInit(void)
     __atomic_store_n(&log_level, level, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&log_lock);
     /* Every value the environment set, once per reading of it (the
-     * secret's excepted). */
-    for (int i = 0; fresh && i < GEO_PARAM_COUNT; i++)
-        if (i != GEO_PARAM_COMM_SECRET && geoParamIsSet((geoParamId)i))
-            geoInfo(GEO_LOG_ENV, "%s set by environment to %s",
-                    geoParamDescribe((geoParamId)i)->name, geoParamStr((geoParamId)i));
+     * secret's excepted), and what became of the NCCL variables set. */
+    if (!fresh || level < GEO_LEVEL_INFO)
+        return;
+    for (int i = 0; i < GEO_PARAM_COUNT; i++) {
+        geoParamId id = (geoParamId)i;
+        const char *from = geoParamNcclOrigin(id), *note = geoParamNcclNote(id);
+        if (i != GEO_PARAM_COMM_SECRET && geoParamIsSet(id))
+            geoInfo(GEO_LOG_ENV, "%s set by environment to %s%s%s%s",
+                    geoParamDescribe(id)->name, geoParamStr(id), from ? " (from " : "",
+                    from ? from : "", from ? ")" : "");
+        if (note != NULL)
+            geoInfo(GEO_LOG_ENV, "%s", note);
+    }
+    log_nccl_others();
 }
 
 int geoDebugLevel(void)

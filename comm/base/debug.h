@@ -1,4 +1,5 @@
 /* Logging: GEOCCL_DEBUG=WARN|INFO|TRACE, GEOCCL_DEBUG_SUBSYS=INIT,NET,...
+ * (unset, their NCCL twins NCCL_DEBUG and NCCL_DEBUG_SUBSYS: param.c).
  * Each line is prefixed host:pid:rank; WARN and TRACE lines also name the
  * source file:line.  The subsystem mask filters INFO and TRACE only: a WARN
  * line always prints.  Thread-safe.

@@ -1,5 +1,9 @@
+/* The parameter table, its cache, and the sizes parser.  The table's
+ * last two columns name each parameter's NCCL twins and how their values
+ * map; param_nccl.c does the mapping. */
 #include "config.h"
 #include "comm/base/param.h"
+#include "comm/base/param_nccl.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,22 +12,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A NULL-terminated list of NCCL twins, with static storage. */
+#define TWINS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_DEBUG] = {"GEOCCL_DEBUG", GEO_PARAM_STR, "WARN",
-                         "log level: NONE, WARN, INFO or TRACE"},
+                         "log level: NONE, WARN, INFO or TRACE", TWINS("NCCL_DEBUG"),
+                         "VERSION is WARN (GeoCCL has no version-only level; geoccl-info "
+                         "prints the version), ABORT is INFO; the others as they are"},
     [GEO_PARAM_DEBUG_SUBSYS] = {"GEOCCL_DEBUG_SUBSYS", GEO_PARAM_STR, "ALL",
                                 "subsystems logged at INFO/TRACE: INIT,NET,TOPO,TUNING,"
-                                "COMPRESS,CUDA,COLL,ENV,ALL; ^ in front excludes"},
+                                "COMPRESS,CUDA,COLL,ENV,ALL; ^ in front excludes",
+                                TWINS("NCCL_DEBUG_SUBSYS"),
+                                "INIT and BOOTSTRAP are INIT; NET, P2P, SHM and PROXY are NET; "
+                                "GRAPH is TOPO; ALLOC, NVLS and REG are CUDA; TUNING, COLL, ENV "
+                                "and ALL as they are; others (CALL, PROFILE, RAS, ...) are left "
+                                "out, said at INFO; ^ in front excludes, as in NCCL (unset, "
+                                "GeoCCL shows ALL, not NCCL's INIT,BOOTSTRAP,ENV)"},
     [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
                            "seconds an operation may wait without progress before it fails"},
     [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",
                             "TCP connections per peer pair (1..64); rank 0's value is used by "
                             "all; unset, fast WAN pairs use only as many as the probe finds "
-                            "they need"},
+                            "they need",
+                            TWINS("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"),
+                            "their product (one unset counts as 1; NCCL's caps apply: 16 "
+                            "threads, 64 sockets); it counts as set, so the probe does not "
+                            "lower it"},
     [GEO_PARAM_SOCKET_IFNAME] = {"GEOCCL_SOCKET_IFNAME", GEO_PARAM_STR, NULL,
-                                 "interfaces to use: prefixes, =exact, ^ excludes (as NCCL)"},
+                                 "interfaces to use: prefixes, =exact, ^ excludes (as NCCL)",
+                                 TWINS("NCCL_SOCKET_IFNAME"), NULL},
     [GEO_PARAM_COMM_ID] = {"GEOCCL_COMM_ID", GEO_PARAM_STR, NULL,
-                           "host:port of the bootstrap root; rank 0 listens there"},
+                           "host:port of the bootstrap root; rank 0 listens there",
+                           TWINS("NCCL_COMM_ID"), NULL},
     [GEO_PARAM_COMM_SECRET] = {"GEOCCL_COMM_SECRET", GEO_PARAM_STR, NULL,
                                "passphrase all ranks of a GEOCCL_COMM_ID bootstrap share (stretched "
                                "with scrypt; 64 hex digits are used as a 256-bit key); "
@@ -35,7 +56,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                           "chunks in flight per ring step"},
     [GEO_PARAM_SOCKET_BUFSIZE] = {"GEOCCL_SOCKET_BUFSIZE", GEO_PARAM_INT, "0",
                                   "SO_SNDBUF/SO_RCVBUF per connection (set before connect, if "
-                                  "net.core.*mem_max allows); 0: the kernel's autotuning"},
+                                  "net.core.*mem_max allows); 0: the kernel's autotuning",
+                                  TWINS("NCCL_SOCKET_SNDBUF", "NCCL_SOCKET_RCVBUF"),
+                                  "the larger of the two (GeoCCL sets one size for both "
+                                  "directions); below 1 (NCCL's default -1) is 0"},
     [GEO_PARAM_TCP_CC] = {"GEOCCL_TCP_CC", GEO_PARAM_STR, NULL,
                           "TCP congestion control of GeoCCL's connections (TCP_CONGESTION, "
                           "e.g. cubic; one the kernel allows); unset: the host's default"},
@@ -69,7 +93,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                              "the file does not exist, rank 0 writes what the probe found "
                              "there, and the next start loads it instead of probing"},
     [GEO_PARAM_ALGO] = {"GEOCCL_ALGO", GEO_PARAM_STR, "auto",
-                        "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)"},
+                        "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)",
+                        TWINS("NCCL_ALGO"),
+                        "Ring alone (for every collective, or in an allreduce: entry) is "
+                        "flat; Tree, CollNet, NVLS and PAT have no counterpart: a list naming "
+                        "them, or a ^ exclusion, keeps auto, said at INFO"},
     [GEO_PARAM_HIER_SLICE] = {"GEOCCL_HIER_SLICE", GEO_PARAM_INT, "4M",
                               "bytes per pipelined slice of the hierarchical all-reduce"},
     [GEO_PARAM_DIRECT_MAX] = {"GEOCCL_DIRECT_MAX", GEO_PARAM_INT, "16K",
@@ -159,7 +187,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "same-host fast path between ranks of one host AND one network "
                        "namespace (other namespaces, e.g. emulated regions, always use TCP): "
                        "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
-                       "sockets only, 0 off (TCP)"},
+                       "sockets only, 0 off (TCP)", TWINS("NCCL_SHM_DISABLE"),
+                       "1 is 0 (TCP between ranks of one host), 0 is 1"},
     [GEO_PARAM_CMA] = {"GEOCCL_CMA", GEO_PARAM_INT, "1",
                        "1: ranks of one region on one host read each other's inputs with "
                        "process_vm_readv and write each other's outputs with process_vm_writev "
@@ -173,6 +202,8 @@ static unsigned generation; /* atomic: loads so far (geoParamGeneration) */
 static int64_t int_values[GEO_PARAM_COUNT];
 static char *str_values[GEO_PARAM_COUNT];
 static int is_set[GEO_PARAM_COUNT];
+static char *nccl_origin[GEO_PARAM_COUNT]; /* the twins a value came from */
+static char *nccl_note[GEO_PARAM_COUNT];   /* what a twin set could not say */
 
 int geoParseSize(const char *s, int64_t *out)
 {
@@ -207,6 +238,23 @@ static void load_locked(void)
         return;
     for (int i = 0; i < GEO_PARAM_COUNT; i++) {
         const char *env = getenv(table[i].name);
+        char twin[256], from[256], note[512];
+        free(nccl_origin[i]);
+        free(nccl_note[i]);
+        nccl_origin[i] = nccl_note[i] = NULL;
+        if (table[i].nccl != NULL && env == NULL) {
+            if (geoParamNcclRead((geoParamId)i, twin, sizeof(twin), from, sizeof(from), note,
+                                 sizeof(note)) == 1) {
+                env = twin;
+                nccl_origin[i] = strdup(from);
+            }
+            if (note[0] != '\0')
+                nccl_note[i] = strdup(note);
+        } else if (table[i].nccl != NULL && geoParamNcclFirstSet((geoParamId)i) != NULL) {
+            snprintf(note, sizeof(note), "%s is set too: %s=%s wins",
+                     geoParamNcclFirstSet((geoParamId)i), table[i].name, env);
+            nccl_note[i] = strdup(note);
+        }
         const char *txt = env ? env : table[i].dflt;
         free(str_values[i]);
         str_values[i] = txt ? strdup(txt) : NULL;
@@ -217,8 +265,10 @@ static void load_locked(void)
                 /* The default always parses. */
                 geoParseSize(table[i].dflt, &int_values[i]);
                 if (env)
-                    fprintf(stderr, "[geoccl] WARN %s=%s is not a number; using %s\n",
-                            table[i].name, env, table[i].dflt);
+                    fprintf(stderr, "[geoccl] WARN %s%s%s is not a number; using %s\n",
+                            nccl_origin[i] ? nccl_origin[i] : table[i].name,
+                            nccl_origin[i] ? ", read as " : "=",
+                            nccl_origin[i] ? table[i].name : env, table[i].dflt);
             }
         }
     }
@@ -269,6 +319,10 @@ const char *geoParamStr(geoParamId id)
 const char *geoParamStrLive(geoParamId id)
 {
     const char *v = getenv(table[id].name);
+    if (v == NULL && table[id].nccl != NULL && table[id].nccl_map == NULL) {
+        const char *twin = geoParamNcclFirstSet(id);
+        v = twin != NULL ? getenv(twin) : NULL;
+    }
     return v ? v : table[id].dflt;
 }
 
@@ -278,6 +332,41 @@ int geoParamIsSet(geoParamId id)
     if (!loaded)
         load_locked();
     int v = is_set[id];
+    pthread_mutex_unlock(&param_lock);
+    return v;
+}
+
+const char *geoParamSetting(geoParamId id, char *buf, size_t len)
+{
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    if (nccl_origin[id] != NULL)
+        snprintf(buf, len, "%s, read as %s", nccl_origin[id], table[id].name);
+    else if (is_set[id])
+        snprintf(buf, len, "%s=%s", table[id].name, str_values[id]);
+    else
+        snprintf(buf, len, "%s unset", table[id].name);
+    pthread_mutex_unlock(&param_lock);
+    return buf;
+}
+
+const char *geoParamNcclOrigin(geoParamId id)
+{
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    const char *v = nccl_origin[id];
+    pthread_mutex_unlock(&param_lock);
+    return v;
+}
+
+const char *geoParamNcclNote(geoParamId id)
+{
+    pthread_mutex_lock(&param_lock);
+    if (!loaded)
+        load_locked();
+    const char *v = nccl_note[id];
     pthread_mutex_unlock(&param_lock);
     return v;
 }

@@ -1,9 +1,16 @@
 /* The one table of environment parameters.  Values are read once, on first
  * use, and cached; every value set in the environment is logged at INFO
- * (subsystem ENV).  geoccl-info prints the whole table with its help. */
+ * (subsystem ENV).  geoccl-info prints the whole table with its help.
+ *
+ * A parameter may name NCCL twins: NVIDIA's variables with the same
+ * meaning (NCCL_SOCKET_IFNAME for GEOCCL_SOCKET_IFNAME), read when the
+ * GEOCCL_ variable is unset, so that job scripts written for NCCL keep
+ * their settings when GeoCCL replaces it.  The GEOCCL_ variable wins when
+ * both are set.  How a twin's value becomes GeoCCL's is param_nccl.c's. */
 #ifndef GEOCCL_PARAM_H_
 #define GEOCCL_PARAM_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -57,6 +64,10 @@ typedef struct {
     geoParamType type;
     const char *dflt;     /* default as text; NULL: unset */
     const char *help;     /* one line */
+    const char *const *nccl; /* NCCL twins read when the variable is unset,
+                              * NULL-terminated; NULL: none */
+    const char *nccl_map; /* how the twins' value becomes this one's; NULL:
+                           * taken as it is */
 } geoParamDesc;
 
 /* Integer value (parsed with suffixes K, M, G); the default if unset or
@@ -67,10 +78,23 @@ const char *geoParamStr(geoParamId id);
 /* Read the environment now rather than the cache: for the bootstrap
  * variables (GEOCCL_COMM_ID, GEOCCL_COMM_SECRET), which programs often set
  * with setenv after their first library call, as NCCL_COMM_ID is read at
- * each ncclGetUniqueId in NCCL. */
+ * each ncclGetUniqueId in NCCL.  A twin taken as it is (NCCL_COMM_ID)
+ * stands in for an unset variable here too. */
 const char *geoParamStrLive(geoParamId id);
-/* 1 when the variable is set in the environment. */
+/* 1 when the variable, or an NCCL twin that gave it a value, is set in
+ * the environment. */
 int geoParamIsSet(geoParamId id);
+/* What set the value, for messages: "GEOCCL_X=v", "NCCL_Y=v (read as
+ * GEOCCL_X)" or "GEOCCL_X unset"; written to buf (len bytes), returned. */
+const char *geoParamSetting(geoParamId id, char *buf, size_t len);
+/* The NCCL twins behind the value, with their values ("NCCL_SOCKET_IFNAME=lo");
+ * NULL when the value did not come from a twin.  Valid until the next
+ * geoParamReload. */
+const char *geoParamNcclOrigin(geoParamId id);
+/* Why an NCCL twin that is set gave no value (its setting has no GeoCCL
+ * counterpart, e.g. NCCL_ALGO=Tree); NULL when none.  Valid until the
+ * next geoParamReload. */
+const char *geoParamNcclNote(geoParamId id);
 const geoParamDesc *geoParamDescribe(geoParamId id);
 /* Forget cached values and read the environment again (tests, and
  * ncclResetDebugInit).  The logger follows at its next line. */
@@ -78,6 +102,14 @@ void geoParamReload(void);
 /* How many times the environment was read: the logger (debug.c, above
  * this unit) re-reads its settings when it changes. */
 unsigned geoParamGeneration(void);
+/* The NCCL variables GeoCCL reads: i from 0 until it returns NULL.  *id:
+ * the parameter it is a twin of, or -1 for one accepted with no twin
+ * (NCCL_IB_DISABLE); *how: how its value maps, or what GeoCCL makes of it. */
+const char *geoParamNcclVar(int i, int *id, const char **how);
+/* The NCCL_ variables set in the environment that GeoCCL neither maps nor
+ * accepts, comma-separated in buf (len bytes; "and N more" when it is too
+ * short); returns how many. */
+int geoParamNcclIgnored(char *buf, size_t len);
 /* Parse "123", "4K", "8M", "1G"; returns 0 and sets *out, or -1. */
 int geoParseSize(const char *s, int64_t *out);
 

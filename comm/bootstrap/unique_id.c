@@ -1,9 +1,9 @@
 /* Unique ids: a fresh root with a random secret (ncclGetUniqueId), one
- * derived from GEOCCL_COMM_ID and GEOCCL_COMM_SECRET that every rank
- * computes alike, the secrets of child communicators derived from the
- * parent's, and the id of a shrunk communicator with its candidate root
- * addresses.  Starting a root's thread is root.c's; deciding where it
- * listens is here. */
+ * derived from GEOCCL_COMM_ID (or its twin NCCL_COMM_ID, param.c) and
+ * GEOCCL_COMM_SECRET that every rank computes alike, the secrets of child
+ * communicators derived from the parent's, and the id of a shrunk
+ * communicator with its candidate root addresses.  Starting a root's
+ * thread is root.c's; deciding where it listens is here. */
 #include "config.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/bootstrap_internal.h"
@@ -88,9 +88,11 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
     memset(&id, 0, sizeof(id));
     id.magic = GEO_ID_MAGIC;
     const char *filter = geoParamStr(GEO_PARAM_SOCKET_IFNAME);
-    if (topoFindIfaces(filter, NULL, ifs, 1) < 1)
-        return GEO_ERR(NULL, ncclSystemError, "no usable network interface "
-                       "(GEOCCL_SOCKET_IFNAME=%s)", filter ? filter : "unset");
+    if (topoFindIfaces(filter, NULL, ifs, 1) < 1) {
+        char set[300];
+        return GEO_ERR(NULL, ncclSystemError, "no usable network interface (%s)",
+                       geoParamSetting(GEO_PARAM_SOCKET_IFNAME, set, sizeof(set)));
+    }
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr, &ifs[0].addr, ifs[0].addr.ss_family == AF_INET6 ? sizeof(addr.sin6)
                                                                   : sizeof(addr.sin));
