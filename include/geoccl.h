@@ -33,6 +33,23 @@ int geocclParamCount(void);
  * Returns ncclSuccess, or ncclInvalidArgument for a bad index or NULL info. */
 ncclResult_t geocclParamGet(int i, geocclParamInfo *info);
 
+/* One NCCL variable GeoCCL reads: a twin of a GEOCCL_ parameter, read when
+ * that parameter is unset (the GEOCCL_ variable wins when both are set),
+ * or one accepted with no twin (NCCL_IB_DISABLE). */
+typedef struct {
+    const char *name;    /* e.g. "NCCL_SOCKET_IFNAME" */
+    const char *geoccl;  /* the parameter it stands in for; NULL: none */
+    const char *how;     /* how its value maps, or what GeoCCL makes of it */
+    const char *value;   /* its value in the environment now; NULL: unset */
+} geocclNcclVarInfo;
+
+/* Number of NCCL variables GeoCCL reads. */
+int geocclNcclVarCount(void);
+
+/* [out] info: NCCL variable i (0 <= i < geocclNcclVarCount()).
+ * Returns ncclSuccess, or ncclInvalidArgument for a bad index or NULL info. */
+ncclResult_t geocclNcclVarGet(int i, geocclNcclVarInfo *info);
+
 /* Version of GeoCCL itself ("0.1.0"), distinct from ncclGetVersion's NCCL
  * API level. */
 const char *geocclVersionString(void);

@@ -28,6 +28,16 @@ numbers too); a value that is not a number is replaced by the default, with
 a warning. Where a line says "rank 0's value is used by all", the ranks
 agree on rank 0's setting at init.
 
+Job scripts written for NVIDIA's NCCL keep their settings: where a
+parameter has an NCCL twin (the last column), GeoCCL reads the twin when
+the `GEOCCL_` variable is unset, and the `GEOCCL_` variable wins when both
+are set. At `INFO`, each value taken from a twin is logged with the twin
+it came from, a twin's setting GeoCCL cannot honour is said with the
+reason, and the other `NCCL_` variables set are listed, in one line, as
+ignored (NVIDIA's NCCL, where GeoCCL loads it for device buffers within a
+region, reads its own variables). `NCCL_COMM_ID` bootstraps exactly as
+`GEOCCL_COMM_ID` does, with the same `GEOCCL_COMM_SECRET` rules.
+
 Each subject has its page: logging and timeouts in
 [transport.md](transport.md), the bootstrap and encryption in
 [security.md](security.md), regions, algorithms and slices in

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int geocclParamCount(void) { return GEO_PARAM_COUNT; }
@@ -24,6 +25,29 @@ ncclResult_t geocclParamGet(int i, geocclParamInfo *info)
     info->dflt = d->dflt;
     info->help = d->help;
     info->is_set = geoParamIsSet((geoParamId)i);
+    return ncclSuccess;
+}
+
+int geocclNcclVarCount(void)
+{
+    int n = 0, id;
+    const char *how;
+    while (geoParamNcclVar(n, &id, &how) != NULL)
+        n++;
+    return n;
+}
+
+ncclResult_t geocclNcclVarGet(int i, geocclNcclVarInfo *info)
+{
+    int id = -1;
+    const char *how = NULL, *name = info != NULL && i >= 0 ? geoParamNcclVar(i, &id, &how) : NULL;
+    GEO_RETURN_IF(name == NULL, ncclInvalidArgument,
+                  "geocclNcclVarGet: index %d outside [0, %d) or NULL info", i,
+                  geocclNcclVarCount());
+    info->name = name;
+    info->geoccl = id >= 0 ? geoParamDescribe((geoParamId)id)->name : NULL;
+    info->how = how;
+    info->value = getenv(name);
     return ncclSuccess;
 }
 
