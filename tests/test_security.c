@@ -7,6 +7,11 @@
  *  - a rank that names another process's pid (ours) for single-copy;
  *  - a communicator over GEOCCL_COMM_ID with no secret whose connections
  *    are to be encrypted;
+ *  - a process that holds the communicator's secret but is not the rank
+ *    (a reader of the store, an excluded rank) that asks to resume a live
+ *    connection, or to replace it with a fresh one, and a resume whose
+ *    frame count is out of range or below what was acknowledged: each is
+ *    refused alone and the live connection goes on untouched;
  * and encryption changes no result: all-reduces are bit-identical with
  * GEOCCL_ENCRYPT=off and =all, over TCP and over same-host rings. */
 #define _GNU_SOURCE
@@ -16,8 +21,12 @@
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/core/comm.h"
+#include "comm/transport/net_tcp_internal.h"
 
 #include <CUnit/Basic.h>
+#include <geoccl.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -360,6 +369,291 @@ static void test_encryption_bit_identical(void)
     harness_shared_free(a, 3 * sizeof(*a));
 }
 
+/* ---- resume takeover by a holder of the communicator's secret ----------- */
+
+/* Ranks 0 and 1 run a 2-rank communicator over TCP; a third process, the
+ * attacker, knows what a reader of the store knows (the communicator's
+ * secret, its hash, rank 0's address) and speaks the handshake as rank 1
+ * would on stream 0 (net_tcp_internal.h):
+ *   fresh:    right after init, a fresh hello for the slot (as a rank that
+ *             lost our ack dials again);
+ *   resume:   after traffic, a resume hello with a plausible count;
+ *   huge:     a resume hello claiming 2^40 frames;
+ * and, holding rank 1's resumption secret of that connection too (taken
+ * from its memory: what a corrupt rank 1 would send):
+ *   above:    a resume claiming one frame more than rank 0 sent;
+ *   below:    a resume claiming one frame fewer than rank 1 acknowledged.
+ * Each must be refused (rank 0 closes it without its ack), and the
+ * all-reduces after them must be exact, with no reconnect on either rank. */
+enum { TK_FRESH, TK_RESUME, TK_HUGE, TK_ABOVE, TK_BELOW, TK_N };
+static const char *const tk_name[TK_N] = {"fresh", "resume", "huge", "above", "below"};
+/* Why rank 0 refuses them: fresh; resume and huge; above and below. */
+static const char *const tk_reason[3] = {"a fresh connection for one that is up",
+                                         "does not prove the connection's resumption secret",
+                                         "its resume claims"};
+
+typedef struct {
+    const char *encrypt;
+    volatile int ready, traffic[2], phase;
+    uint8_t secret[GEO_SHA256_BYTES];
+    uint64_t comm_hash;
+    geoSockAddr addr0;
+    int enc;
+    uint8_t rsecret[GEO_SHA256_BYTES], claim[GEO_CHALLENGE_BYTES]; /* rank 1's, stream 0 */
+    uint64_t s_count, a_got; /* rank 0's, toward rank 1 on stream 0 */
+    int taken[TK_N];         /* 1: rank 0 acknowledged it; 0: refused; -1: no answer */
+    int wrong[2];
+    uint64_t reconnects[2];
+    int logged[3];           /* refusals in rank 0's log, by reason (tk_reason) */
+} takeArgs;
+
+static int tk_wait(volatile int *flag, int value)
+{
+    double t0 = harness_now();
+    while (*flag < value) {
+        if (harness_now() - t0 > 60 * harness_time_scale())
+            return -1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+/* The handshake's MAC (net_tcp_handshake.c, hello_mac), as a peer makes it. */
+static void tk_mac(const uint8_t *key, uint64_t comm_hash, const char *label,
+                   const uint8_t *challenge, const tcpHello *m, const uint8_t *claim,
+                   uint8_t out[GEO_SHA256_BYTES])
+{
+    enum { F = 32, C = F + 24, N = C + 16, K = N + 2 * GEO_CHALLENGE_BYTES,
+           L = K + 2 * GEO_X25519_BYTES };
+    uint8_t msg[L + GEO_CHALLENGE_BYTES];
+    int32_t f[6] = {m->rank, m->to, m->stream, m->encrypt, m->cipher, m->resume};
+    uint64_t counts[2] = {m->count, 0};
+    memset(msg, 0, sizeof(msg));
+    memcpy(msg, label, strlen(label));
+    memcpy(msg + 24, &comm_hash, 8);
+    memcpy(msg + F, f, sizeof(f));
+    memcpy(msg + C, counts, sizeof(counts));
+    memcpy(msg + N, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(msg + N + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
+    memcpy(msg + K, m->pub, GEO_X25519_BYTES);
+    if (claim != NULL)
+        memcpy(msg + L, claim, GEO_CHALLENGE_BYTES);
+    geoHmacSha256(key, GEO_SHA256_BYTES, msg, claim != NULL ? sizeof(msg) : L, out);
+}
+
+/* The hello's second proof (tcpHello.cproof): a fresh hello's under the
+ * communicator's secret, with a claim of the attacker's own; a resume's
+ * under rank 1's resumption secret when the attacker holds it, else none. */
+static void tk_second_proof(const takeArgs *a, const uint8_t *challenge, tcpHello *m,
+                            int with_rsecret)
+{
+    if (!m->resume) {
+        geoRandomBytes(m->claim, sizeof(m->claim));
+        tk_mac(a->secret, a->comm_hash, "geoccl/v2/claim", challenge, m, m->claim, m->cproof);
+    } else if (with_rsecret) {
+        memcpy(m->claim, a->claim, sizeof(m->claim));
+        tk_mac(a->rsecret, a->comm_hash, "geoccl/v2/resume", challenge, m, m->claim,
+               m->cproof);
+    }
+}
+
+/* Rank 1 hands out its resumption secret of the connection (a corrupt
+ * rank 1 would use it itself). */
+static void tk_publish_rsecret(takeArgs *a, const tcpConn *c)
+{
+    memcpy(a->rsecret, c->resume_secret, sizeof(a->rsecret));
+    memcpy(a->claim, c->claim, sizeof(a->claim));
+}
+
+/* One hello as rank 1, stream 0, to rank 0; with_rsecret: with rank 1's
+ * resumption secret.  1 if rank 0 acknowledged it, 0 if it closed it, -1
+ * if there was no handshake. */
+static int tk_hello(const takeArgs *a, int resume, uint64_t count, int with_rsecret)
+{
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    const char *why;
+    tcpHello m;
+    tcpAccept ack;
+    void *eph = NULL;
+    int fd, taken = -1;
+    if (geoSocketConnect(&a->addr0, geoNow() + 10, &fd) != ncclSuccess)
+        return -1;
+    if (geoSocketRecvAll(fd, challenge, sizeof(challenge), geoNow() + 10, &why) != ncclSuccess)
+        goto out;
+    memset(&m, 0, sizeof(m));
+    m.magic = GEO_HELLO_MAGIC;
+    m.rank = 1;
+    m.to = 0;
+    m.stream = 0;
+    m.encrypt = a->enc;
+    m.cipher = GEO_CIPHER_CHACHA20POLY1305;
+    m.resume = resume;
+    m.count = count;
+    if (geoRandomBytes(m.nonce, sizeof(m.nonce)) != 0 || geoX25519New(&eph, m.pub) != 0)
+        goto out;
+    tk_mac(a->secret, a->comm_hash, "geoccl/v2/hello", challenge, &m, NULL, m.proof);
+    tk_second_proof(a, challenge, &m, with_rsecret);
+    if (geoSocketSendAll(fd, &m, sizeof(m), geoNow() + 10, &why) != ncclSuccess)
+        goto out;
+    taken = geoSocketRecvAll(fd, &ack, sizeof(ack), geoNow() + 10, &why) == ncclSuccess;
+out:
+    geoX25519Free(eph);
+    close(fd);
+    return taken;
+}
+
+static int tk_attacker(takeArgs *a)
+{
+    if (tk_wait(&a->ready, 1) != 0)
+        return 1;
+    a->taken[TK_FRESH] = tk_hello(a, 0, 0, 0);
+    a->phase = 1;
+    if (tk_wait(&a->traffic[0], 1) != 0 || tk_wait(&a->traffic[1], 1) != 0)
+        return 1;
+    a->taken[TK_RESUME] = tk_hello(a, 1, a->s_count, 0);
+    a->taken[TK_HUGE] = tk_hello(a, 1, (uint64_t)1 << 40, 0);
+    a->taken[TK_ABOVE] = tk_hello(a, 1, a->s_count + 1, 1);
+    a->taken[TK_BELOW] = tk_hello(a, 1, a->a_got - 1, 1);
+    a->phase = 2;
+    return 0;
+}
+
+/* Three exact all-reduces; the count of wrong ones. */
+static int tk_allreduces(ncclComm_t comm, int rank)
+{
+    size_t n = 1 << 20;
+    float *x = malloc(n * sizeof(float));
+    int wrong = 0;
+    for (int it = 0; it < 3; it++) {
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)((rank + 1) * (int)(i % 1000) + it);
+        if (ncclAllReduce(x, x, n, ncclFloat, ncclSum, comm, NULL) != ncclSuccess) {
+            wrong++;
+            continue;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (x[i] != (float)(3 * (int)(i % 1000) + 2 * it)) {
+                wrong++;
+                break;
+            }
+    }
+    free(x);
+    return wrong;
+}
+
+static int take_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    takeArgs *a = arg;
+    ncclComm_t comm = NULL;
+    char logpath[64] = "";
+    int saved = -1;
+    (void)nranks;
+    set_env("GEOCCL_ENCRYPT", a->encrypt);
+    set_env("GEOCCL_SHM", "0"); /* TCP: the connections that resume */
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_TIMEOUT", "20");
+    set_env("GEOCCL_RECONNECT_TIMEOUT", "5");
+    if (rank == 2)
+        return tk_attacker(a);
+    if (rank == 0) { /* rank 0's warnings, to count the refusals */
+        snprintf(logpath, sizeof(logpath), "/tmp/geoccl-take-%d.log", (int)getpid());
+        int fd = open(logpath, O_CREAT | O_TRUNC | O_RDWR, 0600);
+        saved = dup(2);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+    }
+    int bad = ncclCommInitRank(&comm, 2, *id, rank) != ncclSuccess;
+    tcpState *st = bad ? NULL : comm->net.state;
+    if (rank == 0 && !bad) {
+        geoNetCtx *ctx = &comm->net.ctx;
+        memcpy(a->secret, ctx->secret, GEO_SHA256_BYTES);
+        a->comm_hash = ctx->comm_hash;
+        a->addr0 = ctx->peers[0].addr;
+        a->enc = ctx->encrypt != NULL && ctx->encrypt[1];
+        a->ready = 1;
+    }
+    if (!bad && tk_wait(&a->phase, 1) == 0) {
+        a->wrong[rank] = tk_allreduces(comm, rank);
+        /* Let every frame be acknowledged, so that counts are exact. */
+        double t0 = harness_now();
+        for (int done = 0; !done && harness_now() - t0 < 10;) {
+            pthread_mutex_lock(&st->lock);
+            tcpConn *c = &st->peers[1 - rank].conns[0];
+            done = c->a_got == c->s_count && c->r_count == c->a_sent;
+            if (rank == 0) {
+                a->s_count = c->s_count;
+                a->a_got = c->a_got;
+            } else {
+                tk_publish_rsecret(a, c);
+            }
+            pthread_mutex_unlock(&st->lock);
+            usleep(1000);
+        }
+        a->traffic[rank] = 1;
+        if (tk_wait(&a->phase, 2) == 0)
+            a->wrong[rank] += tk_allreduces(comm, rank);
+        else
+            bad = 1;
+        geocclCommGetReconnects(comm, -1, &a->reconnects[rank], NULL);
+    } else {
+        bad = 1;
+    }
+    if (comm)
+        ncclCommDestroy(comm);
+    if (rank == 0 && saved >= 0) {
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        FILE *f = fopen(logpath, "r");
+        char line[1024];
+        while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+            for (int k = 0; k < 3 && strstr(line, "dropped connection from") != NULL; k++)
+                a->logged[k] += strstr(line, tk_reason[k]) != NULL;
+            if (strstr(line, "[geoccl] WARN") != NULL || strstr(line, "ERROR") != NULL)
+                fputs(line, stderr); /* shown with the test's output */
+        }
+        if (f != NULL)
+            fclose(f);
+        unlink(logpath);
+    }
+    return bad;
+}
+
+static void check_takeover(const char *encrypt)
+{
+    takeArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a->encrypt = encrypt;
+    CU_ASSERT_EQUAL(harness_run_noinit(3, take_body, a, 150), 0);
+    for (int k = 0; k < TK_N; k++) {
+        CU_ASSERT_EQUAL(a->taken[k], 0);
+        if (a->taken[k] != 0)
+            fprintf(stderr, "    GEOCCL_ENCRYPT=%s, %s: %s\n", encrypt, tk_name[k],
+                    a->taken[k] > 0 ? "rank 0 took it" : "no handshake");
+    }
+    CU_ASSERT_TRUE(a->a_got > 0); /* "below" was below an acknowledged count */
+    CU_ASSERT_EQUAL(a->logged[0], 1);
+    CU_ASSERT_EQUAL(a->logged[1], 2);
+    CU_ASSERT_EQUAL(a->logged[2], 2);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->wrong[r], 0);
+        CU_ASSERT_EQUAL(a->reconnects[r], 0);
+        if (a->wrong[r] != 0 || a->reconnects[r] != 0)
+            fprintf(stderr, "    GEOCCL_ENCRYPT=%s, rank %d: %d wrong all-reduces, %llu "
+                    "reconnects\n", encrypt, r, a->wrong[r],
+                    (unsigned long long)a->reconnects[r]);
+    }
+    harness_shared_free(a, sizeof(*a));
+}
+
+static void test_resume_takeover_refused(void)
+{
+    check_takeover("all");
+    check_takeover("off");
+}
+
 int main(void)
 {
     harness_setup_env();
@@ -372,6 +666,8 @@ int main(void)
                 test_no_secret_refused_when_encrypting);
     CU_add_test(s, "results bit-identical with encryption on and off",
                 test_encryption_bit_identical);
+    CU_add_test(s, "a holder of the secret cannot take over or break a live connection",
+                test_resume_takeover_refused);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

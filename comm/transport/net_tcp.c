@@ -437,6 +437,7 @@ static void tcp_destroy(void *state)
                 if (st->peers[p].conns[s].ring)
                     geoShmSegmentUnmap(st->peers[p].conns[s].seg, st->peers[p].conns[s].seg_cap);
                 tcpConnKeysFree(&st->peers[p].conns[s]);
+                geoWipe(c->resume_secret, sizeof(c->resume_secret));
             }
             free(st->peers[p].conns);
         }

@@ -172,7 +172,7 @@ int tcpProgressSend(tcpState *st, int p, int s, double now)
         geoNetRequest *r = NULL;
         const char *plain = NULL; /* what a data frame's payload is made of */
         if (!c->s_active) {
-            if (c->track && c->r_count > c->a_sent)
+            if (c->track && (c->r_count > c->a_sent || c->tell))
                 c->s_kind = SEND_ACK;
             else if (c->track && c->again < c->s_count)
                 c->s_kind = SEND_AGAIN;
@@ -191,6 +191,7 @@ int tcpProgressSend(tcpState *st, int p, int s, double now)
             if (c->s_kind == SEND_ACK) {
                 hdr_fill(&c->s_hdr, GEO_ACK_MAGIC, 0, c->r_count, 0, 0);
                 c->a_sent = c->r_count;
+                c->tell = 0;
             } else if (c->s_kind == SEND_AGAIN) {
                 c->s_hdr = tcpKeptAt(c, (size_t)(c->again - c->k_base))->hdr;
             } else {
@@ -321,6 +322,7 @@ static int take_ack(tcpState *st, int p, int s)
         return -1;
     }
     c->a_got = h->seq;
+    c->confirmed = 1; /* the connector's handshake finished: see hello_admit */
     tcpKeptAck(c, h->seq);
     return 0;
 }

@@ -1,9 +1,11 @@
 /* One connection's handshake, in either role: the connector's hello and
  * the acceptor's answer, each an HMAC of the communicator's secret over
- * both ends' fresh values, the ephemeral X25519 exchange and the per-
- * connection keys of an encrypted connection.  Non-blocking steps, driven
- * by set-up (net_tcp_setup.c) and, for resumes, by the progress thread
- * (net_tcp_resume.c).  The protocol: net_tcp_internal.h. */
+ * both ends' fresh values, the ephemeral X25519 exchange, the per-
+ * connection keys of an encrypted connection and the resumption secret of
+ * a TCP one, which a resume must prove, and which hellos may take a slot
+ * (hello_admit).  Non-blocking steps, driven by set-up (net_tcp_setup.c)
+ * and, for resumes, by the progress thread (net_tcp_resume.c).  The
+ * protocol: net_tcp_internal.h. */
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/transport/net_tcp_internal.h"
@@ -15,19 +17,26 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* HMAC(secret, label | comm_hash | from | to | stream | encrypt | cipher |
+/* HMAC(key, label | comm_hash | from | to | stream | encrypt | cipher |
  * resume | connector's count | acceptor's count | Ca | Cc | connector's
- * X25519 key | acceptor's): the connector's proof (label "geoccl/v2/hello",
- * cipher its preference, no acceptor key or count yet) and the acceptor's
- * (label "geoccl/v2/accept", cipher its choice).  The ephemeral keys are
- * bound, so a relay cannot put its own in; the counts are, so that it
- * cannot make either end skip or repeat frames when a connection resumes. */
-static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *challenge,
-                      const tcpHello *m, int32_t cipher, const uint8_t *apub, uint64_t acount,
+ * X25519 key | acceptor's [| claim]).  Under the communicator's secret,
+ * without claim: the connector's proof (label "geoccl/v2/hello", cipher its
+ * preference, no acceptor key or count yet) and the acceptor's (label
+ * "geoccl/v2/accept", cipher its choice).  With claim: the connector's
+ * second proof, cproof (tcpHello), under the communicator's secret for a
+ * fresh hello ("geoccl/v2/claim") and under the connection's resumption
+ * secret for a resume ("geoccl/v2/resume"), and the acceptor's answer to a
+ * resume ("geoccl/v2/resumed").  The ephemeral keys are bound, so a relay
+ * cannot put its own in; the counts are, so that it cannot make either end
+ * skip or repeat frames when a connection resumes. */
+static void hello_mac(const uint8_t *key, const geoNetCtx *ctx, const char *label,
+                      const uint8_t *challenge, const tcpHello *m, int32_t cipher,
+                      const uint8_t *apub, uint64_t acount, const uint8_t *claim,
                       uint8_t out[GEO_SHA256_BYTES])
 {
-    enum { F = 32, C = F + 24, N = C + 16, K = N + 2 * GEO_CHALLENGE_BYTES };
-    uint8_t msg[K + 2 * GEO_X25519_BYTES];
+    enum { F = 32, C = F + 24, N = C + 16, K = N + 2 * GEO_CHALLENGE_BYTES,
+           L = K + 2 * GEO_X25519_BYTES };
+    uint8_t msg[L + GEO_CHALLENGE_BYTES];
     int32_t f[6] = {m->rank, m->to, m->stream, m->encrypt, cipher, m->resume};
     uint64_t counts[2] = {m->count, acount};
     size_t l = strlen(label);
@@ -43,7 +52,36 @@ static void hello_mac(const geoNetCtx *ctx, const char *label, const uint8_t *ch
         memcpy(msg + K + GEO_X25519_BYTES, apub, GEO_X25519_BYTES);
     else
         memset(msg + K + GEO_X25519_BYTES, 0, GEO_X25519_BYTES);
-    geoHmacSha256(ctx->secret, GEO_SHA256_BYTES, msg, sizeof(msg), out);
+    if (claim != NULL)
+        memcpy(msg + L, claim, GEO_CHALLENGE_BYTES);
+    geoHmacSha256(key, GEO_SHA256_BYTES, msg, claim != NULL ? sizeof(msg) : L, out);
+}
+
+/* The resumption secret of a TCP connection, made at its first handshake:
+ * HKDF of the communicator's secret and the ephemeral X25519 secret dh of
+ * the two ends, salted with both ends' fresh nonces and bound to both ranks
+ * and the stream.  Whoever holds the communicator's secret but took no part
+ * in the exchange cannot derive it, even from a recording of the handshake;
+ * a resume must prove it (cproof), so only the two ends of this connection
+ * can replace it.  0 or -1. */
+static int resume_secret(const geoNetCtx *ctx, const uint8_t *challenge, const tcpHello *m,
+                         const uint8_t dh[GEO_X25519_BYTES], uint8_t out[GEO_SHA256_BYTES])
+{
+    uint8_t salt[2 * GEO_CHALLENGE_BYTES], info[24 + 8 + 12];
+    uint8_t ikm[GEO_SHA256_BYTES + GEO_X25519_BYTES];
+    int32_t f[3] = {m->rank, m->to, m->stream};
+    memcpy(ikm, ctx->secret, GEO_SHA256_BYTES);
+    memcpy(ikm + GEO_SHA256_BYTES, dh, GEO_X25519_BYTES);
+    memcpy(salt, challenge, GEO_CHALLENGE_BYTES);
+    memcpy(salt + GEO_CHALLENGE_BYTES, m->nonce, GEO_CHALLENGE_BYTES);
+    memset(info, 0, 24);
+    memcpy(info, "geoccl/v2/resumption", 20);
+    memcpy(info + 24, &ctx->comm_hash, 8);
+    memcpy(info + 32, f, sizeof(f));
+    int rc = geoHkdf(ikm, sizeof(ikm), salt, sizeof(salt), info, sizeof(info), out,
+                     GEO_SHA256_BYTES);
+    geoWipe(ikm, sizeof(ikm));
+    return rc;
 }
 
 /* The keys of an encrypted connection, one per direction: HKDF of the
@@ -122,6 +160,14 @@ short tcpHsEvents(const tcpHs *h)
     }
 }
 
+/* Whether a handshake makes an ephemeral X25519 exchange: for the keys of
+ * an encrypted connection, and for the resumption secret of a TCP one (made
+ * at its first handshake; a resume keeps it). */
+static int exchanges(int encrypt, int local, int resume)
+{
+    return encrypt || (!local && !resume);
+}
+
 /* The peer's same-host socket cannot be opened from here (another mount
  * namespace, a private /dev/shm): it is not the same host for us, so this
  * stream goes over TCP, at once. */
@@ -190,19 +236,31 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
             h->hello.encrypt = ctx->encrypt != NULL && ctx->encrypt[h->peer];
             h->hello.cipher = ctx->cipher;
             h->hello.resume = h->resume;
-            h->hello.count = h->resume ? st->peers[h->peer].conns[h->stream].r_count : 0;
-            if (geoRandomBytes(h->hello.nonce, sizeof(h->hello.nonce)) != 0) {
-                why = "no randomness for our nonce";
-                goto refused;
+            {
+                const tcpConn *c = &st->peers[h->peer].conns[h->stream];
+                h->hello.count = h->resume ? c->r_count : 0;
+                memcpy(h->hello.claim, c->claim, sizeof(h->hello.claim));
+                if (h->resume && !c->has_resume_secret) {
+                    why = "this connection has no resumption secret";
+                    goto refused;
+                }
+                if (geoRandomBytes(h->hello.nonce, sizeof(h->hello.nonce)) != 0) {
+                    why = "no randomness for our nonce";
+                    goto refused;
+                }
+                geoX25519Free(h->eph);
+                h->eph = NULL;
+                if (exchanges(h->hello.encrypt, h->local, h->resume) &&
+                    geoX25519New(&h->eph, h->hello.pub) != 0) {
+                    why = "cannot make an X25519 key (out of memory?)";
+                    goto refused;
+                }
+                hello_mac(ctx->secret, ctx, "geoccl/v2/hello", h->challenge, &h->hello,
+                          h->hello.cipher, NULL, 0, NULL, h->hello.proof);
+                hello_mac(h->resume ? c->resume_secret : ctx->secret, ctx,
+                          h->resume ? "geoccl/v2/resume" : "geoccl/v2/claim", h->challenge,
+                          &h->hello, h->hello.cipher, NULL, 0, h->hello.claim, h->hello.cproof);
             }
-            geoX25519Free(h->eph);
-            h->eph = NULL;
-            if (h->hello.encrypt && geoX25519New(&h->eph, h->hello.pub) != 0) {
-                why = "cannot make an X25519 key (out of memory?)";
-                goto refused;
-            }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, &h->hello, h->hello.cipher, NULL, 0,
-                      h->hello.proof);
             h->state = HS_HELLO;
             h->off = 0;
             continue;
@@ -220,24 +278,42 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
             {
                 uint8_t expect[GEO_SHA256_BYTES];
                 int want_cipher = h->hello.encrypt ? h->ack.cipher : GEO_CIPHER_NONE;
-                hello_mac(ctx, "geoccl/v2/accept", h->challenge, &h->hello, h->ack.cipher,
-                          h->ack.pub, h->ack.count, expect);
+                tcpConn *c = &st->peers[h->peer].conns[h->stream];
+                hello_mac(ctx->secret, ctx, "geoccl/v2/accept", h->challenge, &h->hello,
+                          h->ack.cipher, h->ack.pub, h->ack.count, NULL, expect);
                 if (h->ack.magic != GEO_ACCEPT_MAGIC ||
                     !geoDigestEqual(expect, h->ack.proof, sizeof(expect))) {
                     why = "it did not prove the communicator's secret: another program on "
                           "its address, or the connection was altered";
                     goto refused;
                 }
+                if (h->resume) {
+                    hello_mac(c->resume_secret, ctx, "geoccl/v2/resumed", h->challenge,
+                              &h->hello, h->ack.cipher, h->ack.pub, h->ack.count,
+                              h->hello.claim, expect);
+                    if (!geoDigestEqual(expect, h->ack.cproof, sizeof(expect))) {
+                        why = "it did not prove this connection's resumption secret: not "
+                              "the process this connection was made with";
+                        goto refused;
+                    }
+                }
                 if (h->hello.encrypt && want_cipher != GEO_CIPHER_AES256GCM &&
                     want_cipher != GEO_CIPHER_CHACHA20POLY1305) {
                     why = "it chose no cipher for an encrypted connection";
                     goto refused;
                 }
-                tcpConn *c = &st->peers[h->peer].conns[h->stream];
-                uint8_t dh[GEO_X25519_BYTES];
-                int bad = h->hello.encrypt &&
-                          (geoX25519Shared(h->eph, h->ack.pub, dh) != 0 ||
-                           conn_keys(ctx, c, h->challenge, &h->hello, want_cipher, 1, dh) != 0);
+                uint8_t dh[GEO_X25519_BYTES], rs[GEO_SHA256_BYTES];
+                int fresh = !h->resume && !h->local; /* its resumption secret is made now */
+                int bad = h->eph != NULL && geoX25519Shared(h->eph, h->ack.pub, dh) != 0;
+                bad = bad || (fresh && resume_secret(ctx, h->challenge, &h->hello, dh, rs) != 0);
+                bad = bad || (h->hello.encrypt &&
+                              conn_keys(ctx, c, h->challenge, &h->hello, want_cipher, 1, dh) != 0);
+                if (!bad && fresh) {
+                    memcpy(c->resume_secret, rs, sizeof(rs));
+                    c->has_resume_secret = 1;
+                    c->tell = 1;
+                }
+                geoWipe(rs, sizeof(rs));
                 geoWipe(dh, sizeof(dh));
                 geoX25519Free(h->eph);
                 h->eph = NULL;
@@ -308,37 +384,99 @@ refused:
 
 void tcpHsDrop(tcpState *st, tcpHs *h, const char *why)
 {
-    if (st->dropped++ < GEO_TCP_DROP_LOG)
+    if (why != NULL && st->dropped++ < GEO_TCP_DROP_LOG)
         geoWarn(GEO_LOG_NET, "dropped connection from %s: %s%s", h->from, why,
                 st->dropped == GEO_TCP_DROP_LOG ? " (further drops are only counted)" : "");
     if (h->state == HS_ACK) { /* release the slot it claimed */
-        st->peers[h->peer].conns[h->stream].fd = -1;
-        st->peers[h->peer].conns[h->stream].acking = 0;
-        st->peers[h->peer].conns[h->stream].local = 0;
-        tcpConnKeysFree(&st->peers[h->peer].conns[h->stream]);
+        tcpConn *c = &st->peers[h->peer].conns[h->stream];
+        c->fd = -1;
+        c->acking = 0;
+        c->local = 0;
+        tcpConnKeysFree(c);
+        if (!h->resume) { /* set-up: the slot is free again */
+            geoWipe(c->resume_secret, sizeof(c->resume_secret));
+            c->has_resume_secret = 0;
+        }
     }
     close(h->fd);
     h->fd = -1;
     h->state = HS_DROPPED;
 }
 
-/* Whether hello m may claim its slot on the connection h accepted.
- * At set-up (!h->resume) a fresh hello claims a free slot.  After set-up a
- * resume hello claims a TCP slot (track).  Both also take a fresh hello
- * for a TCP slot taken at set-up on which nothing has arrived: the dialler
- * lost that connection before our ack reached it whole (a reset during its
- * handshake), so it dials afresh; it has received nothing of ours, and
- * after set-up the slot resumes with its count 0 (what we sent meanwhile
- * is kept and goes again).  While our ack is still going out (acking) the
- * old attempt holds the slot: its failure frees it, and the dialler tries
- * again.  The hello's proof is checked after this. */
-static int hello_fits(const tcpState *st, const tcpHs *h, const tcpHello *m)
+/* Whether hello m, which proved the communicator's secret, may take its
+ * slot on the connection h accepted: 0 if so; else the reason in text and
+ * 1 where the rank itself may send it (a resume before our set-up is
+ * over, a re-dial while our ack is still going out: it tries again), -1
+ * where only a confused or hostile holder of the secret would.
+ *  - A resume (after set-up, on a TCP slot) must prove the slot's
+ *    resumption secret, bound to our fresh challenge, and claim a count of
+ *    our frames between those it acknowledged and those we sent: one that
+ *    does not is refused alone, and the connection it would replace is
+ *    kept.  Holding the communicator's secret is not enough.
+ *  - A fresh hello takes a free slot at set-up.  It also takes a TCP slot
+ *    already taken when its connector lost our ack (a reset during its
+ *    handshake) and so dials afresh: only with the slot's claim (the random
+ *    value of the connector's first hello), with nothing received on the
+ *    slot and before the connector has sent on it (confirmed: its
+ *    handshake finished, it knows the resumption secret).  After set-up the
+ *    slot then resumes with its count 0 (what we sent meanwhile is kept and
+ *    goes again).  While our ack is still going out (acking) the old
+ *    attempt holds the slot: its failure frees it, and the dialler tries
+ *    again. */
+static int hello_admit(const tcpState *st, const tcpHs *h, const tcpHello *m, char *text,
+                       size_t len)
 {
+    const geoNetCtx *ctx = st->ctx;
     const tcpConn *c = &st->peers[m->rank].conns[m->stream];
-    int again = !m->resume && m->count == 0 && c->r_count == 0;
-    if (h->resume)
-        return c->track && (m->resume || again);
-    return !m->resume && (c->fd < 0 || (again && !c->acking && !c->local && !h->local));
+    uint8_t expect[GEO_SHA256_BYTES];
+    if (m->resume) {
+        if (!h->resume || !c->track || !c->has_resume_secret) {
+            snprintf(text, len, "rank %d, stream %d: a resume of a connection that is not "
+                     "resumed (%s)", m->rank, m->stream,
+                     !h->resume ? "our set-up is not over" : "a same-host socket");
+            return 1;
+        }
+        hello_mac(c->resume_secret, ctx, "geoccl/v2/resume", h->challenge, m, m->cipher, NULL,
+                  0, m->claim, expect);
+        if (!geoDigestEqual(expect, m->cproof, sizeof(expect))) {
+            snprintf(text, len, "claiming rank %d, stream %d: its resume does not prove the "
+                     "connection's resumption secret (it holds the communicator's secret but "
+                     "is not that end of the connection); the connection is kept", m->rank,
+                     m->stream);
+            return -1;
+        }
+        if (m->count > c->s_count || m->count < c->a_got) {
+            snprintf(text, len, "rank %d, stream %d: its resume claims %llu of our frames, "
+                     "where %llu were sent and %llu acknowledged; the connection is kept",
+                     m->rank, m->stream, (unsigned long long)m->count,
+                     (unsigned long long)c->s_count, (unsigned long long)c->a_got);
+            return -1;
+        }
+        return 0;
+    }
+    hello_mac(ctx->secret, ctx, "geoccl/v2/claim", h->challenge, m, m->cipher, NULL, 0,
+              m->claim, expect);
+    if (!geoDigestEqual(expect, m->cproof, sizeof(expect))) {
+        snprintf(text, len, "claiming rank %d, stream %d: its hello was altered on the way",
+                 m->rank, m->stream);
+        return -1;
+    }
+    if (!h->resume && c->fd < 0)
+        return 0; /* set-up: a free slot */
+    if (m->count != 0 || c->r_count != 0 || c->confirmed ||
+        !geoDigestEqual(m->claim, c->claim, sizeof(c->claim)) ||
+        (h->resume ? !c->track : c->local || h->local)) {
+        snprintf(text, len, "claiming rank %d, stream %d: a fresh connection for one that is "
+                 "up (only a resume proving its resumption secret may replace it); the "
+                 "connection is kept", m->rank, m->stream);
+        return -1;
+    }
+    if (!h->resume && c->acking) {
+        snprintf(text, len, "rank %d, stream %d: dialled again while our ack to its previous "
+                 "connection is still going out", m->rank, m->stream);
+        return 1;
+    }
+    return 0;
 }
 
 /* Advance an accepted handshake without blocking.  A stranger gets 16
@@ -369,16 +507,28 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
                 goto wait_or_drop;
             if (m->magic != GEO_HELLO_MAGIC || m->rank <= ctx->rank ||
                 m->rank >= ctx->nranks || m->to != ctx->rank || m->stream < 0 ||
-                m->stream >= st->nstreams || !hello_fits(st, h, m)) {
+                m->stream >= st->nstreams) {
                 tcpHsDrop(st, h, "not a valid hello for this communicator");
                 return -1;
             }
-            hello_mac(ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, NULL, 0, expect);
+            hello_mac(ctx->secret, ctx, "geoccl/v2/hello", h->challenge, m, m->cipher, NULL, 0,
+                      NULL, expect);
             if (!geoDigestEqual(expect, m->proof, sizeof(expect))) {
                 char claim[96];
                 snprintf(claim, sizeof(claim), "claiming rank %d: it does not hold the "
                          "communicator's secret", m->rank);
                 tcpHsDrop(st, h, claim);
+                return -1;
+            }
+            /* Refused after proving the communicator's secret: a holder of
+             * it, not a stranger, so each is logged (strangers' drops are
+             * only counted beyond the first few). */
+            char refusal[320];
+            int admit = hello_admit(st, h, m, refusal, sizeof(refusal));
+            if (admit < 0)
+                geoWarn(GEO_LOG_NET, "dropped connection from %s: %s", h->from, refusal);
+            if (admit != 0) {
+                tcpHsDrop(st, h, admit < 0 ? NULL : refusal);
                 return -1;
             }
             int enc = ctx->encrypt != NULL && ctx->encrypt[m->rank];
@@ -412,7 +562,7 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
                 tcpResumeClaim(st, h);
             } else if (c->fd >= 0) {
                 /* Set-up, and the slot was taken by its earlier attempt,
-                 * which our ack never reached whole (hello_fits): this
+                 * which our ack never reached whole (hello_admit): this
                  * proven attempt replaces it. */
                 geoInfo(GEO_LOG_NET, "rank %d, stream %d: it dialled again at set-up after "
                         "our ack was lost; replacing its first connection", h->peer, h->stream);
@@ -422,18 +572,30 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
                 tcpConnKeysFree(c);
                 st->uncounted++;
             }
+            /* A proven resume shows that the connector finished its first
+             * handshake; a fresh claim is the connector's first. */
+            c->confirmed = m->resume;
+            if (!m->resume)
+                memcpy(c->claim, m->claim, sizeof(c->claim));
             memset(&h->ack, 0, sizeof(h->ack));
             h->ack.count = h->resume ? c->r_count : 0;
-            if (enc) {
+            if (exchanges(enc, h->local, m->resume)) {
                 void *eph = NULL;
-                uint8_t dh[GEO_X25519_BYTES];
+                uint8_t dh[GEO_X25519_BYTES], rs[GEO_SHA256_BYTES];
+                int fresh = !m->resume && !h->local; /* its resumption secret is made now */
                 int bad = geoX25519New(&eph, h->ack.pub) != 0 ||
                           geoX25519Shared(eph, m->pub, dh) != 0 ||
-                          conn_keys(ctx, c, h->challenge, m, cipher, 0, dh) != 0;
+                          (fresh && resume_secret(ctx, h->challenge, m, dh, rs) != 0) ||
+                          (enc && conn_keys(ctx, c, h->challenge, m, cipher, 0, dh) != 0);
+                if (!bad && fresh) {
+                    memcpy(c->resume_secret, rs, sizeof(rs));
+                    c->has_resume_secret = 1;
+                }
                 geoX25519Free(eph);
+                geoWipe(rs, sizeof(rs));
                 geoWipe(dh, sizeof(dh));
                 if (bad) {
-                    tcpHsDrop(st, h, "cannot set up its encryption (a bad X25519 key, or out of "
+                    tcpHsDrop(st, h, "cannot set up its keys (a bad X25519 key, or out of "
                             "memory)");
                     return -1;
                 }
@@ -449,8 +611,11 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
             }
             h->ack.magic = GEO_ACCEPT_MAGIC;
             h->ack.cipher = cipher;
-            hello_mac(ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.pub, h->ack.count,
-                      h->ack.proof);
+            hello_mac(ctx->secret, ctx, "geoccl/v2/accept", h->challenge, m, cipher, h->ack.pub,
+                      h->ack.count, NULL, h->ack.proof);
+            if (m->resume)
+                hello_mac(c->resume_secret, ctx, "geoccl/v2/resumed", h->challenge, m, cipher,
+                          h->ack.pub, h->ack.count, m->claim, h->ack.cproof);
             h->state = HS_ACK;
             h->off = 0;
             continue;

@@ -55,6 +55,18 @@
  * closed, and accepting goes on.  All handshakes of a rank run at once in
  * one poll() loop (tcpSetupConnections).
  *
+ * Every TCP connection also gets a resumption secret at its first
+ * handshake: both ends make an ephemeral X25519 exchange (bound in both
+ * MACs, encrypted or not) and derive HKDF(secret | X25519 secret, salt
+ * Ca | Cc, info: comm_hash, from, to, stream).  Only the two processes of
+ * that handshake can know it: not a holder of the communicator's secret
+ * who took no part (a reader of the store, a holder of an env id, a rank
+ * excluded from a shrunken child), even with a recording of the handshake.
+ * Each hello also carries the connector's random claim of its slot and a
+ * second proof, cproof: for a fresh hello an HMAC under the communicator's
+ * secret that binds the claim, for a resume one under the connection's
+ * resumption secret (see "Resume after a reset").
+ *
  * Encryption (GEOCCL_ENCRYPT; the communicator says which peers, in
  * ctx->encrypt).  On an encrypted connection each direction has its own
  * key, HKDF(secret, salt Ca | Cc, info: comm_hash, from, to, stream,
@@ -125,10 +137,27 @@
  * the end that dialled at set-up dials again and both prove the secret in
  * the same handshake, with a resume flag and each end's received count
  * bound in both MACs (the listener stays open for the communicator's life
- * for this); a half-received frame is dropped, each end sends again what
- * the other has not received whole, re-sealed under the new connection's
- * keys, and the cursors go on: the result is the same bits as without the
- * reset.  The other end meanwhile probes the dialler's listener: refused
+ * for this), and both prove the connection's resumption secret over the
+ * acceptor's fresh challenge (cproof, in the hello and in the ack), so a
+ * resume can be neither made by another holder of the communicator's
+ * secret nor replayed.  The acceptor checks the proof and the count (no
+ * more than it sent, no fewer than were acknowledged) before it touches
+ * the connection the resume replaces: a resume that fails either is
+ * closed alone, with a warning naming its address, and the live
+ * connection goes on.  A half-received frame is dropped, each end sends
+ * again what the other has not received whole, re-sealed under the new
+ * connection's keys, and the cursors go on: the result is the same bits as
+ * without the reset.
+ *
+ * A connector whose ack was lost (a reset during its handshake at set-up)
+ * has no resumption secret: it dials a fresh hello again, and the acceptor
+ * lets that replace the slot's connection only with the claim of the
+ * slot's first hello, while nothing has arrived on it and before it is
+ * confirmed: the connector sends its count (an ack frame) first thing on
+ * a new connection, which shows that its handshake finished.  The claim
+ * travels in the clear, so this window, until the connector's first frame,
+ * is open to a holder of the communicator's secret that also records the
+ * set-up handshake, and to no one else.  The other end meanwhile probes the dialler's listener: refused
  * connects (ECONNREFUSED: no process there any more) for 0.5 s end the
  * wait, as refused dials do (a single refusal may come from the path, not
  * the peer, e.g. while a link comes back up); otherwise the wait ends after
@@ -184,16 +213,20 @@ typedef struct {
     int32_t resume;        /* 1: this replaces a connection that was reset */
     uint64_t count;        /* resume: data frames the connector has received whole */
     uint8_t nonce[GEO_CHALLENGE_BYTES];
-    uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the connector's ephemeral X25519 key */
-    uint8_t proof[GEO_SHA256_BYTES];
+    uint8_t pub[GEO_X25519_BYTES]; /* encrypted or TCP: the connector's ephemeral X25519 key */
+    uint8_t proof[GEO_SHA256_BYTES]; /* under the communicator's secret */
+    uint8_t claim[GEO_CHALLENGE_BYTES]; /* the connector's random value for this slot */
+    uint8_t cproof[GEO_SHA256_BYTES]; /* resume: under the connection's resumption
+                                       * secret; else under the communicator's, with claim */
 } tcpHello;
 
 typedef struct {
     uint32_t magic;
     int32_t cipher;        /* the acceptor's choice; GEO_CIPHER_NONE: clear */
     uint64_t count;        /* resume: data frames the acceptor has received whole */
-    uint8_t pub[GEO_X25519_BYTES]; /* encrypted: the acceptor's ephemeral X25519 key */
-    uint8_t proof[GEO_SHA256_BYTES];
+    uint8_t pub[GEO_X25519_BYTES]; /* encrypted or TCP: the acceptor's ephemeral X25519 key */
+    uint8_t proof[GEO_SHA256_BYTES]; /* under the communicator's secret */
+    uint8_t cproof[GEO_SHA256_BYTES]; /* resume: under the connection's resumption secret */
 } tcpAccept;
 
 /* A frame sent whole, kept until the receiver's count covers it.  On an
@@ -255,6 +288,16 @@ typedef struct {
     uint64_t a_sent;       /* the count last told the peer */
     uint64_t a_got;        /* the count the peer last told */
     uint64_t again;        /* next kept frame to send again (== s_count: none) */
+    /* Proves a resume of this connection: derived at its first handshake
+     * from the X25519 exchange (tcpHello); set on TCP connections. */
+    uint8_t resume_secret[GEO_SHA256_BYTES];
+    int has_resume_secret;
+    uint8_t claim[GEO_CHALLENGE_BYTES]; /* the connector's random value for this slot,
+                                         * in each of its set-up hellos */
+    int tell;              /* connector, new connection: send our count at once, which
+                            * tells the acceptor that our handshake finished */
+    int confirmed;         /* acceptor: the connector has sent on it (its handshake
+                            * finished): no fresh hello may replace it any more */
     tcpKept *kept;         /* ring of k_cap slots, k_len from k_head: frames */
     size_t k_cap, k_head, k_len; /* k_base .. s_count - 1 */
     uint64_t k_base;
@@ -336,7 +379,7 @@ typedef struct tcpHs {
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     tcpHello hello;
     tcpAccept ack;
-    void *eph;      /* out, encrypted: our ephemeral X25519 key until the ack */
+    void *eph;      /* out, encrypted or TCP: our ephemeral X25519 key until the ack */
     char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
     geoSockAddr src;            /* in: the same, for per-source limits (local: zeroed) */
 } tcpHs;
@@ -397,8 +440,8 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
  * -1: dropped (logged and closed).  At set-up, one that replaces its slot's
  * earlier connection adds 1 to st->uncounted. */
 int tcpHsInStep(tcpState *st, tcpHs *h);
-/* Log (the first GEO_TCP_DROP_LOG) and close an accepted handshake,
- * releasing the slot it claimed. */
+/* Log (the first GEO_TCP_DROP_LOG; why NULL: the caller has logged it)
+ * and close an accepted handshake, releasing the slot it claimed. */
 void tcpHsDrop(tcpState *st, tcpHs *h, const char *why);
 
 /* ---- net_tcp_setup.c ---- */

@@ -80,7 +80,7 @@ void *tcpProgressMain(void *arg)
                 size_t sf = c->s_frame, rf = c->r_frame;
                 if (!c->closed &&
                     (tcpCursorReq(&st->peers[p], GEO_NET_SEND, s, &sq, &sf) ||
-                     (c->track && (c->r_count > c->a_sent || c->again < c->s_count))))
+                     (c->track && (c->r_count > c->a_sent || c->tell || c->again < c->s_count))))
                     ev |= POLLOUT;
                 /* A TCP connection reads acks at once; a data header then
                  * waits for its receive. */

@@ -149,6 +149,15 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                          .stream = i % st->nstreams, .when = start, .backoff = 1e-3,
                          .local = geoLocalSamePlace(&st->local, &ctx->peers[p].local)};
     }
+    /* Each slot's random claim, in every hello of the slot: a re-dial after
+     * a lost ack may replace the connection the acceptor took (hello_admit). */
+    for (int i = 0; i < nout; i++) {
+        tcpConn *c = &st->peers[out[i].peer].conns[out[i].stream];
+        if (geoRandomBytes(c->claim, sizeof(c->claim)) != 0) {
+            res = GEO_ERR(ctx->err, ncclSystemError, "init: no randomness for our connections");
+            goto done;
+        }
+    }
     while (out_done < nout || in_done < nin) {
         double now = geoNow(), wake = deadline;
         int n = 0, listening[2] = {-1, -1}; /* pfd index: TCP, same-host listener */
