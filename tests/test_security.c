@@ -7,6 +7,7 @@
  *  - a rank that names another process's pid (ours) for single-copy;
  *  - a communicator over GEOCCL_COMM_ID with no secret whose connections
  *    are to be encrypted;
+ *  - a relay that rewrites a joining rank's re-join token;
  * and encryption changes no result: all-reduces are bit-identical with
  * GEOCCL_ENCRYPT=off and =all, over TCP and over same-host rings. */
 #define _GNU_SOURCE
@@ -15,9 +16,12 @@
 #include "comm/base/crypto.h"
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
+#include "comm/bootstrap/bootstrap_internal.h"
 #include "comm/core/comm.h"
 
 #include <CUnit/Basic.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,6 +306,112 @@ static void test_no_secret_refused_when_encrypting(void)
     harness_shared_free(a, sizeof(*a));
 }
 
+/* ---- the re-join token is under the join MAC ---------------------------- */
+
+/* A relay on the path to the root passes everything through but changes
+ * one byte of the joining rank's re-join token.  Had the root taken it,
+ * the rank's own re-join after a reset would be refused as another
+ * process's claim on its place; the token is under the proof, so the root
+ * refuses the altered join itself and keeps nothing of it. */
+
+typedef struct {
+    int lfd;
+    geoSockAddr root;
+    int rewrote;
+} relayArgs;
+
+static void *token_relay(void *arg)
+{
+    relayArgs *r = arg;
+    int in = -1, out = -1;
+    const char *why;
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+    if (geoSocketAccept(r->lfd, geoNow() + 10, NULL, &in, NULL) != ncclSuccess ||
+        geoSocketConnect(&r->root, geoNow() + 10, &out) != ncclSuccess)
+        goto done;
+    if (geoSocketRecvAll(out, challenge, sizeof(challenge), geoNow() + 10, &why) != ncclSuccess ||
+        geoSocketSendAll(in, challenge, sizeof(challenge), geoNow() + 10, &why) != ncclSuccess ||
+        geoSocketRecvAll(in, &m, sizeof(m), geoNow() + 10, &why) != ncclSuccess)
+        goto done;
+    m.token[0] ^= 0x80;
+    r->rewrote = 1;
+    if (geoSocketSendAll(out, &m, sizeof(m), geoNow() + 10, &why) != ncclSuccess)
+        goto done;
+    /* Then both ways as they come, until either end closes. */
+    for (double end = geoNow() + 10; geoNow() < end;) {
+        struct pollfd p[2] = {{.fd = in, .events = POLLIN}, {.fd = out, .events = POLLIN}};
+        char buf[4096];
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        int from = p[0].revents ? in : out, to = from == in ? out : in;
+        ssize_t n = read(from, buf, sizeof(buf));
+        if (n <= 0 || geoSocketSendAll(to, buf, (size_t)n, geoNow() + 5, &why) != ncclSuccess)
+            break;
+    }
+done:
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return NULL;
+}
+
+typedef struct {
+    ncclResult_t res;
+    int rewrote;
+    char err[600];
+} tokenArgs;
+
+static int token_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
+{
+    tokenArgs *t = arg;
+    ncclUniqueId uid;
+    geoUniqueIdInternal id;
+    relayArgs r = {.lfd = -1};
+    geoSockAddr any;
+    geoErr err;
+    geoBootInfo mine, all;
+    pthread_t th;
+    (void)rank;
+    (void)nranks;
+    (void)unused;
+    set_env("GEOCCL_TIMEOUT", "10");
+    /* The root (a thread of this process, which exits at the end). */
+    if (ncclGetUniqueId(&uid) != ncclSuccess || geoBootstrapDecode(&uid, &id) != ncclSuccess)
+        return 1;
+    r.root = id.root;
+    if (geoAddrFromString("127.0.0.1:0", &any) != ncclSuccess ||
+        geoSocketListen(&any, &r.lfd, &id.root) != ncclSuccess)
+        return 1;
+    pthread_create(&th, NULL, token_relay, &r);
+    geoErrInit(&err);
+    memset(&mine, 0, sizeof(mine));
+    strcpy((char *)mine.bytes, "rank 0, through the relay");
+    geoBootSelf self = {.rank = 0, .nranks = 1, .timeout = 10, .err = &err};
+    t->res = geoBootstrapJoin(&self, &id, &mine, &all);
+    snprintf(t->err, sizeof(t->err), "%s", geoErrLast(&err));
+    pthread_join(th, NULL);
+    t->rewrote = r.rewrote;
+    close(r.lfd);
+    geoErrDestroy(&err);
+    return 0;
+}
+
+static void test_token_under_mac(void)
+{
+    tokenArgs *t = harness_shared_alloc(sizeof(*t));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_EQUAL(harness_run_noinit(1, token_body, t, 60), 0);
+    CU_ASSERT_TRUE(t->rewrote);
+    CU_ASSERT_EQUAL(t->res, ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(t->err, "refused rank 0"));
+    if (t->res != ncclRemoteError)
+        fprintf(stderr, "    the root took a join whose token was rewritten: %s %s\n",
+                ncclGetErrorString(t->res), t->err);
+    harness_shared_free(t, sizeof(*t));
+}
+
 /* ---- encryption changes no result --------------------------------------- */
 
 #define BIT_RANKS 4
@@ -370,6 +480,7 @@ int main(void)
     CU_add_test(s, "a rank naming our pid gets no single-copy", test_forged_pid_refused);
     CU_add_test(s, "no secret: refused when encrypting, runs when off",
                 test_no_secret_refused_when_encrypting);
+    CU_add_test(s, "a relay that rewrites the re-join token is refused", test_token_under_mac);
     CU_add_test(s, "results bit-identical with encryption on and off",
                 test_encryption_bit_identical);
     CU_basic_set_mode(CU_BRM_VERBOSE);

@@ -23,9 +23,10 @@
 #define GEO_CHALLENGE_BYTES 16
 
 /* Joiner to root.  proof = HMAC(secret, "geoccl/v2/join" | root's challenge
- * | joiner's nonce | rank | nranks | id nonce | info): it proves the secret,
- * is fresh for the root's challenge, and binds what the rank says of
- * itself, so a relay can change none of it. */
+ * | joiner's nonce | rank | nranks | id nonce | info | token): it proves the
+ * secret, is fresh for the root's challenge, and binds what the rank says
+ * of itself and the token it re-joins with, so a relay can change none of
+ * it (a rewritten token would make the rank's own re-join a stranger's). */
 typedef struct {
     uint32_t magic;
     int32_t rank;
@@ -49,7 +50,7 @@ typedef struct {
 /* ---- the MACs of the join exchange (join.c) ---------------------------- */
 
 /* The join proof: HMAC(secret, "geoccl/v2/join" | challenge | m's nonce |
- * rank | nranks | id nonce | m's info). */
+ * rank | nranks | id nonce | m's info | m's token). */
 void geoBootJoinProof(const geoUniqueIdInternal *id, const uint8_t *challenge,
                       const geoJoinMsg *m, uint8_t out[GEO_SHA256_BYTES]);
 /* The table's MAC for one rank: binds the table's digest to that rank's
