@@ -62,12 +62,15 @@ _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id t
 /* Fill id for a new root; starts the root thread unless GEOCCL_COMM_ID is
  * set (then only encodes it). */
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
-/* Same with an explicit choice (split uses a fresh root even under env). */
-ncclResult_t geoBootstrapNewRoot(ncclUniqueId *id);
+/* Same with an explicit choice (ncclCommInitAll uses a fresh root even
+ * under env), for a communicator of nranks ranks (0: not known here; then
+ * rank 0's join says it, and the root allocates nothing before). */
+ncclResult_t geoBootstrapNewRoot(int nranks, ncclUniqueId *id);
 /* Same, with the given secret instead of a random one (a child
  * communicator's, derived by every member from the parent's: see
  * geoBootstrapChildSecret). */
-ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *id);
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], int nranks,
+                                      ncclUniqueId *id);
 /* The secret of a child of the communicator whose secret and hash are
  * given: HMAC(parent secret, label | parent hash | counter | tag).  Every
  * member computes it alone, so a child's id can cross the network without
@@ -84,7 +87,8 @@ void geoBootstrapMarkNoSecret(ncclUniqueId *id);
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
 /* Start serving the root of id in this process (rank 0 under env; the
  * lowest survivor for a GEO_ID_SHRINK id, at the first candidate it can
- * bind).  ncclSystemError when no address can be bound. */
+ * bind) for nranks ranks: a join claiming another count is refused.
+ * ncclSystemError when no address can be bound. */
 ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout);
 /* Candidate k (0 <= k < GEO_SHRINK_PORTS) of a GEO_ID_SHRINK id's root:
  * id->root for k = 0, then the same host at ports derived from the id's

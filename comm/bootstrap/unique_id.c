@@ -78,7 +78,7 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
     return ncclSuccess;
 }
 
-static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
+static ncclResult_t new_root(const uint8_t *secret, int nranks, ncclUniqueId *out)
 {
     geoUniqueIdInternal id;
     topoIface ifs[1];
@@ -103,7 +103,7 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
         close(fd);
         return GEO_ERR(NULL, ncclSystemError, "getrandom failed: %s", strerror(err));
     }
-    GEO_CHECK(geoBootRootStartThread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT)));
+    GEO_CHECK(geoBootRootStartThread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT), nranks));
     memset(out, 0, sizeof(*out));
     memcpy(out->internal, &id, sizeof(id));
     char a[GEO_ADDR_STRLEN];
@@ -112,14 +112,15 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
     return ncclSuccess;
 }
 
-ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
+ncclResult_t geoBootstrapNewRoot(int nranks, ncclUniqueId *out)
 {
-    return new_root(NULL, out);
+    return new_root(NULL, nranks, out);
 }
 
-ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *out)
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], int nranks,
+                                      ncclUniqueId *out)
 {
-    return new_root(secret, out);
+    return new_root(secret, nranks, out);
 }
 
 void geoBootstrapChildSecret(const uint8_t *parent_secret, uint64_t parent_hash,
@@ -160,7 +161,7 @@ ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *out)
         memcpy(out->internal, &id, sizeof(id));
         return ncclSuccess;
     }
-    return geoBootstrapNewRoot(out);
+    return geoBootstrapNewRoot(0, out);
 }
 
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *in, geoUniqueIdInternal *out)
@@ -237,10 +238,9 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
     int fd;
     geoSockAddr bound, cand;
     char a[GEO_ADDR_STRLEN];
-    (void)nranks;
     if (!(id->flags & GEO_ID_SHRINK)) {
         GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
-        return geoBootRootStartThread(id, fd, timeout);
+        return geoBootRootStartThread(id, fd, timeout, nranks);
     }
     /* A candidate taken is no error while another one is free: tried
      * quietly, and only the last refusal is reported. */
@@ -250,7 +250,7 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
         if (geoSocketListenQuiet(&cand, &fd, &bound) == ncclSuccess) {
             geoInfo(GEO_LOG_INIT, "shrink: bootstrap root listening on %s (candidate %d)",
                     geoAddrToString(&bound, a), k);
-            return geoBootRootStartThread(id, fd, timeout);
+            return geoBootRootStartThread(id, fd, timeout, nranks);
         }
         err = errno;
         geoInfo(GEO_LOG_INIT, "shrink: cannot listen on %s (candidate %d): %s",

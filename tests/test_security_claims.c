@@ -1,0 +1,136 @@
+/* What a rank believes of what others claim: each
+ * claim is held to what rank 0 and the environment allow.
+ *  - a first join claiming 2^20 ranks costs the root nothing and does not
+ *    stop the real communicator from forming (the root's count: the one it
+ *    was started with, or rank 0's). */
+#define _GNU_SOURCE
+#include "config.h"
+#include "harness.h"
+#include "comm/base/param.h"
+#include "comm/bootstrap/bootstrap.h"
+#include "comm/core/comm.h"
+
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void set_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    geoParamReload();
+}
+
+/* ---- a first join claiming 2^20 ranks ------------------------------------ */
+
+typedef struct {
+    const geoUniqueIdInternal *id;
+    int rank, nranks;
+    double timeout;
+    ncclResult_t res;
+    double took;
+} joinThread;
+
+static void *join_main(void *arg)
+{
+    joinThread *j = arg;
+    geoErr err;
+    geoBootInfo mine, *all = calloc((size_t)j->nranks, sizeof(*all));
+    double t0 = geoNow();
+    geoErrInit(&err);
+    memset(&mine, 0, sizeof(mine));
+    snprintf((char *)mine.bytes, sizeof(mine.bytes), "rank %d of %d", j->rank, j->nranks);
+    geoBootSelf self = {.rank = j->rank, .nranks = j->nranks, .timeout = j->timeout, .err = &err};
+    j->res = all ? geoBootstrapJoin(&self, j->id, &mine, all) : ncclSystemError;
+    j->took = geoNow() - t0;
+    free(all);
+    geoErrDestroy(&err);
+    return NULL;
+}
+
+typedef struct {
+    int env_root, port;
+    ncclResult_t claim, real[2];
+    double claim_took;
+} claimArgs;
+
+static int claim_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
+{
+    claimArgs *a = arg;
+    ncclUniqueId uid;
+    geoUniqueIdInternal id;
+    pthread_t t[3];
+    (void)rank;
+    (void)nranks;
+    (void)unused;
+    set_env("GEOCCL_TIMEOUT", "10");
+    if (a->env_root) {
+        /* Rank 0's root under GEOCCL_COMM_ID: it knows the count, 2. */
+        char cid[64];
+        snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
+        set_env("GEOCCL_COMM_ID", cid);
+        set_env("GEOCCL_COMM_SECRET",
+                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+    }
+    if (ncclGetUniqueId(&uid) != ncclSuccess || geoBootstrapDecode(&uid, &id) != ncclSuccess)
+        return 1;
+    if (a->env_root && geoBootstrapStartRoot(&id, 2, 10) != ncclSuccess)
+        return 1;
+    /* A holder of the secret joins first, as rank 1 of 2^20. */
+    joinThread j[3] = {{.id = &id, .rank = 1, .nranks = 1 << 20, .timeout = 6},
+                       {.id = &id, .rank = 0, .nranks = 2, .timeout = 8},
+                       {.id = &id, .rank = 1, .nranks = 2, .timeout = 8}};
+    pthread_create(&t[0], NULL, join_main, &j[0]);
+    usleep(500000);
+    pthread_create(&t[1], NULL, join_main, &j[1]);
+    pthread_create(&t[2], NULL, join_main, &j[2]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    a->claim = j[0].res;
+    a->claim_took = j[0].took;
+    a->real[0] = j[1].res;
+    a->real[1] = j[2].res;
+    return 0;
+}
+
+static void test_claimed_rank_count(void)
+{
+    claimArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    for (int env = 0; env < 2; env++) {
+        memset(a, 0, sizeof(*a));
+        a->env_root = env;
+        a->port = harness_free_port();
+        CU_ASSERT_EQUAL(harness_run_noinit(1, claim_body, a, 60), 0);
+        /* The claim is refused (at once where the root knew the count, when
+         * rank 0 came otherwise), and the real two ranks form. */
+        CU_ASSERT_EQUAL(a->claim, ncclRemoteError);
+        CU_ASSERT_EQUAL(a->real[0], ncclSuccess);
+        CU_ASSERT_EQUAL(a->real[1], ncclSuccess);
+        if (env)
+            CU_ASSERT_TRUE(a->claim_took < 3.0 * harness_time_scale());
+        if (a->real[0] != ncclSuccess || a->real[1] != ncclSuccess)
+            fprintf(stderr, "    %s root: ranks 0 and 1 of 2 got %s and %s after a claim of "
+                    "2^20 ranks\n", env ? "GEOCCL_COMM_ID" : "ncclGetUniqueId's",
+                    ncclGetErrorString(a->real[0]), ncclGetErrorString(a->real[1]));
+    }
+    harness_shared_free(a, sizeof(*a));
+}
+
+int main(void)
+{
+    harness_setup_env();
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("security: claims", NULL, NULL);
+    CU_add_test(s, "a first join claiming 2^20 ranks stops nothing", test_claimed_rank_count);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned f = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return f ? 1 : 0;
+}
