@@ -1,11 +1,17 @@
-/* What a rank believes of what others claim: each
- * claim is held to what rank 0 and the environment allow.
+/* What a rank believes of what others claim and of files on disk: each
+ * claim is held to what rank 0 and the environment allow, and a file no one
+ * authenticates decides nothing about encryption.
+ *  - region labels from GEOCCL_TOPO_FILE do not make a pair that is not
+ *    proven to share a host send in the clear;
+ *  - rank 0 writes the topology file under a fresh name, so a link planted
+ *    where the file's temporary name used to be is not written through;
  *  - a first join claiming 2^20 ranks costs the root nothing and does not
  *    stop the real communicator from forming (the root's count: the one it
  *    was started with, or rank 0's). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "harness.h"
+#include "comm/api/init_internal.h"
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/core/comm.h"
@@ -15,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void set_env(const char *name, const char *value)
@@ -24,6 +31,135 @@ static void set_env(const char *name, const char *value)
     else
         unsetenv(name);
     geoParamReload();
+}
+
+static int all_reduce_right(ncclComm_t comm, int rank, int nranks)
+{
+    float x[1024];
+    for (int i = 0; i < 1024; i++)
+        x[i] = (float)(rank + 1) * (float)i;
+    if (ncclAllReduce(x, x, 1024, ncclFloat, ncclSum, comm, NULL) != ncclSuccess)
+        return 0;
+    for (int i = 0; i < 1024; i++)
+        if (x[i] != (float)(nranks * (nranks + 1) / 2) * (float)i)
+            return 0;
+    return 1;
+}
+
+/* ---- region labels from a file do not decide encryption ----------------- */
+
+typedef struct {
+    char topo[64];
+    const char *shm;
+    int encrypt[2], nregions[2], right[2];
+} labelArgs;
+
+static int label_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    labelArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_SHM", a->shm);
+    set_env("GEOCCL_ENCRYPT", "wan");
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_TOPO_FILE", a->topo);
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    a->encrypt[rank] = comm->encrypt[1 - rank];
+    a->nregions[rank] = comm->regions.nregions;
+    a->right[rank] = all_reduce_right(comm, rank, nranks);
+    ncclCommDestroy(comm);
+    return 0;
+}
+
+static void test_file_labels_do_not_decide_encryption(void)
+{
+    labelArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    snprintf(a->topo, sizeof(a->topo), "/tmp/geoccl-labels-%d.topo", (int)getpid());
+    FILE *f = fopen(a->topo, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    /* Whoever can write the file puts both ranks in one region. */
+    fputs("region x\nrank 0 x\nrank 1 x\n", f);
+    fclose(f);
+    /* Without a same-host socket (GEOCCL_SHM=0) nothing proves the two
+     * share a host: encrypted, whatever the file says. */
+    a->shm = "0";
+    CU_ASSERT_EQUAL(harness_run_noinit(2, label_body, a, 60), 0);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->nregions[r], 1); /* the file's regions are used for the plan */
+        CU_ASSERT_EQUAL(a->encrypt[r], 1);
+        CU_ASSERT_TRUE(a->right[r]);
+    }
+    /* Proven on one host (same kernel, namespace, and each other's socket
+     * file): in the clear, as before. */
+    a->shm = "1";
+    CU_ASSERT_EQUAL(harness_run_noinit(2, label_body, a, 60), 0);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->encrypt[r], 0);
+        CU_ASSERT_TRUE(a->right[r]);
+    }
+    unlink(a->topo);
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- the topology file is not written through a planted link ------------ */
+
+typedef struct {
+    char dir[64];
+    int wrote_through, is_link, written;
+} writeArgs;
+
+static int write_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    writeArgs *a = arg;
+    ncclComm_t comm = NULL;
+    char path[128], tmp[192], victim[128], text[64] = "";
+    set_env("GEOCCL_PROBE", "0");
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    snprintf(victim, sizeof(victim), "%s/victim", a->dir);
+    snprintf(path, sizeof(path), "%s/t.topo", a->dir);
+    FILE *f = fopen(victim, "w");
+    if (f == NULL)
+        return 1;
+    fputs("precious\n", f);
+    fclose(f);
+    /* Another user of a shared directory plants a link where a writer
+     * that names its temporary file <name>.<pid>.tmp would open it. */
+    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+    if (symlink(victim, tmp) != 0)
+        return 1;
+    setenv("GEOCCL_TOPO_FILE", path, 1);
+    geoCommWriteTopoFile(comm);
+    unsetenv("GEOCCL_TOPO_FILE");
+    f = fopen(victim, "r");
+    if (f == NULL || fgets(text, sizeof(text), f) == NULL)
+        text[0] = '\0';
+    if (f)
+        fclose(f);
+    a->wrote_through = strcmp(text, "precious\n") != 0;
+    struct stat sb;
+    a->written = lstat(path, &sb) == 0;
+    a->is_link = a->written && S_ISLNK(sb.st_mode);
+    unlink(tmp);
+    unlink(path);
+    unlink(victim);
+    ncclCommDestroy(comm);
+    return 0;
+}
+
+static void test_topo_file_not_written_through_a_link(void)
+{
+    writeArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    snprintf(a->dir, sizeof(a->dir), "/tmp/geoccl-topo-XXXXXX");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(a->dir));
+    CU_ASSERT_EQUAL(harness_run_noinit(1, write_body, a, 60), 0);
+    CU_ASSERT_FALSE(a->wrote_through);
+    CU_ASSERT_TRUE(a->written);
+    CU_ASSERT_FALSE(a->is_link);
+    rmdir(a->dir);
+    harness_shared_free(a, sizeof(*a));
 }
 
 /* ---- a first join claiming 2^20 ranks ------------------------------------ */
@@ -127,6 +263,10 @@ int main(void)
     harness_setup_env();
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("security: claims", NULL, NULL);
+    CU_add_test(s, "region labels from a file do not decide encryption",
+                test_file_labels_do_not_decide_encryption);
+    CU_add_test(s, "the topology file is not written through a planted link",
+                test_topo_file_not_written_through_a_link);
     CU_add_test(s, "a first join claiming 2^20 ranks stops nothing", test_claimed_rank_count);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -52,15 +52,18 @@ typedef struct {
  * addresses that its process could bind (geoBootstrapCandidate), and a
  * joining rank tries them in turn until one answers as the root. */
 #define GEO_ID_SHRINK 2u
-/* A GEOCCL_COMM_ID id made without GEOCCL_COMM_SECRET: its key is derived
- * from the address alone, so it proves nothing to a stranger. */
+/* A GEOCCL_COMM_ID id made without GEOCCL_COMM_SECRET, which only
+ * GEOCCL_INSECURE_NO_SECRET=1 allows: its key is derived from the address
+ * alone, so it proves nothing to a stranger (init refuses ranks on other
+ * hosts and connections to be encrypted). */
 #define GEO_ID_NOSECRET 4u
 #define GEO_SHRINK_PORTS 32
 
 _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
 /* Fill id for a new root; starts the root thread unless GEOCCL_COMM_ID is
- * set (then only encodes it). */
+ * set (then only encodes it: ncclInvalidArgument when GEOCCL_COMM_SECRET
+ * is not set and GEOCCL_INSECURE_NO_SECRET is not 1). */
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
 /* Same with an explicit choice (ncclCommInitAll uses a fresh root even
  * under env), for a communicator of nranks ranks (0: not known here; then

@@ -66,10 +66,26 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
                       ncclSystemError, "cannot stretch GEOCCL_COMM_SECRET with scrypt (out of "
                       "memory?)");
     } else {
-        /* No secret: every rank derives the same key from the address, so
-         * connections are checked for consistency, but anyone who knows
-         * the address can join.  Init refuses such a communicator when any
-         * of its connections is to be encrypted (GEO_ID_NOSECRET). */
+        /* No secret: every rank would derive the same key from the
+         * address, which anyone can know, so anyone who can reach it could
+         * join as any rank, read and change the data.  Refused unless the
+         * user opted out for ranks of one trusted host; init then refuses
+         * ranks on other hosts and connections to be encrypted
+         * (GEO_ID_NOSECRET, connect.c). */
+        const char *opt = geoParamStrLive(GEO_PARAM_INSECURE_NO_SECRET);
+        int insecure = opt != NULL && strcmp(opt, "1") == 0;
+        GEO_RETURN_IF(opt != NULL && !insecure && strcmp(opt, "0") != 0 && opt[0] != '\0',
+                      ncclInvalidArgument, "GEOCCL_INSECURE_NO_SECRET=%s: must be 0 or 1", opt);
+        GEO_RETURN_IF(!insecure, ncclInvalidArgument,
+                      "GEOCCL_COMM_ID=%s is set but GEOCCL_COMM_SECRET is not: without a "
+                      "secret, any process that can reach %s could join as any rank and read "
+                      "or change the communicator's data.  Set GEOCCL_COMM_SECRET to the same "
+                      "passphrase (or 64 hex digits) in every rank; only for ranks of one "
+                      "trusted host, GEOCCL_INSECURE_NO_SECRET=1 runs without one", cid, cid);
+        geoWarn(GEO_LOG_INIT, "GEOCCL_INSECURE_NO_SECRET=1: the communicator at %s has no "
+                "secret: any process that can reach that address can join it as any rank and "
+                "read or change its data; ranks on other hosts and encrypted connections are "
+                "refused", cid);
         id->flags |= GEO_ID_NOSECRET;
         geoHmacSha256(salt, strlen(salt), "geoccl/v2/no-secret", 19, id->secret);
     }
