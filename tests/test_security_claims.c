@@ -7,7 +7,11 @@
  *    where the file's temporary name used to be is not written through;
  *  - a first join claiming 2^20 ranks costs the root nothing and does not
  *    stop the real communicator from forming (the root's count: the one it
- *    was started with, or rank 0's). */
+ *    was started with, or rank 0's);
+ *  - a rank's address in the table must be one a rank can listen on, and
+ *    loopback only for ranks on loopback themselves;
+ *  - a peer that never acknowledges pins at most GEOCCL_RESUME_BUFFER of
+ *    our memory, however many streams rank 0 asked for. */
 #define _GNU_SOURCE
 #include "config.h"
 #include "harness.h"
@@ -15,8 +19,12 @@
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/core/comm.h"
+#include "comm/transport/net_tcp_internal.h"
 
 #include <CUnit/Basic.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +266,142 @@ static void test_claimed_rank_count(void)
     harness_shared_free(a, sizeof(*a));
 }
 
+/* ---- addresses in the table ---------------------------------------------- */
+
+typedef struct {
+    char addr[64];      /* what the lying rank 0 gives as its address */
+    char ifname[IF_NAMESIZE]; /* the other ranks' interface ("" : lo) */
+    ncclResult_t res[3];
+    char err[3][600];
+} addrArgs;
+
+static int addr_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    addrArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_TIMEOUT", "10");
+    set_env("GEOCCL_PROBE", "0");
+    if (rank == 0) {
+        /* Rank 0 holds the secret; its entry names an address of its choosing. */
+        geoUniqueIdInternal in;
+        geoErr err;
+        geoPeerInfo info;
+        geoBootInfo mine, *all = calloc((size_t)nranks, sizeof(*all));
+        geoErrInit(&err);
+        geoBootstrapDecode(id, &in);
+        memset(&info, 0, sizeof(info));
+        info.nstreams = 2;
+        info.chunk_size = 512 << 10;
+        geoAddrFromString(a->addr, &info.net.addr);
+        memcpy(mine.bytes, &info, sizeof(info));
+        geoBootSelf self = {.rank = 0, .nranks = nranks, .timeout = 10, .err = &err};
+        a->res[0] = geoBootstrapJoin(&self, &in, &mine, all);
+        free(all);
+        geoErrDestroy(&err);
+        return 0;
+    }
+    if (a->ifname[0])
+        set_env("GEOCCL_SOCKET_IFNAME", a->ifname);
+    a->res[rank] = ncclCommInitRank(&comm, nranks, *id, rank);
+    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
+    if (comm)
+        ncclCommDestroy(comm);
+    return 0;
+}
+
+static void check_addr(addrArgs *a, const char *addr, const char *ifname, const char *expect)
+{
+    memset(a, 0, sizeof(*a));
+    snprintf(a->addr, sizeof(a->addr), "%s", addr);
+    snprintf(a->ifname, sizeof(a->ifname), "%s", ifname);
+    double t0 = harness_now();
+    CU_ASSERT_EQUAL(harness_run_noinit(3, addr_body, a, 60), 0);
+    CU_ASSERT_EQUAL(a->res[0], ncclSuccess); /* the table went out */
+    for (int r = 1; r < 3; r++) {
+        CU_ASSERT_EQUAL(a->res[r], ncclRemoteError);
+        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], expect));
+        if (strstr(a->err[r], expect) == NULL)
+            fprintf(stderr, "    %s: rank %d: %s\n", addr, r, a->err[r]);
+    }
+    /* Refused on the table, not after dialling until the timeout. */
+    CU_ASSERT_TRUE(harness_now() - t0 < 8.0 * harness_time_scale());
+}
+
+/* An IPv4 interface other than lo that is up, or "". */
+static void other_iface(char out[IF_NAMESIZE])
+{
+    struct ifaddrs *ifa = NULL;
+    out[0] = '\0';
+    if (getifaddrs(&ifa) != 0)
+        return;
+    for (struct ifaddrs *i = ifa; i && !out[0]; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+            !(i->ifa_flags & IFF_LOOPBACK))
+            snprintf(out, IF_NAMESIZE, "=%.*s", IF_NAMESIZE - 2, i->ifa_name);
+    freeifaddrs(ifa);
+}
+
+static void test_table_addresses(void)
+{
+    addrArgs *a = harness_shared_alloc(sizeof(*a));
+    char ifname[IF_NAMESIZE];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    check_addr(a, "0.0.0.0:4000", "", "gives 0.0.0.0:4000 as its address, which no rank can "
+               "listen on");
+    check_addr(a, "224.0.0.1:4000", "", "no rank can listen on");
+    check_addr(a, "127.0.0.1:0", "", "no rank can listen on");
+    /* Loopback from a rank whose own address is not: a service on the
+     * victims' own host. */
+    other_iface(ifname);
+    if (ifname[0])
+        check_addr(a, "127.0.0.1:22", ifname, "is loopback while this rank's own is not");
+    else
+        fprintf(stderr, "    (no interface but lo: the loopback case is not run)\n");
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- what a peer that never acknowledges can pin ------------------------- */
+
+typedef struct {
+    size_t kept_max[2];
+    int nstreams[2];
+} keptArgs;
+
+static int kept_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    keptArgs *a = arg;
+    ncclComm_t comm = NULL;
+    set_env("GEOCCL_SHM", "0");
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_NSTREAMS", "4");
+    set_env("GEOCCL_RESUME_BUFFER", "4M");
+    if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
+        return 1;
+    const tcpState *st = comm->net.state;
+    a->nstreams[rank] = st->nstreams;
+    for (int s = 0; s < st->nstreams; s++)
+        a->kept_max[rank] += st->peers[1 - rank].conns[s].k_max * GEO_TCP_FRAME;
+    int ok = all_reduce_right(comm, rank, nranks);
+    ncclCommDestroy(comm);
+    return ok ? 0 : 1;
+}
+
+static void test_resume_buffer_per_peer(void)
+{
+    keptArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL(harness_run_noinit(2, kept_body, a, 60), 0);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->nstreams[r], 4);
+        /* What the peer's connections may keep, all together: the budget. */
+        CU_ASSERT_EQUAL(a->kept_max[r], (size_t)4 << 20);
+        if (a->kept_max[r] != (size_t)4 << 20)
+            fprintf(stderr, "    rank %d keeps up to %zu bytes for its peer (%d streams)\n", r,
+                    a->kept_max[r], a->nstreams[r]);
+    }
+    harness_shared_free(a, sizeof(*a));
+}
+
 int main(void)
 {
     harness_setup_env();
@@ -268,6 +412,8 @@ int main(void)
     CU_add_test(s, "the topology file is not written through a planted link",
                 test_topo_file_not_written_through_a_link);
     CU_add_test(s, "a first join claiming 2^20 ranks stops nothing", test_claimed_rank_count);
+    CU_add_test(s, "a rank's address must be one a rank can listen on", test_table_addresses);
+    CU_add_test(s, "a peer pins at most GEOCCL_RESUME_BUFFER", test_resume_buffer_per_peer);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();

@@ -48,10 +48,38 @@ static ncclResult_t encrypt_params(struct ncclComm *comm, int *mode, int *cipher
     return ncclSuccess;
 }
 
+/* How a rank's address may be dialled: 1 a unicast address with a port;
+ * 2 the same, on loopback (::ffff:127.x included); 0 none a rank can
+ * listen on for others (unspecified, multicast, broadcast, port 0). */
+static int addr_kind(const geoSockAddr *a)
+{
+    if (a->sa.sa_family == AF_INET) {
+        uint32_t h = ntohl(a->sin.sin_addr.s_addr);
+        if (a->sin.sin_port == 0 || h == INADDR_ANY || h == INADDR_BROADCAST ||
+            IN_MULTICAST(h))
+            return 0;
+        return (h >> 24) == 127 ? 2 : 1;
+    }
+    const struct in6_addr *x = &a->sin6.sin6_addr;
+    if (a->sin6.sin6_port == 0 || IN6_IS_ADDR_UNSPECIFIED(x) || IN6_IS_ADDR_MULTICAST(x))
+        return 0;
+    if (IN6_IS_ADDR_V4MAPPED(x)) {
+        uint32_t h = ((uint32_t)x->s6_addr[12] << 24) | ((uint32_t)x->s6_addr[13] << 16) |
+                     ((uint32_t)x->s6_addr[14] << 8) | x->s6_addr[15];
+        if (h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h))
+            return 0;
+        return (h >> 24) == 127 ? 2 : 1;
+    }
+    return IN6_IS_ADDR_LOOPBACK(x) ? 2 : 1;
+}
+
 /* What the table says is believed only within bounds: it comes from the
- * other ranks (authenticated, but they may run another build or be
- * misconfigured), and these values size loops, allocations and
- * connections. */
+ * other ranks (authenticated, but they may run another build, be
+ * misconfigured, or lie), and these values size loops, allocations and
+ * connections, and say where this rank dials.  An address must be one a
+ * rank can listen on for others, and loopback only when this rank's own is
+ * loopback too (a job on one host's lo): otherwise one rank's entry could
+ * send every other rank to a service on the other ranks' own hosts. */
 static ncclResult_t check_peer_table(struct ncclComm *comm)
 {
     const geoPeerInfo *p0 = &comm->peers[0];
@@ -75,6 +103,18 @@ static ncclResult_t check_peer_table(struct ncclComm *comm)
                                 "table is malformed (address family %d, encryption mode %d): "
                                 "another GeoCCL version?", r, p->net.addr.sa.sa_family,
                                 p->encrypt);
+    }
+    const int mine = addr_kind(&comm->peers[comm->rank].net.addr);
+    for (int r = 0; r < comm->nranks; r++) {
+        const geoPeerInfo *p = &comm->peers[r];
+        int kind = addr_kind(&p->net.addr);
+        char a[GEO_ADDR_STRLEN];
+        if (r != comm->rank && (kind == 0 || (kind == 2 && mine != 2)))
+            return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank %d (host %s) gives %s as its "
+                                "address, which %s; refusing the communicator rather than "
+                                "dialling it", r, p->net.host, geoAddrToString(&p->net.addr, a),
+                                kind == 0 ? "no rank can listen on for others"
+                                          : "is loopback while this rank's own is not");
     }
     return ncclSuccess;
 }

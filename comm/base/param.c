@@ -140,10 +140,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                      "peer whose process is gone is an error at once; 0: a "
                                      "reset is an error at once"},
     [GEO_PARAM_RESUME_BUFFER] = {"GEOCCL_RESUME_BUFFER", GEO_PARAM_INT, "64M",
-                                 "bytes each TCP connection keeps of what it sent until the "
-                                 "receiver acknowledges them, so that they can be sent again "
-                                 "after a reset; beyond it a reset before the receiver has "
-                                 "caught up is an error"},
+                                 "bytes kept per peer (shared by its TCP connections) of what "
+                                 "was sent until the receiver acknowledges them, so that they "
+                                 "can be sent again after a reset; beyond it a reset before "
+                                 "the receiver has caught up is an error"},
     [GEO_PARAM_HIER_SHARES] = {"GEOCCL_HIER_SHARES", GEO_PARAM_STR, "auto",
                                "how the hierarchical all-reduce splits each piece among "
                                "regions: auto (by their measured WAN rates, when 3 or more "
