@@ -11,10 +11,10 @@
  *   ./minimal
  *       forks 4 ranks on this machine (over loopback).
  *
- *   GEOCCL_COMM_ID=host:port RANK=r NRANKS=n ./minimal
+ *   GEOCCL_COMM_ID=host:port GEOCCL_COMM_SECRET=s RANK=r NRANKS=n ./minimal
  *       runs one rank of an n-rank job; start it once per rank, on any
- *       machines that can reach host:port. Rank 0 listens on that address,
- *       so host must be rank 0's machine.
+ *       machines that can reach host:port, each with the same secret s.
+ *       Rank 0 listens on that address, so host must be rank 0's machine.
  *
  * Build: cc -o minimal minimal.c -lgeoccl
  */
@@ -80,7 +80,8 @@ int main(void)
      * GEOCCL_COMM_ID set, ncclGetUniqueId only encodes that address, so
      * every rank computes the same id without any exchange. */
     if (getenv("GEOCCL_COMM_ID") == NULL) {
-      fprintf(stderr, "set GEOCCL_COMM_ID=host:port with RANK and NRANKS\n");
+      fprintf(stderr, "set GEOCCL_COMM_ID=host:port and GEOCCL_COMM_SECRET with RANK and "
+                      "NRANKS\n");
       return 2;
     }
     ncclUniqueId id;

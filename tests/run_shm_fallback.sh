@@ -26,12 +26,14 @@ WORK=$(mktemp -d /tmp/geoccl-shm-fallback.XXXXXX) || exit 1
 trap 'rm -rf "$WORK"' EXIT
 failed=0
 PORT=$((20000 + $$ % 8000 * 2)) # below the ephemeral range; two per run
+SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 
 # pair NAME PORT PRIVATE: runs the two ranks; PRIVATE=1 puts rank 1 behind
 # a private /dev/shm. Outputs in $WORK/NAME.r0 and NAME.r1.
 pair() {
     local name=$1 port=$2 private=$3 p0 rc0 rc1
-    local envs=(GEOCCL_COMM_ID=127.0.0.1:"$port" NRANKS=2 GEOCCL_SOCKET_IFNAME=lo
+    local envs=(GEOCCL_COMM_ID=127.0.0.1:"$port" GEOCCL_COMM_SECRET="$SECRET" NRANKS=2
+                GEOCCL_SOCKET_IFNAME=lo
                 GEOCCL_SHM=1 GEOCCL_TIMEOUT=20 GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET)
     local args=(-b 4M -e 4M -n 3 -w 1 -d float -o sum -c 1)
     env "${envs[@]}" RANK=0 timeout 60 "$PERF" "${args[@]}" > "$WORK/$name.r0" 2>&1 &

@@ -5,8 +5,9 @@
  *  - a table whose values are out of bounds (a rank with the secret, or of
  *    another build, joining with a crafted peer info);
  *  - a rank that names another process's pid (ours) for single-copy;
- *  - a communicator over GEOCCL_COMM_ID with no secret whose connections
- *    are to be encrypted;
+ *  - a communicator over GEOCCL_COMM_ID with no secret (refused unless
+ *    GEOCCL_INSECURE_NO_SECRET=1, which warns and never encrypts);
+ *  - a relay that rewrites a joining rank's re-join token;
  *  - a process that holds the communicator's secret but is not the rank
  *    (a reader of the store, an excluded rank) that asks to resume a live
  *    connection, or to replace it with a fresh one, and a resume whose
@@ -20,12 +21,14 @@
 #include "comm/base/crypto.h"
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
+#include "comm/bootstrap/bootstrap_internal.h"
 #include "comm/core/comm.h"
 #include "comm/transport/net_tcp_internal.h"
 
 #include <CUnit/Basic.h>
 #include <geoccl.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,55 +263,230 @@ static void test_forged_pid_refused(void)
 
 /* ---- GEOCCL_COMM_ID without a secret ------------------------------------ */
 
+/* Without GEOCCL_COMM_SECRET every key follows from the address: a stranger
+ * could join as a rank (and did, in a review: it set rank 0's all-reduce
+ * result).  Such an id is refused, on one host and with encryption off
+ * too, unless GEOCCL_INSECURE_NO_SECRET=1, which runs (on one host, with a
+ * WARN) but refuses to pretend to encrypt; no message recommends turning
+ * encryption off. */
+
 typedef struct {
     int port;
-    const char *encrypt;
-    ncclResult_t res[2];
-    char err[2][600];
+    const char *encrypt, *insecure;
+    ncclResult_t id_res[2], res[2];
+    char err[2][700];
+    int warned[2];
 } envArgs;
 
 static int env_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
 {
     envArgs *a = arg;
-    char cid[64];
+    char cid[64], logname[64];
     ncclUniqueId id;
     ncclComm_t comm = NULL;
     (void)unused;
     snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
     set_env("GEOCCL_COMM_ID", cid);
     set_env("GEOCCL_COMM_SECRET", NULL);
+    set_env("GEOCCL_INSECURE_NO_SECRET", a->insecure);
     set_env("GEOCCL_ENCRYPT", a->encrypt);
     set_env("GEOCCL_PROBE", "0");
     set_env("GEOCCL_TIMEOUT", "20");
-    if (ncclGetUniqueId(&id) != ncclSuccess)
+    /* What the library logs at WARN goes to a file of this rank's. */
+    snprintf(logname, sizeof(logname), "/tmp/geoccl-nosecret-%d.log", (int)getpid());
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *log = fopen(logname, "w+");
+    if (log == NULL || saved < 0)
         return 1;
-    a->res[rank] = ncclCommInitRank(&comm, nranks, id, rank);
-    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
-    if (comm)
-        ncclCommDestroy(comm);
+    dup2(fileno(log), 2);
+    a->id_res[rank] = ncclGetUniqueId(&id);
+    if (a->id_res[rank] != ncclSuccess) {
+        snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(NULL));
+    } else {
+        a->res[rank] = ncclCommInitRank(&comm, nranks, id, rank);
+        snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
+        if (comm)
+            ncclCommDestroy(comm);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char line[1024];
+    rewind(log);
+    while (fgets(line, sizeof(line), log))
+        if (strstr(line, "WARN") && strstr(line, "GEOCCL_INSECURE_NO_SECRET=1"))
+            a->warned[rank] = 1;
+    fclose(log);
+    unlink(logname);
     return 0;
 }
 
-static void test_no_secret_refused_when_encrypting(void)
+static void run_env(envArgs *a, const char *encrypt, const char *insecure)
 {
-    envArgs *a = harness_shared_alloc(sizeof(*a));
     harness_opts o = {.timeout_s = 60, .make_id = 0};
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    a->port = harness_free_port();
-    a->encrypt = "all";
-    CU_ASSERT_EQUAL(harness_run_opts(2, env_body, a, &o), 0);
-    for (int r = 0; r < 2; r++) {
-        CU_ASSERT_EQUAL(a->res[r], ncclInvalidArgument);
-        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], "GEOCCL_COMM_SECRET is not set"));
-    }
-    /* Asked for in the clear, it runs. */
     memset(a, 0, sizeof(*a));
     a->port = harness_free_port();
-    a->encrypt = "off";
+    a->encrypt = encrypt;
+    a->insecure = insecure;
     CU_ASSERT_EQUAL(harness_run_opts(2, env_body, a, &o), 0);
-    CU_ASSERT_EQUAL(a->res[0], ncclSuccess);
-    CU_ASSERT_EQUAL(a->res[1], ncclSuccess);
+}
+
+static void test_no_secret_refused(void)
+{
+    envArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    /* One host, encryption off: nothing to encrypt, and still refused, at
+     * the id already (before anything listens or joins). */
+    const char *modes[] = {"off", "wan", "all"};
+    for (int m = 0; m < 3; m++) {
+        run_env(a, modes[m], NULL);
+        for (int r = 0; r < 2; r++) {
+            CU_ASSERT_EQUAL(a->id_res[r], ncclInvalidArgument);
+            CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], "GEOCCL_COMM_SECRET is not"));
+            CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], "GEOCCL_INSECURE_NO_SECRET=1"));
+            CU_ASSERT_PTR_NULL(strstr(a->err[r], "GEOCCL_ENCRYPT=off"));
+            if (a->id_res[r] != ncclInvalidArgument)
+                fprintf(stderr, "    GEOCCL_ENCRYPT=%s, rank %d: %s: %s\n", modes[m], r,
+                        ncclGetErrorString(a->id_res[r]), a->err[r]);
+        }
+    }
+    /* Neither is a value the opt-out does not know. */
+    run_env(a, "off", "yes");
+    CU_ASSERT_EQUAL(a->id_res[0], ncclInvalidArgument);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a->err[0], "GEOCCL_INSECURE_NO_SECRET=yes"));
     harness_shared_free(a, sizeof(*a));
+}
+
+static void test_no_secret_opt_out(void)
+{
+    envArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    /* The opt-out on one host runs, each rank saying at WARN what it gives up. */
+    run_env(a, "wan", "1");
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->id_res[r], ncclSuccess);
+        CU_ASSERT_EQUAL(a->res[r], ncclSuccess);
+        CU_ASSERT_TRUE(a->warned[r]);
+        if (a->res[r] != ncclSuccess)
+            fprintf(stderr, "    rank %d: %s: %s\n", r, ncclGetErrorString(a->res[r]),
+                    a->err[r]);
+    }
+    /* Asked to encrypt under keys anyone can derive: refused, with the way
+     * out that protects (a secret), not the one that does not. */
+    run_env(a, "all", "1");
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(a->res[r], ncclInvalidArgument);
+        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], "Set GEOCCL_COMM_SECRET"));
+        CU_ASSERT_PTR_NULL(strstr(a->err[r], "GEOCCL_ENCRYPT=off"));
+    }
+    harness_shared_free(a, sizeof(*a));
+}
+
+/* ---- the re-join token is under the join MAC ---------------------------- */
+
+/* A relay on the path to the root passes everything through but changes
+ * one byte of the joining rank's re-join token.  Had the root taken it,
+ * the rank's own re-join after a reset would be refused as another
+ * process's claim on its place; the token is under the proof, so the root
+ * refuses the altered join itself and keeps nothing of it. */
+
+typedef struct {
+    int lfd;
+    geoSockAddr root;
+    int rewrote;
+} relayArgs;
+
+static void *token_relay(void *arg)
+{
+    relayArgs *r = arg;
+    int in = -1, out = -1;
+    const char *why;
+    uint8_t challenge[GEO_CHALLENGE_BYTES];
+    geoJoinMsg m;
+    if (geoSocketAccept(r->lfd, geoNow() + 10, NULL, &in, NULL) != ncclSuccess ||
+        geoSocketConnect(&r->root, geoNow() + 10, &out) != ncclSuccess)
+        goto done;
+    if (geoSocketRecvAll(out, challenge, sizeof(challenge), geoNow() + 10, &why) != ncclSuccess ||
+        geoSocketSendAll(in, challenge, sizeof(challenge), geoNow() + 10, &why) != ncclSuccess ||
+        geoSocketRecvAll(in, &m, sizeof(m), geoNow() + 10, &why) != ncclSuccess)
+        goto done;
+    m.token[0] ^= 0x80;
+    r->rewrote = 1;
+    if (geoSocketSendAll(out, &m, sizeof(m), geoNow() + 10, &why) != ncclSuccess)
+        goto done;
+    /* Then both ways as they come, until either end closes. */
+    for (double end = geoNow() + 10; geoNow() < end;) {
+        struct pollfd p[2] = {{.fd = in, .events = POLLIN}, {.fd = out, .events = POLLIN}};
+        char buf[4096];
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        int from = p[0].revents ? in : out, to = from == in ? out : in;
+        ssize_t n = read(from, buf, sizeof(buf));
+        if (n <= 0 || geoSocketSendAll(to, buf, (size_t)n, geoNow() + 5, &why) != ncclSuccess)
+            break;
+    }
+done:
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return NULL;
+}
+
+typedef struct {
+    ncclResult_t res;
+    int rewrote;
+    char err[600];
+} tokenArgs;
+
+static int token_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
+{
+    tokenArgs *t = arg;
+    ncclUniqueId uid;
+    geoUniqueIdInternal id;
+    relayArgs r = {.lfd = -1};
+    geoSockAddr any;
+    geoErr err;
+    geoBootInfo mine, all;
+    pthread_t th;
+    (void)rank;
+    (void)nranks;
+    (void)unused;
+    set_env("GEOCCL_TIMEOUT", "10");
+    /* The root (a thread of this process, which exits at the end). */
+    if (ncclGetUniqueId(&uid) != ncclSuccess || geoBootstrapDecode(&uid, &id) != ncclSuccess)
+        return 1;
+    r.root = id.root;
+    if (geoAddrFromString("127.0.0.1:0", &any) != ncclSuccess ||
+        geoSocketListen(&any, &r.lfd, &id.root) != ncclSuccess)
+        return 1;
+    pthread_create(&th, NULL, token_relay, &r);
+    geoErrInit(&err);
+    memset(&mine, 0, sizeof(mine));
+    strcpy((char *)mine.bytes, "rank 0, through the relay");
+    geoBootSelf self = {.rank = 0, .nranks = 1, .timeout = 10, .err = &err};
+    t->res = geoBootstrapJoin(&self, &id, &mine, &all);
+    snprintf(t->err, sizeof(t->err), "%s", geoErrLast(&err));
+    pthread_join(th, NULL);
+    t->rewrote = r.rewrote;
+    close(r.lfd);
+    geoErrDestroy(&err);
+    return 0;
+}
+
+static void test_token_under_mac(void)
+{
+    tokenArgs *t = harness_shared_alloc(sizeof(*t));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_EQUAL(harness_run_noinit(1, token_body, t, 60), 0);
+    CU_ASSERT_TRUE(t->rewrote);
+    CU_ASSERT_EQUAL(t->res, ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(t->err, "refused rank 0"));
+    if (t->res != ncclRemoteError)
+        fprintf(stderr, "    the root took a join whose token was rewritten: %s %s\n",
+                ncclGetErrorString(t->res), t->err);
+    harness_shared_free(t, sizeof(*t));
 }
 
 /* ---- encryption changes no result --------------------------------------- */
@@ -662,8 +840,10 @@ int main(void)
     CU_add_test(s, "a port squatter's forged table is refused", test_port_squatter_root);
     CU_add_test(s, "table values out of bounds are refused", test_table_values_clamped);
     CU_add_test(s, "a rank naming our pid gets no single-copy", test_forged_pid_refused);
-    CU_add_test(s, "no secret: refused when encrypting, runs when off",
-                test_no_secret_refused_when_encrypting);
+    CU_add_test(s, "no secret: refused, whatever GEOCCL_ENCRYPT says", test_no_secret_refused);
+    CU_add_test(s, "no secret: the opt-out runs on one host, warns, never pretends to encrypt",
+                test_no_secret_opt_out);
+    CU_add_test(s, "a relay that rewrites the re-join token is refused", test_token_under_mac);
     CU_add_test(s, "results bit-identical with encryption on and off",
                 test_encryption_bit_identical);
     CU_add_test(s, "a holder of the secret cannot take over or break a live connection",

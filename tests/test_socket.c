@@ -141,10 +141,13 @@ static void refused_cc_fails_init(const char *var)
     ncclUniqueId id;
     ncclComm_t c = NULL;
     setenv("GEOCCL_COMM_ID", "127.0.0.1:9", 1);
+    setenv("GEOCCL_COMM_SECRET",
+           "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", 1);
     CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&id), ncclSuccess);
     CU_ASSERT_EQUAL(ncclCommInitRank(&c, 1, id, 0), ncclInvalidArgument);
     CU_ASSERT_PTR_NOT_NULL(strstr(ncclGetLastError(NULL), var));
     unsetenv("GEOCCL_COMM_ID");
+    unsetenv("GEOCCL_COMM_SECRET");
     unsetenv(var);
     geoParamReload();
 }

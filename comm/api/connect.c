@@ -1,7 +1,8 @@
 /* The connect stage of an init, everything after the handle exists: check
  * the socket, warm-up and encryption parameters before anything is sent,
  * join the bootstrap with this rank's peer info, believe the table only
- * within bounds, decide which connections are encrypted, connect the
+ * within bounds, decide which connections are encrypted (on what the
+ * ranks proved, never on region labels), connect the
  * transport, then probe, plan and prepare the device path.  Blocking init
  * runs it on the caller's thread, non-blocking init on a thread of its own. */
 #include "config.h"
@@ -47,10 +48,38 @@ static ncclResult_t encrypt_params(struct ncclComm *comm, int *mode, int *cipher
     return ncclSuccess;
 }
 
+/* How a rank's address may be dialled: 1 a unicast address with a port;
+ * 2 the same, on loopback (::ffff:127.x included); 0 none a rank can
+ * listen on for others (unspecified, multicast, broadcast, port 0). */
+static int addr_kind(const geoSockAddr *a)
+{
+    if (a->sa.sa_family == AF_INET) {
+        uint32_t h = ntohl(a->sin.sin_addr.s_addr);
+        if (a->sin.sin_port == 0 || h == INADDR_ANY || h == INADDR_BROADCAST ||
+            IN_MULTICAST(h))
+            return 0;
+        return (h >> 24) == 127 ? 2 : 1;
+    }
+    const struct in6_addr *x = &a->sin6.sin6_addr;
+    if (a->sin6.sin6_port == 0 || IN6_IS_ADDR_UNSPECIFIED(x) || IN6_IS_ADDR_MULTICAST(x))
+        return 0;
+    if (IN6_IS_ADDR_V4MAPPED(x)) {
+        uint32_t h = ((uint32_t)x->s6_addr[12] << 24) | ((uint32_t)x->s6_addr[13] << 16) |
+                     ((uint32_t)x->s6_addr[14] << 8) | x->s6_addr[15];
+        if (h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h))
+            return 0;
+        return (h >> 24) == 127 ? 2 : 1;
+    }
+    return IN6_IS_ADDR_LOOPBACK(x) ? 2 : 1;
+}
+
 /* What the table says is believed only within bounds: it comes from the
- * other ranks (authenticated, but they may run another build or be
- * misconfigured), and these values size loops, allocations and
- * connections. */
+ * other ranks (authenticated, but they may run another build, be
+ * misconfigured, or lie), and these values size loops, allocations and
+ * connections, and say where this rank dials.  An address must be one a
+ * rank can listen on for others, and loopback only when this rank's own is
+ * loopback too (a job on one host's lo): otherwise one rank's entry could
+ * send every other rank to a service on the other ranks' own hosts. */
 static ncclResult_t check_peer_table(struct ncclComm *comm)
 {
     const geoPeerInfo *p0 = &comm->peers[0];
@@ -66,6 +95,7 @@ static ncclResult_t check_peer_table(struct ncclComm *comm)
         /* Strings end inside their fields, whatever was sent. */
         p->net.host[sizeof(p->net.host) - 1] = '\0';
         p->net.local.path[sizeof(p->net.local.path) - 1] = '\0';
+        p->net.local.boot_id[sizeof(p->net.local.boot_id) - 1] = '\0';
         p->region[sizeof(p->region) - 1] = '\0';
         if (p->encrypt < GEO_ENCRYPT_OFF || p->encrypt > GEO_ENCRYPT_ALL ||
             (p->net.addr.sa.sa_family != AF_INET && p->net.addr.sa.sa_family != AF_INET6))
@@ -74,16 +104,35 @@ static ncclResult_t check_peer_table(struct ncclComm *comm)
                                 "another GeoCCL version?", r, p->net.addr.sa.sa_family,
                                 p->encrypt);
     }
+    const int mine = addr_kind(&comm->peers[comm->rank].net.addr);
+    for (int r = 0; r < comm->nranks; r++) {
+        const geoPeerInfo *p = &comm->peers[r];
+        int kind = addr_kind(&p->net.addr);
+        char a[GEO_ADDR_STRLEN];
+        if (r != comm->rank && (kind == 0 || (kind == 2 && mine != 2)))
+            return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank %d (host %s) gives %s as its "
+                                "address, which %s; refusing the communicator rather than "
+                                "dialling it", r, p->net.host, geoAddrToString(&p->net.addr, a),
+                                kind == 0 ? "no rank can listen on for others"
+                                          : "is loopback while this rank's own is not");
+    }
     return ncclSuccess;
 }
 
 /* Which connections are encrypted: every one under "all"; under "wan"
- * those between regions, where regions are not labelled alike those to
- * another host or network namespace (the probe may find regions later:
- * until then another host may be another region).  A pair follows the
- * stronger of its two ends' settings, so both ends compute the same. */
-static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInternal *id)
+ * every one to a rank that is not proven to share this host: the same
+ * kernel, network namespace and a same-host socket (geoLocalSamePlace, on
+ * the table, whose entries each rank proved with the secret).  Region
+ * labels do not count: they come from GEOCCL_REGION or a topology file,
+ * which nothing authenticates, and the probe puts sites a few ms apart in
+ * one region.  A pair follows the stronger of its two ends' settings, so
+ * both ends compute the same.  Without a secret (GEOCCL_INSECURE_NO_SECRET)
+ * every rank must run on this host (the same kernel), nothing is
+ * encrypted, and asking for encryption is refused: keys that follow from a
+ * public string protect nothing. */
+static ncclResult_t encrypt_plan(struct ncclComm *comm)
 {
+    static const char *const mode_name[] = {"off", "wan", "all"};
     const geoPeerInfo *me = &comm->peers[comm->rank];
     comm->encrypt = calloc((size_t)comm->nranks, 1);
     if (comm->encrypt == NULL)
@@ -92,24 +141,29 @@ static ncclResult_t encrypt_plan(struct ncclComm *comm, const geoUniqueIdInterna
     for (int r = 0; r < comm->nranks; r++) {
         const geoPeerInfo *p = &comm->peers[r];
         int mode = me->encrypt > p->encrypt ? me->encrypt : p->encrypt;
-        int same_region = me->region[0] != '\0' && strcmp(me->region, p->region) == 0;
-        int same_place = geoLocalSamePlace(&me->net.local, &p->net.local);
         if (r == comm->rank)
             continue;
+        if (comm->nosecret) {
+            const char *mine = me->net.local.boot_id, *theirs = p->net.local.boot_id;
+            if (mine[0] == '\0' || strcmp(mine, theirs) != 0)
+                return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: rank %d runs on host "
+                                    "%s, not on this one (another kernel), and this "
+                                    "communicator has no secret: GEOCCL_INSECURE_NO_SECRET=1 "
+                                    "is only for ranks of one host.  Set GEOCCL_COMM_SECRET to "
+                                    "a passphrase every rank shares", r, p->net.host);
+            if (mode == GEO_ENCRYPT_ALL)
+                return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: connections to rank %d "
+                                    "are to be encrypted (GEOCCL_ENCRYPT=%s here, %s there), "
+                                    "but this communicator has no secret "
+                                    "(GEOCCL_INSECURE_NO_SECRET=1): every key would follow "
+                                    "from GEOCCL_COMM_ID, which anyone can know.  Set "
+                                    "GEOCCL_COMM_SECRET to a passphrase every rank shares", r,
+                                    mode_name[me->encrypt], mode_name[p->encrypt]);
+            continue;
+        }
         comm->encrypt[r] = mode == GEO_ENCRYPT_ALL ||
-                           (mode == GEO_ENCRYPT_WAN && !same_region && !same_place);
-        if (comm->encrypt[r] && (id->flags & GEO_ID_NOSECRET))
-            return GEO_COMM_ERR(comm, ncclInvalidArgument, "init: connections to rank %d (host "
-                                "%s%s%s) are to be encrypted (GEOCCL_ENCRYPT=%s here, %s there), "
-                                "but GEOCCL_COMM_SECRET is not set: every key would derive from "
-                                "GEOCCL_COMM_ID, which anyone can know.  Set GEOCCL_COMM_SECRET "
-                                "to a passphrase every rank shares, or GEOCCL_ENCRYPT=off on "
-                                "every rank to send in the clear", r, p->net.host,
-                                p->region[0] ? ", region " : "", p->region,
-                                me->encrypt == GEO_ENCRYPT_ALL ? "all"
-                                : me->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off",
-                                p->encrypt == GEO_ENCRYPT_ALL ? "all"
-                                : p->encrypt == GEO_ENCRYPT_WAN ? "wan" : "off");
+                           (mode == GEO_ENCRYPT_WAN &&
+                            !geoLocalSamePlace(&me->net.local, &p->net.local));
     }
     return ncclSuccess;
 }
@@ -232,7 +286,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     comm->nstreams = comm->peers[0].nstreams;
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
     GEO_CHECK(geoCommBuildRegions(comm));
-    GEO_CHECK(encrypt_plan(comm, id));
+    GEO_CHECK(encrypt_plan(comm));
     comm->net.ctx.nstreams = comm->nstreams;
     comm->net.ctx.peers = calloc((size_t)comm->nranks, sizeof(geoNetPeer));
     if (comm->net.ctx.peers == NULL)

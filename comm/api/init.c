@@ -187,7 +187,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
     for (int i = 0; devlist && have_gpu && i < ndev; i++)
         GEO_RETURN_IF(devlist[i] < 0, ncclInvalidArgument,
                       "ncclCommInitAll: devlist[%d] = %d is not a device", i, devlist[i]);
-    GEO_CHECK(geoBootstrapNewRoot(&id));
+    GEO_CHECK(geoBootstrapNewRoot(ndev, &id));
     allArgs *a = calloc((size_t)ndev, sizeof(*a));
     pthread_t *t = calloc((size_t)ndev, sizeof(*t));
     if (a == NULL || t == NULL) {

@@ -2,7 +2,9 @@
  * topology file, or none), the region map and the two rings built from the
  * bootstrap table's labels, the probe that measures regions where none are
  * labelled, and the topology file rank 0 writes so that the next start
- * loads what the probe found instead of measuring again. */
+ * loads what the probe found instead of measuring again.  Nothing
+ * authenticates a label or the file: they shape the plan (regions, rates),
+ * never which connections are encrypted (connect.c). */
 #include "config.h"
 #include "comm/api/init_internal.h"
 #include "comm/base/checks.h"
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void geoCommRingFree(geoRing *r)
@@ -125,20 +128,33 @@ oom:
 }
 
 /* Cache what the probe found where GEOCCL_TOPO_FILE points (rank 0).  A
- * failure to write is logged, not fatal: the communicator works. */
+ * failure to write is logged, not fatal: the communicator works.  The
+ * file is written under a fresh name that mkstemp creates (O_EXCL, 0600)
+ * beside it and renamed over it, so that a link planted in a shared
+ * directory under a name we would use cannot make us write through it, and
+ * a reader never sees half a file; then it is made readable by all, like
+ * the files a next start (perhaps another user's) loads. */
 void geoCommWriteTopoFile(struct ncclComm *comm)
 {
     const char *path = geoParamStrLive(GEO_PARAM_TOPO_FILE);
     char tmp[4096];
-    if (path == NULL || snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid()) >=
-                            (int)sizeof(tmp))
+    if (path == NULL || snprintf(tmp, sizeof(tmp), "%s.XXXXXX", path) >= (int)sizeof(tmp))
         return;
-    FILE *f = fopen(tmp, "w");
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: cannot create a file beside it: "
+                "%s", path, strerror(errno));
+        return;
+    }
+    FILE *f = fdopen(fd, "w");
     if (f == NULL) {
         geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
         return;
     }
     int bad = geoTopoWrite(&comm->topo, &comm->regions, comm->nranks, f);
+    bad |= fchmod(fd, 0644) != 0;
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
         geoWarn(GEO_LOG_TOPO, "cannot write topology file %s: %s", path, strerror(errno));
         unlink(tmp);

@@ -68,7 +68,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     geoBootstrapChildSecret(comm->secret, comm->comm_hash, comm->split_count++, color, child);
     memset(&myid, 0, sizeof(myid));
     if (color != NCCL_SPLIT_NOCOLOR && leader == comm->rank) {
-        GEO_CHECK_GOTO(geoBootstrapNewRootKeyed(child, &myid), res, out);
+        GEO_CHECK_GOTO(geoBootstrapNewRootKeyed(child, newsize, &myid), res, out);
         geoBootstrapSetSecret(&myid, NULL);
     }
     GEO_CHECK_GOTO(allgather_bytes(comm, &myid, ids, sizeof(myid)), res, out);
@@ -113,7 +113,7 @@ typedef struct {
  * its secret: every survivor derives that from the parent's and the
  * shrink's counter. */
 static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *excluded, int leader,
-                                   uint32_t counter, ncclUniqueId *id)
+                                   int newsize, uint32_t counter, ncclUniqueId *id)
 {
     shrinkIdMsg msg;
     ncclResult_t res = ncclSuccess, made = ncclSuccess;
@@ -131,7 +131,7 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
             res = GEO_COMM_ERR(comm, ncclSystemError, "ncclCommShrink: out of memory");
             goto out;
         }
-        made = geoBootstrapNewRootKeyed(child, &msg.id);
+        made = geoBootstrapNewRootKeyed(child, newsize, &msg.id);
         geoBootstrapSetSecret(&msg.id, NULL);
         msg.ok = made == ncclSuccess;
         /* Sent even when it failed, so that nobody waits for nothing. */
@@ -267,7 +267,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
             "survivor %d", shrinkFlags == NCCL_SHRINK_ABORT ? "abort" : "default", comm->rank,
             comm->nranks, newrank, newsize, leader);
     if (shrinkFlags == NCCL_SHRINK_DEFAULT) {
-        GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, counter, &id), res, out);
+        GEO_CHECK_GOTO(shrink_id_send(comm, excluded, leader, newsize, counter, &id), res, out);
     } else {
         /* Asked for, so no failure to report: the text is what the
          * parent's later calls fail with (ncclGetLastError). */

@@ -48,8 +48,13 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_COMM_SECRET] = {"GEOCCL_COMM_SECRET", GEO_PARAM_STR, NULL,
                                "passphrase all ranks of a GEOCCL_COMM_ID bootstrap share (stretched "
                                "with scrypt; 64 hex digits are used as a 256-bit key); "
-                               "required when the communicator spans regions, unless "
-                               "GEOCCL_ENCRYPT=off"},
+                               "required with GEOCCL_COMM_ID (see GEOCCL_INSECURE_NO_SECRET)"},
+    [GEO_PARAM_INSECURE_NO_SECRET] = {"GEOCCL_INSECURE_NO_SECRET", GEO_PARAM_INT, "0",
+                                      "1: a GEOCCL_COMM_ID communicator may run without "
+                                      "GEOCCL_COMM_SECRET (logged at WARN): any process that "
+                                      "can reach the address can then join as any rank; only "
+                                      "for ranks of one trusted host (init refuses ranks on "
+                                      "other hosts and encrypted connections)"},
     [GEO_PARAM_CHUNK_SIZE] = {"GEOCCL_CHUNK_SIZE", GEO_PARAM_INT, "512K",
                               "bytes per pipelined chunk in ring algorithms"},
     [GEO_PARAM_WINDOW] = {"GEOCCL_WINDOW", GEO_PARAM_INT, "8",
@@ -79,9 +84,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                               "connections each carry 50 Mbit/s or more, 1 on every pair, 0 "
                               "never; rank 0's value is used by all"},
     [GEO_PARAM_ENCRYPT] = {"GEOCCL_ENCRYPT", GEO_PARAM_STR, "wan",
-                           "authenticated encryption of frames: wan (between regions, and "
-                           "between hosts when regions are not labelled), all (every "
-                           "connection), off; a pair is encrypted when either end asks"},
+                           "authenticated encryption of frames: wan (every pair of ranks not "
+                           "proven to share a host: another kernel, another network "
+                           "namespace, or no same-host socket; region labels do not count), "
+                           "all (every connection), off; a pair is encrypted when either "
+                           "end asks"},
     [GEO_PARAM_CIPHER] = {"GEOCCL_CIPHER", GEO_PARAM_STR, "auto",
                           "cipher of encrypted frames: auto (AES-256-GCM with AES "
                           "instructions at both ends, else ChaCha20-Poly1305), aes-256-gcm, "
@@ -91,7 +98,8 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_TOPO_FILE] = {"GEOCCL_TOPO_FILE", GEO_PARAM_STR, NULL,
                              "topology file mapping ranks/hosts to regions, with link rates; when "
                              "the file does not exist, rank 0 writes what the probe found "
-                             "there, and the next start loads it instead of probing"},
+                             "there, and the next start loads it instead of probing; its "
+                             "regions shape the plan, never which connections are encrypted"},
     [GEO_PARAM_ALGO] = {"GEOCCL_ALGO", GEO_PARAM_STR, "auto",
                         "all-reduce algorithm: auto, flat (ring) or hier (hierarchical)",
                         TWINS("NCCL_ALGO"),
@@ -160,10 +168,10 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                      "peer whose process is gone is an error at once; 0: a "
                                      "reset is an error at once"},
     [GEO_PARAM_RESUME_BUFFER] = {"GEOCCL_RESUME_BUFFER", GEO_PARAM_INT, "64M",
-                                 "bytes each TCP connection keeps of what it sent until the "
-                                 "receiver acknowledges them, so that they can be sent again "
-                                 "after a reset; beyond it a reset before the receiver has "
-                                 "caught up is an error"},
+                                 "bytes kept per peer (shared by its TCP connections) of what "
+                                 "was sent until the receiver acknowledges them, so that they "
+                                 "can be sent again after a reset; beyond it a reset before "
+                                 "the receiver has caught up is an error"},
     [GEO_PARAM_HIER_SHARES] = {"GEOCCL_HIER_SHARES", GEO_PARAM_STR, "auto",
                                "how the hierarchical all-reduce splits each piece among "
                                "regions: auto (by their measured WAN rates, when 3 or more "

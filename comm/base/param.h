@@ -54,6 +54,7 @@ typedef enum {
     GEO_PARAM_RECONNECT_TIMEOUT,
     GEO_PARAM_RESUME_BUFFER,
     GEO_PARAM_EF_KEY,
+    GEO_PARAM_INSECURE_NO_SECRET,
     GEO_PARAM_COUNT
 } geoParamId;
 
@@ -76,10 +77,10 @@ int64_t geoParamInt(geoParamId id);
 /* String value or the default (may be NULL). */
 const char *geoParamStr(geoParamId id);
 /* Read the environment now rather than the cache: for the bootstrap
- * variables (GEOCCL_COMM_ID, GEOCCL_COMM_SECRET), which programs often set
- * with setenv after their first library call, as NCCL_COMM_ID is read at
- * each ncclGetUniqueId in NCCL.  A twin taken as it is (NCCL_COMM_ID)
- * stands in for an unset variable here too. */
+ * variables (GEOCCL_COMM_ID, GEOCCL_COMM_SECRET, GEOCCL_INSECURE_NO_SECRET),
+ * which programs often set with setenv after their first library call, as
+ * NCCL_COMM_ID is read at each ncclGetUniqueId in NCCL.  A twin taken as it
+ * is (NCCL_COMM_ID) stands in for an unset variable here too. */
 const char *geoParamStrLive(geoParamId id);
 /* 1 when the variable, or an NCCL twin that gave it a value, is set in
  * the environment. */

@@ -52,22 +52,28 @@ typedef struct {
  * addresses that its process could bind (geoBootstrapCandidate), and a
  * joining rank tries them in turn until one answers as the root. */
 #define GEO_ID_SHRINK 2u
-/* A GEOCCL_COMM_ID id made without GEOCCL_COMM_SECRET: its key is derived
- * from the address alone, so it proves nothing to a stranger. */
+/* A GEOCCL_COMM_ID id made without GEOCCL_COMM_SECRET, which only
+ * GEOCCL_INSECURE_NO_SECRET=1 allows: its key is derived from the address
+ * alone, so it proves nothing to a stranger (init refuses ranks on other
+ * hosts and connections to be encrypted). */
 #define GEO_ID_NOSECRET 4u
 #define GEO_SHRINK_PORTS 32
 
 _Static_assert(sizeof(geoUniqueIdInternal) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
 /* Fill id for a new root; starts the root thread unless GEOCCL_COMM_ID is
- * set (then only encodes it). */
+ * set (then only encodes it: ncclInvalidArgument when GEOCCL_COMM_SECRET
+ * is not set and GEOCCL_INSECURE_NO_SECRET is not 1). */
 ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *id);
-/* Same with an explicit choice (split uses a fresh root even under env). */
-ncclResult_t geoBootstrapNewRoot(ncclUniqueId *id);
+/* Same with an explicit choice (ncclCommInitAll uses a fresh root even
+ * under env), for a communicator of nranks ranks (0: not known here; then
+ * rank 0's join says it, and the root allocates nothing before). */
+ncclResult_t geoBootstrapNewRoot(int nranks, ncclUniqueId *id);
 /* Same, with the given secret instead of a random one (a child
  * communicator's, derived by every member from the parent's: see
  * geoBootstrapChildSecret). */
-ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *id);
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], int nranks,
+                                      ncclUniqueId *id);
 /* The secret of a child of the communicator whose secret and hash are
  * given: HMAC(parent secret, label | parent hash | counter | tag).  Every
  * member computes it alone, so a child's id can cross the network without
@@ -84,7 +90,8 @@ void geoBootstrapMarkNoSecret(ncclUniqueId *id);
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *id, geoUniqueIdInternal *out);
 /* Start serving the root of id in this process (rank 0 under env; the
  * lowest survivor for a GEO_ID_SHRINK id, at the first candidate it can
- * bind).  ncclSystemError when no address can be bound. */
+ * bind) for nranks ranks: a join claiming another count is refused.
+ * ncclSystemError when no address can be bound. */
 ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, double timeout);
 /* Candidate k (0 <= k < GEO_SHRINK_PORTS) of a GEO_ID_SHRINK id's root:
  * id->root for k = 0, then the same host at ports derived from the id's

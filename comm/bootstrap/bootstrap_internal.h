@@ -23,9 +23,10 @@
 #define GEO_CHALLENGE_BYTES 16
 
 /* Joiner to root.  proof = HMAC(secret, "geoccl/v2/join" | root's challenge
- * | joiner's nonce | rank | nranks | id nonce | info): it proves the secret,
- * is fresh for the root's challenge, and binds what the rank says of
- * itself, so a relay can change none of it. */
+ * | joiner's nonce | rank | nranks | id nonce | info | token): it proves the
+ * secret, is fresh for the root's challenge, and binds what the rank says
+ * of itself and the token it re-joins with, so a relay can change none of
+ * it (a rewritten token would make the rank's own re-join a stranger's). */
 typedef struct {
     uint32_t magic;
     int32_t rank;
@@ -44,12 +45,18 @@ typedef struct {
     geoUniqueIdInternal id;
     int listen_fd;
     double timeout;
+    /* The communicator's size when the process starting the root knows it
+     * (rank 0 under GEOCCL_COMM_ID, a split's or shrink's leader,
+     * ncclCommInitAll); 0 for ncclGetUniqueId's root, where rank 0's join
+     * says it.  The root allocates for this count only, and refuses a
+     * join that claims another one before it allocates anything. */
+    int nranks;
 } geoBootRootArgs;
 
 /* ---- the MACs of the join exchange (join.c) ---------------------------- */
 
 /* The join proof: HMAC(secret, "geoccl/v2/join" | challenge | m's nonce |
- * rank | nranks | id nonce | m's info). */
+ * rank | nranks | id nonce | m's info | m's token). */
 void geoBootJoinProof(const geoUniqueIdInternal *id, const uint8_t *challenge,
                       const geoJoinMsg *m, uint8_t out[GEO_SHA256_BYTES]);
 /* The table's MAC for one rank: binds the table's digest to that rank's
@@ -65,7 +72,8 @@ void geoBootTableMac(const geoUniqueIdInternal *id, const uint8_t *challenge,
  * handshake (challenge out, join message in) runs with its own deadline. */
 typedef struct {
     int fd;
-    int stage;        /* 0: sending the challenge; 1: receiving the join */
+    int stage;        /* 0: sending the challenge; 1: receiving the join; 2: proven,
+                       * waiting for rank 0 to say how many ranks there are */
     size_t off;
     double deadline;
     char from[GEO_ADDR_STRLEN];
@@ -75,7 +83,8 @@ typedef struct {
 } geoBootJoiner;
 
 typedef struct {
-    int nranks;       /* 0 until the first valid join */
+    int nranks;       /* 0 until known: from the root's start, or rank 0's join */
+    double deadline;  /* the root gives up when not every rank joined by then */
     int joined;       /* ranks that joined (once each, whatever their rejoins) */
     int acked;        /* ranks that confirmed their table (GEO_CONFIRM_MAGIC) */
     int *fds;         /* per rank, -1 until it joined, or while its connection is lost */
@@ -92,15 +101,22 @@ typedef struct {
 } geoBootRootState;
 
 /* Start the root's detached thread on the listening socket fd (taken over,
- * closed on failure).  ncclSystemError when no thread can be started. */
-ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, double timeout);
+ * closed on failure) for a communicator of nranks ranks (0: not known
+ * here; rank 0's join says it).  ncclSystemError when no thread can be
+ * started. */
+ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, double timeout,
+                                    int nranks);
 /* Log a dropped connection; past the first few only count it in *count. */
 void geoBootRootDropped(int *count, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Allocate the peer table for n ranks (rs->nranks = n).  0, or -1 when
+ * memory is out. */
+int geoBootTableAlloc(geoBootRootState *rs, int n);
 /* Advance one joiner's handshake without blocking.  1: it joined (its fd
  * is in rs->fds), or joined again after its connection was lost (the same
- * token: it takes its own place back); 0: waiting; -1: dropped (logged,
- * closed); -2: out of memory. */
+ * token: it takes its own place back); 0: waiting (stage 2: proven, until
+ * rank 0 says the count); -1: dropped (logged, closed); -2: out of
+ * memory. */
 int geoBootTableAdmit(const geoBootRootArgs *a, geoBootRootState *rs, geoBootJoiner *j);
 /* Every rank has joined: send each its table with its MAC, at once, within
  * 10 s; the table is final from here on. */

@@ -16,15 +16,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* HMAC(secret, label | challenge | nonce | rank | nranks | id nonce | body):
- * the join proof (body = the joiner's info) and the table's MAC (body =
- * SHA-256 of the table), under labels of their own so that neither can
- * stand for the other, nor for a data connection's hello. */
+/* HMAC(secret, label | challenge | nonce | rank | nranks | id nonce | body |
+ * tail): the join proof (body = the joiner's info, tail = its token) and
+ * the table's MAC (body = SHA-256 of the table, no tail), under labels of
+ * their own so that neither can stand for the other, nor for a data
+ * connection's hello. */
 static void boot_mac(const geoUniqueIdInternal *id, const char *label, const uint8_t *challenge,
                      const uint8_t *nonce, int rank, int nranks, const void *body, size_t blen,
-                     uint8_t out[GEO_SHA256_BYTES])
+                     const uint8_t *tail, uint8_t out[GEO_SHA256_BYTES])
 {
-    uint8_t msg[24 + 2 * GEO_CHALLENGE_BYTES + 16 + GEO_BOOT_INFO_BYTES];
+    uint8_t msg[24 + 2 * GEO_CHALLENGE_BYTES + 16 + GEO_BOOT_INFO_BYTES + GEO_CHALLENGE_BYTES];
     size_t l = strlen(label), o = 0;
     int32_t r = rank, n = nranks;
     memset(msg, 0, 24);
@@ -41,14 +42,19 @@ static void boot_mac(const geoUniqueIdInternal *id, const char *label, const uin
     if (blen > GEO_BOOT_INFO_BYTES)
         blen = GEO_BOOT_INFO_BYTES;
     memcpy(msg + o, body, blen);
-    geoHmacSha256(id->secret, sizeof(id->secret), msg, o + blen, out);
+    o += blen;
+    if (tail != NULL) {
+        memcpy(msg + o, tail, GEO_CHALLENGE_BYTES);
+        o += GEO_CHALLENGE_BYTES;
+    }
+    geoHmacSha256(id->secret, sizeof(id->secret), msg, o, out);
 }
 
 void geoBootJoinProof(const geoUniqueIdInternal *id, const uint8_t *challenge,
                       const geoJoinMsg *m, uint8_t out[GEO_SHA256_BYTES])
 {
     boot_mac(id, "geoccl/v2/join", challenge, m->nonce, m->rank, m->nranks, &m->info,
-             sizeof(m->info), out);
+             sizeof(m->info), m->token, out);
 }
 
 void geoBootTableMac(const geoUniqueIdInternal *id, const uint8_t *challenge,
@@ -57,7 +63,7 @@ void geoBootTableMac(const geoUniqueIdInternal *id, const uint8_t *challenge,
                      uint8_t out[GEO_SHA256_BYTES])
 {
     boot_mac(id, "geoccl/v2/table", challenge, nonce, rank, nranks, table_digest,
-             GEO_SHA256_BYTES, out);
+             GEO_SHA256_BYTES, NULL, out);
 }
 
 /* Not on the wire: join_over_fd's word for a root whose table's MAC is wrong. */

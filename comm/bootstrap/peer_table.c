@@ -1,6 +1,8 @@
 /* The root's peer table: a joiner whose proof checks is admitted at its
- * rank (the first join fixes the communicator's size; a rank taken by
- * another token is refused), the table goes to every rank with a MAC bound
+ * rank (the count is the one the root was started with, or else rank 0's:
+ * a join claiming another is refused, and nothing is allocated for a count
+ * no one who knows it has confirmed; a rank taken by another token is
+ * refused), the table goes to every rank with a MAC bound
  * to that rank's challenge and nonce, a rank that joins again after the
  * tables went out gets its table at once, and each rank's confirmation is
  * read back.  All of it runs on the root's thread (root.c) without
@@ -14,6 +16,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static void root_refuse(geoBootJoiner *j)
@@ -25,11 +28,40 @@ static void root_refuse(geoBootJoiner *j)
     j->fd = -1;
 }
 
+int geoBootTableAlloc(geoBootRootState *rs, int n)
+{
+    rs->fds = malloc(sizeof(int) * (size_t)n);
+    rs->table = calloc((size_t)n, sizeof(*rs->table));
+    rs->challenge = calloc((size_t)n, sizeof(*rs->challenge));
+    rs->nonce = calloc((size_t)n, sizeof(*rs->nonce));
+    rs->token = calloc((size_t)n, sizeof(*rs->token));
+    rs->rank_state = calloc((size_t)n, 1);
+    rs->confirm = calloc((size_t)n, sizeof(*rs->confirm));
+    rs->confirm_off = calloc((size_t)n, sizeof(*rs->confirm_off));
+    if (rs->fds == NULL || rs->table == NULL || rs->challenge == NULL || rs->nonce == NULL ||
+        rs->token == NULL || rs->rank_state == NULL || rs->confirm == NULL ||
+        rs->confirm_off == NULL)
+        return -1; /* freed with the root's state */
+    rs->nranks = n;
+    for (int i = 0; i < n; i++)
+        rs->fds[i] = -1;
+    return 0;
+}
+
+/* A proven joiner waiting for rank 0 sent something or hung up: either
+ * way it is no rank waiting for its table.  1 when it is still there. */
+static int parked_alive(const geoBootJoiner *j)
+{
+    char b;
+    ssize_t n = recv(j->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+}
+
 /* Advance one joiner without blocking.  1: it joined (its fd is in
  * rs->fds), or joined again after its connection was lost (the same
  * token: it takes its own place back, and its table is bound to the new
- * challenge); 0: waiting; -1: dropped (logged, closed); -2: out of
- * memory. */
+ * challenge); 0: waiting (stage 2: proven, until rank 0's join says the
+ * count); -1: dropped (logged, closed); -2: out of memory. */
 int geoBootTableAdmit(const geoBootRootArgs *a, geoBootRootState *rs, geoBootJoiner *j)
 {
     uint8_t expect[GEO_SHA256_BYTES];
@@ -43,14 +75,39 @@ int geoBootTableAdmit(const geoBootRootArgs *a, geoBootRootState *rs, geoBootJoi
         j->stage = 1;
         j->off = 0;
     }
-    rc = geoSocketStep(j->fd, &j->m, sizeof(j->m), &j->off, 0, &why);
-    if (rc <= 0)
-        goto wait_or_drop;
-    geoBootJoinProof(&a->id, j->challenge, &j->m, expect);
-    geoCryptoThreadDone(); /* this thread may wait long for the next joiner */
-    if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
-        geoBootRootDropped(&rs->dropped, "%s: it does not hold the communicator's secret", j->from);
-        root_refuse(j);
+    if (j->stage == 1) {
+        rc = geoSocketStep(j->fd, &j->m, sizeof(j->m), &j->off, 0, &why);
+        if (rc <= 0)
+            goto wait_or_drop;
+        geoBootJoinProof(&a->id, j->challenge, &j->m, expect);
+        geoCryptoThreadDone(); /* this thread may wait long for the next joiner */
+        if (j->m.magic != GEO_JOIN_MAGIC || !geoDigestEqual(expect, j->m.proof, sizeof(expect))) {
+            geoBootRootDropped(&rs->dropped, "%s: its proof does not check (it does not hold "
+                               "the communicator's secret, or its join was altered on the way)",
+                               j->from);
+            root_refuse(j);
+            return -1;
+        }
+        j->stage = 2;
+        if (rs->nranks == 0 && j->m.rank != 0) {
+            /* The count is not known yet (ncclGetUniqueId's root): only
+             * rank 0's word fixes it, so that another rank's claim costs
+             * no memory.  Proven, it waits for that without a handshake
+             * deadline (the root's own is the limit). */
+            j->deadline = rs->deadline;
+            geoInfo(GEO_LOG_INIT, "bootstrap root: rank %d (of %d, it says) from %s waits for "
+                    "rank 0, which says how many ranks there are", j->m.rank, j->m.nranks,
+                    j->from);
+            return 0;
+        }
+    } else if (rs->nranks == 0) {
+        /* Waiting for rank 0, and its socket turned readable. */
+        if (parked_alive(j))
+            return 0;
+        geoBootRootDropped(&rs->dropped, "%s (rank %d hung up while waiting for rank 0)",
+                           j->from, j->m.rank);
+        close(j->fd);
+        j->fd = -1;
         return -1;
     }
     if (rs->nranks == 0) {
@@ -61,21 +118,8 @@ int geoBootTableAdmit(const geoBootRootArgs *a, geoBootRootState *rs, geoBootJoi
             j->fd = -1;
             return -1;
         }
-        rs->fds = malloc(sizeof(int) * (size_t)j->m.nranks);
-        rs->table = calloc((size_t)j->m.nranks, sizeof(*rs->table));
-        rs->challenge = calloc((size_t)j->m.nranks, sizeof(*rs->challenge));
-        rs->nonce = calloc((size_t)j->m.nranks, sizeof(*rs->nonce));
-        rs->token = calloc((size_t)j->m.nranks, sizeof(*rs->token));
-        rs->rank_state = calloc((size_t)j->m.nranks, 1);
-        rs->confirm = calloc((size_t)j->m.nranks, sizeof(*rs->confirm));
-        rs->confirm_off = calloc((size_t)j->m.nranks, sizeof(*rs->confirm_off));
-        if (rs->fds == NULL || rs->table == NULL || rs->challenge == NULL || rs->nonce == NULL ||
-            rs->token == NULL || rs->rank_state == NULL || rs->confirm == NULL ||
-            rs->confirm_off == NULL)
+        if (geoBootTableAlloc(rs, j->m.nranks) != 0)
             return -2;
-        rs->nranks = j->m.nranks;
-        for (int i = 0; i < rs->nranks; i++)
-            rs->fds[i] = -1;
     }
     const int r = j->m.rank;
     const int again = j->m.nranks == rs->nranks && r >= 0 && r < rs->nranks &&

@@ -85,9 +85,14 @@ static void *root_main(void *arg)
     int *rank_at = NULL; /* the ranks polled for their confirmation */
     double confirm_by = 0;
 
+    rs.deadline = deadline;
     if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
         geoWarn(GEO_LOG_INIT, "bootstrap root: cannot make the listener non-blocking: %s",
                 strerror(errno));
+        goto out;
+    }
+    if (a->nranks > 0 && geoBootTableAlloc(&rs, a->nranks) != 0) {
+        geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory for %d ranks", a->nranks);
         goto out;
     }
     /* Collect the joins; send the tables; then wait until every rank has
@@ -104,15 +109,26 @@ static void *root_main(void *arg)
         double now = geoNow(), wake = rs.sent ? confirm_by : deadline;
 
         if (!rs.sent && now >= deadline) {
-            geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f s; "
-                    "giving up", rs.joined, rs.nranks, a->timeout);
-            /* Tell the ranks that did join why they get no table. */
+            uint32_t x = GEO_EXPIRED_MAGIC;
+            const char *w;
+            int waited = 0;
+            for (int i = 0; i < npend; i++)
+                waited += pend[i].fd >= 0 && pend[i].stage == 2;
+            if (rs.nranks > 0)
+                geoWarn(GEO_LOG_INIT, "bootstrap root: only %d of %d ranks joined within %.0f "
+                        "s; giving up", rs.joined, rs.nranks, a->timeout);
+            else
+                geoWarn(GEO_LOG_INIT, "bootstrap root: rank 0, which says how many ranks there "
+                        "are, did not join within %.0f s (%d other ranks waited for it); giving "
+                        "up", a->timeout, waited);
+            /* Tell the ranks that did join, or waited for rank 0, why they
+             * get no table. */
             for (int r = 0; r < rs.nranks; r++)
-                if (rs.fds[r] >= 0) {
-                    uint32_t x = GEO_EXPIRED_MAGIC;
-                    const char *w;
+                if (rs.fds[r] >= 0)
                     geoSocketSendAll(rs.fds[r], &x, sizeof(x), geoNow() + 1.0, &w);
-                }
+            for (int i = 0; i < npend; i++)
+                if (pend[i].fd >= 0 && pend[i].stage == 2)
+                    geoSocketSendAll(pend[i].fd, &x, sizeof(x), geoNow() + 1.0, &w);
             goto out;
         }
         if (rs.sent && now >= confirm_by) {
@@ -167,9 +183,12 @@ static void *root_main(void *arg)
             goto out;
         }
         now = geoNow();
+        const int counted = rs.nranks > 0;
         for (int i = 0; i < npend; i++) {
             int r = 0;
-            if (pfd[i].revents)
+            /* Rank 0 just said the count: the proven joiners that waited
+             * for it are admitted (or refused) now. */
+            if (pfd[i].revents || (!counted && rs.nranks > 0 && pend[i].stage == 2))
                 r = geoBootTableAdmit(a, &rs, &pend[i]);
             if (r == -2) {
                 geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
@@ -177,7 +196,9 @@ static void *root_main(void *arg)
             }
             if (r == 1 && rs.sent)
                 geoBootTableSendOne(a, &rs, pend[i].m.rank);
-            if (r == 0 && now >= pend[i].deadline) {
+            /* (A proven joiner waiting for rank 0 is told when the root
+             * gives up, above.) */
+            if (r == 0 && now >= pend[i].deadline && pend[i].stage != 2) {
                 geoBootRootDropped(&rs.dropped, "%s (timed out)", pend[i].from);
                 close(pend[i].fd);
                 pend[i].fd = -1;
@@ -223,6 +244,16 @@ static void *root_main(void *arg)
             if (r1 == 1 && rs.sent)
                 geoBootTableSendOne(a, &rs, j->m.rank);
         }
+        /* Rank 0 came in among the new ones: the joiners that waited for
+         * it are admitted (or refused) now. */
+        for (int i = 0; !counted && rs.nranks > 0 && i < npend; i++)
+            if (pend[i].fd >= 0 && pend[i].stage == 2) {
+                int r2 = geoBootTableAdmit(a, &rs, &pend[i]);
+                if (r2 == -2) {
+                    geoWarn(GEO_LOG_INIT, "bootstrap root: out of memory");
+                    goto out;
+                }
+            }
         int keep = 0;
         for (int i = 0; i < npend; i++)
             if (pend[i].fd >= 0)
@@ -264,7 +295,8 @@ out:
     return NULL;
 }
 
-ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, double timeout)
+ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, double timeout,
+                                    int nranks)
 {
     pthread_t t;
     pthread_attr_t attr;
@@ -273,6 +305,7 @@ ncclResult_t geoBootRootStartThread(const geoUniqueIdInternal *id, int fd, doubl
     a->id = *id;
     a->listen_fd = fd;
     a->timeout = timeout;
+    a->nranks = nranks;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     int rc = pthread_create(&t, &attr, root_main, a);

@@ -66,10 +66,26 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
                       ncclSystemError, "cannot stretch GEOCCL_COMM_SECRET with scrypt (out of "
                       "memory?)");
     } else {
-        /* No secret: every rank derives the same key from the address, so
-         * connections are checked for consistency, but anyone who knows
-         * the address can join.  Init refuses such a communicator when any
-         * of its connections is to be encrypted (GEO_ID_NOSECRET). */
+        /* No secret: every rank would derive the same key from the
+         * address, which anyone can know, so anyone who can reach it could
+         * join as any rank, read and change the data.  Refused unless the
+         * user opted out for ranks of one trusted host; init then refuses
+         * ranks on other hosts and connections to be encrypted
+         * (GEO_ID_NOSECRET, connect.c). */
+        const char *opt = geoParamStrLive(GEO_PARAM_INSECURE_NO_SECRET);
+        int insecure = opt != NULL && strcmp(opt, "1") == 0;
+        GEO_RETURN_IF(opt != NULL && !insecure && strcmp(opt, "0") != 0 && opt[0] != '\0',
+                      ncclInvalidArgument, "GEOCCL_INSECURE_NO_SECRET=%s: must be 0 or 1", opt);
+        GEO_RETURN_IF(!insecure, ncclInvalidArgument,
+                      "GEOCCL_COMM_ID=%s is set but GEOCCL_COMM_SECRET is not: without a "
+                      "secret, any process that can reach %s could join as any rank and read "
+                      "or change the communicator's data.  Set GEOCCL_COMM_SECRET to the same "
+                      "passphrase (or 64 hex digits) in every rank; only for ranks of one "
+                      "trusted host, GEOCCL_INSECURE_NO_SECRET=1 runs without one", cid, cid);
+        geoWarn(GEO_LOG_INIT, "GEOCCL_INSECURE_NO_SECRET=1: the communicator at %s has no "
+                "secret: any process that can reach that address can join it as any rank and "
+                "read or change its data; ranks on other hosts and encrypted connections are "
+                "refused", cid);
         id->flags |= GEO_ID_NOSECRET;
         geoHmacSha256(salt, strlen(salt), "geoccl/v2/no-secret", 19, id->secret);
     }
@@ -78,7 +94,7 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
     return ncclSuccess;
 }
 
-static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
+static ncclResult_t new_root(const uint8_t *secret, int nranks, ncclUniqueId *out)
 {
     geoUniqueIdInternal id;
     topoIface ifs[1];
@@ -105,7 +121,7 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
         close(fd);
         return GEO_ERR(NULL, ncclSystemError, "getrandom failed: %s", strerror(err));
     }
-    GEO_CHECK(geoBootRootStartThread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT)));
+    GEO_CHECK(geoBootRootStartThread(&id, fd, (double)geoParamInt(GEO_PARAM_TIMEOUT), nranks));
     memset(out, 0, sizeof(*out));
     memcpy(out->internal, &id, sizeof(id));
     char a[GEO_ADDR_STRLEN];
@@ -114,14 +130,15 @@ static ncclResult_t new_root(const uint8_t *secret, ncclUniqueId *out)
     return ncclSuccess;
 }
 
-ncclResult_t geoBootstrapNewRoot(ncclUniqueId *out)
+ncclResult_t geoBootstrapNewRoot(int nranks, ncclUniqueId *out)
 {
-    return new_root(NULL, out);
+    return new_root(NULL, nranks, out);
 }
 
-ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], ncclUniqueId *out)
+ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], int nranks,
+                                      ncclUniqueId *out)
 {
-    return new_root(secret, out);
+    return new_root(secret, nranks, out);
 }
 
 void geoBootstrapChildSecret(const uint8_t *parent_secret, uint64_t parent_hash,
@@ -162,7 +179,7 @@ ncclResult_t geoBootstrapGetUniqueId(ncclUniqueId *out)
         memcpy(out->internal, &id, sizeof(id));
         return ncclSuccess;
     }
-    return geoBootstrapNewRoot(out);
+    return geoBootstrapNewRoot(0, out);
 }
 
 ncclResult_t geoBootstrapDecode(const ncclUniqueId *in, geoUniqueIdInternal *out)
@@ -239,10 +256,9 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
     int fd;
     geoSockAddr bound, cand;
     char a[GEO_ADDR_STRLEN];
-    (void)nranks;
     if (!(id->flags & GEO_ID_SHRINK)) {
         GEO_CHECK(geoSocketListen(&id->root, &fd, &bound));
-        return geoBootRootStartThread(id, fd, timeout);
+        return geoBootRootStartThread(id, fd, timeout, nranks);
     }
     /* A candidate taken is no error while another one is free: tried
      * quietly, and only the last refusal is reported. */
@@ -252,7 +268,7 @@ ncclResult_t geoBootstrapStartRoot(const geoUniqueIdInternal *id, int nranks, do
         if (geoSocketListenQuiet(&cand, &fd, &bound) == ncclSuccess) {
             geoInfo(GEO_LOG_INIT, "shrink: bootstrap root listening on %s (candidate %d)",
                     geoAddrToString(&bound, a), k);
-            return geoBootRootStartThread(id, fd, timeout);
+            return geoBootRootStartThread(id, fd, timeout, nranks);
         }
         err = errno;
         geoInfo(GEO_LOG_INIT, "shrink: cannot listen on %s (candidate %d): %s",

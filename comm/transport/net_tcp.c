@@ -159,7 +159,11 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
             tcpConn *c = &st->peers[p].conns[s];
             nlocal += c->local;
             c->track = !c->local;
-            c->k_max = (size_t)(geoParamInt(GEO_PARAM_RESUME_BUFFER) / GEO_TCP_FRAME);
+            /* GEOCCL_RESUME_BUFFER bounds a peer, not a connection: a
+             * peer that never acknowledges pins that much of our memory,
+             * however many streams rank 0 asked for. */
+            c->k_max = (size_t)(geoParamInt(GEO_PARAM_RESUME_BUFFER) / st->nstreams /
+                                GEO_TCP_FRAME);
             if (!c->local)
                 geoSocketTune(c->fd);
             else

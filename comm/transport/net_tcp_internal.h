@@ -127,9 +127,10 @@
  * the connection is lost, to be sealed again under the next keys; a copy
  * cost 9% of the wall time on loopback, 4 ranks, 64 MiB: BENCHMARKS.md,
  * "Resume after a reset", row "resume, a plaintext copy of every frame
- * kept"), up to GEOCCL_RESUME_BUFFER bytes per connection (beyond that it
- * keeps none until the receiver has caught up, and a reset in that window
- * is an error saying so).  Keeping the frame, not the user's buffer, keeps
+ * kept"), up to GEOCCL_RESUME_BUFFER bytes per peer, shared evenly by its
+ * streams, so that a peer that never acknowledges pins no more than that
+ * (beyond it a connection keeps none until the receiver has caught up, and
+ * a reset in that window is an error saying so).  Keeping the frame, not the user's buffer, keeps
  * send completion eager: waiting for acks could deadlock two ranks that
  * send before they receive.
  *
@@ -301,7 +302,7 @@ typedef struct {
     tcpKept *kept;         /* ring of k_cap slots, k_len from k_head: frames */
     size_t k_cap, k_head, k_len; /* k_base .. s_count - 1 */
     uint64_t k_base;
-    size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER) */
+    size_t k_max;          /* slots allowed (GEOCCL_RESUME_BUFFER / nstreams) */
     double bbr_since;      /* restartBbr: since when its BBR's 10 s window may run: its
                             * last restart or skipped one; 0: not known (a new
                             * connection, a change of congestion control) */

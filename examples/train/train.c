@@ -28,7 +28,7 @@
  *
  * Two builds from this file:
  *   train      ranks started by hand or by a script: GEOCCL_COMM_ID=host:port
- *              RANK=r NRANKS=n ./train [options]
+ *              GEOCCL_COMM_SECRET=s RANK=r NRANKS=n ./train [options]
  *   train-mpi  (built with -DTRAIN_WITH_MPI) ranks started by mpirun; rank 0
  *              makes the unique id and MPI_Bcast hands it to the others.
  * Run with --help for the options; see README.md beside this file.
@@ -413,7 +413,7 @@ typedef struct {
 static void usage(FILE *to)
 {
   fprintf(to,
-          "usage: train [options]            (GEOCCL_COMM_ID=host:port RANK=r NRANKS=n)\n"
+          "usage: train [options]            (GEOCCL_COMM_ID=host:port GEOCCL_COMM_SECRET=s RANK=r NRANKS=n)\n"
           "       mpirun -np N train-mpi [options]\n"
           "  --data PATH      digits CSV, gzip or plain (default " DIGITS_DEFAULT_PATH ")\n"
           "  --epochs N       passes over the training set (default 30)\n"
@@ -530,7 +530,8 @@ int main(int argc, char **argv)
       }
       fprintf(stderr,
               "train: start one process per rank with GEOCCL_COMM_ID=host:port (rank 0's address),\n"
-              "  RANK=r and NRANKS=n set, or use train-mpi under mpirun; see --help\n");
+              "  the same GEOCCL_COMM_SECRET, RANK=r and NRANKS=n set, or use train-mpi under\n"
+              "  mpirun; see --help\n");
       return 2;
     }
     nranks = (int)parse_long("NRANKS", n, 1, 1 << 20);
