@@ -14,7 +14,7 @@
  *    our memory, however many streams rank 0 asked for. */
 #define _GNU_SOURCE
 #include "config.h"
-#include "harness.h"
+#include "tests/helpers/harness.h"
 #include "comm/api/init_internal.h"
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
