@@ -13,6 +13,9 @@
  *    connection, or to replace it with a fresh one, and a resume whose
  *    frame count is out of range or below what was acknowledged: each is
  *    refused alone and the live connection goes on untouched;
+ *  - strangers holding descriptors, from several source prefixes, at a
+ *    rank's set-up listener or bootstrap root under ulimit -n 1024, and
+ *    crowding its resume listener while a reset connection resumes;
  * and encryption changes no result: all-reduces are bit-identical with
  * GEOCCL_ENCRYPT=off and =all, over TCP and over same-host rings. */
 #define _GNU_SOURCE
@@ -27,12 +30,17 @@
 
 #include <CUnit/Basic.h>
 #include <geoccl.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -489,6 +497,549 @@ static void test_token_under_mac(void)
     harness_shared_free(t, sizeof(*t));
 }
 
+/* ---- strangers holding descriptors, against a rank with ulimit -n 1024 --- */
+
+/* 1,100 idle strangers from 5 source prefixes (127.0.1.x .. 127.0.5.x, two
+ * addresses each; the ranks' own connections come from 127.0.0.1), each
+ * prefix from a process of its own so that none needs more than 220
+ * descriptors. */
+#define FLOOD_PROCS 5
+#define FLOOD_EACH 220
+#define FLOOD_RANKS 3
+#define FLOOD_FD_LIMIT 1024
+/* What the application in the attacked rank asks for, again and again,
+ * while it initialises: it must always get it. */
+#define FLOOD_APP_FDS 100
+
+typedef struct {
+    int at_root;          /* 1: the strangers go to the bootstrap root, which
+                           * rank 0 runs (it made the id); 0: to rank 0's
+                           * set-up listener */
+    const char *shm;
+    int port;             /* where the strangers go, once known */
+    ncclUniqueId id;      /* at_root: rank 0's id */
+    int id_ready;
+    int flooders;         /* flood processes done connecting */
+    int connected;        /* strangers whose connect completed */
+    int done;             /* rank 0 is through: the strangers may go */
+    ncclResult_t res[FLOOD_RANKS];
+    int wrong[FLOOD_RANKS];
+    int redialled[FLOOD_RANKS]; /* a rank logged that it dialled a connection again */
+    int app_short;        /* times rank 0's application got fewer than FLOOD_APP_FDS */
+    int fdsize;           /* rank 0's descriptor table after init (FDSize) */
+    char err[FLOOD_RANKS][400];
+} floodArgs;
+
+static int load_int(int *p)
+{
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+/* Wait until *p >= v; 0 when it came within s seconds. */
+static int wait_int(int *p, int v, double s)
+{
+    double until = harness_now() + s * harness_time_scale();
+    while (load_int(p) < v) {
+        if (harness_now() > until)
+            return -1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+/* The IPv4 TCP ports this process listens on, from /proc: a rank's
+ * listener has a port chosen by the kernel, and this is how a stranger on
+ * the host would find it too (a remote one scans). */
+static int own_listen_ports(int *ports, int max)
+{
+    static unsigned long inode[4096];
+    int ni = 0, n = 0;
+    char line[512];
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && ni < 4096;) {
+        char path[300], link[64];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t l = readlink(path, link, sizeof(link) - 1);
+        if (l > 0) {
+            link[l] = '\0';
+            if (sscanf(link, "socket:[%lu]", &inode[ni]) == 1)
+                ni++;
+        }
+    }
+    closedir(d);
+    FILE *f = fopen("/proc/self/net/tcp", "r");
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f) != NULL && n < max) {
+        unsigned port, state;
+        unsigned long ino;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*u %lu", &port,
+                   &state, &ino) != 3 || state != 0x0A /* LISTEN */)
+            continue;
+        for (int i = 0; i < ni; i++)
+            if (inode[i] == ino) {
+                ports[n++] = (int)port;
+                break;
+            }
+    }
+    fclose(f);
+    return n;
+}
+
+typedef struct {
+    floodArgs *a;
+    int stop;
+    int known[64], nknown;
+} rank0Watch;
+
+/* Rank 0's side threads: the listener its init opens, published for the
+ * strangers; and its application, which asks for descriptors all along. */
+static void *find_listener(void *p)
+{
+    rank0Watch *w = p;
+    while (!load_int(&w->stop)) {
+        int ports[64], n = own_listen_ports(ports, 64);
+        for (int i = 0; i < n; i++) {
+            int old = 0;
+            for (int k = 0; k < w->nknown; k++)
+                old |= ports[i] == w->known[k];
+            if (!old) {
+                __atomic_store_n(&w->a->port, ports[i], __ATOMIC_RELEASE);
+                return NULL;
+            }
+        }
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static void *application(void *p)
+{
+    rank0Watch *w = p;
+    while (!load_int(&w->stop)) {
+        int fds[FLOOD_APP_FDS], n = 0;
+        while (n < FLOOD_APP_FDS && (fds[n] = dup(2)) >= 0)
+            n++;
+        if (n < FLOOD_APP_FDS)
+            w->a->app_short++;
+        while (n > 0)
+            close(fds[--n]);
+        usleep(200);
+    }
+    return NULL;
+}
+
+static int fd_table_size(void)
+{
+    char line[128];
+    int size = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "FDSize: %d", &size) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return size;
+}
+
+/* One stranger process: FLOOD_EACH connections from its prefix, kept open
+ * and silent until rank 0 is through. */
+static int flood_body(int k, floodArgs *a)
+{
+    int fds[FLOOD_EACH], n = 0, made = 0;
+    struct pollfd pfd[FLOOD_EACH];
+    if (wait_int(&a->port, 1, 30) != 0)
+        return 1;
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a->port)};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < FLOOD_EACH; i++) {
+        struct sockaddr_in from = {.sin_family = AF_INET};
+        from.sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)(k + 1) << 8 | (uint32_t)(1 + i % 2));
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (s < 0)
+            break;
+        if (bind(s, (struct sockaddr *)&from, sizeof(from)) != 0 ||
+            (connect(s, (struct sockaddr *)&to, sizeof(to)) != 0 && errno != EINPROGRESS)) {
+            close(s);
+            continue;
+        }
+        pfd[n] = (struct pollfd){.fd = s, .events = POLLOUT};
+        fds[n++] = s;
+    }
+    /* Until every connect has completed (or 5 s). */
+    double until = harness_now() + 5;
+    for (int left = n; left > 0 && harness_now() < until;) {
+        if (poll(pfd, (nfds_t)n, 100) < 0)
+            break;
+        for (int i = 0; i < n; i++)
+            if (pfd[i].fd >= 0 && pfd[i].revents) {
+                made += geoSocketConnectResult(pfd[i].fd) != ECONNREFUSED;
+                pfd[i].fd = -1;
+                left--;
+            }
+    }
+    __atomic_add_fetch(&a->connected, made, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&a->flooders, 1, __ATOMIC_ACQ_REL);
+    wait_int(&a->done, 1, 60);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    return 0;
+}
+
+static int flood_rank_body(int rank, int nranks, const ncclUniqueId *hid, void *arg)
+{
+    floodArgs *a = arg;
+    ncclComm_t comm = NULL;
+    ncclUniqueId id;
+    char logpath[] = "/tmp/geoccl-flood-XXXXXX";
+    int log = -1, saved = -1;
+    rank0Watch w = {.a = a};
+    pthread_t finder, app;
+    (void)nranks;
+    if (rank >= FLOOD_RANKS)
+        return flood_body(rank - FLOOD_RANKS, a);
+    set_env("GEOCCL_SHM", a->shm);
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_TIMEOUT", "20");
+    if (rank == 0) {
+        struct rlimit rl = {FLOOD_FD_LIMIT, FLOOD_FD_LIMIT};
+        geoUniqueIdInternal in;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 ||
+            (a->at_root && (ncclGetUniqueId(&id) != ncclSuccess ||
+                            geoBootstrapDecode(&id, &in) != ncclSuccess))) {
+            __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+            return 1;
+        }
+        if (a->at_root) {
+            a->id = id;
+            __atomic_store_n(&a->id_ready, 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&a->port, geoAddrPort(&in.root), __ATOMIC_RELEASE);
+        } else {
+            id = *hid;
+            w.nknown = own_listen_ports(w.known, 64); /* inherited ones are not its */
+            pthread_create(&finder, NULL, find_listener, &w);
+        }
+        pthread_create(&app, NULL, application, &w);
+        if (a->at_root) /* the strangers hold the root's room before the ranks come */
+            wait_int(&a->flooders, FLOOD_PROCS, 30);
+    } else {
+        /* The ranks come once the strangers are in: at rank 0's set-up
+         * listener they wait in its backlog, ahead of the ranks' own. */
+        if (wait_int(&a->flooders, FLOOD_PROCS, 30) != 0 || wait_int(&a->id_ready, 1, 30) != 0)
+            return 1;
+        id = a->at_root ? a->id : *hid;
+        set_env("GEOCCL_DEBUG", "INFO");
+        fflush(stderr);
+        log = mkstemp(logpath);
+        saved = dup(2);
+        if (log >= 0 && saved >= 0)
+            dup2(log, 2);
+    }
+    a->res[rank] = ncclCommInitRank(&comm, FLOOD_RANKS, id, rank);
+    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
+    if (rank == 0) {
+        __atomic_store_n(&w.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(app, NULL);
+        if (!a->at_root)
+            pthread_join(finder, NULL);
+        a->fdsize = fd_table_size();
+    }
+    if (a->res[rank] == ncclSuccess) {
+        float x[1000];
+        for (int i = 0; i < 1000; i++)
+            x[i] = (float)((rank + 1) * i);
+        if (ncclAllReduce(x, x, 1000, ncclFloat, ncclSum, comm, NULL) != ncclSuccess)
+            a->wrong[rank]++;
+        for (int i = 0; i < 1000; i++)
+            a->wrong[rank] += x[i] != (float)(6 * i);
+    }
+    if (comm != NULL)
+        ncclCommDestroy(comm);
+    if (rank == 0)
+        __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    if (log >= 0) {
+        char line[1024];
+        fflush(stderr);
+        dup2(saved, 2);
+        FILE *f = fdopen(log, "r");
+        rewind(f);
+        while (fgets(line, sizeof(line), f) != NULL)
+            a->redialled[rank] += strstr(line, "dialled again") != NULL;
+        fclose(f);
+        unlink(logpath);
+        close(saved);
+    }
+    return 0;
+}
+
+static void flood_case(int at_root, const char *shm)
+{
+    /* At the set-up listener the strangers wait in its backlog, which the
+     * kernel bounds by net.core.somaxconn. */
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    int somaxconn = 0;
+    if (f != NULL) {
+        if (fscanf(f, "%d", &somaxconn) != 1)
+            somaxconn = 0;
+        fclose(f);
+    }
+    if (!at_root && somaxconn < FLOOD_PROCS * FLOOD_EACH) {
+        printf("\n    skipped: net.core.somaxconn is %d, below the %d strangers\n", somaxconn,
+               FLOOD_PROCS * FLOOD_EACH);
+        return;
+    }
+    floodArgs *a = harness_shared_alloc(sizeof(*a));
+    harness_opts o = {.timeout_s = 90, .make_id = !at_root};
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    a->at_root = at_root;
+    a->shm = shm;
+    a->id_ready = !at_root;
+    double t0 = harness_now();
+    CU_ASSERT_EQUAL(harness_run_opts(FLOOD_RANKS + FLOOD_PROCS, flood_rank_body, a, &o), 0);
+    printf("\n    %d idle strangers at rank 0's %s (GEOCCL_SHM=%s, ulimit -n %d): init %s in "
+           "%.2f s in all; its application short of %d descriptors %d times; its descriptor "
+           "table grew to %d\n", a->connected, at_root ? "bootstrap root" : "set-up listener", shm,
+           FLOOD_FD_LIMIT, a->res[0] == ncclSuccess ? "succeeded" : "failed",
+           harness_now() - t0, FLOOD_APP_FDS, a->app_short, a->fdsize);
+    for (int r = 0; r < FLOOD_RANKS; r++) {
+        CU_ASSERT_EQUAL(a->res[r], ncclSuccess);
+        CU_ASSERT_EQUAL(a->wrong[r], 0);
+        /* No rank's handshake was dropped among the strangers. */
+        CU_ASSERT_EQUAL(a->redialled[r], 0);
+        if (a->res[r] != ncclSuccess)
+            fprintf(stderr, "    rank %d: %s\n", r, a->err[r]);
+    }
+    /* The strangers got in (else this tests nothing), and never held what
+     * the application needs: it always found its descriptors, and the
+     * descriptor table (which only grows) stayed within half the limit. */
+    CU_ASSERT_TRUE(a->connected > FLOOD_FD_LIMIT);
+    CU_ASSERT_EQUAL(a->app_short, 0);
+    CU_ASSERT_TRUE(a->fdsize > 0 && a->fdsize <= FLOOD_FD_LIMIT / 2);
+    harness_shared_free(a, sizeof(*a));
+}
+
+static void test_fd_flood_setup(void)
+{
+    flood_case(0, "0"); /* the ranks' connections come over TCP, behind the strangers */
+    flood_case(0, "1"); /* over the same-host sockets */
+}
+
+static void test_fd_flood_root(void)
+{
+    flood_case(1, "1");
+}
+
+/* ---- strangers at the resume listener while a connection resumes -------- */
+
+#define RFLOOD_PROCS 5
+#define RFLOOD_EACH 40     /* 200 strangers wanting the 64 resume slots */
+
+typedef struct {
+    int port;             /* rank 0's listener, once it is up */
+    int flooders;         /* stranger processes churning */
+    int done;             /* rank 1 is through: the strangers may go */
+    int churned;          /* strangers the listener dropped and that came again */
+    int reset;            /* connections rank 1 reset */
+    uint64_t reconnects;
+    int wrong[2];
+    int redialled;        /* rank 1 logged a resume dial dropped and dialled again */
+    double took;          /* reset to the next all-reduce's end, on rank 1 */
+} rfloodArgs;
+
+/* A connected TCP socket whose peer has reset it: what the library finds
+ * when a middlebox resets one of its connections. */
+static int reset_socket(void)
+{
+    geoSockAddr any, bound;
+    int l = -1, c = -1, s;
+    if (geoAddrFromString("127.0.0.1:0", &any) != ncclSuccess ||
+        geoSocketListen(&any, &l, &bound) != ncclSuccess)
+        return -1;
+    if (geoSocketConnect(&bound, harness_now() + 5, &c) == ncclSuccess &&
+        (s = accept(l, NULL, NULL)) >= 0) {
+        struct linger lg = {1, 0};
+        setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        close(s);
+        struct pollfd p = {.fd = c, .events = POLLIN};
+        poll(&p, 1, 1000);
+    }
+    close(l);
+    return c;
+}
+
+/* Reset this process's TCP connections to addr, as a middlebox would: the
+ * peer gets a reset, and the descriptor the library holds is replaced by a
+ * socket that was reset too.  How many were. */
+static int reset_connections_to(const geoSockAddr *addr)
+{
+    int n = 0;
+    for (int fd = 3; fd < 1024; fd++) {
+        geoSockAddr peer;
+        socklen_t len = sizeof(peer);
+        int type = 0;
+        socklen_t tl = sizeof(type);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM ||
+            getpeername(fd, &peer.sa, &len) != 0 || peer.sa.sa_family != AF_INET ||
+            peer.sin.sin_addr.s_addr != addr->sin.sin_addr.s_addr ||
+            peer.sin.sin_port != addr->sin.sin_port)
+            continue;
+        struct linger lg = {1, 0};
+        int d = reset_socket();
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        if (d >= 0 && dup2(d, fd) == fd)
+            n++;
+        if (d >= 0)
+            close(d);
+    }
+    return n;
+}
+
+/* Strangers that come again as soon as the listener drops them, each
+ * process from a /24 of its own, until rank 1 is through. */
+static int rflood_body(int k, rfloodArgs *a)
+{
+    struct pollfd pfd[RFLOOD_EACH];
+    int up = 0, counted = 0;
+    if (wait_int(&a->port, 1, 30) != 0)
+        return 1;
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a->port)};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < RFLOOD_EACH; i++)
+        pfd[i] = (struct pollfd){.fd = -1};
+    double until = harness_now() + 60;
+    while (!load_int(&a->done) && harness_now() < until) {
+        for (int i = 0; i < RFLOOD_EACH; i++) {
+            if (pfd[i].fd >= 0)
+                continue;
+            struct sockaddr_in from = {.sin_family = AF_INET};
+            from.sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)(k + 1) << 8 | 1u);
+            int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (s >= 0 && bind(s, (struct sockaddr *)&from, sizeof(from)) == 0 &&
+                (connect(s, (struct sockaddr *)&to, sizeof(to)) == 0 || errno == EINPROGRESS)) {
+                pfd[i] = (struct pollfd){.fd = s, .events = POLLIN};
+                up += counted;
+            } else if (s >= 0) {
+                close(s);
+            }
+        }
+        if (!counted) {
+            counted = 1;
+            __atomic_add_fetch(&a->flooders, 1, __ATOMIC_ACQ_REL);
+        }
+        if (poll(pfd, RFLOOD_EACH, 10) <= 0)
+            continue;
+        for (int i = 0; i < RFLOOD_EACH; i++) {
+            char sink[64];
+            if (pfd[i].fd < 0 || pfd[i].revents == 0)
+                continue;
+            ssize_t r = recv(pfd[i].fd, sink, sizeof(sink), MSG_DONTWAIT); /* the challenge */
+            if (r == 0 || (r < 0 && errno != EAGAIN)) {
+                close(pfd[i].fd); /* dropped: come again */
+                pfd[i].fd = -1;
+            }
+        }
+    }
+    __atomic_add_fetch(&a->churned, up, __ATOMIC_ACQ_REL);
+    for (int i = 0; i < RFLOOD_EACH; i++)
+        if (pfd[i].fd >= 0)
+            close(pfd[i].fd);
+    return 0;
+}
+
+static int rflood_rank_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+    rfloodArgs *a = arg;
+    ncclComm_t comm = NULL;
+    char logpath[] = "/tmp/geoccl-rflood-XXXXXX";
+    int log = -1, saved = -1;
+    float x[1000];
+    if (rank >= 2)
+        return rflood_body(rank - 2, a);
+    (void)nranks;
+    set_env("GEOCCL_SHM", "0"); /* TCP connections: those are the ones resumed */
+    set_env("GEOCCL_PROBE", "0");
+    set_env("GEOCCL_TIMEOUT", "20");
+    if (rank == 1) {
+        set_env("GEOCCL_DEBUG", "INFO");
+        fflush(stderr);
+        log = mkstemp(logpath);
+        saved = dup(2);
+        if (log >= 0 && saved >= 0)
+            dup2(log, 2);
+    }
+    if (ncclCommInitRank(&comm, 2, *id, rank) != ncclSuccess)
+        return 1;
+    if (rank == 0)
+        __atomic_store_n(&a->port, geoAddrPort(&comm->net.ctx.peers[0].addr), __ATOMIC_RELEASE);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 1000; i++)
+            x[i] = (float)((rank + 1) * (i + round));
+        double t0 = harness_now();
+        if (rank == 1 && round == 1) {
+            /* The resume listener is full of strangers and they keep
+             * coming: then rank 1's connections to rank 0 are reset, and
+             * it dials rank 0 again through them. */
+            wait_int(&a->flooders, RFLOOD_PROCS, 30);
+            usleep(300000);
+            t0 = harness_now();
+            a->reset = reset_connections_to(&comm->net.ctx.peers[0].addr);
+        }
+        if (ncclAllReduce(x, x, 1000, ncclFloat, ncclSum, comm, NULL) != ncclSuccess)
+            a->wrong[rank]++;
+        for (int i = 0; i < 1000; i++)
+            a->wrong[rank] += x[i] != (float)(3 * (i + round));
+        if (rank == 1 && round == 1) {
+            uint64_t resent = 0;
+            a->took = harness_now() - t0;
+            /* The all-reduce needed one of the connections; the others
+             * resume on their own. */
+            double until = harness_now() + 10 * harness_time_scale();
+            while (geocclCommGetReconnects(comm, 0, &a->reconnects, &resent) == ncclSuccess &&
+                   a->reconnects < (uint64_t)a->reset && harness_now() < until)
+                usleep(1000);
+        }
+    }
+    ncclCommDestroy(comm);
+    if (rank == 1) {
+        __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+        char line[1024];
+        fflush(stderr);
+        dup2(saved, 2);
+        FILE *f = log >= 0 ? fdopen(log, "r") : NULL;
+        if (f != NULL) {
+            rewind(f);
+            while (fgets(line, sizeof(line), f) != NULL)
+                a->redialled += strstr(line, "dialled again") != NULL;
+            fclose(f);
+        }
+        unlink(logpath);
+        close(saved);
+    }
+    return 0;
+}
+
+static void test_resume_through_strangers(void)
+{
+    rfloodArgs *a = harness_shared_alloc(sizeof(*a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL(harness_run_noinit(2 + RFLOOD_PROCS, rflood_rank_body, a, 90), 0);
+    printf("\n    %d connections reset while strangers from %d prefixes (dropped and back %d "
+           "times) held the resume listener: %llu resumed, the next all-reduce took %.3f s, "
+           "%d resume dials dropped\n", a->reset, RFLOOD_PROCS, a->churned,
+           (unsigned long long)a->reconnects, a->took, a->redialled);
+    CU_ASSERT_TRUE(a->reset > 0);
+    CU_ASSERT_EQUAL(a->wrong[0], 0);
+    CU_ASSERT_EQUAL(a->wrong[1], 0);
+    CU_ASSERT_TRUE(a->reconnects >= (uint64_t)a->reset);
+    /* The listener was crowded (else this tests nothing), and rank 1's
+     * dials, from a prefix of their own, were never the ones dropped. */
+    CU_ASSERT_TRUE(a->churned > 64);
+    CU_ASSERT_EQUAL(a->redialled, 0);
+    harness_shared_free(a, sizeof(*a));
+}
+
 /* ---- encryption changes no result --------------------------------------- */
 
 #define BIT_RANKS 4
@@ -844,6 +1395,12 @@ int main(void)
     CU_add_test(s, "no secret: the opt-out runs on one host, warns, never pretends to encrypt",
                 test_no_secret_opt_out);
     CU_add_test(s, "a relay that rewrites the re-join token is refused", test_token_under_mac);
+    CU_add_test(s, "1,100 idle strangers at a rank's set-up listener cost it nothing (ulimit -n "
+                "1024)", test_fd_flood_setup);
+    CU_add_test(s, "1,100 idle strangers at the bootstrap root cost its rank nothing (ulimit -n "
+                "1024)", test_fd_flood_root);
+    CU_add_test(s, "a connection resumes through strangers crowding the resume listener",
+                test_resume_through_strangers);
     CU_add_test(s, "results bit-identical with encryption on and off",
                 test_encryption_bit_identical);
     CU_add_test(s, "a holder of the secret cannot take over or break a live connection",

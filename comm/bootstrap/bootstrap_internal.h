@@ -9,6 +9,7 @@
 
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/base/crypto.h"
+#include "comm/transport/admit.h"
 #include "comm/transport/socket.h"
 
 #include <stddef.h>
@@ -77,7 +78,7 @@ typedef struct {
     size_t off;
     double deadline;
     char from[GEO_ADDR_STRLEN];
-    geoSockAddr src;
+    geoAdmitGroup group;  /* its source prefix, for the per-source limits */
     uint8_t challenge[GEO_CHALLENGE_BYTES];
     geoJoinMsg m;
 } geoBootJoiner;

@@ -4,11 +4,13 @@
  * tables when every rank has joined, and stays until every rank has
  * confirmed its table, taking back ranks whose connection was lost.  It
  * bounds what strangers can hold: unproven connections in all and per
- * source, and the log lines their drops cost. */
+ * source prefix, from the descriptors the process has (admit.h), and the
+ * log lines their drops cost. */
 #include "config.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/bootstrap_internal.h"
 #include "comm/base/checks.h"
+#include "comm/transport/admit.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -26,12 +28,14 @@
  * per rank, and a stranger that never answers holds only its own slot. */
 #define GEO_ROOT_HANDSHAKE_S 5.0  /* a joiner proves itself by then */
 /* Unproven connections are all served at once (idle strangers cannot make
- * a rank wait in the backlog); beyond these bounds, over all sources and
- * per source address, one unproven connection chosen at random is dropped
- * to make room, and a rank dropped so joins again.  At most 64 are accepted
- * per pass, so that a flood cannot stop the handshakes under way. */
+ * a rank wait in the backlog).  How many may be held, in all and from one
+ * source prefix, follows from RLIMIT_NOFILE (admit.h: the root shares its
+ * process with a rank, or with the application), at most
+ * GEO_ROOT_MAX_PENDING (each pass polls them all); beyond that an unproven
+ * one of the loudest prefix is dropped to make room, and a rank dropped so
+ * joins again.  At most 64 are accepted per pass, so that a flood cannot
+ * stop the handshakes under way. */
 #define GEO_ROOT_MAX_PENDING 1024
-#define GEO_ROOT_MAX_PENDING_PER_SOURCE 256
 
 /* Log a dropped connection; past the first GEO_ROOT_DROP_LOG only count
  * it (a port scan or a flood must not bury the log), summed up at the end. */
@@ -49,29 +53,30 @@ void geoBootRootDropped(int *count, const char *fmt, ...)
             *count == GEO_ROOT_DROP_LOG ? " (further drops are only counted)" : "");
 }
 
-/* Drop one unproven joiner when there are max of them (from src, or from
- * anywhere when src is NULL). */
-static void root_make_room(geoBootRootState *rs, geoBootJoiner *pend, int npend,
-                           const geoSockAddr *src, int max)
+/* A joiner's source group while its handshake runs (a proven one has
+ * left the table for rs->fds). */
+static const geoAdmitGroup *joiner_group(const void *tab, int i)
 {
-    int n = 0, pick = -1;
-    uint32_t r = 0;
-    for (int i = 0; i < npend; i++)
-        n += pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src));
-    if (n < max || n == 0)
-        return;
-    /* One chosen at random, so that a flood cannot aim at a rank's
-     * handshake; a rank dropped so joins again (geoBootstrapJoin). */
-    if (geoRandomBytes(&r, sizeof(r)) != 0)
-        r = 0;
-    for (int i = 0, k = (int)(r % (uint32_t)n); i < npend; i++)
-        if (pend[i].fd >= 0 && (src == NULL || geoAddrSameHost(&pend[i].src, src)) && k-- == 0) {
-            pick = i;
-            break;
-        }
+    const geoBootJoiner *j = (const geoBootJoiner *)tab + i;
+    return j->fd >= 0 ? &j->group : NULL;
+}
+
+/* Make room for one more joiner of group `from` within per_group and most
+ * (from NULL: out of descriptors, one must go): drop one unproven joiner
+ * of the loudest source prefix, at random, so that a flood can neither aim
+ * at a rank's handshake nor crowd it out from other prefixes; a rank
+ * dropped so joins again (geoBootstrapJoin).  0 if one was dropped.  (The
+ * root knows no peer before they join: every source is a prefix.) */
+static int root_make_room(geoBootRootState *rs, geoBootJoiner *pend, int npend,
+                          const geoAdmitGroup *from, int per_group, int most)
+{
+    int pick = geoAdmitVictim(pend, npend, joiner_group, from, per_group, most);
+    if (pick < 0)
+        return -1;
     geoBootRootDropped(&rs->dropped, "%s (unproven; room for newer ones)", pend[pick].from);
     close(pend[pick].fd);
     pend[pick].fd = -1;
+    return 0;
 }
 
 static void *root_main(void *arg)
@@ -83,7 +88,15 @@ static void *root_main(void *arg)
     struct pollfd *pfd = NULL;
     int npend = 0, cap = 0, pfd_cap = 0;
     int *rank_at = NULL; /* the ranks polled for their confirmation */
-    double confirm_by = 0;
+    double confirm_by = 0, paused_until = 0;
+    int starved = 0;
+
+    geoAdmitRaiseFdLimit();
+    /* Its own needs are a descriptor per rank until it confirms, not known
+     * before the first join: slack only; running short later drops
+     * strangers, never a rank. */
+    const int budget = geoAdmitBudget("bootstrap root", GEO_ADMIT_SLACK, GEO_ROOT_MAX_PENDING);
+    const int per_group = geoAdmitPerGroup(budget);
 
     rs.deadline = deadline;
     if (geoSocketSetNonBlocking(a->listen_fd, 1) != 0) {
@@ -169,7 +182,11 @@ static void *root_main(void *arg)
             if (pend[i].deadline < wake)
                 wake = pend[i].deadline;
         }
-        pfd[npend] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
+        /* Out of descriptors, the listener is left alone for a while. */
+        pfd[npend] = (struct pollfd){.fd = now < paused_until ? -1 : a->listen_fd,
+                                     .events = POLLIN};
+        if (now < paused_until && paused_until < wake)
+            wake = paused_until;
         int nr = 0;
         for (int r = 0; r < maxr; r++)
             if (rs.fds[r] >= 0 && rs.rank_state[r] == 1) {
@@ -215,17 +232,25 @@ static void *root_main(void *arg)
             geoSockAddr from;
             int accepted = geoSocketAcceptNB(a->listen_fd, &j->fd, &from);
             if (accepted < 0 && (errno == EMFILE || errno == ENFILE)) {
-                root_make_room(&rs, pend, npend, NULL, 1);
-                break; /* the next round accepts again */
+                int e = errno;
+                if (root_make_room(&rs, pend, npend, NULL, 0, 0) == 0)
+                    continue;
+                /* None of ours to take back: the rest of the process holds
+                 * them; the ranks wait in the backlog meanwhile. */
+                if (starved++ == 0)
+                    geoWarn(GEO_LOG_INIT, "bootstrap root: accept: %s, and no unproven "
+                            "connection to drop; trying again every %.0f ms", strerror(e),
+                            GEO_ADMIT_PAUSE_S * 1000);
+                paused_until = now + GEO_ADMIT_PAUSE_S;
+                break;
             }
             if (accepted < 0)
                 geoWarn(GEO_LOG_INIT, "bootstrap root: accept failed: %s", strerror(errno));
             if (accepted <= 0)
                 break;
             geoAddrToString(&from, j->from);
-            j->src = from;
-            root_make_room(&rs, pend, npend, &from, GEO_ROOT_MAX_PENDING_PER_SOURCE);
-            root_make_room(&rs, pend, npend, NULL, GEO_ROOT_MAX_PENDING);
+            j->group = geoAdmitGroupOf(NULL, &from);
+            root_make_room(&rs, pend, npend, &j->group, per_group, budget);
             j->stage = 0;
             j->off = 0;
             j->deadline = now + GEO_ROOT_HANDSHAKE_S;

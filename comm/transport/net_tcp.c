@@ -5,6 +5,7 @@
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/base/param.h"
+#include "comm/transport/admit.h"
 #include "comm/transport/net_tcp_internal.h"
 
 #include <errno.h>
@@ -102,7 +103,14 @@ static ncclResult_t tcp_listen(geoNetCtx *ctx, void **state, geoNetAddr *addr)
     st->wake_fd = -1;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cv, NULL);
+    geoAdmitRaiseFdLimit();
     GEO_CHECK_GOTO(geoSocketListen(&addr->addr, &st->listen_fd, &bound), res, fail);
+    /* Taken now, before strangers can take descriptors at set-up. */
+    st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (st->wake_fd < 0) {
+        res = GEO_ERR(ctx->err, ncclSystemError, "init: eventfd failed: %s", strerror(errno));
+        goto fail;
+    }
     addr->addr = bound;
     geoLocalIdentify(&st->local);
     if (geoParamInt(GEO_PARAM_SHM) != 0 && geoLocalListen(ctx->rank, &st->local_fd,
@@ -114,6 +122,8 @@ static ncclResult_t tcp_listen(geoNetCtx *ctx, void **state, geoNetAddr *addr)
     *state = st;
     return ncclSuccess;
 fail:
+    if (st->listen_fd >= 0)
+        close(st->listen_fd);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->cv);
     free(st);
@@ -190,9 +200,6 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
     if (st->rpend == NULL)
         return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
     st->running = 1;
-    st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (st->wake_fd < 0)
-        return GEO_ERR(ctx->err, ncclSystemError, "init: eventfd failed: %s", strerror(errno));
     int rc = pthread_create(&st->thread, NULL, tcpProgressMain, st);
     if (rc != 0)
         return GEO_ERR(ctx->err, ncclSystemError, "init: cannot start the progress thread: %s",
@@ -454,6 +461,7 @@ static void tcp_destroy(void *state)
     geoLocalUnlink(&st->local); /* init failed before connect() removed it */
     if (st->wake_fd >= 0)
         close(st->wake_fd);
+    geoAdmitPeersFree(&st->known);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->cv);
     free(st);

@@ -168,6 +168,11 @@ static int exchanges(int encrypt, int local, int resume)
     return encrypt || (!local && !resume);
 }
 
+static int out_of_fds(int err)
+{
+    return err == EMFILE || err == ENFILE;
+}
+
 /* The peer's same-host socket cannot be opened from here (another mount
  * namespace, a private /dev/shm): it is not the same host for us, so this
  * stream goes over TCP, at once. */
@@ -201,7 +206,7 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
                           : geoSocketConnectStart(&ctx->peers[h->peer].addr, &h->fd);
             if (rc != 0) {
                 h->err = errno;
-                if (h->local && h->err != EAGAIN) {
+                if (h->local && h->err != EAGAIN && !out_of_fds(h->err)) {
                     local_fallback(h);
                     continue;
                 }
@@ -336,9 +341,14 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
         }
     }
 connect_failed:
+    /* Out of descriptors: set-up drops a stranger to make room (st->fd_short),
+     * and the dial is tried again like a refused one (a resume dial too). */
+    if (out_of_fds(h->err) && !h->resume)
+        st->fd_short = 1;
     /* After set-up a listener is open for the peer's whole life: a
      * refused connect means its process is gone. */
-    if (geoSocketRetryable(h->err) && now < deadline && !(h->resume && h->err == ECONNREFUSED)) {
+    if ((geoSocketRetryable(h->err) || out_of_fds(h->err)) && now < deadline &&
+        !(h->resume && h->err == ECONNREFUSED)) {
         h->state = HS_RETRY;
         h->when = now + h->backoff;
         if (h->backoff < 0.1)

@@ -174,6 +174,7 @@
 #include <stdint.h>
 
 #include "comm/base/crypto.h"
+#include "comm/transport/admit.h"
 #include "comm/transport/shm_ring.h"
 #include "comm/transport/transport.h"
 
@@ -182,9 +183,17 @@
 #define GEO_HELLO_MAGIC 0x47454f32u /* "GEO2": the hello of this protocol */
 #define GEO_ACCEPT_MAGIC 0x47454f41u /* "GEOA" */
 #define GEO_ACK_MAGIC 0x47454f4bu /* "GEOK": data frames received whole */
-/* Unproven resume handshakes served at once by the progress thread; more
- * evict one at random (a peer dropped so dials again). */
+/* Unproven resume handshakes served at once by the progress thread, in
+ * all and from one source group (admit.h: a peer's host, or a /24, /64).
+ * A newer one makes room by dropping an unproven one of the loudest group
+ * of strangers, a peer's only when no stranger's is left, never one that
+ * has proved the secret; a peer dropped so dials again.  A flood then only
+ * replaces itself, and a resume dialled from a peer's own address gets
+ * through whatever the flood.  Small: the slots are paid in descriptors
+ * for the communicator's whole life, and a resume's handshake needs one
+ * for a round trip. */
 #define GEO_TCP_RESUME_PENDING 64
+#define GEO_TCP_RESUME_PER_GROUP (GEO_TCP_RESUME_PENDING / GEO_ADMIT_GROUP_SHARE)
 #define GEO_CHALLENGE_BYTES 16
 #define GEO_TCP_HANDSHAKE_S 5.0  /* an accepted connection proves itself by then */
 /* The first few drops are logged one by one, the rest only counted (a
@@ -344,11 +353,14 @@ typedef struct {
     int broken;
     ncclResult_t broken_res;
     int dropped;                    /* connections dropped during set-up */
+    geoAdmitPeers known;            /* the peers' hosts, which strangers cannot crowd out */
+    int fd_short;                   /* set-up: a dial of ours found no descriptor */
     int uncounted;                  /* set-up: counted slots since replaced (tcpHsInStep) */
     /* after set-up: resume handshakes accepted on listen_fd */
     int running;
     struct tcpHs *rpend;
     int nrpend;
+    double listen_paused_until;     /* out of descriptors: not accepting until then */
     double reconnect_s;             /* GEOCCL_RECONNECT_TIMEOUT */
     int lowat;                      /* limitQueued's value, for new connections */
 } tcpState;
@@ -382,7 +394,8 @@ typedef struct tcpHs {
     tcpAccept ack;
     void *eph;      /* out, encrypted or TCP: our ephemeral X25519 key until the ack */
     char from[GEO_ADDR_STRLEN]; /* in: the address it came from */
-    geoSockAddr src;            /* in: the same, for per-source limits (local: zeroed) */
+    geoAdmitGroup group;        /* in: its source group, for the per-source limits
+                                 * (same-host sockets: one group) */
 } tcpHs;
 
 /* What an entry of the progress thread's poll set stands for. */
@@ -450,10 +463,13 @@ void tcpHsDrop(tcpState *st, tcpHs *h, const char *why);
 /* Open every connection of this rank; bounded by ctx->timeout and the
  * abort flag.  The caller's thread, before the progress thread starts. */
 ncclResult_t tcpSetupConnections(tcpState *st);
-/* Drop an unproven handshake of pend[0..npend) (from src, or any), chosen
- * at random.  0 if one was. */
-int tcpEvictPending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr *src,
-                    const char *why);
+/* Make room in pend[0..npend) for one more connection of group `from`
+ * within per_group and most (from NULL: out of descriptors, one must go):
+ * drop the unproven handshake the admission policy picks (admit.h), logged
+ * with why.  0 if one was dropped, -1 if none was, GEO_ADMIT_REFUSE if the
+ * newcomer, a stranger, is to go instead of a peer's handshake. */
+int tcpMakeRoom(tcpState *st, tcpHs *pend, int npend, const geoAdmitGroup *from, int per_group,
+                int most, const char *why);
 
 /* ---- net_tcp_resume.c ---- */
 

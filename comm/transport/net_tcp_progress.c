@@ -98,14 +98,19 @@ void *tcpProgressMain(void *arg)
             pfd[n] = (struct pollfd){.fd = st->rpend[i].fd, .events = tcpHsEvents(&st->rpend[i])};
             map[n++] = (tcpPollRef){PK_PEND, i, 0, st->rpend[i].fd};
         }
+        int wait_ms = 200;
         if (st->running && !st->broken && st->listen_fd >= 0) {
-            pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
-            map[n++] = (tcpPollRef){PK_LISTEN, 0, 0, st->listen_fd};
+            if (now < st->listen_paused_until) { /* out of descriptors (tcpAcceptResumes) */
+                wait_ms = (int)((st->listen_paused_until - now) * 1000) + 1;
+            } else {
+                pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
+                map[n++] = (tcpPollRef){PK_LISTEN, 0, 0, st->listen_fd};
+            }
         }
         pfd[n] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
         map[n] = (tcpPollRef){PK_WAKE, 0, 0, st->wake_fd};
         pthread_mutex_unlock(&st->lock);
-        int rc = poll(pfd, (nfds_t)n + 1, 200);
+        int rc = poll(pfd, (nfds_t)n + 1, wait_ms);
         pthread_mutex_lock(&st->lock);
         if (rc < 0 && errno != EINTR) {
             if (!st->broken) /* reported once: the loop polls on until stopped */

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "comm/base/checks.h"
 #include "comm/base/param.h"
+#include "comm/transport/admit.h"
 #include "comm/transport/net_tcp_internal.h"
 
 #include <errno.h>
@@ -210,7 +211,10 @@ void tcpConnResumed(tcpState *st, int p, int s, uint64_t n)
 {
     tcpPeer *peer = &st->peers[p];
     tcpConn *c = &peer->conns[s];
-    char why[256];
+    char why[256], redials[128] = "";
+    if (c->dial != NULL && c->dial->drops > 0) /* strangers crowding its listener, or a path */
+        snprintf(redials, sizeof(redials), "; %d of our dials before were closed during the "
+                 "handshake and dialled again", c->dial->drops);
     tcpConnFreeResume(c);
     c->down = 0;
     c->refused_since = 0;
@@ -248,10 +252,10 @@ void tcpConnResumed(tcpState *st, int p, int s, uint64_t n)
         bytes += tcpKeptAt(c, i)->hdr.len;
     peer->reconnects++;
     geoInfo(GEO_LOG_NET, "rank %d, stream %d: resumed %.3f s after the reset (reconnect %llu "
-            "with this rank); sending %llu frames (%llu bytes) again, it had %llu of %llu",
+            "with this rank); sending %llu frames (%llu bytes) again, it had %llu of %llu%s",
             p, s, geoNow() - c->down_since, (unsigned long long)peer->reconnects,
             (unsigned long long)c->k_len, (unsigned long long)bytes, (unsigned long long)n,
-            (unsigned long long)c->s_count);
+            (unsigned long long)c->s_count, redials);
 }
 
 /* The peer's process is gone (its listener refuses us): an error when
@@ -385,7 +389,8 @@ void tcpProbeDone(tcpState *st, int p, int s, double now)
 
 /* Take what waits on the listener after set-up: resume handshakes, run
  * like those of set-up (challenge first, a deadline each, room made by
- * dropping an unproven one at random). */
+ * dropping an unproven one of the loudest source prefix, never a proven
+ * one: GEO_TCP_RESUME_PENDING). */
 void tcpAcceptResumes(tcpState *st, double now)
 {
     for (int taken = 0; taken < 16; taken++) {
@@ -393,17 +398,31 @@ void tcpAcceptResumes(tcpState *st, double now)
         geoSockAddr from;
         int got = geoSocketAcceptNB(st->listen_fd, &h.fd, &from);
         if (got < 0 && (errno == EMFILE || errno == ENFILE) &&
-            tcpEvictPending(st, st->rpend, st->nrpend, NULL, "dropped to make room (out of "
-                          "file descriptors)") == 0)
-            return; /* the slot frees when rpend is compacted */
+            tcpMakeRoom(st, st->rpend, st->nrpend, NULL, 0, 0, "dropped to make room (out of "
+                        "file descriptors)") != 0)
+            /* None of ours to take back: leave the backlog alone a while
+             * rather than spin on it (resumes wait there meanwhile). */
+            st->listen_paused_until = now + GEO_ADMIT_PAUSE_S;
         if (got <= 0)
-            return; /* nothing more, or a transient accept error: the next pass retries */
+            return; /* nothing more, out of descriptors, or a transient error: the
+                     * next pass tries again */
         geoAddrToString(&from, h.from);
-        h.src = from;
-        if (st->nrpend == GEO_TCP_RESUME_PENDING &&
-            tcpEvictPending(st, st->rpend, st->nrpend, NULL, "dropped to make room for newer "
-                          "connections") != 0) {
-            close(h.fd);
+        h.group = geoAdmitGroupOf(&st->known, &from);
+        /* Slots held by resumes that have proved themselves are not the
+         * strangers' to take. */
+        int proven = 0;
+        for (int k = 0; k < st->nrpend; k++)
+            proven += st->rpend[k].state == HS_ACK;
+        int room = tcpMakeRoom(st, st->rpend, st->nrpend, &h.group, GEO_TCP_RESUME_PER_GROUP,
+                               GEO_TCP_RESUME_PENDING - proven, "dropped to make room for "
+                               "newer connections (its source held the most)");
+        int i = st->nrpend;
+        if (i == GEO_TCP_RESUME_PENDING) { /* reuse an entry done with or dropped */
+            for (i = 0; i < st->nrpend && st->rpend[i].state < HS_DONE; i++)
+                ;
+        }
+        if (room == GEO_ADMIT_REFUSE || i == GEO_TCP_RESUME_PENDING) {
+            tcpHsDrop(st, &h, "dropped: every slot holds a peer's resume");
             continue;
         }
         if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
@@ -413,14 +432,8 @@ void tcpAcceptResumes(tcpState *st, double now)
             continue;
         }
         h.when = now + GEO_TCP_HANDSHAKE_S;
-        int i = st->nrpend;
-        if (i == GEO_TCP_RESUME_PENDING) { /* one was evicted: reuse its entry */
-            i = 0;
-            while (st->rpend[i].state < HS_DONE)
-                i++;
-        } else {
+        if (i == st->nrpend)
             st->nrpend++;
-        }
         st->rpend[i] = h;
         if (tcpHsInStep(st, &st->rpend[i]) > 0)
             tcpConnResumed(st, st->rpend[i].peer, st->rpend[i].stream, st->rpend[i].hello.count);

@@ -5,6 +5,7 @@
  * net_tcp_handshake.c. */
 #include "config.h"
 #include "comm/base/checks.h"
+#include "comm/transport/admit.h"
 #include "comm/transport/net_tcp_internal.h"
 
 #include <errno.h>
@@ -23,13 +24,15 @@
 
 /* Unproven accepted connections are all served at once, so that idle
  * strangers cannot make a peer wait its turn in the backlog; a stranger
- * costs one descriptor until its deadline.  Beyond these bounds (all
- * sources; one source address) an unproven one chosen at random is dropped
- * to make room; a peer dropped so dials again until the deadline.  At most
- * GEO_TCP_ACCEPTS_PER_PASS are taken per pass of the loop, so that a flood
- * cannot keep it from driving the handshakes already under way. */
+ * costs one descriptor until its deadline.  How many may be held, in all
+ * and from one source (a peer's host, or a prefix), follows from
+ * RLIMIT_NOFILE (admit.h), at most GEO_TCP_MAX_PENDING (each pass of the
+ * loop polls them all); beyond that a stranger's of the loudest source
+ * gives way, a peer's only when no stranger's is left (a peer dropped so
+ * dials again until the deadline).  At most GEO_TCP_ACCEPTS_PER_PASS are
+ * taken per pass, so that a flood cannot keep the loop from driving the
+ * handshakes already under way. */
 #define GEO_TCP_MAX_PENDING 1024
-#define GEO_TCP_MAX_PENDING_PER_SOURCE 256
 #define GEO_TCP_ACCEPTS_PER_PASS 64
 
 /* An accepted handshake at set-up: how many more slots are taken for good
@@ -60,9 +63,9 @@ static const char *hs_out_stage(const tcpHs *h, char buf[96])
 }
 
 /* Report the deadline's passing, naming the first connection still
- * missing. */
+ * missing; note ends the text (what else went wrong, or ""). */
 static ncclResult_t setup_timeout_error(tcpState *st, const tcpHs *out, int nout, int out_done,
-                                        int in_done, int nin)
+                                        int in_done, int nin, const char *note)
 {
     geoNetCtx *ctx = st->ctx;
     char pa[GEO_ADDR_STRLEN], stage[96];
@@ -73,9 +76,9 @@ static ncclResult_t setup_timeout_error(tcpState *st, const tcpHs *out, int nout
             continue;
         return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s connecting "
                        "to rank %d at %s (host %s), stream %d (%s); %d of %d outgoing and %d "
-                       "of %d incoming connections were up", ctx->timeout, h->peer,
+                       "of %d incoming connections were up%s", ctx->timeout, h->peer,
                        tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream,
-                       hs_out_stage(h, stage), out_done, nout, in_done, nin);
+                       hs_out_stage(h, stage), out_done, nout, in_done, nin, note);
     }
     for (int p = ctx->rank + 1; p < ctx->nranks; p++)
         for (int s = 0; s < st->nstreams; s++) {
@@ -83,41 +86,40 @@ static ncclResult_t setup_timeout_error(tcpState *st, const tcpHs *out, int nout
                 continue;
             return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s waiting "
                            "for rank %d at %s (host %s) to connect stream %d; %d of %d "
-                           "incoming connections were up", ctx->timeout, p,
-                           tcpPeerStr(st, p, pa), ctx->peers[p].host, s, in_done, nin);
+                           "incoming connections were up%s", ctx->timeout, p,
+                           tcpPeerStr(st, p, pa), ctx->peers[p].host, s, in_done, nin, note);
         }
     return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s acknowledging "
-                   "incoming connections; %d of %d were up", ctx->timeout, in_done, nin);
+                   "incoming connections; %d of %d were up%s", ctx->timeout, in_done, nin, note);
 }
 
-/* Handshakes still unproven (waiting for a hello), from src or from all. */
-static int count_pending(const tcpHs *pend, int npend, const geoSockAddr *src)
+/* An accepted handshake's source group while it is unproven (waiting for
+ * a hello): what the admission policy may drop. */
+static const geoAdmitGroup *unproven_group(const void *tab, int i)
 {
-    int n = 0;
-    for (int i = 0; i < npend; i++)
-        n += pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src));
-    return n;
+    const tcpHs *h = (const tcpHs *)tab + i;
+    return h->state < HS_ACK ? &h->group : NULL;
 }
 
-/* Drop an unproven handshake (from src, or any), chosen at random: a
- * flood cannot aim at the oldest, which may be a peer's, and a peer that is
- * dropped all the same dials again (tcpHsOutStep).  0 if one was. */
-int tcpEvictPending(tcpState *st, tcpHs *pend, int npend, const geoSockAddr *src,
-                         const char *why)
+/* Make room for a connection of group `from` (NULL: out of descriptors,
+ * one must go) by dropping the unproven handshake the admission policy
+ * picks (geoAdmitVictim): a stranger's of the loudest group, at random,
+ * so that a flood can neither aim at a peer's nor crowd it out; a peer
+ * dropped all the same dials again (tcpHsOutStep).  A proven one never
+ * goes. */
+int tcpMakeRoom(tcpState *st, tcpHs *pend, int npend, const geoAdmitGroup *from, int per_group,
+                int most, const char *why)
 {
-    uint32_t r = 0;
-    if (npend == 0)
-        return -1;
-    if (geoRandomBytes(&r, sizeof(r)) != 0)
-        r = (uint32_t)npend / 2;
-    for (int k = 0; k < npend; k++) {
-        int i = (int)((r + (uint32_t)k) % (uint32_t)npend);
-        if (pend[i].state < HS_ACK && (src == NULL || geoAddrSameHost(&pend[i].src, src))) {
-            tcpHsDrop(st, &pend[i], why);
-            return 0;
-        }
-    }
-    return -1;
+    int i = geoAdmitVictim(pend, npend, unproven_group, from, per_group, most);
+    if (i < 0)
+        return i;
+    tcpHsDrop(st, &pend[i], why);
+    return 0;
+}
+
+static int out_of_fds(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
 }
 
 /* Open every connection of this rank; bounded by ctx->timeout and the
@@ -127,8 +129,14 @@ ncclResult_t tcpSetupConnections(tcpState *st)
     geoNetCtx *ctx = st->ctx;
     int nout = ctx->rank * st->nstreams;
     int nin = (ctx->nranks - 1 - ctx->rank) * st->nstreams;
-    int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0;
-    double start = geoNow(), deadline = start + ctx->timeout;
+    int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0, starved = 0;
+    double start = geoNow(), deadline = start + ctx->timeout, paused_until = 0;
+    /* Descriptors this communicator will hold for itself: each connection,
+     * a second one while it is dialled again after a reset, and the resume
+     * listener's table; strangers get a share of the rest. */
+    int needs = 2 * (ctx->nranks - 1) * st->nstreams + GEO_TCP_RESUME_PENDING + GEO_ADMIT_SLACK;
+    int budget = geoAdmitBudget("init", needs, GEO_TCP_MAX_PENDING);
+    int per_group = geoAdmitPerGroup(budget);
     tcpHs *out = calloc((size_t)(nout > 0 ? nout : 1), sizeof(*out));
     tcpHs *pend = NULL;           /* accepted, not yet done */
     struct pollfd *pfd = NULL;
@@ -138,6 +146,19 @@ ncclResult_t tcpSetupConnections(tcpState *st)
 
     if (out == NULL)
         goto oom;
+    {
+        /* The peers' hosts: a connection from one is counted apart from
+         * strangers, and dropped for room only when no stranger's is left. */
+        geoSockAddr *hosts = calloc((size_t)ctx->nranks, sizeof(*hosts));
+        for (int p = 0; hosts != NULL && p < ctx->nranks; p++)
+            if (p != ctx->rank)
+                hosts[p] = ctx->peers[p].addr;
+        if (hosts == NULL || geoAdmitPeersInit(&st->known, hosts, ctx->nranks) != 0) {
+            free(hosts);
+            goto oom;
+        }
+        free(hosts);
+    }
     if (geoSocketSetNonBlocking(st->listen_fd, 1) != 0) { /* the local one already is */
         res = GEO_ERR(ctx->err, ncclSystemError, "init: cannot make the listener "
                       "non-blocking: %s", strerror(errno));
@@ -169,7 +190,12 @@ ncclResult_t tcpSetupConnections(tcpState *st)
             break;
         }
         if (now >= deadline) {
-            res = setup_timeout_error(st, out, nout, out_done, in_done, nin);
+            char note[160] = "";
+            if (starved)
+                snprintf(note, sizeof(note), "; this process ran out of file descriptors %d "
+                         "times with no stranger's to take back (RLIMIT_NOFILE: ulimit -n)",
+                         starved);
+            res = setup_timeout_error(st, out, nout, out_done, in_done, nin, note);
             break;
         }
         if (cap_pfd < nout + npend + 2) {
@@ -198,13 +224,20 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                 map[n++] = i;
             }
         }
+        if (st->fd_short) { /* a dial of ours found no descriptor */
+            st->fd_short = 0;
+            tcpMakeRoom(st, pend, npend, NULL, 0, 0, "dropped to make room (out of file "
+                        "descriptors)");
+        }
         for (int i = 0; i < npend; i++) {
             pfd[n] = (struct pollfd){.fd = pend[i].fd, .events = tcpHsEvents(&pend[i])};
             map[n++] = -1 - i;
             if (pend[i].when < wake)
                 wake = pend[i].when;
         }
-        if (in_done < nin) {
+        if (paused_until > now && paused_until < wake)
+            wake = paused_until;
+        if (in_done < nin && now >= paused_until) {
             pfd[n] = (struct pollfd){.fd = st->listen_fd, .events = POLLIN};
             listening[0] = n++;
             if (st->local_fd >= 0) {
@@ -244,10 +277,22 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                 tcpHs h = {.out = 0, .state = HS_CHALLENGE, .peer = -1, .stream = -1, .local = l};
                 geoSockAddr from; /* an AF_UNIX peer's address is truncated to fit: unused */
                 int got = geoSocketAcceptNB(l ? st->local_fd : st->listen_fd, &h.fd, &from);
-                if (got < 0 && (errno == EMFILE || errno == ENFILE) &&
-                    tcpEvictPending(st, pend, npend, NULL, "dropped to make room (out of file "
-                                  "descriptors)") == 0)
-                    continue;
+                if (got < 0 && out_of_fds(errno)) {
+                    int e = errno;
+                    if (tcpMakeRoom(st, pend, npend, NULL, 0, 0, "dropped to make room (out "
+                                    "of file descriptors)") == 0)
+                        continue;
+                    /* No stranger's to take back: the rest of the process
+                     * holds them.  Peers wait in the backlog meanwhile;
+                     * only the deadline ends the wait. */
+                    if (starved++ == 0)
+                        geoWarn(GEO_LOG_NET, "init: accept on %s: %s, and no unproven "
+                                "connection of ours to drop; trying again every %.0f ms",
+                                l ? st->local.path : tcpPeerStr(st, ctx->rank, h.from),
+                                strerror(e), GEO_ADMIT_PAUSE_S * 1000);
+                    paused_until = now + GEO_ADMIT_PAUSE_S;
+                    break;
+                }
                 if (got < 0) {
                     res = GEO_ERR(ctx->err, ncclSystemError, "init: accept on %s failed: %s",
                                   l ? st->local.path : tcpPeerStr(st, ctx->rank, h.from),
@@ -256,19 +301,19 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                 }
                 if (got == 0)
                     break;
-                memset(&h.src, 0, sizeof(h.src));
                 if (l) {
                     snprintf(h.from, sizeof(h.from), "the same-host socket");
+                    memset(&from, 0, sizeof(from)); /* same-host sockets: one group */
                 } else {
                     geoAddrToString(&from, h.from);
-                    h.src = from;
                 }
-                if (count_pending(pend, npend, &h.src) >= GEO_TCP_MAX_PENDING_PER_SOURCE)
-                    tcpEvictPending(st, pend, npend, &h.src, "dropped to make room for newer "
-                                  "connections from the same address");
-                if (count_pending(pend, npend, NULL) >= GEO_TCP_MAX_PENDING)
-                    tcpEvictPending(st, pend, npend, NULL, "dropped to make room for newer "
-                                  "connections");
+                h.group = geoAdmitGroupOf(&st->known, &from);
+                if (tcpMakeRoom(st, pend, npend, &h.group, per_group, budget, "dropped to make "
+                                "room for newer connections (its source held the most)") ==
+                    GEO_ADMIT_REFUSE) {
+                    tcpHsDrop(st, &h, "dropped: every unproven connection is a peer's");
+                    continue;
+                }
                 if (geoRandomBytes(h.challenge, sizeof(h.challenge)) != 0) {
                     geoWarn(GEO_LOG_NET, "dropped connection from %s: no randomness for its "
                             "challenge", h.from);
@@ -316,6 +361,13 @@ done:
         geoWarn(GEO_LOG_NET, "dropped %d connections in all before they proved the "
                 "communicator's secret (timed out, refused or dropped for room; %d logged "
                 "above)", st->dropped, GEO_TCP_DROP_LOG);
+    int redials = 0;
+    for (int i = 0; out != NULL && i < nout; i++)
+        redials += out[i].drops;
+    if (redials > 0)
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "init: our connections were closed during their "
+                "handshake and dialled again %d times (their peers dropped them among unproven "
+                "connections, or refused our proof)", redials);
     if (res == ncclSuccess)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
                 nout, nin, geoNow() - start);

@@ -27,17 +27,6 @@ socklen_t geoAddrLen(const geoSockAddr *addr)
                                           : sizeof(struct sockaddr_in);
 }
 
-int geoAddrSameHost(const geoSockAddr *a, const geoSockAddr *b)
-{
-    if (a->sa.sa_family != b->sa.sa_family)
-        return 0;
-    if (a->sa.sa_family == AF_INET)
-        return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
-    if (a->sa.sa_family == AF_INET6)
-        return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof(a->sin6.sin6_addr)) == 0;
-    return 1;
-}
-
 int geoAddrPort(const geoSockAddr *addr)
 {
     return ntohs(addr->sa.sa_family == AF_INET6 ? addr->sin6.sin6_port : addr->sin.sin_port);
@@ -273,15 +262,21 @@ ncclResult_t geoSocketConnect(const geoSockAddr *addr, double deadline, int *fd)
 
     for (;;) {
         int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        GEO_RETURN_IF(s < 0, ncclSystemError, "socket() failed: %s", strerror(errno));
-        pre_tune(s);
-        if (connect(s, &addr->sa, geoAddrLen(addr)) == 0) {
-            *fd = s;
-            return ncclSuccess;
+        /* Out of descriptors: others in the process may give some back
+         * (a listener drops strangers), so that is waited out too. */
+        GEO_RETURN_IF(s < 0 && errno != EMFILE && errno != ENFILE, ncclSystemError,
+                      "socket() failed: %s", strerror(errno));
+        if (s >= 0) {
+            pre_tune(s);
+            if (connect(s, &addr->sa, geoAddrLen(addr)) == 0) {
+                *fd = s;
+                return ncclSuccess;
+            }
         }
         err = errno;
-        close(s);
-        if (!geoSocketRetryable(err))
+        if (s >= 0)
+            close(s);
+        if (!geoSocketRetryable(err) && err != EMFILE && err != ENFILE)
             break;
         if (geoNow() >= deadline)
             break;

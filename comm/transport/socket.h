@@ -29,10 +29,6 @@ const char *geoAddrToString(const geoSockAddr *addr, char buf[GEO_ADDR_STRLEN]);
 ncclResult_t geoAddrFromString(const char *s, geoSockAddr *out);
 socklen_t geoAddrLen(const geoSockAddr *addr);
 int geoAddrPort(const geoSockAddr *addr);
-/* 1 when a and b name the same host (address without the port; two
- * addresses of another family, e.g. AF_UNIX, count as one source): what
- * the listeners' per-source limits group by. */
-int geoAddrSameHost(const geoSockAddr *a, const geoSockAddr *b);
 
 /* Listen on addr (port 0: any).  [out] fd, bound (address with its port).
  * A failure is reported (GEO_ERR on the thread). */
