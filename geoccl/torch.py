@@ -21,9 +21,11 @@ try:
     from geoccl import _C
 except ImportError as e:  # the extension was not built, or libgeoccl is missing
     raise ImportError(
-        "geoccl.torch needs the compiled extension geoccl._C, which GeoCCL's "
-        "build makes when configure finds a Python 3 with PyTorch "
-        "(./configure --with-python=/usr/bin/python3): %s" % e) from e
+        "geoccl.torch needs the compiled extension geoccl._C, built for this "
+        "torch: `pip install --no-build-isolation <GeoCCL source>` in this "
+        "environment, or GeoCCL's build when configure finds a Python 3 with "
+        "PyTorch (./configure --with-python=/usr/bin/python3); "
+        "`python -m geoccl` says what this copy was built for: %s" % e) from e
 
 ProcessGroupGeoCCL = _C.ProcessGroupGeoCCL
 BACKEND = "geoccl"

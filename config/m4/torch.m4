@@ -9,7 +9,9 @@
 #                       none when cross compiling
 #
 # Sets PYTHON, TORCH_CXXFLAGS, TORCH_CXXSTD, TORCH_LIBS, TORCH_VERSION;
-# HAVE_TORCH (AM_CONDITIONAL) and geoccl_have_torch / geoccl_torch_where.
+# HAVE_TORCH (AM_CONDITIONAL) and geoccl_have_torch / geoccl_torch_where;
+# with torch, AM_PATH_PYTHON's directories for that interpreter (pyexecdir,
+# pkgpyexecdir: where `make install` puts the package geoccl/).
 
 AC_DEFUN([GEOCCL_CHECK_TORCH],
 [AC_REQUIRE([AC_PROG_CXX])dnl
@@ -96,6 +98,12 @@ AS_IF([test "x$geoccl_have_torch" = xyes], [
            AS_IF([test "x$with_python" != xguess],
                  [AC_MSG_ERROR([--with-python=$with_python: $geoccl_torch_where])])])
 ])
+# Where `make install` puts the package: that interpreter's site-packages
+# under the prefix (AM_PATH_PYTHON; --with-python-sys-prefix and
+# --with-python_exec_prefix move it).
+AS_IF([test "x$geoccl_have_torch" = xyes],
+      [AM_PATH_PYTHON([3.7], [], [geoccl_have_torch=no
+                                  geoccl_torch_where="$PYTHON is older than Python 3.7"])])
 AC_SUBST([PYTHON])
 AC_SUBST([TORCH_CXXFLAGS])
 AC_SUBST([TORCH_CXXSTD])
