@@ -21,8 +21,8 @@
 #define _GNU_SOURCE
 #include "config.h"
 #include "tests/helpers/harness.h"
+#include "tests/helpers/security_helpers.h"
 #include "comm/base/crypto.h"
-#include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/bootstrap_internal.h"
 #include "comm/core/comm.h"
@@ -54,15 +54,6 @@ pid_t getpid(void)
     return fake_pid ? fake_pid : (pid_t)syscall(SYS_getpid);
 }
 
-static void set_env(const char *name, const char *value)
-{
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-    geoParamReload();
-}
-
 /* ---- a port squatter answers as the root -------------------------------- */
 
 typedef struct {
@@ -79,9 +70,9 @@ static int squat_victim(int rank, int nranks, const ncclUniqueId *unused, void *
     ncclComm_t comm = NULL;
     (void)unused;
     snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
-    set_env("GEOCCL_COMM_ID", cid);
-    set_env("GEOCCL_COMM_SECRET", "correct horse battery staple");
-    set_env("GEOCCL_TIMEOUT", "10");
+    sec_set_env("GEOCCL_COMM_ID", cid);
+    sec_set_env("GEOCCL_COMM_SECRET", "correct horse battery staple");
+    sec_set_env("GEOCCL_TIMEOUT", "10");
     if (ncclGetUniqueId(&id) != ncclSuccess)
         return 1;
     /* Rank 1: rank 0 never comes; the squatter holds the port. */
@@ -146,60 +137,14 @@ static void test_port_squatter_root(void)
 
 /* ---- a table with values out of bounds -------------------------------- */
 
-typedef struct {
-    int32_t nstreams;
-    int64_t chunk;
-    ncclResult_t res[3];
-    char err[3][400];
-} tableArgs;
-
-static int table_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
-{
-    tableArgs *a = arg;
-    ncclComm_t comm = NULL;
-    set_env("GEOCCL_TIMEOUT", "10");
-    set_env("GEOCCL_PROBE", "0");
-    if (rank == 0) {
-        /* Rank 0 holds the secret but sends values of its own choosing. */
-        geoUniqueIdInternal in;
-        geoErr err;
-        geoPeerInfo info;
-        geoBootInfo mine, *all = calloc((size_t)nranks, sizeof(*all));
-        geoErrInit(&err);
-        geoBootstrapDecode(id, &in);
-        memset(&info, 0, sizeof(info));
-        info.nstreams = a->nstreams;
-        info.chunk_size = a->chunk;
-        info.net.addr.sin.sin_family = AF_INET;
-        memcpy(mine.bytes, &info, sizeof(info));
-        geoBootSelf self = {.rank = 0, .nranks = nranks, .timeout = 10, .err = &err};
-        a->res[0] = geoBootstrapJoin(&self, &in, &mine, all);
-        free(all);
-        geoErrDestroy(&err);
-        return 0;
-    }
-    a->res[rank] = ncclCommInitRank(&comm, nranks, *id, rank);
-    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
-    if (comm)
-        ncclCommDestroy(comm);
-    return 0;
-}
-
 static void check_table(int32_t nstreams, int64_t chunk, const char *expect)
 {
-    tableArgs *a = harness_shared_alloc(sizeof(*a));
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    a->nstreams = nstreams;
-    a->chunk = chunk;
-    CU_ASSERT_EQUAL(harness_run_noinit(3, table_body, a, 60), 0);
-    CU_ASSERT_EQUAL(a->res[0], ncclSuccess); /* the table went out */
-    for (int r = 1; r < 3; r++) {
-        CU_ASSERT_EQUAL(a->res[r], ncclRemoteError);
-        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], expect));
-        if (strstr(a->err[r], expect) == NULL)
-            fprintf(stderr, "    rank %d: %s\n", r, a->err[r]);
-    }
-    harness_shared_free(a, sizeof(*a));
+    geoPeerInfo info;
+    memset(&info, 0, sizeof(info));
+    info.nstreams = nstreams;
+    info.chunk_size = chunk;
+    info.net.addr.sin.sin_family = AF_INET;
+    sec_check_table_refused(&info, "", expect, "");
 }
 
 static void test_table_values_clamped(void)
@@ -222,7 +167,7 @@ static int pid_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
     pidArgs *a = arg;
     ncclComm_t comm = NULL;
-    set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_PROBE", "0");
     if (rank == 0)
         a->pid0 = getpid();
     if (rank == 1 && a->forge) {
@@ -294,12 +239,12 @@ static int env_body(int rank, int nranks, const ncclUniqueId *unused, void *arg)
     ncclComm_t comm = NULL;
     (void)unused;
     snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
-    set_env("GEOCCL_COMM_ID", cid);
-    set_env("GEOCCL_COMM_SECRET", NULL);
-    set_env("GEOCCL_INSECURE_NO_SECRET", a->insecure);
-    set_env("GEOCCL_ENCRYPT", a->encrypt);
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_TIMEOUT", "20");
+    sec_set_env("GEOCCL_COMM_ID", cid);
+    sec_set_env("GEOCCL_COMM_SECRET", NULL);
+    sec_set_env("GEOCCL_INSECURE_NO_SECRET", a->insecure);
+    sec_set_env("GEOCCL_ENCRYPT", a->encrypt);
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_TIMEOUT", "20");
     /* What the library logs at WARN goes to a file of this rank's. */
     snprintf(logname, sizeof(logname), "/tmp/geoccl-nosecret-%d.log", (int)getpid());
     fflush(stderr);
@@ -455,31 +400,24 @@ static int token_body(int rank, int nranks, const ncclUniqueId *unused, void *ar
     geoUniqueIdInternal id;
     relayArgs r = {.lfd = -1};
     geoSockAddr any;
-    geoErr err;
-    geoBootInfo mine, all;
     pthread_t th;
+    static const char entry[] = "rank 0, through the relay";
     (void)rank;
     (void)nranks;
     (void)unused;
-    set_env("GEOCCL_TIMEOUT", "10");
+    sec_set_env("GEOCCL_TIMEOUT", "10");
     /* The root (a thread of this process, which exits at the end). */
-    if (ncclGetUniqueId(&uid) != ncclSuccess || geoBootstrapDecode(&uid, &id) != ncclSuccess)
+    if (sec_get_id(&uid, &id) != ncclSuccess)
         return 1;
     r.root = id.root;
     if (geoAddrFromString("127.0.0.1:0", &any) != ncclSuccess ||
         geoSocketListen(&any, &r.lfd, &id.root) != ncclSuccess)
         return 1;
     pthread_create(&th, NULL, token_relay, &r);
-    geoErrInit(&err);
-    memset(&mine, 0, sizeof(mine));
-    strcpy((char *)mine.bytes, "rank 0, through the relay");
-    geoBootSelf self = {.rank = 0, .nranks = 1, .timeout = 10, .err = &err};
-    t->res = geoBootstrapJoin(&self, &id, &mine, &all);
-    snprintf(t->err, sizeof(t->err), "%s", geoErrLast(&err));
+    t->res = sec_bootstrap_join(&id, 0, 1, 10, entry, sizeof(entry), t->err, sizeof(t->err));
     pthread_join(th, NULL);
     t->rewrote = r.rewrote;
     close(r.lfd);
-    geoErrDestroy(&err);
     return 0;
 }
 
@@ -700,15 +638,14 @@ static int flood_rank_body(int rank, int nranks, const ncclUniqueId *hid, void *
     (void)nranks;
     if (rank >= FLOOD_RANKS)
         return flood_body(rank - FLOOD_RANKS, a);
-    set_env("GEOCCL_SHM", a->shm);
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_TIMEOUT", "20");
+    sec_set_env("GEOCCL_SHM", a->shm);
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_TIMEOUT", "20");
     if (rank == 0) {
         struct rlimit rl = {FLOOD_FD_LIMIT, FLOOD_FD_LIMIT};
         geoUniqueIdInternal in;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0 ||
-            (a->at_root && (ncclGetUniqueId(&id) != ncclSuccess ||
-                            geoBootstrapDecode(&id, &in) != ncclSuccess))) {
+            (a->at_root && sec_get_id(&id, &in) != ncclSuccess)) {
             __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
             return 1;
         }
@@ -730,7 +667,7 @@ static int flood_rank_body(int rank, int nranks, const ncclUniqueId *hid, void *
         if (wait_int(&a->flooders, FLOOD_PROCS, 30) != 0 || wait_int(&a->id_ready, 1, 30) != 0)
             return 1;
         id = a->at_root ? a->id : *hid;
-        set_env("GEOCCL_DEBUG", "INFO");
+        sec_set_env("GEOCCL_DEBUG", "INFO");
         fflush(stderr);
         log = mkstemp(logpath);
         saved = dup(2);
@@ -958,11 +895,11 @@ static int rflood_rank_body(int rank, int nranks, const ncclUniqueId *id, void *
     if (rank >= 2)
         return rflood_body(rank - 2, a);
     (void)nranks;
-    set_env("GEOCCL_SHM", "0"); /* TCP connections: those are the ones resumed */
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_TIMEOUT", "20");
+    sec_set_env("GEOCCL_SHM", "0"); /* TCP connections: those are the ones resumed */
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_TIMEOUT", "20");
     if (rank == 1) {
-        set_env("GEOCCL_DEBUG", "INFO");
+        sec_set_env("GEOCCL_DEBUG", "INFO");
         fflush(stderr);
         log = mkstemp(logpath);
         saved = dup(2);
@@ -1054,9 +991,9 @@ static int bit_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
     bitArgs *a = arg;
     ncclComm_t comm = NULL;
-    set_env("GEOCCL_ENCRYPT", a->encrypt);
-    set_env("GEOCCL_SHM", a->shm);
-    set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_ENCRYPT", a->encrypt);
+    sec_set_env("GEOCCL_SHM", a->shm);
+    sec_set_env("GEOCCL_PROBE", "0");
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     /* Floats whose sum depends on the order of additions: any change in
@@ -1277,11 +1214,11 @@ static int take_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     char logpath[64] = "";
     int saved = -1;
     (void)nranks;
-    set_env("GEOCCL_ENCRYPT", a->encrypt);
-    set_env("GEOCCL_SHM", "0"); /* TCP: the connections that resume */
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_TIMEOUT", "20");
-    set_env("GEOCCL_RECONNECT_TIMEOUT", "5");
+    sec_set_env("GEOCCL_ENCRYPT", a->encrypt);
+    sec_set_env("GEOCCL_SHM", "0"); /* TCP: the connections that resume */
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_TIMEOUT", "20");
+    sec_set_env("GEOCCL_RECONNECT_TIMEOUT", "5");
     if (rank == 2)
         return tk_attacker(a);
     if (rank == 0) { /* rank 0's warnings, to count the refusals */

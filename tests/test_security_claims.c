@@ -15,8 +15,8 @@
 #define _GNU_SOURCE
 #include "config.h"
 #include "tests/helpers/harness.h"
+#include "tests/helpers/security_helpers.h"
 #include "comm/api/init_internal.h"
-#include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/core/comm.h"
 #include "comm/transport/net_tcp_internal.h"
@@ -31,15 +31,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void set_env(const char *name, const char *value)
-{
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-    geoParamReload();
-}
 
 static int all_reduce_right(ncclComm_t comm, int rank, int nranks)
 {
@@ -66,10 +57,10 @@ static int label_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
     labelArgs *a = arg;
     ncclComm_t comm = NULL;
-    set_env("GEOCCL_SHM", a->shm);
-    set_env("GEOCCL_ENCRYPT", "wan");
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_TOPO_FILE", a->topo);
+    sec_set_env("GEOCCL_SHM", a->shm);
+    sec_set_env("GEOCCL_ENCRYPT", "wan");
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_TOPO_FILE", a->topo);
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     a->encrypt[rank] = comm->encrypt[1 - rank];
@@ -122,7 +113,7 @@ static int write_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     writeArgs *a = arg;
     ncclComm_t comm = NULL;
     char path[128], tmp[192], victim[128], text[64] = "";
-    set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_PROBE", "0");
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     snprintf(victim, sizeof(victim), "%s/victim", a->dir);
@@ -183,17 +174,12 @@ typedef struct {
 static void *join_main(void *arg)
 {
     joinThread *j = arg;
-    geoErr err;
-    geoBootInfo mine, *all = calloc((size_t)j->nranks, sizeof(*all));
+    char entry[64];
     double t0 = geoNow();
-    geoErrInit(&err);
-    memset(&mine, 0, sizeof(mine));
-    snprintf((char *)mine.bytes, sizeof(mine.bytes), "rank %d of %d", j->rank, j->nranks);
-    geoBootSelf self = {.rank = j->rank, .nranks = j->nranks, .timeout = j->timeout, .err = &err};
-    j->res = all ? geoBootstrapJoin(&self, j->id, &mine, all) : ncclSystemError;
+    snprintf(entry, sizeof(entry), "rank %d of %d", j->rank, j->nranks);
+    j->res = sec_bootstrap_join(j->id, j->rank, j->nranks, j->timeout, entry, strlen(entry), NULL,
+                                0);
     j->took = geoNow() - t0;
-    free(all);
-    geoErrDestroy(&err);
     return NULL;
 }
 
@@ -212,16 +198,16 @@ static int claim_body(int rank, int nranks, const ncclUniqueId *unused, void *ar
     (void)rank;
     (void)nranks;
     (void)unused;
-    set_env("GEOCCL_TIMEOUT", "10");
+    sec_set_env("GEOCCL_TIMEOUT", "10");
     if (a->env_root) {
         /* Rank 0's root under GEOCCL_COMM_ID: it knows the count, 2. */
         char cid[64];
         snprintf(cid, sizeof(cid), "127.0.0.1:%d", a->port);
-        set_env("GEOCCL_COMM_ID", cid);
-        set_env("GEOCCL_COMM_SECRET",
-                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+        sec_set_env("GEOCCL_COMM_ID", cid);
+        sec_set_env("GEOCCL_COMM_SECRET",
+                    "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
     }
-    if (ncclGetUniqueId(&uid) != ncclSuccess || geoBootstrapDecode(&uid, &id) != ncclSuccess)
+    if (sec_get_id(&uid, &id) != ncclSuccess)
         return 1;
     if (a->env_root && geoBootstrapStartRoot(&id, 2, 10) != ncclSuccess)
         return 1;
@@ -268,61 +254,19 @@ static void test_claimed_rank_count(void)
 
 /* ---- addresses in the table ---------------------------------------------- */
 
-typedef struct {
-    char addr[64];      /* what the lying rank 0 gives as its address */
-    char ifname[IF_NAMESIZE]; /* the other ranks' interface ("" : lo) */
-    ncclResult_t res[3];
-    char err[3][600];
-} addrArgs;
-
-static int addr_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+/* Rank 0 holds the secret and gives addr as its address in the table; the
+ * other ranks (on ifname, "" for lo) must refuse it, saying expect. */
+static void check_addr(const char *addr, const char *ifname, const char *expect)
 {
-    addrArgs *a = arg;
-    ncclComm_t comm = NULL;
-    set_env("GEOCCL_TIMEOUT", "10");
-    set_env("GEOCCL_PROBE", "0");
-    if (rank == 0) {
-        /* Rank 0 holds the secret; its entry names an address of its choosing. */
-        geoUniqueIdInternal in;
-        geoErr err;
-        geoPeerInfo info;
-        geoBootInfo mine, *all = calloc((size_t)nranks, sizeof(*all));
-        geoErrInit(&err);
-        geoBootstrapDecode(id, &in);
-        memset(&info, 0, sizeof(info));
-        info.nstreams = 2;
-        info.chunk_size = 512 << 10;
-        geoAddrFromString(a->addr, &info.net.addr);
-        memcpy(mine.bytes, &info, sizeof(info));
-        geoBootSelf self = {.rank = 0, .nranks = nranks, .timeout = 10, .err = &err};
-        a->res[0] = geoBootstrapJoin(&self, &in, &mine, all);
-        free(all);
-        geoErrDestroy(&err);
-        return 0;
-    }
-    if (a->ifname[0])
-        set_env("GEOCCL_SOCKET_IFNAME", a->ifname);
-    a->res[rank] = ncclCommInitRank(&comm, nranks, *id, rank);
-    snprintf(a->err[rank], sizeof(a->err[rank]), "%s", ncclGetLastError(comm));
-    if (comm)
-        ncclCommDestroy(comm);
-    return 0;
-}
-
-static void check_addr(addrArgs *a, const char *addr, const char *ifname, const char *expect)
-{
-    memset(a, 0, sizeof(*a));
-    snprintf(a->addr, sizeof(a->addr), "%s", addr);
-    snprintf(a->ifname, sizeof(a->ifname), "%s", ifname);
+    geoPeerInfo info;
+    char what[80];
+    memset(&info, 0, sizeof(info));
+    info.nstreams = 2;
+    info.chunk_size = 512 << 10;
+    geoAddrFromString(addr, &info.net.addr);
+    snprintf(what, sizeof(what), "%s: ", addr);
     double t0 = harness_now();
-    CU_ASSERT_EQUAL(harness_run_noinit(3, addr_body, a, 60), 0);
-    CU_ASSERT_EQUAL(a->res[0], ncclSuccess); /* the table went out */
-    for (int r = 1; r < 3; r++) {
-        CU_ASSERT_EQUAL(a->res[r], ncclRemoteError);
-        CU_ASSERT_PTR_NOT_NULL(strstr(a->err[r], expect));
-        if (strstr(a->err[r], expect) == NULL)
-            fprintf(stderr, "    %s: rank %d: %s\n", addr, r, a->err[r]);
-    }
+    sec_check_table_refused(&info, ifname, expect, what);
     /* Refused on the table, not after dialling until the timeout. */
     CU_ASSERT_TRUE(harness_now() - t0 < 8.0 * harness_time_scale());
 }
@@ -343,21 +287,18 @@ static void other_iface(char out[IF_NAMESIZE])
 
 static void test_table_addresses(void)
 {
-    addrArgs *a = harness_shared_alloc(sizeof(*a));
     char ifname[IF_NAMESIZE];
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    check_addr(a, "0.0.0.0:4000", "", "gives 0.0.0.0:4000 as its address, which no rank can "
+    check_addr("0.0.0.0:4000", "", "gives 0.0.0.0:4000 as its address, which no rank can "
                "listen on");
-    check_addr(a, "224.0.0.1:4000", "", "no rank can listen on");
-    check_addr(a, "127.0.0.1:0", "", "no rank can listen on");
+    check_addr("224.0.0.1:4000", "", "no rank can listen on");
+    check_addr("127.0.0.1:0", "", "no rank can listen on");
     /* Loopback from a rank whose own address is not: a service on the
      * victims' own host. */
     other_iface(ifname);
     if (ifname[0])
-        check_addr(a, "127.0.0.1:22", ifname, "is loopback while this rank's own is not");
+        check_addr("127.0.0.1:22", ifname, "is loopback while this rank's own is not");
     else
         fprintf(stderr, "    (no interface but lo: the loopback case is not run)\n");
-    harness_shared_free(a, sizeof(*a));
 }
 
 /* ---- what a peer that never acknowledges can pin ------------------------- */
@@ -371,10 +312,10 @@ static int kept_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 {
     keptArgs *a = arg;
     ncclComm_t comm = NULL;
-    set_env("GEOCCL_SHM", "0");
-    set_env("GEOCCL_PROBE", "0");
-    set_env("GEOCCL_NSTREAMS", "4");
-    set_env("GEOCCL_RESUME_BUFFER", "4M");
+    sec_set_env("GEOCCL_SHM", "0");
+    sec_set_env("GEOCCL_PROBE", "0");
+    sec_set_env("GEOCCL_NSTREAMS", "4");
+    sec_set_env("GEOCCL_RESUME_BUFFER", "4M");
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     const tcpState *st = comm->net.state;
