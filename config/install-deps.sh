@@ -8,7 +8,7 @@
 # (tests/run-cross.sh); the arm64 architecture is added to dpkg for it.
 packages=(build-essential autoconf automake libtool pkg-config libssl-dev libzstd-dev
           libibverbs-dev libopenmpi-dev openmpi-bin libcunit1-dev iproute2 tcpdump python3-sklearn zlib1g-dev
-          python3-torch libtorch-dev python3-pytest
+          python3-torch libtorch-dev python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
           gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libssl-dev:arm64)
 
 [ "$(id -u)" = 0 ] || exit 0

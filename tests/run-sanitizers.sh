@@ -8,28 +8,33 @@
 # regions that only repeat, slowly, paths the others cover: see
 # asan_skip) or thread (the tests whose threads share state: transport,
 # shared-memory rings, collectives, hierarchical, bootstrap, device
-# emulation); default both.  Each mode
-# copies the distributed sources (make distdir) to a work folder, builds
-# them with ./configure --enable-sanitizers=MODE, runs its tests and prints
-# "MODE: N passed, N failed, N skipped (S s)".  A sanitizer report fails
-# its test (the runtimes stop the program with exit status 66).  The exit
-# status is 0 only when no test of any mode failed.
+# emulation); default both.  The distributed sources (make distdir) are
+# copied to a work folder once; each mode builds them in a folder of its
+# own with ./configure --enable-sanitizers=MODE, runs its tests and prints
+# "MODE: N passed, N failed, N skipped (S s)".  The modes run at the same
+# time (GEOCCL_SANITIZE_SERIAL=1: one after the other).  A sanitizer report
+# fails its test (the runtimes stop the program with exit status 66).  The
+# exit status is 0 only when no test of any mode failed.
 #
 # Environment: GEOCCL_SANITIZE_DIR, the work folder (default: a new one in
-# /tmp, removed afterwards unless a test failed).
+# /tmp, removed afterwards unless a test failed); GEOCCL_DISTDIR, sources
+# already copied by make distdir (tests/run-all.sh makes one copy for this
+# and tests/run-cross.sh), used as they are instead of a copy of its own.
 #
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
-[ -f Makefile ] || { echo "run-sanitizers: configure the source tree first"; exit 1; }
+[ -n "${GEOCCL_DISTDIR:-}" ] || [ -f Makefile ] ||
+    { echo "run-sanitizers: configure the source tree first"; exit 1; }
 
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(address,undefined thread)
 
 # The tests whose threads share state with the progress threads; thread
 # sanitizer runs take about 5-15x longer, so only these run under it, and
-# only their programs are built (thread_programs; run_dev_emu.sh runs
-# dev_allreduce-emu on libnccl_emu), without the torch extension
+# only the library and their programs are built (thread_programs;
+# run_dev_emu.sh runs dev_allreduce-emu on libnccl_emu), without the tools,
+# the examples and the torch extension
 # (--without-python: its C++ is most of a build's compile time, and
 # run_torch.sh is not among them).
 # Slowest first (make -j2 starts them in this order; under thread they
@@ -61,17 +66,23 @@ tests/test_hier"
 
 work=${GEOCCL_SANITIZE_DIR:-$(mktemp -d /tmp/geoccl-sanitize.XXXXXX)}
 mkdir -p "$work"
-src="$work/src"
-rm -rf "$src"
-if ! make -s distdir distdir="$src" > "$work/distdir.log" 2>&1; then
-    cat "$work/distdir.log"
-    echo "run-sanitizers: make distdir failed"
-    exit 1
+if [ -n "${GEOCCL_DISTDIR:-}" ]; then
+    src=$(cd "$GEOCCL_DISTDIR" && pwd) || exit 1
+else
+    src="$work/src"
+    rm -rf "$src"
+    if ! make -s distdir distdir="$src" > "$work/distdir.log" 2>&1; then
+        cat "$work/distdir.log"
+        echo "run-sanitizers: make distdir failed"
+        exit 1
+    fi
 fi
 
-total_fail=0
-summary=()
-for mode in "${modes[@]}"; do
+# run_mode MODE: configure, build and test MODE in $work/build-MODE; what
+# it prints goes to stdout, its summary line to build-MODE/summary and its
+# number of failures to build-MODE/failed.
+run_mode() {
+    local mode=$1 t0 b extra only tests late what all t trs result wall log pass skip f1 e1 x1 fail l secs skipped
     t0=$(date +%s)
     b="$work/build-${mode//,/-}"
     rm -rf "$b"
@@ -81,21 +92,26 @@ for mode in "${modes[@]}"; do
     case $mode in *thread*) extra=(--without-python) ;; esac
     if ! (cd "$b" && "$src/configure" --enable-sanitizers="$mode" "${extra[@]}" > configure.log 2>&1); then
         tail -n 30 "$b/configure.log"
-        summary+=("$mode: configure failed")
-        total_fail=$((total_fail + 1))
-        continue
+        echo "$mode: configure failed" > "$b/summary"
+        echo 1 > "$b/failed"
+        return
     fi
-    if ! make -C "$b" -j2 > "$b/make.log" 2>&1; then
+    # What the tests run: under thread only the library and the threaded
+    # tests' programs (no tools, examples or other tests).
+    only=()
+    case $mode in
+        *thread*) only=(check_PROGRAMS="$thread_programs" bin_PROGRAMS= noinst_PROGRAMS=) ;;
+    esac
+    if ! make -C "$b" -j2 check TESTS= "${only[@]}" > "$b/make.log" 2>&1; then
         grep -E 'error|Error' "$b/make.log" | head -n 30
-        summary+=("$mode: build failed")
-        total_fail=$((total_fail + 1))
-        continue
+        echo "$mode: build failed" > "$b/summary"
+        echo 1 > "$b/failed"
+        return
     fi
-    tests= what= only=()
+    tests='' late='' what=''
     case $mode in
         *thread*)
             tests=$thread_tests what="the threaded tests"
-            only=(check_PROGRAMS="$thread_programs")
             ;;
         *)
             # The build's own list (make's TESTS), less asan_skip.
@@ -105,8 +121,14 @@ for mode in "${modes[@]}"; do
                 case " $all " in *" $t "*) tests="$tests $t" ;; esac
             done
             for t in $all; do
-                case " $asan_skip $asan_first " in *" $t "*) ;; *) tests="$tests $t" ;; esac
+                case " $asan_skip $asan_first " in *" $t "*) continue ;; esac
+                case $t in tests/wan/*) late="$late $t" ;; *) tests="$tests $t" ;; esac
             done
+            # The emulated-WAN tests last: they wait for one another
+            # (tests/helpers/wan_common.sh, wan_lock), also for those of a
+            # plain build's make check beside this, and should not hold a
+            # job while they wait.
+            tests="$tests$late"
             tests=${tests# } what="all but $asan_skip"
             ;;
     esac
@@ -124,8 +146,11 @@ for mode in "${modes[@]}"; do
     for trs in "$b"/tests/*.trs "$b"/tests/*/*.trs; do
         [ -f "$trs" ] || continue
         result=$(sed -n 's/^:test-result: *//p' "$trs" | head -n 1)
-        wall=$(sed -n 's/^geoccl-test-wall: \([0-9.]*\).*/\1/p' "${trs%.trs}.log" | tail -n 1)
-        printf '  %s: %s (%s s)\n' "${result:-?}" "${trs#"$b"/}" "${wall:-?}"
+        # "12.3 s (cpu 4.1 s)" -> "12.3 s, cpu 4.1 s"
+        wall=$(sed -n 's/^geoccl-test-wall: \([0-9.]* s\)\( (\(cpu [0-9.]* s\))\)\{0,1\}$/\1, \3/p' \
+                   "${trs%.trs}.log" | tail -n 1)
+        wall=${wall%, }
+        printf '  %s: %s (%s)\n' "${result:-?}" "${trs#"$b"/}" "${wall:-?}"
     done | sed 's/\.trs (/ (/' | sort -t'(' -k2 -n -r
     log="$b/test-suite.log"
     count() { sed -n "s/^# $1: *\\([0-9][0-9]*\\).*/\\1/p" "$log" 2>/dev/null | head -n 1; }
@@ -143,9 +168,39 @@ for mode in "${modes[@]}"; do
     fi
     secs=$(( $(date +%s) - t0 ))
     skipped=$(grep -h '^SKIP' "$b"/tests/*.log "$b"/tests/*/*.log 2>/dev/null | head -n 5)
-    summary+=("$mode: ${pass:-0} passed, $fail failed, ${skip:-0} skipped (${secs} s)")
-    [ -n "$skipped" ] && summary+=("$skipped")
-    total_fail=$((total_fail + fail))
+    {
+        echo "$mode: ${pass:-0} passed, $fail failed, ${skip:-0} skipped (${secs} s)"
+        [ -n "$skipped" ] && echo "$skipped"
+    } > "$b/summary"
+    echo "$fail" > "$b/failed"
+}
+
+# The modes at once: most of a mode's time is spent waiting (timeouts,
+# ranks that wait for one another, single-threaded emulation), so two
+# builds side by side take little longer than the slower one alone.  Each
+# prints when it is done, in the order asked.  GEOCCL_SANITIZE_SERIAL=1:
+# one after the other, printing as they go.
+if [ ${#modes[@]} -gt 1 ] && [ "${GEOCCL_SANITIZE_SERIAL:-0}" = 0 ]; then
+    pids=()
+    for mode in "${modes[@]}"; do
+        run_mode "$mode" > "$work/${mode//,/-}.out" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!modes[@]}"; do
+        wait "${pids[$i]}"
+        cat "$work/${modes[$i]//,/-}.out"
+    done
+else
+    for mode in "${modes[@]}"; do run_mode "$mode"; done
+fi
+
+total_fail=0
+summary=()
+for mode in "${modes[@]}"; do
+    b="$work/build-${mode//,/-}"
+    [ -f "$b/summary" ] || echo "$mode: did not finish" > "$b/summary"
+    while IFS= read -r l; do summary+=("$l"); done < "$b/summary"
+    total_fail=$((total_fail + $(cat "$b/failed" 2>/dev/null || echo 1)))
 done
 
 echo "== sanitizers: summary"

@@ -41,7 +41,25 @@ if [ "$(id -u)" != 0 ] || ! command -v ss >/dev/null; then
 fi
 export GEOCCL_SHM=0 GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 LOG=$(mktemp -d)
-trap '[ -n "${KEEP_LOG:-}" ] || rm -rf "$LOG"' EXIT
+RUN=
+# stop_run PID: geoccl-perf -N's ranks first, then their parent.  Killed
+# the other way round, the ranks outlive it (reparented, out of pkill -P's
+# reach) and go on with their all-reduces after the test has ended, taking
+# the CPU from every test after this one.
+stop_run() {
+    [ -n "$1" ] || return 0
+    pkill -KILL -P "$1" 2>/dev/null
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+cleanup() {
+    local p
+    stop_run "$RUN"
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    [ -n "${KEEP_LOG:-}" ] || rm -rf "$LOG"
+}
+pids=()
+trap cleanup EXIT
 
 # Established TCP connections of the run whose pid is $1 (its forked ranks
 # are its children): "localport peerport" per line.
@@ -89,10 +107,10 @@ check() {  # NAME: passed, resumed, nothing wrong
 start probe 2000
 p=$(rank_ports "$RUN" | head -1)
 if [ -z "$p" ] || ! ss -K "( sport = :${p% *} and dport = :${p#* } )" 2>/dev/null | grep -q ESTAB; then
-    kill "$RUN" 2>/dev/null; pkill -P "$RUN" 2>/dev/null; wait "$RUN" 2>/dev/null
+    stop_run "$RUN"
     echo "SKIP: ss -K cannot kill sockets here (no CONFIG_INET_DIAG_DESTROY)"; exit 77
 fi
-kill "$RUN" 2>/dev/null; pkill -P "$RUN" 2>/dev/null; wait "$RUN" 2>/dev/null
+stop_run "$RUN"
 
 start one 60 GEOCCL_ENCRYPT=off
 sleep 1; kill_one "$RUN"
@@ -119,7 +137,17 @@ else
     fail "off: exit $rc with GEOCCL_RECONNECT_TIMEOUT=0"
 fi
 # e. a reset during init, while three ranks wait at the bootstrap root
-port=$((20000 + RANDOM % 20000))
+# The root's port: below the kernel's ephemeral range (where the other
+# tests' connections take theirs: a port drawn there was once already
+# bound, the root could not listen and ranks 1-3 waited out their 300 s)
+# and free now.
+ephemeral_lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+span=$(( ${ephemeral_lo:-32768} - 20000 ))
+[ "$span" -ge 1000 ] || span=10000
+for _ in $(seq 50); do
+    port=$((20000 + RANDOM % span))
+    [ -z "$(ss -tanH "( sport = :$port )" 2>/dev/null)" ] && break
+done
 for r in 0 1 2; do
     GEOCCL_COMM_ID=127.0.0.1:$port RANK=$r NRANKS=4 GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=INIT \
         "$PERF" -b 1M -e 1M -n 3 -w 1 >"$LOG/init$r.out" 2>"$LOG/init$r.err" &

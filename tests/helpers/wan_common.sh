@@ -1,5 +1,6 @@
-# Sourced by the emulated-WAN tests (tests/wan/test_*.sh): their PASS/FAIL
-# counting, the skip that make check reads (exit 77), and bringing a WAN up.
+# Sourced by the emulated-WAN tests (tests/wan/*.sh): their PASS/FAIL
+# counting, the skip that make check reads (exit 77), one such test at a
+# time, and bringing a WAN up.
 # The sourcing script sets WAN, NAME, WORK and WAIT_MAX before it calls
 # wan_up.
 
@@ -14,6 +15,34 @@ finish() {
     echo "$passed passed, $failed failed"
     [ "$failed" = 0 ]
     exit $?
+}
+
+# wan_lock: waits (up to WAIT_MAX s, default 600) until no other
+# emulated-WAN test runs on this machine, holds that until this test's
+# shell exits, and raises this test's priority.  These tests share the
+# subnet and measure rates and delays, so they run one at a time, whole,
+# even where make check -jN or another build's make check starts one beside
+# another; tests that only compute run beside them.  The lock is held by a
+# process of its own (flock(1) on $GEOCCL_WAN_LOCK, default
+# /run/geoccl-wan-tests.lock, then tail --pid on this shell), not by a
+# descriptor of this shell, which the delay lines and the ranks would
+# inherit and could keep after the test.
+wan_lock() {
+    local lock=${GEOCCL_WAN_LOCK:-/run/geoccl-wan-tests.lock} max=${WAIT_MAX:-600} marker t0=$SECONDS
+    marker=$(mktemp -u "${TMPDIR:-/tmp}/geoccl-wan-lock.XXXXXX")
+    ( flock -w "$max" "$lock" sh -c ': > "$1"; exec tail --pid="$2" -f /dev/null' sh "$marker" $$ \
+          < /dev/null > /dev/null 2>&1 & )
+    until [ -e "$marker" ]; do
+        [ $((SECONDS - t0)) -gt $((max + 5)) ] &&
+            skip "another emulated-WAN test held $lock for $max s"
+        sleep 0.2
+    done
+    rm -f "$marker"
+    [ $((SECONDS - t0)) -lt 2 ] || echo "== waited $((SECONDS - t0)) s for another emulated-WAN test ($lock)"
+    # Before the tests that compute beside this one: what the ranks measure
+    # and are held to (rates, delays, seconds to notice a fault) must not be
+    # the CPU's.  The delay lines run SCHED_FIFO (geoccl-wan up).
+    renice -n -10 -p $$ > /dev/null 2>&1 || true
 }
 
 # wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;

@@ -64,6 +64,7 @@ R0=10.231.0.10 R1=10.231.0.11
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces, tcpdump); run: sudo bash $0"
 command -v tcpdump >/dev/null 2>&1 || skip "no tcpdump (apt-get install tcpdump)"
 [ -x "$WAN" ] || { echo "no $WAN"; exit 1; }
+wan_lock
 
 # The settings under test come from here, not from the caller's shell (make
 # check exports GEOCCL_SOCKET_IFNAME=lo, for one).

@@ -62,6 +62,7 @@ BYTES=4194304
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
 command -v ss >/dev/null || skip "needs ss (iproute2)"
+wan_lock
 unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE \
     GEOCCL_TIMEOUT GEOCCL_COMPRESS GEOCCL_RECONNECT_TIMEOUT
 export GEOCCL_PROBE=0 GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=NET

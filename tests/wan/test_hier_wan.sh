@@ -73,6 +73,7 @@ MATRIX_LIMIT=100        # seconds a matrix step may take before ranks are killed
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
 [ -x "$WAN" ] || { echo "no $WAN"; exit 1; }
+wan_lock
 
 # The settings under test come from here, not from the caller's shell.
 unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE GEOCCL_TIMEOUT GEOCCL_WAN_PACE

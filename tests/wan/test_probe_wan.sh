@@ -87,6 +87,7 @@ fi
 PROBE=$BUILD/geoccl-probe
 [ -x "$PROBE" ] || { echo "no $PROBE (build first)"; exit 1; }
 command -v python3 >/dev/null || skip "needs python3 to read geoccl-probe --json"
+wan_lock
 
 unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_PROBE GEOCCL_NSTREAMS
 WORK=$(mktemp -d /tmp/geoccl-probe-wan.XXXXXX) || exit 1

@@ -35,6 +35,7 @@ within() { awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x != "" && x + 0 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces); run: sudo bash $0"
 if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then skip "no 'ip netns' here"; fi
 [ -c /dev/net/tun ] || skip "no /dev/net/tun"
+wan_lock
 if ip -o -4 addr show 2>/dev/null | grep -q ' 10\.231\.0\.1/'; then
     skip "10.231.0.1 is in use (an emulated WAN is up: tools/geoccl-wan status); take it down first"
 fi
