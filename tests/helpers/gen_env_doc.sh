@@ -2,9 +2,9 @@
 #
 # Writes docs/environment.md to standard output: the fixed intro below,
 # then the parameter table of comm/base/param.c as printed by
-# tests/unit/gen_env_table (built in BUILDDIR when missing).
+# tests/helpers/gen_env_table (built in BUILDDIR when missing).
 #
-#   bash tests/gen_env_doc.sh [BUILDDIR] > docs/environment.md
+#   bash tests/helpers/gen_env_doc.sh [BUILDDIR] > docs/environment.md
 #
 # BUILDDIR defaults to GEOCCL_TEST_BUILDDIR, else the current directory.
 # tests/test_env_doc.sh compares the page with this output.
@@ -12,9 +12,9 @@
 set -euo pipefail
 
 build=${1:-${GEOCCL_TEST_BUILDDIR:-.}}
-prog=$build/tests/unit/gen_env_table
+prog=$build/tests/helpers/gen_env_table
 if [ ! -x "$prog" ]; then
-    make -C "$build" tests/unit/gen_env_table >&2
+    make -C "$build" tests/helpers/gen_env_table >&2
 fi
 
 cat <<'INTRO'
@@ -47,7 +47,7 @@ Each subject has its page: logging and timeouts in
 [compression.md](compression.md), device buffers in [device.md](device.md).
 
 This page is generated from the table in `comm/base/param.c` by
-`bash tests/gen_env_doc.sh BUILDDIR > docs/environment.md`; edit the table,
+`bash tests/helpers/gen_env_doc.sh BUILDDIR > docs/environment.md`; edit the table,
 not this page (`tests/test_env_doc.sh`, in `make check`, fails when the two
 differ).
 

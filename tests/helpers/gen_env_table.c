@@ -2,7 +2,7 @@
  * table: one row per parameter with its name, type, default, help and NCCL
  * twins (with how their value maps), then the NCCL variables accepted with
  * no twin.
- * tests/gen_env_doc.sh puts it under the fixed intro of docs/environment.md,
+ * tests/helpers/gen_env_doc.sh puts it under the fixed intro of docs/environment.md,
  * and tests/test_env_doc.sh fails when that page differs from what it
  * produces.  Rows are sorted by name, so the page does not change when the
  * enum is reordered.  It reads the table through geoParamDescribe, so the compiler,
