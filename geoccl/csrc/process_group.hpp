@@ -61,6 +61,12 @@
 
 namespace geoccl_torch {
 
+/* A tensor's element type by name, for messages (process_group.cpp,
+ * collectives.cpp). */
+inline std::string dtypeName(const at::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type()));
+}
+
 #if TORCH_VERSION_MAJOR >= 2
 using BaseGroup = ::c10d::Backend;
 using BaseWork = ::c10d::Work;

@@ -1,0 +1,678 @@
+/*
+ * The geoccl process group's collectives: each checks its tensors on the
+ * caller's thread and queues the GeoCCL calls that the group's worker
+ * thread runs (process_group.cpp); the tensor and reduction-op helpers
+ * they share.
+ */
+#include "process_group.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#ifdef GEOCCL_TORCH_CUDA
+#include <cuda_runtime.h>
+#ifdef GEOCCL_TORCH_C10_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+#endif
+
+namespace geoccl_torch {
+
+namespace {
+
+
+/* GeoCCL's datatype for t; throws for the types the NCCL API lacks. Bool
+ * travels as uint8 (its reductions are remapped by ncclOp). */
+ncclDataType_t ncclType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    case at::kBool: return ncclUint8;
+    default:
+      TORCH_CHECK(false, "geoccl: tensors of dtype ", dtypeName(t),
+                  " are not supported (float32, float64, float16, bfloat16, int32, int64, "
+                  "uint8, int8, bool are)");
+  }
+  return ncclFloat32;  // not reached
+}
+
+const char* opName(const ::c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM: return "SUM";
+    case ::c10d::ReduceOp::AVG: return "AVG";
+    case ::c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case ::c10d::ReduceOp::MIN: return "MIN";
+    case ::c10d::ReduceOp::MAX: return "MAX";
+    case ::c10d::ReduceOp::BAND: return "BAND";
+    case ::c10d::ReduceOp::BOR: return "BOR";
+    case ::c10d::ReduceOp::BXOR: return "BXOR";
+    case ::c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+/* GeoCCL's reduction for op on t: a built-in one, or PREMUL_SUM's factor
+ * (torch's _make_nccl_premul_sum: a double, or a one-element tensor per
+ * input), which becomes an ncclRedOpCreatePreMulSum op on the worker thread
+ * for the call and is destroyed after it (the op needs the communicator).
+ * Throws, before anything is queued, for the ones NCCL's API lacks. */
+struct RedOp {
+  ncclRedOp_t op = ncclSum;
+  bool premul = false;
+  double factor = 0;
+
+  /* The op for one call on comm with elements of dt into *out. */
+  ncclResult_t make(ncclComm_t comm, ncclDataType_t dt, ncclRedOp_t* out) const {
+    if (!premul) {
+      *out = op;
+      return ncclSuccess;
+    }
+    union {
+      float f;
+      double d;
+      uint16_t h;
+    } v;
+    memset(&v, 0, sizeof(v));
+    switch (dt) {
+      case ncclFloat32: v.f = static_cast<float>(factor); break;
+      case ncclFloat64: v.d = factor; break;
+      case ncclFloat16: v.h = c10::Half(static_cast<float>(factor)).x; break;
+      case ncclBfloat16: v.h = c10::BFloat16(static_cast<float>(factor)).x; break;
+      default: return ncclInvalidArgument;
+    }
+    return ncclRedOpCreatePreMulSum(out, &v, dt, ncclScalarHostImmediate, comm);
+  }
+  /* call(op) with the op made for comm and dt, destroyed after it. */
+  template <typename F>
+  ncclResult_t with(ncclComm_t comm, ncclDataType_t dt, F call) const {
+    ncclRedOp_t o;
+    ncclResult_t r = make(comm, dt, &o);
+    if (r != ncclSuccess) return r;
+    r = call(o);
+    if (premul) ncclRedOpDestroy(o, comm);
+    return r;
+  }
+};
+
+/* The factor tensor of a PREMUL_SUM, undefined when the factor is a
+ * double: torch 1.13 keeps a list of them (tensor_factors), 2.x one
+ * (tensor_factor). */
+template <typename S>
+auto premulFactor(const S& s, int) -> decltype(s.tensor_factors, at::Tensor()) {
+  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
+}
+template <typename S>
+auto premulFactor(const S& s, long) -> decltype(s.tensor_factor, at::Tensor()) {
+  return s.tensor_factor;
+}
+
+RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
+  const bool isBool = t.scalar_type() == at::kBool;
+  RedOp r;
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM: r.op = isBool ? ncclMax : ncclSum; return r;       // logical or
+    case ::c10d::ReduceOp::PRODUCT: r.op = isBool ? ncclMin : ncclProd; return r;  // logical and
+    case ::c10d::ReduceOp::MIN: r.op = ncclMin; return r;
+    case ::c10d::ReduceOp::MAX: r.op = ncclMax; return r;
+    case ::c10d::ReduceOp::AVG:
+      TORCH_CHECK(!isBool, "geoccl: ReduceOp.AVG is not defined on bool tensors");
+      r.op = ncclAvg;
+      return r;
+    case ::c10d::ReduceOp::PREMUL_SUM: {
+      // as NCCL's PyTorch backend: a factor that is not an integer has no
+      // meaning in an integer sum (a cast would turn 0.5 into 0)
+      TORCH_CHECK(at::isFloatingType(t.scalar_type()),
+                  "geoccl: ReduceOp.PREMUL_SUM needs a floating-point tensor (float32, "
+                  "float64, float16, bfloat16), got ", dtypeName(t));
+      auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(sup != nullptr,
+                  "geoccl: ReduceOp.PREMUL_SUM needs its factor (make the op with "
+                  "torch.distributed._make_nccl_premul_sum(factor))");
+      const at::Tensor f = premulFactor(*sup, 0);
+      if (!f.defined()) {
+        r.factor = sup->double_factor;
+      } else {
+        TORCH_CHECK(f.numel() == 1, "geoccl: PREMUL_SUM's factor tensor has ", f.numel(),
+                    " elements; it needs 1");
+        r.factor = f.item<double>();
+      }
+      r.premul = true;
+      return r;
+    }
+    default:
+      TORCH_CHECK(false, "geoccl: ReduceOp.", opName(op),
+                  " is not supported (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM are)");
+  }
+  return r;  // not reached
+}
+
+void checkTensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "geoccl: ", what, " is an undefined tensor");
+  TORCH_CHECK(t.layout() == at::kStrided, "geoccl: ", what, " must be a dense tensor, not ",
+              t.layout());
+#ifdef GEOCCL_TORCH_CUDA
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "geoccl: ", what,
+              " is on device ", t.device(), "; CPU and CUDA tensors are supported");
+#else
+  TORCH_CHECK(t.device().is_cpu(), "geoccl: ", what, " is on device ", t.device(),
+              "; this build of geoccl supports CPU tensors only (built without CUDA)");
+#endif
+  (void)ncclType(t);
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "geoccl: ", op, " takes exactly one tensor per process, got ",
+              tensors.size());
+  checkTensor(tensors[0], "the tensor");
+  return tensors[0];
+}
+
+void checkLike(const at::Tensor& t, const at::Tensor& ref, const char* what) {
+  checkTensor(t, what);
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "geoccl: ", what, " has dtype ",
+              dtypeName(t), " but the input has ", dtypeName(ref));
+  TORCH_CHECK(t.device() == ref.device(), "geoccl: ", what, " is on ", t.device(),
+              " but the input is on ", ref.device());
+}
+
+void checkRoot(int64_t root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "geoccl: ", op, " root rank ", root,
+              " is out of range for a group of ", size, " ranks");
+}
+
+/* A contiguous tensor with t's data (t itself when it already is). */
+at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+char* bytesAt(const at::Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.element_size());
+}
+
+/* What the post step must do for an output that was not contiguous:
+ * copy the contiguous buffer the call wrote back into it. */
+struct CopyBack {
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;  // (destination, source)
+  void add(const at::Tensor& dst, const at::Tensor& src) {
+    if (!dst.is_same(src)) pairs.emplace_back(dst, src);
+  }
+  void operator()() const {
+    for (const auto& p : pairs) {
+      auto dst = p.first;
+      dst.copy_(p.second.view(dst.sizes()));
+    }
+  }
+};
+
+
+
+
+}  // namespace
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const ::c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "allreduce");
+  RedOp op = ncclOp(opts.reduceOp, t);
+  ncclDataType_t dt = ncclType(t);
+  at::Tensor buf = dense(t);
+  CopyBack back;
+  back.add(t, buf);
+  return enqueue(
+      ::c10d::OpType::ALLREDUCE, "allreduce", {buf}, {t},
+      [buf, op, dt](ncclComm_t comm, cudaStream_t s) {
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, comm, s);
+        });
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "geoccl: allreduce_coalesced needs at least one tensor");
+  std::vector<at::Tensor> bufs;
+  std::vector<RedOp> ops;
+  CopyBack back;
+  for (const auto& t : tensors) {
+    checkLike(t, tensors[0], "a tensor of allreduce_coalesced");
+    ops.push_back(ncclOp(opts.reduceOp, t));
+    bufs.push_back(dense(t));
+    back.add(t, bufs.back());
+  }
+  return enqueue(
+      ::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", bufs, tensors,
+      [bufs, ops](ncclComm_t comm, cudaStream_t s) {
+        for (size_t i = 0; i < bufs.size(); i++) {
+          ncclResult_t r = ops[i].with(comm, ncclType(bufs[i]), [&](ncclRedOp_t o) {
+            return ncclAllReduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(),
+                                 ncclType(bufs[i]), o, comm, s);
+          });
+          if (r != ncclSuccess) return r;
+        }
+        return ncclSuccess;
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const ::c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  TORCH_CHECK(opts.rootTensor == 0, "geoccl: broadcast rootTensor must be 0, got ",
+              opts.rootTensor);
+  checkRoot(opts.rootRank, size_, "broadcast");
+  int root = static_cast<int>(opts.rootRank);
+  ncclDataType_t dt = ncclType(t);
+  at::Tensor buf = dense(t);
+  CopyBack back;
+  back.add(t, buf);
+  return enqueue(
+      ::c10d::OpType::BROADCAST, "broadcast", {buf}, {t},
+      [buf, dt, root](ncclComm_t comm, cudaStream_t s) {
+        return ncclBroadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, root, comm, s);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                        const ::c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  TORCH_CHECK(opts.rootTensor == 0, "geoccl: reduce rootTensor must be 0, got ", opts.rootTensor);
+  checkRoot(opts.rootRank, size_, "reduce");
+  int root = static_cast<int>(opts.rootRank);
+  RedOp op = ncclOp(opts.reduceOp, t);
+  ncclDataType_t dt = ncclType(t);
+  at::Tensor buf = dense(t);
+  CopyBack back;
+  if (rank_ == root) back.add(t, buf);
+  return enqueue(
+      ::c10d::OpType::REDUCE, "reduce", {buf}, {t},
+      [buf, op, dt, root](ncclComm_t comm, cudaStream_t s) {
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, o, root, comm, s);
+        });
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions&) {
+  const at::Tensor& in = single(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1, "geoccl: allgather takes one output list per process, got ",
+              outputs.size());
+  auto& outs = outputs[0];
+  TORCH_CHECK(static_cast<int>(outs.size()) == size_, "geoccl: allgather needs ", size_,
+              " output tensors (one per rank), got ", outs.size());
+  for (const auto& o : outs) {
+    checkLike(o, in, "an allgather output");
+    TORCH_CHECK(o.numel() == in.numel(), "geoccl: allgather output has ", o.numel(),
+                " elements but the input has ", in.numel());
+  }
+  ncclDataType_t dt = ncclType(in);
+  at::Tensor src = dense(in);
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+  std::vector<at::Tensor> outCopy = outs;
+  int64_t n = in.numel();
+  return enqueue(
+      ::c10d::OpType::ALLGATHER, "allgather", {src}, outs,
+      [src, flat, dt](ncclComm_t comm, cudaStream_t s) {
+        return ncclAllGather(src.data_ptr(), flat.data_ptr(), src.numel(), dt, comm, s);
+      },
+      [outCopy, flat, n]() {
+        for (size_t i = 0; i < outCopy.size(); i++) {
+          auto dst = outCopy[i];
+          dst.copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(dst.sizes()));
+        }
+      });
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& output,
+                                                                 at::Tensor& input,
+                                                                 const ::c10d::AllgatherOptions&) {
+  checkTensor(input, "the allgather input");
+  checkLike(output, input, "the allgather output");
+  TORCH_CHECK(output.numel() == input.numel() * size_, "geoccl: _allgather_base output has ",
+              output.numel(), " elements; it needs ", size_, " x ", input.numel());
+  ncclDataType_t dt = ncclType(input);
+  at::Tensor src = dense(input);
+  at::Tensor dst = dense(output);
+  CopyBack back;
+  back.add(output, dst);
+  return enqueue(
+      ::c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {src}, {output},
+      [src, dst, dt](ncclComm_t comm, cudaStream_t s) {
+        return ncclAllGather(src.data_ptr(), dst.data_ptr(), src.numel(), dt, comm, s);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  checkRoot(opts.rootRank, size_, "gather");
+  int root = static_cast<int>(opts.rootRank);
+  ncclDataType_t dt = ncclType(in);
+  at::Tensor src = dense(in);
+  int64_t n = in.numel();
+  std::vector<at::Tensor> outs;
+  at::Tensor flat;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                "geoccl: gather's root needs one list of ", size_, " output tensors");
+    for (const auto& o : outputs[0]) {
+      checkLike(o, in, "a gather output");
+      TORCH_CHECK(o.numel() == n, "geoccl: gather output has ", o.numel(),
+                  " elements but the input has ", n);
+    }
+    outs = outputs[0];
+    flat = at::empty({static_cast<int64_t>(size_) * n}, in.options());
+  } else {
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                "geoccl: gather takes output tensors on the root rank only (this is rank ",
+                rank_, ", the root is ", root, ")");
+  }
+  return enqueue(
+      ::c10d::OpType::GATHER, "gather", {src}, outs,
+      [src, flat, dt, root](ncclComm_t comm, cudaStream_t s) {
+        return ncclGather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, src.numel(),
+                          dt, root, comm, s);
+      },
+      [outs, flat, n]() {
+        for (size_t i = 0; i < outs.size(); i++) {
+          auto dst = outs[i];
+          dst.copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(dst.sizes()));
+        }
+      });
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  checkRoot(opts.rootRank, size_, "scatter");
+  int root = static_cast<int>(opts.rootRank);
+  ncclDataType_t dt = ncclType(out);
+  int64_t n = out.numel();
+  at::Tensor flat;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                "geoccl: scatter's root needs one list of ", size_, " input tensors");
+    for (const auto& i : inputs[0]) {
+      checkLike(i, out, "a scatter input");
+      TORCH_CHECK(i.numel() == n, "geoccl: scatter input has ", i.numel(),
+                  " elements but the output has ", n);
+    }
+    std::vector<at::Tensor> flats;
+    for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
+    flat = at::cat(flats);
+  } else {
+    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                "geoccl: scatter takes input tensors on the root rank only (this is rank ",
+                rank_, ", the root is ", root, ")");
+  }
+  at::Tensor dst = dense(out);
+  CopyBack back;
+  back.add(out, dst);
+  std::vector<at::Tensor> ins;
+  if (flat.defined()) ins.push_back(flat);
+  return enqueue(
+      ::c10d::OpType::SCATTER, "scatter", ins, {out},
+      [flat, dst, dt, root](ncclComm_t comm, cudaStream_t s) {
+        return ncclScatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(), dst.numel(),
+                           dt, root, comm, s);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+              "geoccl: reduce_scatter needs one list of ", size_, " input tensors");
+  int64_t n = out.numel();
+  for (const auto& i : inputs[0]) {
+    checkLike(i, out, "a reduce_scatter input");
+    TORCH_CHECK(i.numel() == n, "geoccl: reduce_scatter input has ", i.numel(),
+                " elements but the output has ", n);
+  }
+  RedOp op = ncclOp(opts.reduceOp, out);
+  ncclDataType_t dt = ncclType(out);
+  std::vector<at::Tensor> flats;
+  for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
+  at::Tensor flat = at::cat(flats);
+  at::Tensor dst = dense(out);
+  CopyBack back;
+  back.add(out, dst);
+  return enqueue(
+      ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat}, {out},
+      [flat, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        });
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
+  checkTensor(input, "the reduce_scatter input");
+  checkLike(output, input, "the reduce_scatter output");
+  TORCH_CHECK(input.numel() == output.numel() * size_, "geoccl: _reduce_scatter_base input has ",
+              input.numel(), " elements; it needs ", size_, " x ", output.numel());
+  RedOp op = ncclOp(opts.reduceOp, input);
+  ncclDataType_t dt = ncclType(input);
+  at::Tensor src = dense(input);
+  at::Tensor dst = dense(output);
+  CopyBack back;
+  back.add(output, dst);
+  return enqueue(
+      ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src}, {output},
+      [src, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
+        return op.with(comm, dt, [&](ncclRedOp_t o) {
+          return ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
+        });
+      },
+      back);
+}
+
+namespace {
+
+/* Element counts and offsets of an all-to-all split along dimension 0. */
+void splitsOf(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const char* what,
+              std::vector<int64_t>& counts, std::vector<int64_t>& offsets) {
+  counts.assign(size, 0);
+  offsets.assign(size, 0);
+  if (splits.empty()) {
+    TORCH_CHECK(t.dim() > 0 && t.size(0) % size == 0, "geoccl: alltoall_base ", what,
+                " needs a first dimension divisible by ", size, " (or split sizes)");
+    for (int p = 0; p < size; p++) {
+      counts[p] = t.numel() / size;
+      offsets[p] = p * counts[p];
+    }
+    return;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == size, "geoccl: alltoall_base ", what,
+              " split sizes have ", splits.size(), " entries for ", size, " ranks");
+  TORCH_CHECK(t.dim() > 0, "geoccl: alltoall_base ", what, " must have a first dimension");
+  int64_t row = t.size(0) ? t.numel() / t.size(0) : 0;
+  int64_t sum = 0;
+  for (int p = 0; p < size; p++) {
+    TORCH_CHECK(splits[p] >= 0, "geoccl: alltoall_base ", what, " split size ", splits[p],
+                " is negative");
+    counts[p] = splits[p] * row;
+    offsets[p] = sum * row;
+    sum += splits[p];
+  }
+  TORCH_CHECK(sum == t.size(0), "geoccl: alltoall_base ", what, " split sizes add up to ", sum,
+              " but its first dimension is ", t.size(0));
+}
+
+/* The rank's own part is a local copy; the others are one group of sends
+ * and receives. */
+ncclResult_t exchange(ncclComm_t comm, cudaStream_t s, int rank, int size,
+                      const std::vector<char*>& sendPtr, const std::vector<int64_t>& sendCount,
+                      const std::vector<char*>& recvPtr, const std::vector<int64_t>& recvCount,
+                      ncclDataType_t dt, size_t elemSize, bool device) {
+  if (sendCount[rank] > 0) {
+    size_t bytes = static_cast<size_t>(sendCount[rank]) * elemSize;
+#ifdef GEOCCL_TORCH_CUDA
+    if (device) {
+      if (cudaMemcpyAsync(recvPtr[rank], sendPtr[rank], bytes, cudaMemcpyDeviceToDevice, s) !=
+          cudaSuccess)
+        return ncclUnhandledCudaError;
+    } else
+#endif
+      std::memmove(recvPtr[rank], sendPtr[rank], bytes);
+  }
+  (void)device;
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; p++) {
+    if (p == rank) continue;
+    if (sendCount[p] > 0) first = ncclSend(sendPtr[p], sendCount[p], dt, p, comm, s);
+    if (first == ncclSuccess && recvCount[p] > 0)
+      first = ncclRecv(recvPtr[p], recvCount[p], dt, p, comm, s);
+  }
+  r = ncclGroupEnd();
+  return first != ncclSuccess ? first : r;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits, const ::c10d::AllToAllOptions&) {
+  checkTensor(input, "the alltoall input");
+  checkLike(output, input, "the alltoall output");
+  std::vector<int64_t> sc, so, rc, ro;
+  splitsOf(input, inputSplits, size_, "input", sc, so);
+  splitsOf(output, outputSplits, size_, "output", rc, ro);
+  ncclDataType_t dt = ncclType(input);
+  at::Tensor src = dense(input);
+  at::Tensor dst = dense(output);
+  CopyBack back;
+  back.add(output, dst);
+  int rank = rank_, size = size_;
+  bool device = input.device().is_cuda();
+  bool equal = inputSplits.empty() && outputSplits.empty();
+  if (equal)
+    TORCH_CHECK(input.numel() == output.numel(), "geoccl: alltoall_base input has ",
+                input.numel(), " elements and the output ", output.numel());
+  return enqueue(
+      ::c10d::OpType::ALLTOALL_BASE, "alltoall_base", {src}, {output},
+      [=](ncclComm_t comm, cudaStream_t s) {
+        if (equal) return ncclAlltoAll(src.data_ptr(), dst.data_ptr(), sc[0], dt, comm, s);
+        std::vector<char*> sp(size), rp(size);
+        for (int p = 0; p < size; p++) {
+          sp[p] = bytesAt(src, so[p]);
+          rp[p] = bytesAt(dst, ro[p]);
+        }
+        return exchange(comm, s, rank, size, sp, sc, rp, rc, dt, src.element_size(), device);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const ::c10d::AllToAllOptions&) {
+  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ &&
+                  static_cast<int>(outputs.size()) == size_,
+              "geoccl: alltoall needs ", size_, " input and ", size_,
+              " output tensors, got ", inputs.size(), " and ", outputs.size());
+  checkTensor(inputs[0], "an alltoall input");
+  for (const auto& t : inputs) checkLike(t, inputs[0], "an alltoall input");
+  for (const auto& t : outputs) checkLike(t, inputs[0], "an alltoall output");
+  TORCH_CHECK(inputs[rank_].numel() == outputs[rank_].numel(), "geoccl: alltoall input ",
+              rank_, " (to this rank) has ", inputs[rank_].numel(), " elements, output ", rank_,
+              " has ", outputs[rank_].numel());
+  ncclDataType_t dt = ncclType(inputs[0]);
+  std::vector<at::Tensor> srcs, dsts;
+  std::vector<int64_t> sc, rc;
+  CopyBack back;
+  for (int p = 0; p < size_; p++) {
+    srcs.push_back(dense(inputs[p]));
+    dsts.push_back(dense(outputs[p]));
+    back.add(outputs[p], dsts.back());
+    sc.push_back(inputs[p].numel());
+    rc.push_back(outputs[p].numel());
+  }
+  int rank = rank_, size = size_;
+  bool device = inputs[0].device().is_cuda();
+  return enqueue(
+      ::c10d::OpType::ALLTOALL, "alltoall", srcs, outputs,
+      [=](ncclComm_t comm, cudaStream_t s) {
+        std::vector<char*> sp(size), rp(size);
+        for (int p = 0; p < size; p++) {
+          sp[p] = static_cast<char*>(srcs[p].data_ptr());
+          rp[p] = static_cast<char*>(dsts[p].data_ptr());
+        }
+        return exchange(comm, s, rank, size, sp, sc, rp, rc, dt, srcs[0].element_size(), device);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::send(std::vector<at::Tensor>& tensors,
+                                                      int dstRank, int /* tag */) {
+  const at::Tensor& t = single(tensors, "send");
+  checkRoot(dstRank, size_, "send");
+  TORCH_CHECK(dstRank != rank_, "geoccl: send to its own rank ", dstRank);
+  ncclDataType_t dt = ncclType(t);
+  at::Tensor buf = dense(t);
+  return enqueue(::c10d::OpType::SEND, "send", {buf}, {},
+                 [buf, dt, dstRank](ncclComm_t comm, cudaStream_t s) {
+                   return ncclSend(buf.data_ptr(), buf.numel(), dt, dstRank, comm, s);
+                 });
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recv(std::vector<at::Tensor>& tensors,
+                                                      int srcRank, int /* tag */) {
+  const at::Tensor& t = single(tensors, "recv");
+  checkRoot(srcRank, size_, "recv");
+  TORCH_CHECK(srcRank != rank_, "geoccl: recv from its own rank ", srcRank);
+  ncclDataType_t dt = ncclType(t);
+  at::Tensor buf = dense(t);
+  CopyBack back;
+  back.add(t, buf);
+  return enqueue(
+      ::c10d::OpType::RECV, "recv", {}, {t},
+      [buf, dt, srcRank](ncclComm_t comm, cudaStream_t s) {
+        return ncclRecv(buf.data_ptr(), buf.numel(), dt, srcRank, comm, s);
+      },
+      back);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recvAnysource(std::vector<at::Tensor>&, int) {
+  TORCH_CHECK(false, "geoccl: recv without a source rank is not supported (the NCCL API has "
+                     "no receive from any source); pass src=");
+}
+
+void ProcessGroupGeoCCL::callOnWorker(const char* name,
+                                      std::function<ncclResult_t(ncclComm_t)> fn) {
+  auto work = enqueue(::c10d::OpType::UNKNOWN, name, {}, {},
+                      [fn](ncclComm_t comm, cudaStream_t) { return fn(comm); });
+  work->wait(kNoTimeout);
+}
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::barrier(const ::c10d::BarrierOptions&) {
+  // One element on the host path: it runs after everything queued before it.
+  at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  return enqueue(::c10d::OpType::BARRIER, "barrier", {}, {},
+                 [flag](ncclComm_t comm, cudaStream_t) {
+                   return ncclAllReduce(flag.data_ptr(), flag.data_ptr(), 1, ncclInt32, ncclSum,
+                                        comm, nullptr);
+                 });
+}
+
+}  // namespace geoccl_torch
