@@ -231,6 +231,17 @@ ncclResult_t geocclCommGetWanCongestion(ncclComm_t comm, const char **name);
 ncclResult_t geocclCommGetWanPlan(ncclComm_t comm, int from, int to, const char **cc,
                                   const char **why, double *loss);
 
+/* The plan following the links (GEOCCL_REPLAN, docs/wan-tuning.md): [out]
+ * replans, how many times this communicator made its plan again from what
+ * its calls achieved (every rank the same); [out] shares, nregions long,
+ * each region's share of the hierarchical all-reduce now (sum 1);
+ * [out] why, the last re-plan's reason in words ("" none; valid while comm
+ * lives).  geocclCommGetLinks's egressMbit gives the uplink figures the
+ * plan now uses.  Any output may be NULL.  ncclInvalidArgument for a
+ * NULL/dead comm. */
+ncclResult_t geocclCommGetReplan(ncclComm_t comm, int *replans, double *shares,
+                                 const char **why);
+
 /* Node `node` (0 <= node < nnodes): [out] addr (numeric, valid while comm
  * lives), [out] leaderRank (its lowest rank), [out] region, [out] nicGbit
  * (nominal rate of the node's data interface as its kernel reports it; -1

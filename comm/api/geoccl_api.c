@@ -335,6 +335,20 @@ ncclResult_t geocclCommGetRtt(ncclComm_t comm, double *rttMs)
     return ncclSuccess;
 }
 
+ncclResult_t geocclCommGetReplan(ncclComm_t comm, int *replans, double *shares,
+                                 const char **why)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetReplan") != ncclSuccess, ncclInvalidArgument,
+                  "geocclCommGetReplan: NULL or dead comm");
+    if (replans)
+        *replans = comm->replan.rule.replans;
+    for (int q = 0; shares && q < comm->regions.nregions && q < 64; q++)
+        shares[q] = (double)comm->hier_w[q] / TOPO_SHARE_ONE;
+    if (why)
+        *why = comm->replan.why;
+    return ncclSuccess;
+}
+
 ncclResult_t geocclCommGetLinks(ncclComm_t comm, double *bwMbit, double *rttMs,
                                 double *egressMbit, double *onewayMs)
 {

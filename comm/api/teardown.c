@@ -45,6 +45,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     geoWanTuningFree(&comm->wan);
     geoTopoInheritFree(&comm->inherit);
     geoTuningFree(comm);
+    geoReplanFree(comm);
     if (comm->topo_file_loaded)
         topoFileFree(&comm->topo_file);
     if (comm->net.ops && comm->net.state)

@@ -186,6 +186,22 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                             "0.5 s or more, each connection to another region is also capped "
                             "at its share of its region's uplink, and its BBR is started again "
                             "before its 10 s PROBE_RTT window ends; 0: no pacing"},
+    [GEO_PARAM_REPLAN] = {"GEOCCL_REPLAN", GEO_PARAM_INT, "2",
+                          "the plan follows the links while the job runs: after this many "
+                          "large hierarchical all-reduces in a row in which a region's uplink "
+                          "carried a rate outside GEOCCL_REPLAN_BAND of the plan's figure, "
+                          "the plan (shares, codecs, chunks, pacing) is made again from "
+                          "what the calls achieved, on every rank after the same call; "
+                          "0: the plan made at init is kept"},
+    [GEO_PARAM_REPLAN_BAND] = {"GEOCCL_REPLAN_BAND", GEO_PARAM_INT, "25",
+                               "percent by which a region's achieved uplink rate must differ "
+                               "from the plan's figure to count toward a new plan "
+                               "(GEOCCL_REPLAN)"},
+    [GEO_PARAM_REPLAN_MIN_MS] = {"GEOCCL_REPLAN_MIN_MS", GEO_PARAM_INT, "250",
+                                 "only hierarchical all-reduces whose WAN time the plan puts "
+                                 "at this many milliseconds or more are observed for "
+                                 "GEOCCL_REPLAN (smaller calls are too short to measure a "
+                                 "rate)"},
     [GEO_PARAM_HIER_DEPTH] = {"GEOCCL_HIER_DEPTH", GEO_PARAM_INT, "0",
                               "slices of the hierarchical all-reduce in flight between regions "
                               "(a slice's partials are reduced this many slices after they are "

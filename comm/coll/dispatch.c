@@ -113,7 +113,10 @@ ncclResult_t geoCollRun(geoOp *in)
         }
         if (hier) {
             comm->stats.calls_hier++;
-            res = geoHierAllReduce(comm, &o);
+            res = geoReplanCallStart(comm, total * es);
+            if (res == ncclSuccess)
+                res = geoHierAllReduce(comm, &o);
+            res = geoReplanCallEnd(comm, res);
             break;
         }
         if (N == 1) {

@@ -50,6 +50,12 @@ static int cc_is_bbr(const char *name)
     return strcmp(name, "bbr") == 0;
 }
 
+double geoTuningGoodput(const struct ncclComm *comm)
+{
+    const geoTopo *t = &comm->topo;
+    return t->bw_measured || (t->inherited && comm->inherit.bw_measured) ? 1.0 : TCP_GOODPUT;
+}
+
 /* The model from the probe's figures or the topology file; 0, or -1 with
  * the reason in why. */
 static int build_model(const struct ncclComm *comm, topoModel *m, const char **why)
@@ -85,9 +91,7 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
                 m->rtt_s[g][h] = t->region_rtt[g * R + h];
     }
     /* Measured rates are goodput; a file's are link rates. */
-    m->wan_goodput = t->bw_measured || (t->inherited && comm->inherit.bw_measured)
-                         ? 1.0
-                         : TCP_GOODPUT;
+    m->wan_goodput = geoTuningGoodput(comm);
     if (t->intra_Bps > 0) {
         m->intra_Bps = t->intra_Bps;
         m->intra_alpha_s = t->intra_alpha;
@@ -185,7 +189,20 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                 topoHierWanPerByte(&m, comm->hier_w) * (1 << 30),
                 topoHierWanPerByte(&m, eq) * (1 << 30));
     }
-    geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
+    comm->replan.wan_per_byte = topoHierWanPerByte(&m, comm->hier_w);
+    /* After a re-plan (comm/coll/replan.c) the uplink pace caps at the
+     * larger of the probe's figure and the new one: a link that came back
+     * must be free to show it, which a cap at its lowered figure would
+     * hide. */
+    if (comm->replan.probe != NULL) {
+        topoModel pm = m;
+        for (int g = 0; g < m.nregions; g++)
+            if (comm->replan.probe[g] > pm.egress_Bps[g])
+                pm.egress_Bps[g] = comm->replan.probe[g];
+        geoWanPaceSetup(&comm->wan.pace, &pm, &comm->regions, comm->rank);
+    } else {
+        geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
+    }
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {

@@ -45,6 +45,20 @@ int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hi
 const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t bytes);
 
 /* The plan as text or JSON; "no plan" and why when there is none. */
+/* What the plan's WAN figures are in: 1 where they are measured goodput,
+ * 1448/1500 of a link rate where a topology file gave them. */
+double geoTuningGoodput(const struct ncclComm *comm);
+
+/* Re-planning while the job runs (comm/coll/replan.c; topology/replan.h):
+ * around each hierarchical all-reduce on host buffers of `bytes`.  Start
+ * observes the call (when large enough) and posts the exchange of the last
+ * observed call's rates; End takes the call's result, finishes the
+ * exchange and, where the rule fires, makes the plan again for the next
+ * call.  Both return the first error. */
+ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes);
+ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res);
+void geoReplanFree(struct ncclComm *comm);
+
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json);
 
 #endif

@@ -18,6 +18,7 @@
 #include "topology/probe.h"
 #include "topology/model.h"
 #include "topology/regions.h"
+#include "topology/replan.h"
 #include "topology/topofile.h"
 #include "topology/wan_tuning.h"
 #include "comm/base/scratch.h"
@@ -137,6 +138,7 @@ struct ncclComm {
     int hier_uneven;
     geoWanTuning wan;           /* congestion control and pacing between regions
                                  * (topology/wan_tuning.h) */
+    topoReplan replan;          /* the plan follows the links (comm/coll/replan.c) */
     int hier_depth;             /* GEOCCL_HIER_DEPTH: slices in flight; 0 auto */
     size_t direct_max;          /* all-reduce up to this many bytes: direct exchange */
     geoStats stats;

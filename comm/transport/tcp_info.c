@@ -39,6 +39,13 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
         acc->rttvar = var;
     if (len >= offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
         acc->bytes_acked += ti.tcpi_bytes_acked;
+    if (len >= offsetof(struct tcp_info, tcpi_sndbuf_limited) + sizeof(ti.tcpi_sndbuf_limited)) {
+        /* Not the time limited by the receiver's window: that is the
+         * receiving rank not reading yet (its call is behind), not the path. */
+        double busy = (double)(ti.tcpi_busy_time + ti.tcpi_sndbuf_limited) * 1e-6;
+        if (busy > acc->busy)
+            acc->busy = busy;
+    }
     acc->conns++;
     return 0;
 }

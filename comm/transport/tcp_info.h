@@ -15,6 +15,10 @@ typedef struct {
     double srtt;        /* seconds: the largest smoothed RTT of the connections */
     double rttvar;      /* seconds: the largest RTT variation (mean deviation) */
     uint64_t bytes_acked; /* bytes the peer acknowledged (tcpi_bytes_acked; 0 before 4.1) */
+    double busy;        /* seconds: the longest time one of the connections had
+                         * data in flight, not held by the receiver's window
+                         * (tcpi_busy_time + tcpi_sndbuf_limited, Linux 4.10;
+                         * 0 before) */
     int conns;          /* connections counted */
 } geoLinkStats;
 

@@ -35,6 +35,16 @@
  *   line ends "reconnects N, resent B" (geocclCommGetReconnects, every
  *   peer).
  *
+ * calls N BYTES: N all-reduces of BYTES of floats (sum, out-of-place, every
+ *   result checked exactly and the same on every rank); rank 0 prints per call
+ *     rank 0: call I: T s, replans K, shares a/b/c
+ *   (T: the slowest rank's time; geocclCommGetReplan) and a last line "rank R: calls ok: ...".  With
+ *   HIER_RANK_PAUSE_AT=i,j,... and HIER_RANK_PAUSE_DIR=D, rank 0 stops after
+ *   call i, creates D/at-i and waits (up to 300 s) for D/go-i, so that a
+ *   script can change the links before call i+1; the others wait in call
+ *   i+1.  What the WAN changing under a job (tests/wan/test_replan.sh)
+ *   drives.
+ *
  * split: ncclCommSplit of the whole communicator (one color); the child
  *   must have the parent's regions without probing again (geocclTopology:
  *   inherited, probe time under 50 ms; the parent's link figures when the
@@ -50,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <geoccl.h>
 
@@ -538,12 +549,121 @@ out:
   return rc;
 }
 
+static int paused_after(unsigned long call)
+{
+  const char *at = getenv("HIER_RANK_PAUSE_AT"), *dir = getenv("HIER_RANK_PAUSE_DIR");
+  if (g_rank != 0 || at == NULL || dir == NULL) return 0;
+  for (const char *p = at; *p;) {
+    char *end;
+    unsigned long k = strtoul(p, &end, 10);
+    if (end == p) break;
+    if (k == call) {
+      char path[512];
+      snprintf(path, sizeof(path), "%s/at-%lu", dir, call);
+      FILE *f = fopen(path, "w");
+      if (f) fclose(f);
+      snprintf(path, sizeof(path), "%s/go-%lu", dir, call);
+      for (int i = 0; i < 3000 && access(path, F_OK) != 0; i++) usleep(100000);
+      return 1;
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+static int mode_calls(unsigned long n, size_t bytes)
+{
+  const size_t count = bytes / sizeof(float) > 2 ? bytes / sizeof(float) : 2;
+  const size_t nb = count * sizeof(float);
+  float *send = malloc(nb), *recv = malloc(nb), *exp = malloc(nb);
+  int rc = 0;
+  double total = 0;
+  if (send == NULL || recv == NULL || exp == NULL) {
+    fprintf(stderr, "rank %d: out of memory for %zu bytes\n", g_rank, nb);
+    rc = 1;
+    goto out;
+  }
+  harness_fill_input(send, ncclFloat32, ncclSum, g_nranks, g_rank, 0, count, 99);
+  harness_fill_expected(exp, ncclFloat32, ncclSum, g_nranks, 0, count, 99);
+  ncclComm_t comm = init_comm();
+  if (comm == NULL) {
+    rc = 1;
+    goto out;
+  }
+  int R = 0;
+  geocclCommGetRegion(comm, &R, NULL, NULL, NULL, NULL);
+  for (unsigned long c = 1; c <= n; c++) {
+    memset(recv, 0, nb);
+    double start = harness_now();
+    ncclResult_t r = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
+    double took = harness_now() - start;
+    total += took;
+    if (r != ncclSuccess) {
+      printf("rank %d: error in call %lu after %.2f s: %s / %s\n", g_rank, c, took,
+             ncclGetErrorString(r), ncclGetLastError(comm));
+      fflush(stdout);
+      ncclCommAbort(comm);
+      rc = 2;
+      goto out;
+    }
+    char m[256];
+    if (harness_check(recv, exp, ncclFloat32, ncclSum, g_nranks, count, m, sizeof(m)) ||
+        harness_same_on_all_ranks(comm, recv, nb) != 0) {
+      printf("rank %d: FAIL wrong result in call %lu: %s\n", g_rank, c, m);
+      fflush(stdout);
+      ncclCommAbort(comm);
+      rc = 1;
+      goto out;
+    }
+    /* The call's time is its slowest rank's: a region whose uplink is
+     * slow finishes after the others. */
+    double slowest = took;
+    if (ncclAllReduce(&took, &slowest, 1, ncclFloat64, ncclMax, comm, NULL) != ncclSuccess) {
+      printf("rank %d: error in the max of call %lu's times: %s\n", g_rank, c,
+             ncclGetLastError(comm));
+      ncclCommAbort(comm);
+      rc = 2;
+      goto out;
+    }
+    int replans = 0;
+    double sh[64] = {0};
+    const char *why = "";
+    geocclCommGetReplan(comm, &replans, sh, &why);
+    if (g_rank == 0) {
+      char line[512];
+      int o = 0;
+      for (int q = 0; q < R && q < 64 && o < (int)sizeof(line) - 16; q++)
+        o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%.3f", q ? "/" : "", sh[q]);
+      printf("rank 0: call %lu: %.3f s, replans %d, shares %s%s%s\n", c, slowest, replans, line,
+             why[0] ? ", " : "", why);
+      fflush(stdout);
+    }
+    paused_after(c);
+  }
+  geocclStats st;
+  memset(&st, 0, sizeof(st));
+  geocclCommGetStats(comm, &st);
+  printf("rank %d: calls ok: %lu all-reduces of %zu B, %.2f s in calls, %.1f MB sent to other "
+         "regions\n", g_rank, n, nb, total, (double)st.bytesWan / 1e6);
+  fflush(stdout);
+  if (ncclCommDestroy(comm) != ncclSuccess) {
+    printf("rank %d: FAIL ncclCommDestroy\n", g_rank);
+    rc = 1;
+  }
+out:
+  free(send);
+  free(recv);
+  free(exp);
+  return rc;
+}
+
 static int usage(void)
 {
   fprintf(stderr, "usage: RANK=r NRANKS=n GEOCCL_COMM_ID=host:port "
                   "[EXPECT_REGIONS=k] hier_rank matrix\n"
                   "       ... hier_rank loop SECONDS BYTES [all]\n"
-                  "       ... hier_rank split\n");
+                  "       ... hier_rank split\n"
+                  "       ... hier_rank calls N BYTES\n");
   return 1;
 }
 
@@ -616,6 +736,13 @@ int main(int argc, char **argv)
     unsigned long long bytes = strtoull(argv[3], &e2, 10);
     if (*e1 != '\0' || *e2 != '\0' || secs < 0 || bytes == 0) return usage();
     return mode_loop(secs, (size_t)bytes, argc == 5);
+  }
+  if (strcmp(argv[1], "calls") == 0 && argc == 4) {
+    char *e1, *e2;
+    unsigned long n = strtoul(argv[2], &e1, 10);
+    unsigned long long bytes = strtoull(argv[3], &e2, 10);
+    if (*e1 != '\0' || *e2 != '\0' || n == 0 || bytes == 0) return usage();
+    return mode_calls(n, (size_t)bytes);
   }
   return usage();
 }

@@ -1,0 +1,109 @@
+/* Re-planning while a job runs (replan.h): the rule over observed uplink
+ * rates, and this rank's achieved rate from its connections' counters. */
+#include "config.h"
+#include "topology/replan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
+                      double band, int calls, char names[][32], double *next, char *why,
+                      int whylen)
+{
+    int fire = 0;
+    if (R > TOPO_REPLAN_MAX_REGIONS)
+        R = TOPO_REPLAN_MAX_REGIONS;
+    if (calls < 1)
+        calls = 1;
+    for (int g = 0; g < R; g++) {
+        int d = 0;
+        if (obs[g] > 0 && plan[g] > 0) {
+            double ratio = obs[g] / plan[g];
+            d = ratio < 1 - band ? -1 : ratio > 1 + band ? 1 : 0;
+        }
+        if (d == 0 || d != s->dir[g]) {
+            s->run[g] = 0;
+            s->sum[g] = 0;
+        }
+        s->dir[g] = d;
+        if (d != 0) {
+            s->run[g]++;
+            s->sum[g] += obs[g];
+            fire |= s->run[g] >= calls;
+        }
+    }
+    if (!fire)
+        return 0;
+    int o = 0;
+    if (whylen > 0)
+        why[0] = '\0';
+    for (int g = 0; g < R; g++) {
+        next[g] = plan[g];
+        if (s->run[g] >= calls) {
+            next[g] = s->sum[g] / s->run[g];
+            if (o < whylen - 1)
+                o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %.1f Mbit/s over %d "
+                              "calls, planned %.1f", o ? "; " : "", names[g], next[g] * 8e-6,
+                              s->run[g], plan[g] * 8e-6);
+        }
+    }
+    for (int g = 0; g < R; g++) {
+        s->run[g] = 0;
+        s->sum[g] = 0;
+        s->dir[g] = 0;
+    }
+    s->replans++;
+    return 1;
+}
+
+int topoReplanSnapshot(const geoNet *net, const topoRegionMap *m, int rank, int nranks,
+                       topoReplanSnap *snap)
+{
+    if (snap->n != nranks) {
+        topoReplanSnapFree(snap);
+        snap->acked = calloc((size_t)nranks, sizeof(*snap->acked));
+        snap->busy = calloc((size_t)nranks, sizeof(*snap->busy));
+        if (snap->acked == NULL || snap->busy == NULL) {
+            topoReplanSnapFree(snap);
+            return -1;
+        }
+        snap->n = nranks;
+    }
+    snap->valid = net->ops != NULL && net->ops->linkStats != NULL;
+    const int me = m->region_of[rank];
+    for (int r = 0; r < nranks; r++) {
+        geoLinkStats ls;
+        snap->acked[r] = 0;
+        snap->busy[r] = 0;
+        if (!snap->valid || r == rank || m->region_of[r] == me ||
+            net->ops->linkStats(net->state, r, &ls) != 0)
+            continue;
+        snap->acked[r] = ls.bytes_acked;
+        snap->busy[r] = ls.busy;
+    }
+    return 0;
+}
+
+void topoReplanSnapFree(topoReplanSnap *snap)
+{
+    free(snap->acked);
+    free(snap->busy);
+    memset(snap, 0, sizeof(*snap));
+}
+
+double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b)
+{
+    if (!a->valid || !b->valid || a->n != b->n)
+        return 0;
+    double bytes = 0, busy = 0;
+    for (int r = 0; r < a->n; r++) {
+        if (b->acked[r] <= a->acked[r])
+            continue;
+        bytes += (double)(b->acked[r] - a->acked[r]);
+        double t = b->busy[r] - a->busy[r];
+        if (t > busy)
+            busy = t;
+    }
+    return bytes > 0 && busy > 1e-3 ? bytes / busy : 0;
+}

@@ -1,0 +1,92 @@
+/* Re-planning while a job runs: what the hierarchical all-reduce's own
+ * calls achieve on each region's uplink, and the rule that says when the
+ * plan made from the probe's figures no longer fits the links.
+ *
+ * The probe measures each region's uplink once, at init.  Links between
+ * clouds do not hold still (a policer cuts a path to a quarter, another
+ * tenant's backup starts), and a probe on a busy CPU may misread a link.
+ * So each rank counts, over a large call, what its connections to other
+ * regions carried (TCP_INFO's bytes acknowledged) and how long they had
+ * data in flight (busy and send-buffer-limited time; not the time the
+ * receiver's window held them, which is the receiving rank being behind,
+ * not the link): its achieved rate.  A region's ranks send at once, so
+ * their rates add up to what the region's uplink gave.  No extra traffic
+ * is sent to measure.
+ *
+ * The rule (topoReplanObserve, pure): a region whose achieved uplink rate
+ * stays outside [1 - band, 1 + band] of the plan's figure, in the same
+ * direction, for `calls` observed calls in a row gets the mean of those
+ * calls as its new figure, and the plan is made again from it.  Every rank
+ * applies the rule to the same figures (comm/coll/replan.c exchanges them),
+ * so all switch after the same call.  A link that flaps faster than
+ * `calls` calls never stays on one side long enough: no re-plan until it
+ * settles. */
+#ifndef GEOCCL_TOPO_REPLAN_H_
+#define GEOCCL_TOPO_REPLAN_H_
+
+#include <stdint.h>
+
+#include "comm/transport/transport.h"
+#include "topology/regions.h"
+
+#define TOPO_REPLAN_MAX_REGIONS 64
+
+typedef struct {
+    int run[TOPO_REPLAN_MAX_REGIONS];      /* observed calls in a row outside the band */
+    int dir[TOPO_REPLAN_MAX_REGIONS];      /* their direction: -1 slower, +1 faster */
+    double sum[TOPO_REPLAN_MAX_REGIONS];   /* sum of their rates (bytes/s) */
+    int replans;                           /* plans made again so far */
+} topoReplanState;
+
+/* One observed call: obs[g] the achieved uplink rate of region g (bytes/s;
+ * <= 0: not observed this call, which ends its run), plan[g] the figure the
+ * current plan uses.  When some region's run reaches `calls`, writes the
+ * new figures into next[] (the others copied from plan), resets every run
+ * and returns 1, with why (size whylen) naming the regions and rates;
+ * else 0.  Deterministic: same inputs, same answer on every rank. */
+int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
+                      double band, int calls, char names[][32], double *next, char *why,
+                      int whylen);
+
+/* This rank's counters over its connections to each rank of another
+ * region, at the start of a call (per peer: bytes acknowledged, and the
+ * longest busy time of its connections); topoReplanRate turns two of them
+ * into the rate between. */
+typedef struct {
+    int n;              /* ranks */
+    uint64_t *acked;    /* [n] */
+    double *busy;       /* [n] */
+    int valid;
+} topoReplanSnap;
+
+/* 0, or -1 when out of memory (snap stays invalid).  Ranks of my own region
+ * and pairs the transport counts nothing for are left at 0. */
+int topoReplanSnapshot(const geoNet *net, const topoRegionMap *m, int rank, int nranks,
+                       topoReplanSnap *snap);
+void topoReplanSnapFree(topoReplanSnap *snap);
+
+/* A communicator's re-planning (comm/coll/replan.c runs it). */
+typedef struct {
+    topoReplanState rule;
+    topoReplanSnap start, end;
+    int observing;          /* the call in progress is observed */
+    int pending;            /* mine holds the last observed call's rate */
+    double mine;            /* this rank's achieved rate in that call (bytes/s) */
+    int inflight;           /* its exchange was posted this call */
+    double *agg;            /* [R] each region's rate (sum of its ranks') */
+    double *from;           /* [nranks] what my region's ranks sent me (leader) */
+    geoNetRequest *req;     /* [nranks + R] the exchange's messages */
+    int nreq;
+    double *probe;          /* [R] the uplink figures at init (bytes/s, as the
+                             * topology holds them), kept at the first re-plan */
+    double wan_per_byte;    /* the plan's WAN seconds per byte of an all-reduce */
+    char why[320];          /* the last re-plan's reason; "" none */
+} topoReplan;
+
+/* Bytes/s this rank's connections to other regions carried between a and
+ * b while they had data in flight: the bytes acknowledged over the longest
+ * busy time of a peer that was sent anything (the peers are sent to at
+ * once).  0 when nothing moved or the kernel counted nothing. */
+double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b);
+
+#endif
