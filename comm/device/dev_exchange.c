@@ -41,7 +41,7 @@ ncclResult_t devWaitEvent(struct ncclComm *comm, struct geoDevState *st, cudaEve
     double t0 = geoNow();
     long backoff = 1;
     for (;;) {
-        cudaError_t e = cudaEventQuery(ev);
+        cudaError_t e = devEventQuery(ev);
         if (e == cudaSuccess)
             return ncclSuccess;
         if (e != cudaErrorNotReady) {

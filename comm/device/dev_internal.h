@@ -124,6 +124,18 @@ ncclResult_t devCudaErrorAt(struct ncclComm *comm, const char *file, int line, c
             return devCudaError((comm), (what), geo_ce_);   \
     } while (0)
 
+/* cudaEventQuery with its cudaErrorNotReady consumed: CUDA keeps a query's
+ * not-ready answer as the thread's last error (it is not sticky), and the
+ * launch check that follows on the thread (cudaGetLastError after the
+ * kernels, cuda/kernels_internal.h) would report it as a failed launch. */
+static inline cudaError_t devEventQuery(cudaEvent_t ev)
+{
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaErrorNotReady)
+        (void)cudaGetLastError();
+    return e;
+}
+
 /* The communicator's device made current for the duration of a call, the
  * caller's restored after it, as NCCL does: events, pinned memory and
  * stream-ordered allocations belong to the device current when they are

@@ -39,7 +39,7 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
         pthread_mutex_lock(&st->lock);
         for (int i = 0; i < st->nslots; i++) {
             devSlot *s = &st->slots[i];
-            if (s->busy && s->exchanged && cudaEventQuery(s->done) == cudaSuccess)
+            if (s->busy && s->exchanged && devEventQuery(s->done) == cudaSuccess)
                 s->busy = 0;
             if (s->busy)
                 continue;

@@ -118,6 +118,12 @@ ts=${GEOCCL_TEST_TIME_SCALE:-1}
 run yes word env GEOCCL_TIMEOUT=$((30 * ts)) "$bin" 2 "$mib" hostfn
 run yes poll env GEOCCL_TIMEOUT=$((30 * ts)) GEO_EMU_NO_WAIT_VALUE=1 "$bin" 2 "$mib" hostfn
 run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
+# A host that polls a slot's event before its completion shows: the query
+# answers cudaErrorNotReady, which CUDA keeps as the thread's last error;
+# the launches that follow must not read it as theirs (GPU codecs and the
+# host exchange).
+run yes word env $sl GEO_EMU_QUERY_LAG=3 "$bin" 2 "$mib"
+run no word env GEO_EMU_QUERY_LAG=3 GEOCCL_CUDA_CODECS=0 "$bin" 2 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
 # Reproducible stochastic rounding: four int8 calls queued back to back on a
