@@ -230,6 +230,7 @@ ncclResult_t devCrossSetup(struct ncclComm *comm, struct geoDevState *st)
             return devCudaError(comm, "cudaHostGetDevicePointer of the exchange flag", e);
         }
     }
+    GEO_CHECK(devSlotsPrepin(comm, st));
     if (!st->wait_value_checked) {
         void *fn = NULL;
         enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

@@ -148,6 +148,17 @@ ncclResult_t devReady(struct ncclComm *comm, const char *fn, struct geoDevState 
             st->real_failed = r;
             return r;
         }
+        /* Pinning and the pool synchronise the device: made here, at init
+         * or with NVIDIA's communicator (whose init synchronises anyway),
+         * never inside a later stream-ordered call. */
+        if (comm->regions.nregions > 1) {
+            devGuard g;
+            GEO_CHECK(devEnter(comm, &g));
+            r = devCrossSetup(comm, st);
+            devLeave(&g);
+            if (r != ncclSuccess)
+                return r;
+        }
     }
     *out = st;
     return ncclSuccess;

@@ -68,6 +68,10 @@
  *    counted as allocations from the driver (geoEmuDeviceAllocCount), so a
  *    test can tell whether a hot path allocates device memory per call.
  *    GEO_EMU_NO_POOLS=1: the device says it has no pools.
+ *  - cudaHostAlloc and cudaMemPoolCreate wait for every stream first, as
+ *    CUDA synchronises the device for them (see cudaHostAlloc), so a
+ *    library that pins or makes a pool inside a stream-ordered call hangs
+ *    behind another stream's blocked host function here too.
  *  - cudaFreeHost counts as a pinned free and cudaHostAlloc as a pinned
  *    allocation; geoEmuPinnedCounts() reads both, so a test can tell
  *    whether a hot path re-pins its staging.
@@ -830,6 +834,10 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps
         props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
         props->location.id >= emu_ndev())
         return emu_error(cudaErrorInvalidValue);
+    /* Treated as synchronising, as a device memory allocation of the same
+     * list in the guide is (a pool maps device memory): it waits for every
+     * stream, as cudaHostAlloc below. */
+    emu_drain_all("cudaMemPoolCreate's device synchronisation");
     struct CUmemPoolHandle_st *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return emu_error(cudaErrorMemoryAllocation);
@@ -922,9 +930,16 @@ void geoEmuDeviceAllocCount(unsigned long *allocs)
     *allocs = __atomic_load_n(&emu_n_dev_alloc, __ATOMIC_RELAXED);
 }
 
+/* Pinning synchronises the device: the CUDA C++ Programming Guide's
+ * "Implicit Synchronization" lists a page-locked host memory allocation
+ * among the operations between which commands of different streams do not
+ * overlap.  So it waits for every stream, host functions included: a
+ * library that pins inside a stream-ordered call hangs behind another
+ * stream's blocked host function (until GEO_EMU_TIMEOUT, then aborts). */
 cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
 {
     (void)flags;
+    emu_drain_all("cudaHostAlloc's device synchronisation");
     emu_count(&emu_n_pin);
     return emu_alloc(ptr, bytes, 1);
 }
