@@ -75,11 +75,15 @@ static inline unsigned gridFor(size_t items, unsigned perBlock)
 
 static inline bool aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
-/* The result of the launches just made. */
+/* The result of the launches just made.  No launch fails with
+ * cudaErrorNotReady: that is a query's answer (cudaEventQuery,
+ * cudaStreamQuery) that CUDA keeps as the thread's last error until read,
+ * left there by an earlier call on this thread (the caller's own poll of
+ * its stream), not by these launches. */
 static inline ncclResult_t launchResult(const char **why)
 {
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) {
+    if (err != cudaSuccess && err != cudaErrorNotReady) {
         SET_WHY(cudaGetErrorString(err));
         return ncclUnhandledCudaError;
     }

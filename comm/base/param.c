@@ -221,6 +221,19 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A variable hidden from another library (geoParamEnvHide): its name, how
+ * many hides hold it now, and its value, which the live reads here take
+ * while it is hidden.  Values are kept for the process's life (one per
+ * distinct value): a live read may still hold one after the restore. */
+typedef struct envKept {
+    char *value;
+    struct envKept *next;
+} envKept;
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *env_hidden_name;
+static int env_hides;
+static const char *env_hidden_value;
+static envKept *env_kept;
 static int loaded;
 static unsigned generation; /* atomic: loads so far (geoParamGeneration) */
 static int64_t int_values[GEO_PARAM_COUNT];
@@ -340,14 +353,71 @@ const char *geoParamStr(geoParamId id)
     return v;
 }
 
+/* getenv, or the value of a variable hidden now (env_lock held). */
+static const char *live_env(const char *name)
+{
+    const char *v = getenv(name);
+    if (v == NULL && env_hides > 0 && strcmp(name, env_hidden_name) == 0)
+        v = env_hidden_value;
+    return v;
+}
+
 const char *geoParamStrLive(geoParamId id)
 {
-    const char *v = getenv(table[id].name);
+    pthread_mutex_lock(&env_lock);
+    const char *v = live_env(table[id].name);
     if (v == NULL && table[id].nccl != NULL && table[id].nccl_map == NULL) {
-        const char *twin = geoParamNcclFirstSet(id);
-        v = twin != NULL ? getenv(twin) : NULL;
+        /* the first twin set, as geoParamNcclFirstSet, hidden ones too */
+        for (int k = 0; v == NULL && table[id].nccl[k] != NULL; k++) {
+            const char *t = live_env(table[id].nccl[k]);
+            v = t && t[0] ? t : NULL;
+        }
     }
+    pthread_mutex_unlock(&env_lock);
     return v ? v : table[id].dflt;
+}
+
+int geoParamEnvHide(const char *name)
+{
+    pthread_mutex_lock(&env_lock);
+    if (env_hides > 0 && strcmp(name, env_hidden_name) != 0) {
+        pthread_mutex_unlock(&env_lock);
+        return -1;
+    }
+    if (env_hides == 0) {
+        const char *v = getenv(name), *keep = NULL;
+        if (v != NULL) {
+            envKept *k = env_kept;
+            while (k != NULL && strcmp(k->value, v) != 0)
+                k = k->next;
+            if (k == NULL) {
+                k = calloc(1, sizeof(*k));
+                if (k == NULL || (k->value = strdup(v)) == NULL) {
+                    free(k);
+                    pthread_mutex_unlock(&env_lock);
+                    return -1; /* out of memory: left visible */
+                }
+                k->next = env_kept;
+                env_kept = k;
+            }
+            keep = k->value;
+            unsetenv(name);
+        }
+        env_hidden_name = name;
+        env_hidden_value = keep;
+    }
+    env_hides++;
+    pthread_mutex_unlock(&env_lock);
+    return 0;
+}
+
+void geoParamEnvRestore(const char *name)
+{
+    pthread_mutex_lock(&env_lock);
+    if (env_hides > 0 && strcmp(name, env_hidden_name) == 0 && --env_hides == 0 &&
+        env_hidden_value != NULL && getenv(name) == NULL)
+        setenv(name, env_hidden_value, 1);
+    pthread_mutex_unlock(&env_lock);
 }
 
 int geoParamIsSet(geoParamId id)

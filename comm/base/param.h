@@ -85,6 +85,17 @@ const char *geoParamStr(geoParamId id);
  * NCCL_COMM_ID is read at each ncclGetUniqueId in NCCL.  A twin taken as it
  * is (NCCL_COMM_ID) stands in for an unset variable here too. */
 const char *geoParamStrLive(geoParamId id);
+/* Hide the variable name (a string of static storage) from the
+ * environment until the matching geoParamEnvRestore: for calls into
+ * another library that would read it with another meaning (NVIDIA's NCCL
+ * opens its bootstrap root at NCCL_COMM_ID, GeoCCL's root's address).
+ * Hides of one name nest, across threads too (the last restore puts the
+ * value back, unless the variable was set again meanwhile); the live reads
+ * above still see the value; a getenv elsewhere does not.  Returns 0, or -1
+ * (nothing hidden, no restore due) when another name is hidden now or
+ * memory ran out. */
+int geoParamEnvHide(const char *name);
+void geoParamEnvRestore(const char *name);
 /* 1 when the variable, or an NCCL twin that gave it a value, is set in
  * the environment. */
 int geoParamIsSet(geoParamId id);

@@ -41,7 +41,7 @@ ncclResult_t devWaitEvent(struct ncclComm *comm, struct geoDevState *st, cudaEve
     double t0 = geoNow();
     long backoff = 1;
     for (;;) {
-        cudaError_t e = cudaEventQuery(ev);
+        cudaError_t e = devEventQuery(ev);
         if (e == cudaSuccess)
             return ncclSuccess;
         if (e != cudaErrorNotReady) {
@@ -230,6 +230,7 @@ ncclResult_t devCrossSetup(struct ncclComm *comm, struct geoDevState *st)
             return devCudaError(comm, "cudaHostGetDevicePointer of the exchange flag", e);
         }
     }
+    GEO_CHECK(devSlotsPrepin(comm, st));
     if (!st->wait_value_checked) {
         void *fn = NULL;
         enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

@@ -23,6 +23,15 @@
 
 /* Cross-region jobs in flight at once on a communicator (a slot each). */
 #define GEO_DEV_MAX_SLOTS 64
+/* Slots pinned when the communicator's device state is set up (with
+ * NVIDIA's communicator of the region), and the staging each holds:
+ * pinning synchronises the device (CUDA's implicit synchronisation), so
+ * it must not happen inside a stream-ordered call, where another stream's
+ * blocked host function would hold it.  Two jobs of up to 4 MiB of staging
+ * each (a shard of up to 4 MiB on the host exchange) are in flight without
+ * pinning; a larger call grows a slot, and that call synchronises. */
+#define GEO_DEV_PREPIN_SLOTS 2
+#define GEO_DEV_PREPIN_BYTES ((size_t)4 << 20)
 
 typedef CUresult (*waitValueFn)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
                                 unsigned int flags);
@@ -124,6 +133,18 @@ ncclResult_t devCudaErrorAt(struct ncclComm *comm, const char *file, int line, c
             return devCudaError((comm), (what), geo_ce_);   \
     } while (0)
 
+/* cudaEventQuery with its cudaErrorNotReady consumed: CUDA keeps a query's
+ * not-ready answer as the thread's last error (it is not sticky), and the
+ * launch check that follows on the thread (cudaGetLastError after the
+ * kernels, cuda/kernels_internal.h) would report it as a failed launch. */
+static inline cudaError_t devEventQuery(cudaEvent_t ev)
+{
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaErrorNotReady)
+        (void)cudaGetLastError();
+    return e;
+}
+
 /* The communicator's device made current for the duration of a call, the
  * caller's restored after it, as NCCL does: events, pinned memory and
  * stream-ordered allocations belong to the device current when they are
@@ -165,9 +186,11 @@ ncclResult_t devPassThrough(struct ncclComm *comm, struct geoDevState *st, geoOp
 
 /* Sleep us microseconds (the back-off of the polling waits). */
 void devSleepUs(long us);
-/* What cross-region calls need, each made by the first call that needs
- * it: the device memory pool, the flag, the way streams wait on it, the
- * device residual store and the exchange thread. */
+/* What cross-region calls need, made once, with NVIDIA's communicator of
+ * the region (devReady), outside any stream-ordered call: the device
+ * memory pool, the flag, the first pinned slots, the way streams wait on
+ * the flag, the device residual store and the exchange thread.  Every
+ * cross-region call calls it again (then it makes nothing). */
 ncclResult_t devCrossSetup(struct ncclComm *comm, struct geoDevState *st);
 /* Queue j for the exchange thread, which frees it once done: the caller
  * must not touch j afterwards.  Returns the sequence number before j's n
@@ -200,6 +223,8 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
                         devSlot **out);
 /* Give back a slot no job took. */
 void devSlotPut(struct geoDevState *st, devSlot *slot);
+/* Pin the first GEO_DEV_PREPIN_SLOTS slots (once; devCrossSetup). */
+ncclResult_t devSlotsPrepin(struct ncclComm *comm, struct geoDevState *st);
 /* Offsets in the staging buffers are on 256-byte boundaries. */
 static inline size_t devStageAlign(size_t x) { return (x + 255) & ~(size_t)255; }
 

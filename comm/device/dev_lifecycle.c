@@ -9,6 +9,8 @@
 #ifdef HAVE_CUDA
 #include "comm/device/dev_internal.h"
 
+#include "comm/base/param.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +59,10 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
 
     memset(&msg, 0, sizeof(msg));
     if (me == 0) {
+        int hid = geoParamEnvHide("NCCL_COMM_ID") == 0; /* see below */
         GEO_REAL_CALL(r, st->lib, GetUniqueId, &msg.id);
+        if (hid)
+            geoParamEnvRestore("NCCL_COMM_ID");
         msg.ok = r == ncclSuccess;
         geoNetRequest *req = calloc((size_t)n, sizeof(*req));
         if (req == NULL) {
@@ -100,7 +105,16 @@ static ncclResult_t real_init(struct ncclComm *comm, struct geoDevState *st, con
      * (ncclCommGetAsyncError, any thread) reads st->real without a lock, and
      * NCCL writes its output argument before its init has finished. */
     geoRealComm made = NULL;
+    /* NCCL_COMM_ID is GeoCCL's bootstrap root (read as GEOCCL_COMM_ID's
+     * twin).  NVIDIA's NCCL reads it too: its ncclGetUniqueId then returns
+     * that address instead of a root of its own, and its rank 0's
+     * ncclCommInitRank opens its root there, at GeoCCL's port, as every
+     * region's rank 0 would.  Its id here is its own, sent over GeoCCL's
+     * transport, so it must not see the variable at all. */
+    int hid = geoParamEnvHide("NCCL_COMM_ID") == 0;
     GEO_REAL_CALL(r, st->lib, CommInitRankConfig, &made, n, msg.id, me, &cfg);
+    if (hid)
+        geoParamEnvRestore("NCCL_COMM_ID");
     if (prev >= 0 && prev != comm->cuda_dev)
         cudaSetDevice(prev);
     if (r != ncclSuccess)
@@ -147,6 +161,17 @@ ncclResult_t devReady(struct ncclComm *comm, const char *fn, struct geoDevState 
         if (r != ncclSuccess) {
             st->real_failed = r;
             return r;
+        }
+        /* Pinning and the pool synchronise the device: made here, at init
+         * or with NVIDIA's communicator (whose init synchronises anyway),
+         * never inside a later stream-ordered call. */
+        if (comm->regions.nregions > 1) {
+            devGuard g;
+            GEO_CHECK(devEnter(comm, &g));
+            r = devCrossSetup(comm, st);
+            devLeave(&g);
+            if (r != ncclSuccess)
+                return r;
         }
     }
     *out = st;

@@ -23,6 +23,36 @@ static size_t slot_cap_for(size_t bytes)
     return c < bytes ? bytes : c;
 }
 
+/* A new slot's events (no staging yet). */
+static cudaError_t slot_events(devSlot *s)
+{
+    memset(s, 0, sizeof(*s));
+    cudaError_t e = cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+    return e;
+}
+
+ncclResult_t devSlotsPrepin(struct ncclComm *comm, struct geoDevState *st)
+{
+    const size_t cap = slot_cap_for(GEO_DEV_PREPIN_BYTES);
+    while (st->nslots < GEO_DEV_PREPIN_SLOTS) {
+        devSlot *s = &st->slots[st->nslots];
+        cudaError_t e = slot_events(s);
+        if (e != cudaSuccess)
+            return devCudaError(comm, "cudaEventCreate of a staging slot", e);
+        if ((e = cudaHostAlloc((void **)&s->host, cap, cudaHostAllocPortable)) != cudaSuccess) {
+            cudaEventDestroy(s->ready);
+            cudaEventDestroy(s->done);
+            s->host = NULL;
+            return devCudaError(comm, "cudaHostAlloc of a staging buffer", e);
+        }
+        s->cap = cap;
+        st->nslots++;
+    }
+    return ncclSuccess;
+}
+
 /* A free staging slot of at least bytes (user thread).  Chooses, in this
  * order: the smallest free slot that is large enough; a new slot while
  * there are fewer than GEO_DEV_MAX_SLOTS; the largest free slot, grown.
@@ -39,7 +69,7 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
         pthread_mutex_lock(&st->lock);
         for (int i = 0; i < st->nslots; i++) {
             devSlot *s = &st->slots[i];
-            if (s->busy && s->exchanged && cudaEventQuery(s->done) == cudaSuccess)
+            if (s->busy && s->exchanged && devEventQuery(s->done) == cudaSuccess)
                 s->busy = 0;
             if (s->busy)
                 continue;
@@ -50,9 +80,7 @@ ncclResult_t devSlotGet(struct ncclComm *comm, struct geoDevState *st, size_t by
         }
         if (pick == NULL && st->nslots < GEO_DEV_MAX_SLOTS) {
             pick = &st->slots[st->nslots];
-            memset(pick, 0, sizeof(*pick));
-            if (cudaEventCreateWithFlags(&pick->ready, cudaEventDisableTiming) != cudaSuccess ||
-                cudaEventCreateWithFlags(&pick->done, cudaEventDisableTiming) != cudaSuccess) {
+            if (slot_events(pick) != cudaSuccess) {
                 pthread_mutex_unlock(&st->lock);
                 cudaGetLastError();
                 return GEO_COMM_ERR(comm, ncclUnhandledCudaError, "%s: cudaEventCreate failed",

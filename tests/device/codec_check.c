@@ -48,12 +48,17 @@ static int quick, emu;
 /* Sign chunks equal but for NaN scales (see nanScalesOnly). */
 static int signNanScales;
 
+/* The case being run (codec, size, parameters, seed, input), named by
+ * every CUDA failure: a kernel's fault shows at the next synchronising
+ * call, whose file:line says nothing of which input made it. */
+static char curCase[320] = "setup";
+
 #define CUDA_OK(call)                                                                  \
     do {                                                                               \
         cudaError_t e_ = (call);                                                       \
         if (e_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
-                    cudaGetErrorString(e_));                                           \
+            fprintf(stderr, "%s:%d: %s: %s, in case: %s\n", __FILE__, __LINE__, #call,  \
+                    cudaGetErrorString(e_), curCase);                                  \
             exit(2);                                                                   \
         }                                                                              \
     } while (0)
@@ -364,6 +369,7 @@ static void runCase(const Case *c, cudaStream_t st, int *dstatus, int withCorrup
     const geoCodec *cc = &geoCodecs[c->codec];
     size_t need = cc->maxEncodedSize(n, ncclFloat32, &c->params);
     size_t gneed = geoCudaCodecEncodedSize(c->codec, n, ncclFloat32, &c->params);
+    describe(curCase, sizeof curCase, c);
     char buf[200];
     snprintf(buf, sizeof buf, "cpu %zu, gpu %zu", need, gneed);
     report(need == gneed && need != 0, c, "encoded sizes differ", buf);
@@ -455,6 +461,8 @@ static void checkNoneTypes(cudaStream_t st, int *dstatus)
             size_t n = sizes[s], es = types[t] == ncclInt8 ? 1 : types[t] == ncclFloat16 ? 2
                                                              : types[t] == ncclFloat64 ? 8 : 4;
             c.count = n;
+            snprintf(curCase, sizeof curCase, "none n=%zu dtype=%d (non-float types)", n,
+                     (int)types[t]);
             unsigned char *x = xmalloc(n * es + 1);
             for (size_t i = 0; i < n * es; i++)
                 x[i] = (unsigned char)rnd();
@@ -506,6 +514,8 @@ static void checkDivide(cudaStream_t st)
             for (int pat = 0; pat < PAT_COUNT; pat++) {
                 size_t n = sizes[si];
                 c.count = n;
+                snprintf(curCase, sizeof curCase, "divide n=%zu divisor=%d %s", n,
+                         divisors[di], patName[pat]);
                 float *x = xmalloc(n * sizeof(float)), *y = xmalloc(n * sizeof(float));
                 fillInput(x, n, pat);
                 float *dx = dmalloc(n * sizeof(float));
@@ -538,6 +548,7 @@ static void checkDivide(cudaStream_t st)
 static void checkArguments(cudaStream_t st, int *dstatus)
 {
     Case c;
+    snprintf(curCase, sizeof curCase, "argument checks (int8)");
     memset(&c, 0, sizeof c);
     c.codec = GEO_CODEC_INT8;
     geoCodecParamsInit(&c.params);
@@ -798,6 +809,7 @@ static void throughput(cudaStream_t st, int *dstatus, size_t n)
         a.scratch = a.sbytes ? dmalloc(a.sbytes) : NULL;
         double chunk = (double)a.cap;
         char name[64];
+        snprintf(curCase, sizeof curCase, "throughput %s n=%zu", geoCodecs[a.codec].name, n);
         for (int ef = 0; ef <= 1; ef++) {
             a.ef = ef;
             double t = timeIt(st, e0, e1, reps, runEncode, &a);

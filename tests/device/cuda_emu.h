@@ -21,7 +21,9 @@ typedef enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
-    cudaErrorNoDevice = 100
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100,
+    cudaErrorNotReady = 600
 } cudaError_t;
 
 typedef enum {

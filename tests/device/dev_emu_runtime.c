@@ -33,7 +33,14 @@
  *    for the stream and copies at once, as CUDA does for pageable memory
  *    (the call returns when the host buffer may be reused).
  *  - Events complete when their stream reaches them; an event never
- *    recorded reads as complete, as in CUDA.
+ *    recorded reads as complete, as in CUDA.  A query that answers
+ *    cudaErrorNotReady (cudaEventQuery, cudaStreamQuery) leaves it as the
+ *    thread's last error, as CUDA's runtime does (see emu_error), so a
+ *    later cudaGetLastError that expects launch errors sees it.
+ *    GEO_EMU_QUERY_LAG=N: cudaEventQuery sees each record's completion
+ *    only at the N+1st query after it completed (a host that polls
+ *    before the device's completion reaches it), so a query that answers
+ *    not ready happens in every run, not only under load.
  *  - Every wait (stream worker in a wait-value, host in a synchronise) has
  *    a deadline, GEO_EMU_TIMEOUT seconds (default 120): past it the process
  *    aborts with a message naming the wait, so a bug shows as a failure of
@@ -61,6 +68,10 @@
  *    counted as allocations from the driver (geoEmuDeviceAllocCount), so a
  *    test can tell whether a hot path allocates device memory per call.
  *    GEO_EMU_NO_POOLS=1: the device says it has no pools.
+ *  - cudaHostAlloc and cudaMemPoolCreate wait for every stream first, as
+ *    CUDA synchronises the device for them (see cudaHostAlloc), so a
+ *    library that pins or makes a pool inside a stream-ordered call hangs
+ *    behind another stream's blocked host function here too.
  *  - cudaFreeHost counts as a pinned free and cudaHostAlloc as a pinned
  *    allocation; geoEmuPinnedCounts() reads both, so a test can tell
  *    whether a hot path re-pins its staging.
@@ -127,6 +138,8 @@ struct CUevent_st {
     int refs;                /* queued operations that point at it */
     int destroyed;           /* freed when the last of them is done */
     int dev;                 /* the device current at creation */
+    unsigned long lag_gen;   /* GEO_EMU_QUERY_LAG: the record being held back */
+    int lag_left;            /* ... for this many more queries */
 };
 
 /* One lock and one condition variable for everything: the emulation is for
@@ -168,6 +181,26 @@ static void emu_die(const char *what)
     abort();
 }
 
+/* GEO_EMU_QUERY_LAG=N: see the model above. */
+static int emu_query_lag(void)
+{
+    static int lag = -1;
+    if (lag < 0) {
+        const char *e = getenv("GEO_EMU_QUERY_LAG");
+        lag = e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    return lag;
+}
+
+/* Every call that fails records its error as the calling thread's last
+ * error, cudaErrorNotReady of cudaEventQuery/cudaStreamQuery included:
+ * NVIDIA's runtime reference says cudaGetLastError returns "the last error
+ * that has been produced by any of the runtime calls in the same host
+ * thread" and resets it, and a query's cudaErrorNotReady is such a result
+ * (PyTorch's caching allocator and event queries clear it with
+ * cudaGetLastError after every not-ready query for this reason: pytorch
+ * pull requests 18584 and 61554).  It is not sticky: the next
+ * cudaGetLastError clears it. */
 static cudaError_t emu_error(cudaError_t e)
 {
     if (e != cudaSuccess)
@@ -801,6 +834,10 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps
         props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
         props->location.id >= emu_ndev())
         return emu_error(cudaErrorInvalidValue);
+    /* Treated as synchronising, as a device memory allocation of the same
+     * list in the guide is (a pool maps device memory): it waits for every
+     * stream, as cudaHostAlloc below. */
+    emu_drain_all("cudaMemPoolCreate's device synchronisation");
     struct CUmemPoolHandle_st *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return emu_error(cudaErrorMemoryAllocation);
@@ -893,9 +930,16 @@ void geoEmuDeviceAllocCount(unsigned long *allocs)
     *allocs = __atomic_load_n(&emu_n_dev_alloc, __ATOMIC_RELAXED);
 }
 
+/* Pinning synchronises the device: the CUDA C++ Programming Guide's
+ * "Implicit Synchronization" lists a page-locked host memory allocation
+ * among the operations between which commands of different streams do not
+ * overlap.  So it waits for every stream, host functions included: a
+ * library that pins inside a stream-ordered call hangs behind another
+ * stream's blocked host function (until GEO_EMU_TIMEOUT, then aborts). */
 cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
 {
     (void)flags;
+    emu_drain_all("cudaHostAlloc's device synchronisation");
     emu_count(&emu_n_pin);
     return emu_alloc(ptr, bytes, 1);
 }
@@ -1070,8 +1114,18 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
         return emu_error(cudaErrorInvalidResourceHandle);
     pthread_mutex_lock(&emu_lock);
     int done = event->completed >= event->recorded;
+    if (done && emu_query_lag() > 0 && event->recorded > 0) {
+        if (event->lag_gen != event->recorded) {
+            event->lag_gen = event->recorded;
+            event->lag_left = emu_query_lag();
+        }
+        if (event->lag_left > 0) {
+            event->lag_left--;
+            done = 0;
+        }
+    }
     pthread_mutex_unlock(&emu_lock);
-    return done ? cudaSuccess : cudaErrorNotReady; /* not ready is no error */
+    return done ? cudaSuccess : emu_error(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
@@ -1154,7 +1208,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream)
     pthread_mutex_lock(&emu_lock);
     int done = s->completed == s->enqueued;
     pthread_mutex_unlock(&emu_lock);
-    return done ? cudaSuccess : cudaErrorNotReady;
+    return done ? cudaSuccess : emu_error(cudaErrorNotReady);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)

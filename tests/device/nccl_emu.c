@@ -19,6 +19,14 @@
  * (tests/device/dev_emu_runtime.c) that the test program exports
  * (-rdynamic).
  *
+ * NCCL_COMM_ID is read as NVIDIA's NCCL reads it (src/bootstrap.cc,
+ * src/init.cc): ncclGetUniqueId makes no root and returns an id holding
+ * that address; rank 0's ncclCommInitRank(Config) opens the bootstrap
+ * root there, a TCP listener on that address (kept here until the
+ * communicator goes), and fails when it cannot: so a library that lets
+ * NVIDIA's NCCL see another bootstrap's NCCL_COMM_ID finds the port taken
+ * (by that bootstrap's root, or by another region's NCCL root).
+ *
  * It exports no geocclXXX symbol and lives in its own object, so
  * nccl_real.c's check that the library is not GeoCCL itself passes.
  */
@@ -26,12 +34,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +72,7 @@ struct ncclComm {
     int rank;
     int destroyed;
     emuClique *q; /* several ranks: the clique */
+    int root_fd;  /* NCCL_COMM_ID: rank 0's bootstrap root, else -1 */
 };
 
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -140,9 +152,50 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     if (id == NULL)
         return fail(ncclInvalidArgument, "id is NULL");
     memset(id, 0, sizeof(*id));
-    snprintf(id->internal, sizeof(id->internal), "nccl-emu %ld %ld", (long)getpid(),
-             (long)time(NULL));
+    const char *env = getenv("NCCL_COMM_ID");
+    if (env && env[0]) /* NVIDIA's: the id is that address, no root made */
+        snprintf(id->internal, sizeof(id->internal), "nccl-emu root %s", env);
+    else
+        snprintf(id->internal, sizeof(id->internal), "nccl-emu %ld %ld", (long)getpid(),
+                 (long)time(NULL));
     return ncclSuccess;
+}
+
+/* NCCL_COMM_ID set: rank 0 opens the bootstrap root at that address
+ * ("a.b.c.d:port"), as NVIDIA's init does; -1 with the reason in emu_error
+ * when it cannot. */
+static int open_root(const char *addr)
+{
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || (size_t)(colon - addr) >= sizeof(host)) {
+        fail(ncclInvalidArgument, "invalid NCCL_COMM_ID, not <ipv4>:<port>");
+        return -1;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, strcmp(host, "localhost") == 0 ? "127.0.0.1" : host,
+                  &sa.sin_addr) != 1) {
+        fail(ncclInvalidArgument, "invalid NCCL_COMM_ID, not <ipv4>:<port>");
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 16) != 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "NCCL_COMM_ID=%s: cannot open the bootstrap root there: %s",
+                 addr, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        fail(ncclSystemError, why);
+        return -1;
+    }
+    return fd;
 }
 
 static double emu_timeout(void)
@@ -178,6 +231,13 @@ static int q_barrier(emuClique *q)
     return 0;
 }
 
+static void init_undo(struct ncclComm *c)
+{
+    if (c->root_fd >= 0)
+        close(c->root_fd);
+    free(c);
+}
+
 /* The library never calls its own exports: a sanitizer build loads it
  * without RTLD_DEEPBIND (comm/device/nccl_real.c), where such a call would
  * bind to GeoCCL's function of the same name. */
@@ -192,6 +252,12 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *
         return fail(ncclSystemError, "out of memory");
     c->nranks = nranks;
     c->rank = rank;
+    c->root_fd = -1;
+    const char *env = getenv("NCCL_COMM_ID");
+    if (env && env[0] && rank == 0 && (c->root_fd = open_root(env)) < 0) {
+        free(c);
+        return ncclSystemError;
+    }
     if (nranks > 1) {
         pthread_mutex_lock(&q_lock);
         emuClique *q = q_list;
@@ -204,7 +270,7 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *
         }
         if (q == NULL) {
             pthread_mutex_unlock(&q_lock);
-            free(c);
+            init_undo(c);
             return fail(ncclSystemError, "out of memory");
         }
         if (q->nranks == 0) {
@@ -215,7 +281,7 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *
         }
         if (q->nranks != nranks || q->joined >= nranks) {
             pthread_mutex_unlock(&q_lock);
-            free(c);
+            init_undo(c);
             return fail(ncclInvalidUsage, "ranks of one id disagree on nranks, or joined twice");
         }
         q->joined++;
@@ -226,7 +292,7 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *
         int bad = q_barrier(q);
         pthread_mutex_unlock(&q_lock);
         if (bad) {
-            free(c);
+            init_undo(c);
             return fail(ncclSystemError, "init: not every rank joined within GEO_EMU_TIMEOUT "
                         "(multi-rank communicators are threads of one process)");
         }
@@ -269,6 +335,8 @@ static ncclResult_t destroy(ncclComm_t comm)
         }
         pthread_mutex_unlock(&q_lock);
     }
+    if (comm->root_fd >= 0)
+        close(comm->root_fd);
     free(comm);
     return ncclSuccess;
 }

@@ -118,6 +118,12 @@ ts=${GEOCCL_TEST_TIME_SCALE:-1}
 run yes word env GEOCCL_TIMEOUT=$((30 * ts)) "$bin" 2 "$mib" hostfn
 run yes poll env GEOCCL_TIMEOUT=$((30 * ts)) GEO_EMU_NO_WAIT_VALUE=1 "$bin" 2 "$mib" hostfn
 run yes word env $sl GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib"
+# A host that polls a slot's event before its completion shows: the query
+# answers cudaErrorNotReady, which CUDA keeps as the thread's last error;
+# the launches that follow must not read it as theirs (GPU codecs and the
+# host exchange).
+run yes word env $sl GEO_EMU_QUERY_LAG=3 "$bin" 2 "$mib"
+run no word env GEO_EMU_QUERY_LAG=3 GEOCCL_CUDA_CODECS=0 "$bin" 2 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 GEOCCL_CUDA_CODECS=0 "$bin" 3 "$mib"
 run no word env GEO_EMU_DELAY_US=1000 "$bin" 3 "$mib" staged
 # Reproducible stochastic rounding: four int8 calls queued back to back on a
@@ -185,6 +191,12 @@ run yes word "$bin" 2 "$mib" abort
 # communicator's device's (the emulation refuses an event recorded on a
 # stream of another device), and the caller's device comes back.
 run yes word env GEO_EMU_DEVICES=2 DEV_ALLREDUCE_OTHER_DEVICE=1 "$bin" 2 "$mib"
+# NCCL_COMM_ID is GeoCCL's bootstrap root: NVIDIA's NCCL must not see it
+# (the emulated one, like NVIDIA's, opens rank 0's root at that address:
+# GeoCCL's port, and every region's rank 0 the same one).
+port=$((20000 + RANDOM % 20000))
+run yes word env NCCL_COMM_ID=127.0.0.1:$port GEOCCL_COMM_SECRET=dev-emu-test \
+    DEV_ALLREDUCE_MAX_COUNT=1000 "$bin" 2 "$mib"
 # A driver older than the runtime: init refuses, naming both CUDA versions
 # (the emulated runtime is the toolkit's version); no driver: host-only.
 old_drv=1080

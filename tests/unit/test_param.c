@@ -184,6 +184,24 @@ static void test_twin_fallback_and_precedence(void)
     setenv("NCCL_COMM_ID", "", 1); /* empty: unset, as in NCCL */
     unsetenv("GEOCCL_COMM_ID");
     CU_ASSERT_PTR_NULL(geoParamStrLive(GEO_PARAM_COMM_ID));
+
+    /* Hidden from NVIDIA's NCCL (geoParamEnvHide), nested: gone from the
+     * environment, still GeoCCL's bootstrap root, back at the last restore;
+     * another name cannot be hidden meanwhile. */
+    setenv("NCCL_COMM_ID", "127.0.0.1:4713", 1);
+    CU_ASSERT_EQUAL(geoParamEnvHide("NCCL_COMM_ID"), 0);
+    CU_ASSERT_EQUAL(geoParamEnvHide("NCCL_COMM_ID"), 0);
+    CU_ASSERT_EQUAL(geoParamEnvHide("NCCL_DEBUG"), -1);
+    CU_ASSERT_PTR_NULL(getenv("NCCL_COMM_ID"));
+    CU_ASSERT_STRING_EQUAL(geoParamStrLive(GEO_PARAM_COMM_ID), "127.0.0.1:4713");
+    geoParamEnvRestore("NCCL_COMM_ID");
+    CU_ASSERT_PTR_NULL(getenv("NCCL_COMM_ID"));
+    geoParamEnvRestore("NCCL_COMM_ID");
+    CU_ASSERT_STRING_EQUAL(getenv("NCCL_COMM_ID"), "127.0.0.1:4713");
+    unsetenv("NCCL_COMM_ID");
+    CU_ASSERT_EQUAL(geoParamEnvHide("NCCL_COMM_ID"), 0); /* unset: stays unset */
+    geoParamEnvRestore("NCCL_COMM_ID");
+    CU_ASSERT_PTR_NULL(getenv("NCCL_COMM_ID"));
     restore_env();
 }
 
