@@ -59,7 +59,7 @@ inr() { local r=$1; shift; "$WAN" exec -n "$NAME" -i "$r" -- "$@"; }
 
 # rtt FROM TO PORT -> "min avg" of 20 UDP probes, ms; the checks hold the
 # minimum to the delay (the average carries the busy CPUs' wake-ups). A port of its own
-# each: it runs in a subshell, and the last echo may still hold its port).
+# each: it runs in a subshell, and the last echo may still hold its port.
 rtt() {
     local from=$1 to=$2 PORT=$3 addr pid out
     addr=10.231.0.$((10 + to))
