@@ -49,18 +49,21 @@ thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')t
 # emulated links (the same collective code as test_hier and
 # test_compress_hier, with the WAN's delays), and the emulator's own smoke
 # test (57 s, none of it the library's code: its delay line is built with
-# plain cc, not this build's flags), and the faults between emulated
+# plain cc, not this build's flags) and its test of changes under running
+# traffic (test_wan_schedule, 45 s, none of it the library's either), and
+# the faults between emulated
 # regions (its limits are wall-clock ones: a rank must fail within 2 s of a
 # peer's death; test_resume and test_peer_death run the same transport
 # code under the sanitizers), the plan following a changing link (its
 # calls take seconds each on purpose; test_hier runs the same collective
 # code), and the pip install of the Python package
 # (pip builds it anew, without this build's flags: nothing of it would be
-# instrumented). All six run in the plain build.
+# instrumented). All seven run in the plain build.
 # run_wan_security still runs: the encrypted frames and the emulated WAN's
 # bootstrap under the sanitizers.
 asan_skip="tests/wan/test_probe_wan.sh tests/wan/test_hier_wan.sh tests/wan/test_wan_smoke.sh \
-tests/wan/test_faults.sh tests/wan/test_replan.sh tests/torch/run_pip_install.sh"
+tests/wan/test_wan_schedule.sh tests/wan/test_faults.sh tests/wan/test_replan.sh \
+tests/torch/run_pip_install.sh"
 # Started first under address,undefined, the slowest there (about 160, 120,
 # 65 and 65 s), so that the two jobs of make -j2 end close together.
 asan_first="tests/device/codec_emu tests/device/run_dev_emu.sh tests/torch/run_torch.sh \

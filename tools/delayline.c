@@ -6,7 +6,8 @@
  * kernel here has no netem; tbf on the TUN device does the bandwidth).
  *
  *   delayline -i IFNAME -d DELAY_MS [-j JITTER_MS [-R]] [-l LOSS_PCT | -g P,R[,H[,K]]]
- *             [-S SEED] [-s STATS_FILE] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY] [-G] [-v]
+ *             [-S SEED] [-s STATS_FILE] [-c CONTROL_FILE] [-q MAX_QUEUE_BYTES] [-r RT_PRIO]
+ *             [-t EVERY] [-G] [-v]
  *
  * -i  TUN device to attach (created if absent; an existing persistent one
  *     made by `ip tuntap add mode tun` is attached to). Opened IFF_TUN |
@@ -36,6 +37,18 @@
  * -s  also write the counters to STATS_FILE as "key value" lines (packets
  *     in, forwarded, lost to the model, dropped for a full queue, ...),
  *     replaced whole on SIGUSR1 and at exit, for scripts.
+ * -c  control file: on SIGUSR2 the delay line re-reads CONTROL_FILE, "key
+ *     value" lines, and applies what it names to the packets read from
+ *     then on: delay MS, jitter MS, loss PCT (random loss; it replaces -l
+ *     or -g), gen N (any number, echoed back). Unknown keys and bad values
+ *     are reported and the whole file is ignored. After applying, it
+ *     rewrites the -s file, which names the values in force and the last
+ *     gen applied (ctrl_gen), so a script can wait until a change has taken
+ *     effect. Packets already held keep the due time they were given; when
+ *     the delay falls, the ones read after the change wait behind them (the
+ *     order of packets is kept, nothing is dropped), so the shorter delay
+ *     shows from the first packet read at least the old delay after the
+ *     change. -R is fixed at start (reordering follows the new jitter).
  * -q  most bytes held at once (suffix K, M or G; default 256M). A packet
  *     that does not fit is dropped and counted, as a full router queue does.
  * -r  run both threads SCHED_FIFO at this priority (1..99). On a machine
@@ -55,6 +68,7 @@
  * -v  print statistics to stderr on SIGUSR1 and at exit (without -v,
  *     SIGUSR1 still prints them).
  *
+ * SIGUSR2 applies the -c file (ignored without -c).
  * SIGTERM, SIGINT and SIGHUP stop it cleanly (packets still held are
  * discarded and counted). Exit status: 0 after a stop signal, 1 on a system
  * error, 2 on a usage error.
@@ -236,13 +250,15 @@ struct line {
   int fd;
   uint32_t hdr;                            /* vnet header bytes per record (0 or VNET_HDR) */
   char ifname[IFNAMSIZ];
-  int64_t delay_ns;
-  int64_t jitter_ns;                       /* -j: uniform extra hold */
+  _Atomic int64_t delay_ns;                /* written by the reader thread (-c), read by both */
+  int64_t jitter_ns;                       /* -j: uniform extra hold; reader only */
   int64_t last_due_ns;                     /* reader only: keeps FIFO order */
   int reorder;                             /* -R: holds independent, order not kept */
   struct rng jit;                          /* reader only: jitter draws */
   struct loss loss;                        /* reader only */
   const char *stats_path;                  /* -s */
+  const char *ctrl_path;                   /* -c */
+  uint64_t ctrl_gen;                       /* -c: last gen applied */
   uint64_t seed;                           /* -S, or the one chosen */
   uint64_t tamper_every;                   /* -t: 0 = off */
   unsigned char *mem;
@@ -262,8 +278,8 @@ static void usage(FILE *f)
 {
   fprintf(f,
           "usage: delayline -i IFNAME -d DELAY_MS [-j JITTER_MS [-R]] [-l LOSS_PCT | -g P,R[,H[,K]]]\n"
-          "                 [-S SEED] [-s STATS_FILE] [-q MAX_QUEUE_BYTES] [-r RT_PRIO] [-t EVERY]\n"
-          "                 [-G] [-v]\n"
+          "                 [-S SEED] [-s STATS_FILE] [-c CONTROL_FILE] [-q MAX_QUEUE_BYTES]\n"
+          "                 [-r RT_PRIO] [-t EVERY] [-G] [-v]\n"
           "  holds each packet routed into TUN device IFNAME for DELAY_MS\n"
           "  milliseconds, then gives it back to the kernel.\n"
           "  -j  add a uniform random hold in [0, JITTER_MS), order kept\n"
@@ -273,6 +289,8 @@ static void usage(FILE *f)
           "      pass in bad H (default 0), pass in good K (default 100)\n"
           "  -S  seed of the random draws (default: time and pid)\n"
           "  -s  write counters to STATS_FILE on SIGUSR1 and at exit\n"
+          "  -c  on SIGUSR2 re-read CONTROL_FILE (lines: delay MS, jitter MS,\n"
+          "      loss PCT, gen N) and apply it to the packets read from then on\n"
           "  -q  queue bound, suffix K/M/G allowed (default 256M)\n"
           "  -r  SCHED_FIFO priority 1..99 for its threads (default: none)\n"
           "  -t  flip one payload byte of every EVERY-th TCP packet with payload,\n"
@@ -561,17 +579,18 @@ static void split_publish(struct line *l, uint64_t *tail, const unsigned char *s
   publish(l, *tail);
 }
 
-/* When a packet read at now is due, keeping FIFO order unless -R. */
+/* When a packet read at now is due, keeping FIFO order unless -R: the
+ * writer sends the ring in order, so a due time never precedes the one
+ * ahead of it (with jitter, or after -c lowered the delay). */
 static int64_t due_time(struct line *l, int64_t now)
 {
-  int64_t due = now + l->delay_ns;
-  if (l->jitter_ns > 0) {
+  int64_t due = now + atomic_load_explicit(&l->delay_ns, memory_order_relaxed);
+  if (l->jitter_ns > 0)
     due += (int64_t)(rng_next(&l->jit) % (uint64_t)l->jitter_ns);
-    if (!l->reorder) {
-      if (due < l->last_due_ns)
-        due = l->last_due_ns;
-      l->last_due_ns = due;
-    }
+  if (!l->reorder) {
+    if (due < l->last_due_ns)
+      due = l->last_due_ns;
+    l->last_due_ns = due;
   }
   return due;
 }
@@ -827,7 +846,8 @@ static void *writer_reorder_main(void *arg)
       /* A packet still to come is due at least one delay after it comes:
        * if the earliest held one is due before that, nothing can overtake
        * it and the reader need not wake us. Otherwise it must. */
-      int need_wake = h.n == 0 || h.v[0].due_ns - now > l->delay_ns;
+      int need_wake = h.n == 0 ||
+                      h.v[0].due_ns - now > atomic_load_explicit(&l->delay_ns, memory_order_relaxed);
       if (need_wake) {
         atomic_store_explicit(&l->writer_idle, 1, memory_order_seq_cst);
         if (atomic_load_explicit(&l->tail, memory_order_seq_cst) == scan &&
@@ -886,14 +906,17 @@ static void write_stats_file(struct line *l)
           "\nout_bytes %" PRIu64 "\nlost_pkts %" PRIu64 "\nlost_bytes %" PRIu64
           "\nqueue_drop_pkts %" PRIu64 "\nwrite_errors %" PRIu64 "\nreordered %" PRIu64
           "\ndiscarded %" PRIu64 "\nlate_avg_us %.1f\nlate_max_us %.1f\nlate_over_1ms %" PRIu64
-          "\nin_segs %" PRIu64 "\nsplit_pkts %" PRIu64 "\n",
+          "\nin_segs %" PRIu64 "\nsplit_pkts %" PRIu64 "\ndelay_ms %.6g\njitter_ms %.6g\nloss_pct %.6g"
+          "\nctrl_gen %" PRIu64 "\n",
           l->seed, counter(&s->rx_pkts), counter(&s->rx_bytes), counter(&s->tx_pkts),
           counter(&s->tx_bytes), counter(&s->lost_pkts), counter(&s->lost_bytes),
           counter(&s->drop_pkts), counter(&s->tx_errors), counter(&s->reordered),
           counter(&s->discarded),
           counter(&s->tx_pkts) ? (double)counter(&s->late_sum_ns) / (double)counter(&s->tx_pkts) / 1e3 : 0.0,
           (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms),
-          counter(&s->rx_segs), counter(&s->split_pkts));
+          counter(&s->rx_segs), counter(&s->split_pkts), (double)atomic_load(&l->delay_ns) / 1e6,
+          (double)l->jitter_ns / 1e6, l->loss.model == LOSS_RANDOM ? 100.0 * l->loss.p_loss : 0.0,
+          l->ctrl_gen);
   if (fclose(f) != 0 || rename(tmp, l->stats_path) != 0)
     fprintf(stderr, "delayline %s: write %s: %s\n", l->ifname, l->stats_path, strerror(errno));
 }
@@ -924,12 +947,70 @@ static void print_stats(struct line *l)
           " B; write errors %" PRIu64 "; held now %" PRIu64 " B, most %" PRIu64
           " B of %" PRIu64 "; late avg %.1f us max %.1f us, >1 ms %" PRIu64
           "; discarded at exit %" PRIu64 "%s%s\n",
-          l->ifname, (double)l->delay_ns / 1e6, counter(&s->rx_pkts), counter(&s->rx_bytes), tx,
+          l->ifname, (double)atomic_load(&l->delay_ns) / 1e6, counter(&s->rx_pkts), counter(&s->rx_bytes), tx,
           counter(&s->tx_bytes), counter(&s->drop_pkts), counter(&s->drop_bytes),
           counter(&s->tx_errors), queued, counter(&s->max_queued), l->cap,
           tx ? (double)counter(&s->late_sum_ns) / (double)tx / 1e3 : 0.0,
           (double)counter(&s->late_max_ns) / 1e3, counter(&s->late_over_1ms),
           counter(&s->discarded), model, tampered);
+}
+
+/* -c, on SIGUSR2 (main thread, which is also the reader: delay, jitter and
+ * loss change between two packets). All or nothing: a file with a bad line
+ * changes nothing. The writer is woken so that -R's wake-up rule sees the
+ * new delay at once. */
+static void ctrl_apply(struct line *l)
+{
+  FILE *f = fopen(l->ctrl_path, "r");
+  if (!f) {
+    fprintf(stderr, "delayline %s: control file %s: %s\n", l->ifname, l->ctrl_path,
+            strerror(errno));
+    return;
+  }
+  double delay_ms = (double)atomic_load(&l->delay_ns) / 1e6, jitter_ms = (double)l->jitter_ns / 1e6;
+  double loss_pct = -1;                    /* < 0: loss model unchanged */
+  uint64_t gen = l->ctrl_gen;
+  char line[256], key[32];
+  int ok = 1, lineno = 0;
+  while (ok && fgets(line, sizeof line, f)) {
+    lineno++;
+    char val[64], *end;
+    int n = sscanf(line, "%31s %63s", key, val);
+    if (n <= 0 || key[0] == '#')
+      continue;
+    errno = 0;
+    double v = n == 2 ? strtod(val, &end) : -1;
+    if (n != 2 || errno || end == val || *end || v < 0)
+      ok = 0;
+    else if (!strcmp(key, "delay") && v <= 600000)
+      delay_ms = v;
+    else if (!strcmp(key, "jitter") && v <= 60000)
+      jitter_ms = v;
+    else if (!strcmp(key, "loss") && v <= 100)
+      loss_pct = v;
+    else if (!strcmp(key, "gen"))
+      gen = (uint64_t)v;
+    else
+      ok = 0;
+  }
+  fclose(f);
+  if (!ok) {
+    fprintf(stderr, "delayline %s: control file %s, line %d: want delay MS, jitter MS, loss PCT "
+            "or gen N; nothing changed\n", l->ifname, l->ctrl_path, lineno);
+    return;
+  }
+  atomic_store_explicit(&l->delay_ns, (int64_t)(delay_ms * 1e6 + 0.5), memory_order_relaxed);
+  l->jitter_ns = (int64_t)(jitter_ms * 1e6 + 0.5);
+  if (loss_pct >= 0) {
+    l->loss.model = loss_pct > 0 ? LOSS_RANDOM : LOSS_NONE;
+    l->loss.p_loss = loss_pct / 100.0;
+  }
+  l->ctrl_gen = gen;
+  futex_wake(&l->wake);
+  fprintf(stderr, "delayline %s: control gen %" PRIu64 ": delay %.3f ms, jitter %.3f ms, loss %s\n",
+          l->ifname, gen, delay_ms, jitter_ms,
+          l->loss.model == LOSS_RANDOM ? "random" : l->loss.model == LOSS_GILBERT ? "gilbert" : "none");
+  write_stats_file(l);
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -998,7 +1079,7 @@ int main(int argc, char **argv)
   const char *stats_path = NULL;
   char *end;
 
-  while ((opt = getopt(argc, argv, "i:d:j:Rl:g:S:s:q:r:t:Gvh")) != -1) {
+  while ((opt = getopt(argc, argv, "i:d:j:Rl:g:S:s:c:q:r:t:Gvh")) != -1) {
     switch (opt) {
     case 'R':
       reorder = 1;
@@ -1046,6 +1127,9 @@ int main(int argc, char **argv)
       break;
     case 's':
       stats_path = optarg;
+      break;
+    case 'c':
+      l.ctrl_path = optarg;
       break;
     case 'i':
       ifname = optarg;
@@ -1150,6 +1234,7 @@ int main(int argc, char **argv)
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGHUP);
   sigaddset(&sigs, SIGUSR1);
+  sigaddset(&sigs, SIGUSR2);
   if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0) {
     fprintf(stderr, "delayline: block signals failed\n");
     return 1;
@@ -1212,6 +1297,9 @@ int main(int argc, char **argv)
         if (si.ssi_signo == SIGUSR1) {
           print_stats(&l);
           write_stats_file(&l);
+        } else if (si.ssi_signo == SIGUSR2) {
+          if (l.ctrl_path)
+            ctrl_apply(&l);
         } else
           stop = 1;
       }
