@@ -8,7 +8,7 @@
 #include <string.h>
 
 int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
-                      double band, int calls, char names[][32], double *next, char *why,
+                      const double *busy, double band, int calls, char names[][32], double *next, char *why,
                       int whylen)
 {
     int fire = 0;
@@ -21,6 +21,8 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         if (obs[g] > 0 && plan[g] > 0) {
             double ratio = obs[g] / plan[g];
             d = ratio < 1 - band ? -1 : ratio > 1 + band ? 1 : 0;
+            if (d < 0 && !(busy[g] >= TOPO_REPLAN_BUSY_MIN))
+                d = 0;
         }
         if (d == 0 || d != s->dir[g]) {
             s->run[g] = 0;
@@ -92,8 +94,9 @@ void topoReplanSnapFree(topoReplanSnap *snap)
     memset(snap, 0, sizeof(*snap));
 }
 
-double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b)
+double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b, double *busy_out)
 {
+    *busy_out = 0;
     if (!a->valid || !b->valid || a->n != b->n)
         return 0;
     double bytes = 0, busy = 0;
@@ -105,5 +108,6 @@ double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b)
         if (t > busy)
             busy = t;
     }
+    *busy_out = busy;
     return bytes > 0 && busy > 1e-3 ? bytes / busy : 0;
 }

@@ -38,14 +38,21 @@ typedef struct {
     int replans;                           /* plans made again so far */
 } topoReplanState;
 
+/* A region whose uplink was busy less than this share of the call did not
+ * limit it: its rate is a lower bound (its data came in bursts, each ending
+ * with a round trip's wait), no evidence of a slower link. */
+#define TOPO_REPLAN_BUSY_MIN 0.7
+
 /* One observed call: obs[g] the achieved uplink rate of region g (bytes/s;
- * <= 0: not observed this call, which ends its run), plan[g] the figure the
- * current plan uses.  When some region's run reaches `calls`, writes the
+ * <= 0: not observed this call, which ends its run), busy[g] the share of
+ * the call its uplink was busy, plan[g] the figure the current plan uses.
+ * A rate over the band counts whatever busy says; one under it only where
+ * busy >= TOPO_REPLAN_BUSY_MIN.  When some region's run reaches `calls`, writes the
  * new figures into next[] (the others copied from plan), resets every run
  * and returns 1, with why (size whylen) naming the regions and rates;
  * else 0.  Deterministic: same inputs, same answer on every rank. */
 int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
-                      double band, int calls, char names[][32], double *next, char *why,
+                      const double *busy, double band, int calls, char names[][32], double *next, char *why,
                       int whylen);
 
 /* This rank's counters over its connections to each rank of another
@@ -71,10 +78,13 @@ typedef struct {
     topoReplanSnap start, end;
     int observing;          /* the call in progress is observed */
     int pending;            /* mine holds the last observed call's rate */
-    double mine;            /* this rank's achieved rate in that call (bytes/s) */
+    double mine[2];         /* this rank's achieved rate in that call (bytes/s)
+                             * and the share of the call its connections were busy */
+    double t0;              /* when the observed call started (geoNow) */
     int inflight;           /* its exchange was posted this call */
-    double *agg;            /* [R] each region's rate (sum of its ranks') */
-    double *from;           /* [nranks] what my region's ranks sent me (leader) */
+    double *agg;            /* [2R] each region's rate (sum of its ranks') and
+                             * busy share (its busiest rank's) */
+    double *from;           /* [2 nranks] what my region's ranks sent me (leader) */
     geoNetRequest *req;     /* [nranks + R] the exchange's messages */
     int nreq;
     double *probe;          /* [R] the uplink figures at init (bytes/s, as the
@@ -86,7 +96,8 @@ typedef struct {
 /* Bytes/s this rank's connections to other regions carried between a and
  * b while they had data in flight: the bytes acknowledged over the longest
  * busy time of a peer that was sent anything (the peers are sent to at
- * once).  0 when nothing moved or the kernel counted nothing. */
-double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b);
+ * once), that time in [out] busy (seconds).  0 when nothing moved or the
+ * kernel counted nothing. */
+double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b, double *busy);
 
 #endif

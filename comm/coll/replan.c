@@ -68,8 +68,8 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
         rp->wan_per_byte * (double)bytes * 1e3 < (double)geoParamInt(GEO_PARAM_REPLAN_MIN_MS))
         return ncclSuccess;
     if (rp->agg == NULL) {
-        rp->agg = calloc((size_t)R, sizeof(*rp->agg));
-        rp->from = calloc((size_t)comm->nranks, sizeof(*rp->from));
+        rp->agg = calloc((size_t)R * 2, sizeof(*rp->agg));
+        rp->from = calloc((size_t)comm->nranks * 2, sizeof(*rp->from));
         rp->req = calloc((size_t)(comm->nranks + R), sizeof(*rp->req));
         if (rp->agg == NULL || rp->from == NULL || rp->req == NULL)
             return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory re-planning",
@@ -81,6 +81,7 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
         return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory re-planning",
                             geoErrOp(&comm->err));
     rp->observing = 1;
+    rp->t0 = geoNow();
     if (!rp->pending)
         return ncclSuccess;
     /* The last observed call's rates, on their way: to my leader, and from
@@ -88,27 +89,34 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
     const int g = m->region_of[comm->rank], L = leader_of(comm, g);
     rp->nreq = 0;
     if (comm->rank != L) {
-        GEO_CHECK(geoNetIsendCtl(&comm->net, L, &rp->mine, sizeof(rp->mine),
+        GEO_CHECK(geoNetIsendCtl(&comm->net, L, rp->mine, sizeof(rp->mine),
                                  &rp->req[rp->nreq++]));
         rp->inflight = 1;
         return ncclSuccess;
     }
     for (int i = 1; i < m->size[g]; i++)
-        GEO_CHECK(geoNetIrecv(&comm->net, m->members[g][i], &rp->from[i], sizeof(double),
-                              &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIrecv(&comm->net, m->members[g][i], &rp->from[2 * i],
+                              2 * sizeof(double), &rp->req[rp->nreq++]));
     GEO_CHECK(wait_all(comm, 0, rp->nreq));
-    double sum = rp->mine > 0 ? rp->mine : 0;
-    for (int i = 1; i < m->size[g]; i++)
-        sum += rp->from[i] > 0 ? rp->from[i] : 0;
-    rp->agg[g] = sum;
+    /* The region's rate: its ranks' rates added (they send at once); how
+     * busy its uplink was: its busiest rank's share of its call. */
+    rp->from[0] = rp->mine[0];
+    rp->from[1] = rp->mine[1];
+    double sum = 0, busy = 0;
+    for (int i = 0; i < m->size[g]; i++) {
+        sum += rp->from[2 * i] > 0 ? rp->from[2 * i] : 0;
+        busy = rp->from[2 * i + 1] > busy ? rp->from[2 * i + 1] : busy;
+    }
+    rp->agg[2 * g] = sum;
+    rp->agg[2 * g + 1] = busy;
     rp->nreq = 0;
     for (int h = 0; h < R; h++) {
         if (h == g)
             continue;
-        GEO_CHECK(geoNetIsendCtl(&comm->net, leader_of(comm, h), &rp->agg[g], sizeof(double),
-                                 &rp->req[rp->nreq++]));
-        GEO_CHECK(geoNetIrecv(&comm->net, leader_of(comm, h), &rp->agg[h], sizeof(double),
-                              &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIsendCtl(&comm->net, leader_of(comm, h), &rp->agg[2 * g],
+                                 2 * sizeof(double), &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIrecv(&comm->net, leader_of(comm, h), &rp->agg[2 * h],
+                              2 * sizeof(double), &rp->req[rp->nreq++]));
     }
     rp->inflight = 1;
     return ncclSuccess;
@@ -122,11 +130,23 @@ static ncclResult_t decide(struct ncclComm *comm)
     const int R = comm->regions.nregions;
     const double gp = geoTuningGoodput(comm);
     double plan[TOPO_REPLAN_MAX_REGIONS], next[TOPO_REPLAN_MAX_REGIONS];
-    for (int g = 0; g < R; g++)
+    double obs[TOPO_REPLAN_MAX_REGIONS], busy[TOPO_REPLAN_MAX_REGIONS];
+    char seen[512];
+    int o = 0;
+    for (int g = 0; g < R; g++) {
         plan[g] = comm->topo.egress[g] * gp;
+        obs[g] = rp->agg[2 * g];
+        busy[g] = rp->agg[2 * g + 1];
+        if (o < (int)sizeof(seen) - 64)
+            o += snprintf(seen + o, sizeof(seen) - (size_t)o, "%s%s %.1f Mbit/s (plan %.1f, "
+                          "busy %.0f%%)", g ? ", " : "", comm->regions.names[g], obs[g] * 8e-6,
+                          plan[g] * 8e-6, busy[g] * 100);
+    }
+    if (comm->rank == 0)
+        geoInfo(GEO_LOG_TUNING, "replan: the last observed call's uplinks: %s", seen);
     double band = (double)geoParamInt(GEO_PARAM_REPLAN_BAND) / 100.0;
     char why[sizeof(rp->why) - 64];
-    if (!topoReplanObserve(&rp->rule, R, plan, rp->agg, band,
+    if (!topoReplanObserve(&rp->rule, R, plan, obs, busy, band,
                            (int)geoParamInt(GEO_PARAM_REPLAN), comm->regions.names, next, why,
                            (int)sizeof(why)))
         return ncclSuccess;
@@ -157,9 +177,12 @@ ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res)
     if (topoReplanSnapshot(&comm->net, m, comm->rank, comm->nranks, &rp->end) != 0)
         return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory re-planning",
                             geoErrOp(&comm->err));
-    double now = topoReplanRate(&rp->start, &rp->end);
+    double busy = 0, took = geoNow() - rp->t0;
+    double now = topoReplanRate(&rp->start, &rp->end, &busy);
+    double frac = took > 0 ? busy / took : 0;
     if (!rp->inflight) {
-        rp->mine = now;
+        rp->mine[0] = now;
+        rp->mine[1] = frac;
         rp->pending = 1;
         return ncclSuccess;
     }
@@ -170,12 +193,13 @@ ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res)
     if (comm->rank == L) {
         for (int i = 1; i < m->size[g]; i++)
             GEO_CHECK(geoNetIsendCtl(&comm->net, m->members[g][i], rp->agg,
-                                     sizeof(double) * (size_t)R, &rp->req[rp->nreq++]));
+                                     2 * sizeof(double) * (size_t)R, &rp->req[rp->nreq++]));
     } else {
-        GEO_CHECK(geoNetIrecv(&comm->net, L, rp->agg, sizeof(double) * (size_t)R,
+        GEO_CHECK(geoNetIrecv(&comm->net, L, rp->agg, 2 * sizeof(double) * (size_t)R,
                               &rp->req[rp->nreq++]));
     }
     GEO_CHECK(wait_all(comm, 0, rp->nreq));
-    rp->mine = now;
+    rp->mine[0] = now;
+    rp->mine[1] = frac;
     return decide(comm);
 }

@@ -23,9 +23,9 @@ static char names[3][32] = {"r0", "r1", "r2"};
 static int observe(topoReplanState *s, double o0, double *next)
 {
     double plan[3] = {100 * MBIT, 100 * MBIT, 100 * MBIT};
-    double obs[3] = {o0, 97 * MBIT, 99 * MBIT};
+    double obs[3] = {o0, 97 * MBIT, 99 * MBIT}, busy[3] = {0.95, 0.9, 0.9};
     char why[256];
-    return topoReplanObserve(s, 3, plan, obs, 0.25, 2, names, next, why, sizeof(why));
+    return topoReplanObserve(s, 3, plan, obs, busy, 0.25, 2, names, next, why, sizeof(why));
 }
 
 static void test_steady(void)
@@ -68,16 +68,34 @@ static void test_flapping(void)
     CU_ASSERT_EQUAL(s.replans, 0);
 }
 
+/* A region that did not limit the call (busy under TOPO_REPLAN_BUSY_MIN)
+ * reads slow without being slow: its bursts end in round trips. */
+static void test_not_limiting(void)
+{
+    topoReplanState s;
+    double next[3];
+    char why[256];
+    double plan[3] = {1000 * MBIT, 1000 * MBIT, 1000 * MBIT};
+    double obs[3] = {250 * MBIT, 260 * MBIT, 265 * MBIT}, busy[3] = {0.98, 0.5, 0.45};
+    memset(&s, 0, sizeof(s));
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[0], 250 * MBIT, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[1], 1000 * MBIT, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[2], 1000 * MBIT, 1);
+}
+
 static void test_rise(void)
 {
     topoReplanState s;
     double next[3];
     char why[256] = "";
     double plan[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT};
-    double obs[3] = {900 * MBIT, 950 * MBIT, 100 * MBIT};
+    double obs[3] = {900 * MBIT, 950 * MBIT, 100 * MBIT}, busy[3] = {0.2, 0.3, 1};
     memset(&s, 0, sizeof(s));
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, 0.25, 2, names, next, why, 256), 1);
+    /* faster: counted however little the region was busy */
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 900 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 950 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 100 * MBIT, 1);
@@ -137,6 +155,7 @@ int main(void)
     CU_add_test(s, "a drop held two calls: once, with their mean", test_drop);
     CU_add_test(s, "a flapping link or a call not observed: never", test_flapping);
     CU_add_test(s, "faster links: only those regions", test_rise);
+    CU_add_test(s, "slower only where the region limited the call", test_not_limiting);
     CU_add_test(s, "the model on the new links", test_model_after_drop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -62,12 +62,8 @@ bps() { # tc rate -> bits/s
 
 # region 0's uplink to RATE_ARG, the running connections kept
 set_rate() {
-    local b=$(bps "$1") burst limit
-    read -r burst limit < <(awk -v r="$b" 'BEGIN { b = r / 8 / 1000; g = 2 * b; if (g > 131072) g = 131072;
-        if (b < g) b = g; if (b < 16384) b = 16384; l = r / 8 * 50 / 1000; if (l < 3 * b) l = 3 * b;
-        printf "%d %d\n", b, l }')
-    ip netns exec "$NAME-r0" tc qdisc change dev dl0 root tbf rate "$b" burst "$burst" limit "$limit" ||
-        { echo "cannot change region 0's rate"; exit 1; }
+    "$WAN" set -n "$NAME" -q 0 rate="$1" > "$WORK/set.log" 2>&1 || {
+        cat "$WORK/set.log"; echo "geoccl-wan set failed"; exit 1; }
 }
 
 echo "== 3 regions x 2 ranks, $RATE each, ${DELAY_MS} ms one way; region 0 to $LOW after call $DROP, back after call $BACK; $CALLS x $BYTES B"
