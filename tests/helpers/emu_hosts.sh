@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by tests that run a launcher across machines: network namespaces
 # stand in for the machines.  Each host H is the namespace gh-H, with
 # loopback and one veth (eth0) to the bridge gh-br in the root namespace;
@@ -70,5 +71,6 @@ hosts_down() {
 on() {
     local h=$1
     shift
+    # shellcheck disable=SC2016  # expanded by that sh
     ip netns exec "$EMU_PREFIX$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }
