@@ -58,12 +58,15 @@ thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')t
 # calls take seconds each on purpose; test_hier runs the same collective
 # code), and the pip install of the Python package
 # (pip builds it anew, without this build's flags: nothing of it would be
-# instrumented). All seven run in the plain build.
+# instrumented), and the multi-host recipes (launchers starting the same
+# collectives that the tests beside them check under the sanitizers, in
+# interpreters and daemons that are not instrumented). All eight run in the
+# plain build.
 # run_wan_security still runs: the encrypted frames and the emulated WAN's
 # bootstrap under the sanitizers.
 asan_skip="tests/wan/test_probe_wan.sh tests/wan/test_hier_wan.sh tests/wan/test_wan_smoke.sh \
 tests/wan/test_wan_schedule.sh tests/wan/test_faults.sh tests/wan/test_replan.sh \
-tests/torch/run_pip_install.sh"
+tests/torch/run_pip_install.sh tests/wan/test_recipes.sh"
 # Started first under address,undefined, the slowest there (about 160, 120,
 # 65 and 65 s), so that the two jobs of make -j2 end close together.
 asan_first="tests/device/codec_emu tests/device/run_dev_emu.sh tests/torch/run_torch.sh \
