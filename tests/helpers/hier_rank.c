@@ -37,8 +37,9 @@
  *
  * calls N BYTES: N all-reduces of BYTES of floats (sum, out-of-place, every
  *   result checked exactly and the same on every rank); rank 0 prints per call
- *     rank 0: call I: T s, replans K, shares a/b/c
- *   (T: the slowest rank's time; geocclCommGetReplan) and a last line "rank R: calls ok: ...".  With
+ *     rank 0: call I: T s, replans K, shares a/b/c, ended E
+ *   (T: the slowest rank's time; geocclCommGetReplan; E: rank 0's wall clock
+ *   when it returned, seconds since the epoch) and a last line "rank R: calls ok: ...".  With
  *   HIER_RANK_PAUSE_AT=i,j,... and HIER_RANK_PAUSE_DIR=D, rank 0 stops after
  *   call i, creates D/at-i and waits (up to 300 s) for D/go-i, so that a
  *   script can change the links before call i+1; the others wait in call
@@ -60,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <geoccl.h>
@@ -634,8 +636,10 @@ static int mode_calls(unsigned long n, size_t bytes)
       int o = 0;
       for (int q = 0; q < R && q < 64 && o < (int)sizeof(line) - 16; q++)
         o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%.3f", q ? "/" : "", sh[q]);
-      printf("rank 0: call %lu: %.3f s, replans %d, shares %s%s%s\n", c, slowest, replans, line,
-             why[0] ? ", " : "", why);
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      printf("rank 0: call %lu: %.3f s, replans %d, shares %s, ended %.3f%s%s\n", c, slowest,
+             replans, line, (double)ts.tv_sec + ts.tv_nsec * 1e-9, why[0] ? ", " : "", why);
       fflush(stdout);
     }
     paused_after(c);
