@@ -105,7 +105,8 @@ def main(argv):
     else:
         _row("extension", "geoccl._C loads (c10d %s, CUDA tensors: %s)"
              % (ext.torch_api, "yes" if ext.cuda else "no"))
-    _row("CUDA", "yes (the device path is compiled)" if _build.CUDA else
+    _row("CUDA", "yes (the toolkit was found; CUDA tensors also need a torch with CUDA)"
+         if _build.CUDA else
          "no (the build found no CUDA toolkit: CPU tensors only)")
     if _build.NCCL_LIB_DIR:
         _row("NCCL", "NVIDIA's libnccl found by the build in %s; loaded at run time "

@@ -1,6 +1,7 @@
 # CUDA toolkit: nvcc, cuda_runtime.h and libcudart.
 #
-# Sets: NVCC, NVCC_GENCODE, CUDA_DIR, CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS,
+# Sets: NVCC, NVCC_GENCODE, CUDA_DIR, CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBDIR
+# (the folder of -L in CUDA_LDFLAGS), CUDA_LIBS,
 # CUDA_LIB_LDFLAGS (libgeoccl's own link: keeps the static runtime unexported);
 # HAVE_CUDA (config.h and AM_CONDITIONAL). The build never needs a GPU: only
 # the compiler, the headers and the runtime library are checked.
@@ -26,6 +27,7 @@ geoccl_cuda_where=disabled
 CUDA_DIR=
 CUDA_CPPFLAGS=
 CUDA_LDFLAGS=
+CUDA_LIBDIR=
 CUDA_LIBS=
 CUDA_LIB_LDFLAGS=
 NVCC_GENCODE=
@@ -64,6 +66,7 @@ AS_IF([test "x$with_cuda" != xno], [
         CUDA_DIR=$geoccl_dir
         CUDA_CPPFLAGS="-I$geoccl_dir/include"
         CUDA_LDFLAGS="-L$geoccl_libdir"
+        CUDA_LIBDIR=$geoccl_libdir
         dnl Host code that nvcc emits is C++ (static guards, exception
         dnl personality), so libstdc++ comes with libcudart.
         dnl The static runtime where the toolkit has it, as NVIDIA's NCCL
@@ -114,7 +117,7 @@ _GEOCCL_EOF
                  [AC_MSG_WARN([$geoccl_nvcc_error])
                   geoccl_have_cuda=no
                   geoccl_cuda_where="$CUDA_DIR: nvcc cannot build kernels (see config.log)"
-                  CUDA_DIR= ; CUDA_CPPFLAGS= ; CUDA_LDFLAGS= ; CUDA_LIBS= ; CUDA_LIB_LDFLAGS= ; NVCC_GENCODE=],
+                  CUDA_DIR= ; CUDA_CPPFLAGS= ; CUDA_LDFLAGS= ; CUDA_LIBDIR= ; CUDA_LIBS= ; CUDA_LIB_LDFLAGS= ; NVCC_GENCODE=],
                  [rm -f conftest.cu conftest.$OBJEXT
                   AC_MSG_ERROR([$geoccl_nvcc_error])])])
     rm -f conftest.cu conftest.$OBJEXT
@@ -130,6 +133,7 @@ AM_CONDITIONAL([HAVE_CUDA], [test "x$geoccl_have_cuda" = xyes])
 AC_SUBST([CUDA_DIR])
 AC_SUBST([CUDA_CPPFLAGS])
 AC_SUBST([CUDA_LDFLAGS])
+AC_SUBST([CUDA_LIBDIR])
 AC_SUBST([CUDA_LIBS])
 AC_SUBST([CUDA_LIB_LDFLAGS])
 AC_SUBST([NVCC_GENCODE])

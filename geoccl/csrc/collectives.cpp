@@ -161,9 +161,12 @@ void checkTensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "geoccl: ", what, " is an undefined tensor");
   TORCH_CHECK(t.layout() == at::kStrided, "geoccl: ", what, " must be a dense tensor, not ",
               t.layout());
-#ifdef GEOCCL_TORCH_CUDA
+#if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
   TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "geoccl: ", what,
               " is on device ", t.device(), "; CPU and CUDA tensors are supported");
+#elif defined(GEOCCL_TORCH_CUDA)
+  TORCH_CHECK(t.device().is_cpu(), "geoccl: ", what, " is on device ", t.device(), "; ",
+              kNoC10Cuda);
 #else
   TORCH_CHECK(t.device().is_cpu(), "geoccl: ", what, " is on device ", t.device(),
               "; this build of geoccl supports CPU tensors only (built without CUDA)");
@@ -323,7 +326,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather(
   std::vector<at::Tensor> outCopy = outs;
   int64_t n = in.numel();
   return enqueue(
-      ::c10d::OpType::ALLGATHER, "allgather", {src}, outs,
+      ::c10d::OpType::ALLGATHER, "allgather", {src, flat}, outs,
       [src, flat, dt](ncclComm_t comm, cudaStream_t s) {
         return ncclAllGather(src.data_ptr(), flat.data_ptr(), src.numel(), dt, comm, s);
       },
@@ -348,7 +351,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& out
   CopyBack back;
   back.add(output, dst);
   return enqueue(
-      ::c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {src}, {output},
+      ::c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {src, dst}, {output},
       [src, dst, dt](ncclComm_t comm, cudaStream_t s) {
         return ncclAllGather(src.data_ptr(), dst.data_ptr(), src.numel(), dt, comm, s);
       },
@@ -381,8 +384,10 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::gather(
                 "geoccl: gather takes output tensors on the root rank only (this is rank ",
                 rank_, ", the root is ", root, ")");
   }
+  std::vector<at::Tensor> ins{src};
+  if (flat.defined()) ins.push_back(flat);
   return enqueue(
-      ::c10d::OpType::GATHER, "gather", {src}, outs,
+      ::c10d::OpType::GATHER, "gather", ins, outs,
       [src, flat, dt, root](ncclComm_t comm, cudaStream_t s) {
         return ncclGather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, src.numel(),
                           dt, root, comm, s);
@@ -425,6 +430,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::scatter(
   back.add(out, dst);
   std::vector<at::Tensor> ins;
   if (flat.defined()) ins.push_back(flat);
+  ins.push_back(dst);
   return enqueue(
       ::c10d::OpType::SCATTER, "scatter", ins, {out},
       [flat, dst, dt, root](ncclComm_t comm, cudaStream_t s) {
@@ -455,7 +461,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
   CopyBack back;
   back.add(out, dst);
   return enqueue(
-      ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat}, {out},
+      ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat, dst}, {out},
       [flat, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
           return ncclReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
@@ -477,7 +483,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
   CopyBack back;
   back.add(output, dst);
   return enqueue(
-      ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src}, {output},
+      ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src, dst}, {output},
       [src, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
           return ncclReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, o, comm, s);
@@ -571,7 +577,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall_base(
     TORCH_CHECK(input.numel() == output.numel(), "geoccl: alltoall_base input has ",
                 input.numel(), " elements and the output ", output.numel());
   return enqueue(
-      ::c10d::OpType::ALLTOALL_BASE, "alltoall_base", {src}, {output},
+      ::c10d::OpType::ALLTOALL_BASE, "alltoall_base", {src, dst}, {output},
       [=](ncclComm_t comm, cudaStream_t s) {
         if (equal) return ncclAlltoAll(src.data_ptr(), dst.data_ptr(), sc[0], dt, comm, s);
         std::vector<char*> sp(size), rp(size);
@@ -610,8 +616,10 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall(std::vector<at::Tensor
   }
   int rank = rank_, size = size_;
   bool device = inputs[0].device().is_cuda();
+  std::vector<at::Tensor> used = srcs;
+  used.insert(used.end(), dsts.begin(), dsts.end());
   return enqueue(
-      ::c10d::OpType::ALLTOALL, "alltoall", srcs, outputs,
+      ::c10d::OpType::ALLTOALL, "alltoall", used, outputs,
       [=](ncclComm_t comm, cudaStream_t s) {
         std::vector<char*> sp(size), rp(size);
         for (int p = 0; p < size; p++) {
@@ -646,7 +654,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recv(std::vector<at::Tensor>& t
   CopyBack back;
   back.add(t, buf);
   return enqueue(
-      ::c10d::OpType::RECV, "recv", {}, {t},
+      ::c10d::OpType::RECV, "recv", {buf}, {t},
       [buf, dt, srcRank](ncclComm_t comm, cudaStream_t s) {
         return ncclRecv(buf.data_ptr(), buf.numel(), dt, srcRank, comm, s);
       },

@@ -96,8 +96,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("version", [] { return std::string(geocclVersionString()); });
   m.attr("torch_api") = GEOCCL_TORCH_BASE_NAME;
-#ifdef GEOCCL_TORCH_CUDA
-  m.attr("cuda") = true;
+#if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
+  m.attr("cuda") = true;  // CUDA tensors take the device path
 #else
   m.attr("cuda") = false;
 #endif

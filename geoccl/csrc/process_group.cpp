@@ -17,6 +17,8 @@
 #ifdef GEOCCL_TORCH_CUDA
 #include <cuda_runtime.h>
 #ifdef GEOCCL_TORCH_C10_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 #endif
@@ -41,6 +43,20 @@ std::string describe(const char* name, uint64_t seq, const at::Tensor& t) {
 void cudaCheck(cudaError_t e, const char* call) {
   if (e != cudaSuccess)
     throw std::runtime_error(c10::str("geoccl: ", call, " failed: ", cudaGetErrorString(e)));
+}
+#endif
+
+#ifdef GEOCCL_TORCH_C10_CUDA
+/* Tells the caching allocator that stream uses the tensors' memory: when
+ * the last reference to one goes (the caller's, or the work's, even after
+ * a failure), its block is handed on only once stream has passed that
+ * point, not when the stream it was allocated on has. Memory the allocator
+ * did not make is left alone by it. */
+void recordOn(const std::vector<at::Tensor>& tensors, cudaStream_t stream, int device) {
+  c10::cuda::CUDAStream s = c10::cuda::getStreamFromExternal(stream, device);
+  for (const auto& t : tensors)
+    if (t.defined() && t.device().is_cuda())
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s);
 }
 #endif
 
@@ -168,22 +184,25 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
 
 #ifdef GEOCCL_TORCH_CUDA
   if (item.device) {
+#ifndef GEOCCL_TORCH_C10_CUDA
+    TORCH_CHECK(false, "geoccl: ", name, ": ", kNoC10Cuda);
+#else
     // The call must see what the caller's stream wrote before it.
     int prev = 0;
     cudaCheck(cudaGetDevice(&prev), "cudaGetDevice");
     cudaCheck(cudaSetDevice(item.deviceIndex), "cudaSetDevice");
     cudaEvent_t ev;
     cudaCheck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-#ifdef GEOCCL_TORCH_C10_CUDA
     cudaStream_t caller = c10::cuda::getCurrentCUDAStream(item.deviceIndex).stream();
-#else
-    cudaStream_t caller = 0;  // the legacy default stream: PyTorch's default
-#endif
     cudaCheck(cudaEventRecord(ev, caller), "cudaEventRecord");
     cudaSetDevice(prev);
     item.readyEvent = ev;
+#endif
   }
 #endif
+
+  item.tensors = inputs;
+  item.tensors.insert(item.tensors.end(), outputs.begin(), outputs.end());
 
   item.work = c10::make_intrusive<WorkGeoCCL>(rank_, type, name, std::move(outputs), timeout_);
   item.job = std::move(job);
@@ -213,12 +232,12 @@ void ProcessGroupGeoCCL::run() {
 
 void ProcessGroupGeoCCL::runOne(Item& item) {
   std::exception_ptr error;
+  cudaStream_t stream = nullptr;  // set once work may be enqueued on it
   try {
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
         async != ncclInProgress)
       geoFail(async, comm_, item.what + " (the communicator failed earlier)");
-    cudaStream_t stream = nullptr;
 #ifdef GEOCCL_TORCH_CUDA
     if (item.device) {
       cudaCheck(cudaSetDevice(item.deviceIndex), "cudaSetDevice");
@@ -229,23 +248,29 @@ void ProcessGroupGeoCCL::runOne(Item& item) {
         stream_ = s;
         streamDevice_ = item.deviceIndex;
       }
-      stream = static_cast<cudaStream_t>(stream_);
+      cudaStream_t s = static_cast<cudaStream_t>(stream_);
       cudaEvent_t ev = static_cast<cudaEvent_t>(item.readyEvent);
       item.readyEvent = nullptr;
-      cudaError_t e = cudaStreamWaitEvent(stream, ev, 0);
+      cudaError_t e = cudaStreamWaitEvent(s, ev, 0);
       cudaEventDestroy(ev);
       cudaCheck(e, "cudaStreamWaitEvent");
+      stream = s;
+#ifdef GEOCCL_TORCH_C10_CUDA
+      recordOn(item.tensors, stream, item.deviceIndex);
+#endif
     }
 #endif
     ncclResult_t r = item.job(comm_, stream);
     if (r != ncclSuccess) geoFail(r, comm_, item.what);
-#ifdef GEOCCL_TORCH_CUDA
+#if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
     if (item.device) {
-      cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       if (item.post) {
+        // On the group's stream, after the call: the copies read what it wrote.
+        c10::cuda::CUDAStreamGuard guard(
+            c10::cuda::getStreamFromExternal(stream, item.deviceIndex));
         item.post();
-        cudaCheck(cudaStreamSynchronize(0), "cudaStreamSynchronize");
       }
+      cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     } else if (item.post) {
       item.post();
     }
@@ -254,6 +279,12 @@ void ProcessGroupGeoCCL::runOne(Item& item) {
 #endif
   } catch (...) {
     error = std::current_exception();
+#ifdef GEOCCL_TORCH_CUDA
+    // Part of the call may be enqueued: the work completes (and its caller
+    // may reuse the tensors) only once that part has finished. GeoCCL lets
+    // its own waits of a failed call pass. The first error is the one told.
+    if (stream && cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+#endif
   }
 #ifdef GEOCCL_TORCH_CUDA
   if (item.readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(item.readyEvent));

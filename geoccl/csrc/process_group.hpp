@@ -19,9 +19,14 @@
  *
  * Buffers: CPU tensors take GeoCCL's host path (the call returns with the
  * result in place). CUDA tensors, when the extension was built with the
- * CUDA toolkit, take its device path on a stream of the process group that
- * waits for the caller's stream first; the worker waits for that stream
- * before it completes the work.
+ * CUDA toolkit against a torch with CUDA (libc10_cuda: the caller's current
+ * stream, the caching allocator), take its device path on a stream of the
+ * process group that waits for the caller's stream first. Every tensor the
+ * call uses is recorded on that stream (the caching allocator hands its
+ * memory on only once the stream is past it), the copies into the caller's
+ * tensors run on it too, and the worker waits for that stream before it
+ * completes the work, failed or not: a call that failed after part of it
+ * was enqueued completes once that part has finished.
  */
 #pragma once
 
@@ -66,6 +71,18 @@ namespace geoccl_torch {
 inline std::string dtypeName(const at::Tensor& t) {
   return std::string(c10::toString(t.scalar_type()));
 }
+
+#if defined(GEOCCL_TORCH_CUDA) && !defined(GEOCCL_TORCH_C10_CUDA)
+/* Why CUDA tensors are refused by a build with the CUDA toolkit but a torch
+ * without libc10_cuda (configure found none): the device path needs the
+ * caller's current stream and the caching allocator, and another stream
+ * (the legacy default one) would race with the caller's. */
+inline constexpr const char kNoC10Cuda[] =
+    "this build of geoccl has no CUDA path: it was compiled against a torch without "
+    "libc10_cuda (a CPU-only torch, or one whose libc10_cuda.so configure did not find), and "
+    "the CUDA path needs torch's current stream and caching allocator; rebuild geoccl against "
+    "the CUDA build of torch it runs with";
+#endif
 
 #if TORCH_VERSION_MAJOR >= 2
 using BaseGroup = ::c10d::Backend;
@@ -172,6 +189,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
  private:
   struct Item {
     c10::intrusive_ptr<WorkGeoCCL> work;
+    std::vector<at::Tensor> tensors;  // every tensor job and post use (inputs, outputs)
     Job job;
     std::function<void()> post;  // after the call: copies into the caller's tensors
     std::string what;  // "allreduce #3 (float32, 1024 elements)"
@@ -180,6 +198,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
     void* readyEvent;  // cudaEvent_t recorded on the caller's stream
   };
 
+  /* Queues job (then post) for the worker. inputs: every tensor the call
+   * reads, and every buffer it writes besides outputs (a contiguous copy,
+   * a flat buffer); outputs: the caller's tensors, the work's result. All
+   * are on one device; on CUDA they are the ones recorded on the stream. */
   c10::intrusive_ptr<BaseWork> enqueue(::c10d::OpType type, const char* name,
                                        const std::vector<at::Tensor>& inputs,
                                        std::vector<at::Tensor> outputs, Job job,

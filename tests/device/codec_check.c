@@ -13,8 +13,9 @@
  * chunks must be rejected by the GPU exactly when the CPU rejects them,
  * with dst untouched.
  *
- * Exit: 0 all passed, 1 a check failed, 77 no GPU (cudaGetDeviceCount
- * fails or finds none), 2 a CUDA call failed.
+ * Exit: 0 all passed, 1 a check failed or CUDA is unusable on a machine
+ * with a driver (too old a driver: gpu_probe.h), 77 no GPU (none seen, or
+ * no driver installed), 2 a CUDA call failed.
  *
  * Options: --quick (fewer cases, no large sizes), --no-perf, --perf-only,
  * --perf-elems N (elements for the throughput runs, default 2^26); the
@@ -39,6 +40,7 @@
 #else
 #include <cuda_runtime_api.h>
 #endif
+#include "gpu_probe.h"
 
 #include "compress/codec.h"
 #include "cuda/codec_kernels.h"
@@ -875,13 +877,9 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    int ndev = 0;
-    cudaError_t err = cudaGetDeviceCount(&ndev);
-    if (err != cudaSuccess || ndev == 0) {
-        printf("codec_check: no GPU (%s), skipped\n",
-               err != cudaSuccess ? cudaGetErrorString(err) : "no device");
-        return 77;
-    }
+    int probe = gpu_probe("codec_check");
+    if (probe != 0)
+        return probe;
     CUDA_OK(cudaSetDevice(0));
     struct cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));

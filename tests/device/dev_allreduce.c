@@ -48,7 +48,8 @@
  * the exact sum is within the codec's bound (DEV_ALLREDUCE_MAX_COUNT=N
  * leaves out the counts above N).  Then times MIB-sized float
  * all-reduces and prints the figures.  Exit 0 when every rank passed; 77
- * without a GPU.  Prints PASS/FAIL lines. */
+ * without a GPU, 1 when CUDA is unusable on a machine with a driver (too
+ * old a driver: gpu_probe.h).  Prints PASS/FAIL lines. */
 #define GEOCCL_HAVE_CUDA_RUNTIME 1
 #include <cuda_runtime.h>
 #include <math.h>
@@ -64,6 +65,7 @@
 
 #include "nccl.h"
 #include "geoccl.h"
+#include "gpu_probe.h"
 
 #define CK(call)                                                                \
     do {                                                                        \
@@ -998,7 +1000,6 @@ int main(int argc, char **argv)
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;
     const char *codec = argc > 3 ? argv[3] : NULL;
-    int ngpu = 0;
     ncclComm_t comm = NULL;
     (void)comm;
 
@@ -1006,16 +1007,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: dev_allreduce NRANKS(1..16) [MIB [CODEC]]\n");
         return 2;
     }
-    /* Count GPUs in a child: CUDA must not be initialised before fork. */
+    /* Probe in a child: CUDA must not be initialised before fork.  It
+     * prints why it skips or fails (gpu_probe.h). */
+    fflush(stdout);
     pid_t p = fork();
     if (p == 0)
-        _exit(cudaGetDeviceCount(&ngpu) == cudaSuccess && ngpu > 0 ? 0 : 77);
+        _exit(gpu_probe("dev_allreduce"));
     int st = 0;
     waitpid(p, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        printf("SKIP: dev_allreduce: no GPU\n");
-        return 77;
-    }
+    if (!WIFEXITED(st))
+        return 1;
+    if (WEXITSTATUS(st) != 0)
+        return WEXITSTATUS(st);
     hashes = mmap(NULL, MAX_CASES * 16 * sizeof(uint64_t), PROT_READ | PROT_WRITE,
                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (hashes == MAP_FAILED) {

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gpu_probe.h"
+
 static double now(void)
 {
     struct timespec t;
@@ -32,11 +34,10 @@ static double now(void)
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 64;
-    int ngpu = 0, v = 0;
-    if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu == 0) {
-        printf("SKIP: passthrough_bench: no GPU\n");
-        return 77;
-    }
+    int v = 0;
+    int probe = gpu_probe("passthrough_bench");
+    if (probe != 0)
+        return probe;
     CK(cudaSetDevice(0));
     ncclUniqueId id;
     ncclComm_t comm;

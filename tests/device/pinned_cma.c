@@ -18,6 +18,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "gpu_probe.h"
+
 #define SIZE (4u << 20)
 
 /* Reads the first and last byte of buf through process_vm_readv on this
@@ -71,11 +73,9 @@ static void report(const char *what, void *buf, int host)
 
 int main(void)
 {
-    int ngpu = 0;
-    if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu == 0) {
-        printf("SKIP: pinned_cma: no GPU\n");
-        return 77;
-    }
+    int probe = gpu_probe("pinned_cma");
+    if (probe != 0)
+        return probe;
     void *p;
     CK(cudaHostAlloc(&p, SIZE, cudaHostAllocDefault));
     memset(p, 0x5a, SIZE);

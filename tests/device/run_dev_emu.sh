@@ -210,5 +210,30 @@ if [ -z "$rt" ] || ! echo "$out" | grep -q '^PASS' || ! echo "$out" | grep -qF "
 fi
 echo "== GEO_EMU_DRIVER_VERSION=0 $bin driver none"
 GEO_EMU_DRIVER_VERSION=0 GEO_EMU_STATS=0 "$bin" driver none || { echo "FAIL: driver none"; failed=$((failed + 1)); }
+# The programs run.sh runs on a GPU machine skip (exit 77, "no GPU") only
+# where there is none: no driver installed, or none seen.  A driver older
+# than the runtime fails them (exit 1), naming both versions
+# (tests/device/gpu_probe.h).
+echo "== GEO_EMU_DRIVER_VERSION=$old_drv $bin 2 $mib (the program's own probe)"
+out=$(GEO_EMU_DRIVER_VERSION=$old_drv GEO_EMU_STATS=0 "$bin" 2 "$mib" 2>&1)
+rc=$?
+rtnum=$(echo "$rt" | awk -F. '{ printf "%d", $1 * 1000 + $2 * 10 }')
+echo "$out" | sed 's/^/   /'  # its FAIL line is the expected outcome, not this test's
+if [ "$rc" != 1 ] || ! echo "$out" | grep -q "^FAIL: dev_allreduce: cudaGetDeviceCount" ||
+    ! echo "$out" | grep -qF "cudaDriverGetVersion $old_drv (CUDA 1.8)" ||
+    ! echo "$out" | grep -qF "cudaRuntimeGetVersion $rtnum (CUDA $rt)"; then
+    echo "FAIL: probe with an old driver (exit $rc, wanted 1 naming both versions)"; failed=$((failed + 1))
+else
+    echo "PASS: an old driver fails the program (exit 1), naming both versions"
+fi
+echo "== GEO_EMU_DRIVER_VERSION=0 $bin 2 $mib (the program's own probe)"
+out=$(GEO_EMU_DRIVER_VERSION=0 GEO_EMU_STATS=0 "$bin" 2 "$mib" 2>&1)
+rc=$?
+echo "$out" | sed 's/^/   /'
+if [ "$rc" != 77 ] || ! echo "$out" | grep -q "^SKIP: dev_allreduce: no GPU"; then
+    echo "FAIL: probe without a driver (exit $rc, wanted 77)"; failed=$((failed + 1))
+else
+    echo "PASS: no driver skips the program (exit 77)"
+fi
 [ "$failed" -eq 0 ] || { echo "FAIL: $failed run(s) of dev_allreduce-emu failed"; exit 1; }
 echo "PASS: dev_allreduce-emu: 2 and 3 ranks, exact, int8, sign, topk$([ "$tk" = 1 ] || echo " (queued only)"), staged, host int8, polling-kernel waits, a blocked host function beside, lagging device"
