@@ -7,32 +7,66 @@
 #include <stdlib.h>
 #include <string.h>
 
-int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
-                      const double *busy, double band, int calls, char names[][32], double *next, char *why,
-                      int whylen)
+/* Whether the readings of region g before its current run, since the
+ * last re-plan, show a settled link: at least two, all within the band of
+ * each other. */
+static int settled(const topoReplanState *s, int g, double band)
 {
-    int fire = 0;
+    int n = s->nhist[g] - s->run[g];
+    if (n < 2)
+        return 0;
+    double lo = s->hist[g][0], hi = lo;
+    for (int i = 1; i < n; i++) {
+        double v = s->hist[g][i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    return hi <= lo * (1 + band);
+}
+
+int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
+                      const double *busy, double band, int calls, char names[][32],
+                      double *next, char *why, int whylen)
+{
+    int fire = 0, need[TOPO_REPLAN_MAX_REGIONS];
     if (R > TOPO_REPLAN_MAX_REGIONS)
         R = TOPO_REPLAN_MAX_REGIONS;
     if (calls < 1)
         calls = 1;
     for (int g = 0; g < R; g++) {
-        int d = 0;
+        int d = 0, informative = 0;
         if (obs[g] > 0 && plan[g] > 0) {
             double ratio = obs[g] / plan[g];
             d = ratio < 1 - band ? -1 : ratio > 1 + band ? 1 : 0;
-            if (d < 0 && !(busy[g] >= TOPO_REPLAN_BUSY_MIN))
+            informative = 1;
+            if (ratio < 1 && !(busy[g] >= TOPO_REPLAN_BUSY_MIN)) {
                 d = 0;
+                informative = 0;
+            }
         }
         if (d == 0 || d != s->dir[g]) {
             s->run[g] = 0;
             s->sum[g] = 0;
         }
         s->dir[g] = d;
+        if (informative) {
+            if (s->nhist[g] == TOPO_REPLAN_HIST) { /* the oldest goes */
+                memmove(s->hist[g], s->hist[g] + 1, sizeof(double) * (TOPO_REPLAN_HIST - 1));
+                s->nhist[g]--;
+            }
+            s->hist[g][s->nhist[g]++] = obs[g];
+        }
+        need[g] = calls;
         if (d != 0) {
             s->run[g]++;
             s->sum[g] += obs[g];
-            fire |= s->run[g] >= calls;
+            /* A link that has not settled since the last re-plan (its
+             * readings spread wider than the band, or too few to say) must
+             * hold the new rate twice as long: a flapping link's calls
+             * read a different mix of its rates each time. */
+            if (!settled(s, g, band))
+                need[g] = 2 * calls;
+            fire |= s->run[g] >= need[g];
         }
     }
     if (!fire)
@@ -42,7 +76,7 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         why[0] = '\0';
     for (int g = 0; g < R; g++) {
         next[g] = plan[g];
-        if (s->run[g] >= calls) {
+        if (s->dir[g] != 0 && s->run[g] >= need[g]) {
             next[g] = s->sum[g] / s->run[g];
             if (o < whylen - 1)
                 o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %.1f Mbit/s over %d "
@@ -54,6 +88,7 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         s->run[g] = 0;
         s->sum[g] = 0;
         s->dir[g] = 0;
+        s->nhist[g] = 0;
     }
     s->replans++;
     return 1;

@@ -18,9 +18,20 @@
  * direction, for `calls` observed calls in a row gets the mean of those
  * calls as its new figure, and the plan is made again from it.  Every rank
  * applies the rule to the same figures (comm/coll/replan.c exchanges them),
- * so all switch after the same call.  A link that flaps faster than
- * `calls` calls never stays on one side long enough: no re-plan until it
- * settles. */
+ * so all switch after the same call.  Two guards:
+ *  - a slower reading counts only where the region's uplink was busy most
+ *    of the call (TOPO_REPLAN_BUSY_MIN): a region that did not limit the
+ *    call sent in bursts, each ending in a round trip's wait, and reads
+ *    slow on a fast link;
+ *  - where the region's readings since the last re-plan were not settled
+ *    (fewer than two, or spread wider than the band), the run must last
+ *    twice as long.  A link that flaps (its rate changing every few
+ *    seconds) gives each call a different mix of its rates; with 16 MiB
+ *    calls at 100/25 Mbit/s changing every 2 s they read 43-65 Mbit/s in
+ *    pairs, and the plain rule made the plan again 8 times in a minute
+ *    (tests/wan/test_replan.sh SCENARIO=flap).  A link that dropped and
+ *    stayed reads the same each call: settled, so its return is followed
+ *    after `calls` calls. */
 #ifndef GEOCCL_TOPO_REPLAN_H_
 #define GEOCCL_TOPO_REPLAN_H_
 
@@ -30,11 +41,15 @@
 #include "topology/regions.h"
 
 #define TOPO_REPLAN_MAX_REGIONS 64
+#define TOPO_REPLAN_HIST 16    /* readings kept per region since the last re-plan */
 
 typedef struct {
     int run[TOPO_REPLAN_MAX_REGIONS];      /* observed calls in a row outside the band */
     int dir[TOPO_REPLAN_MAX_REGIONS];      /* their direction: -1 slower, +1 faster */
     double sum[TOPO_REPLAN_MAX_REGIONS];   /* sum of their rates (bytes/s) */
+    double hist[TOPO_REPLAN_MAX_REGIONS][TOPO_REPLAN_HIST]; /* readings since the last
+                                            * re-plan, oldest first */
+    int nhist[TOPO_REPLAN_MAX_REGIONS];
     int replans;                           /* plans made again so far */
 } topoReplanState;
 

@@ -43,6 +43,9 @@ static void test_drop(void)
     topoReplanState s;
     double next[3];
     memset(&s, 0, sizeof(s));
+    /* a settled link first: two readings within the band */
+    CU_ASSERT_EQUAL(observe(&s, 95 * MBIT, next), 0);
+    CU_ASSERT_EQUAL(observe(&s, 97 * MBIT, next), 0);
     CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 0);
     CU_ASSERT_EQUAL(observe(&s, 26 * MBIT, next), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 25 * MBIT, 1);
@@ -51,6 +54,48 @@ static void test_drop(void)
     CU_ASSERT_EQUAL(s.replans, 1);
     /* the runs start again: one more low call alone does not fire */
     CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 0);
+}
+
+/* Without two settled readings before it, a run must last twice as long. */
+static void test_unsettled(void)
+{
+    topoReplanState s;
+    double next[3];
+    memset(&s, 0, sizeof(s));
+    CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 0);
+    CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 0);
+    CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 0);
+    CU_ASSERT_EQUAL(observe(&s, 24 * MBIT, next), 1);
+}
+
+/* A link flapping between 25 and 100 Mbit/s every 2 s under 2-4 s calls:
+ * readings in pairs of about 45 and 65 Mbit/s.  One re-plan for the
+ * flapping, none while it lasts, one when it settles at 95. */
+static void test_flapping_pairs(void)
+{
+    topoReplanState s;
+    double next[3], plan[3] = {100 * MBIT, 100 * MBIT, 100 * MBIT};
+    double busy[3] = {0.95, 0.5, 0.5}, obs[3] = {0, 99 * MBIT, 98 * MBIT};
+    const double seq[] = {96, 97, 46, 46, 65, 65, 43, 43, 63, 64, 44, 43, 62, 63, 44, 44,
+                          65, 64, 43, 44, 95, 95, 96, 94, 95, 96};
+    int fired_at[8], nf = 0;
+    char why[256];
+    memset(&s, 0, sizeof(s));
+    for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+        obs[0] = seq[i] * MBIT;
+        if (topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256)) {
+            if (nf < 8)
+                fired_at[nf] = (int)i;
+            nf++;
+            memcpy(plan, next, sizeof(plan));
+        }
+    }
+    CU_ASSERT_EQUAL(nf, 2);
+    if (nf == 2) {
+        CU_ASSERT_EQUAL(fired_at[0], 3);     /* the drop, after a settled start */
+        CU_ASSERT(fired_at[1] >= 20 && fired_at[1] <= 23); /* settled at 95 */
+        CU_ASSERT(plan[0] > 90 * MBIT);
+    }
 }
 
 static void test_flapping(void)
@@ -77,7 +122,10 @@ static void test_not_limiting(void)
     char why[256];
     double plan[3] = {1000 * MBIT, 1000 * MBIT, 1000 * MBIT};
     double obs[3] = {250 * MBIT, 260 * MBIT, 265 * MBIT}, busy[3] = {0.98, 0.5, 0.45};
+    double calm[3] = {990 * MBIT, 400 * MBIT, 400 * MBIT};
     memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, calm, busy, 0.25, 2, names, next, why, 256), 0);
     CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
     CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 250 * MBIT, 1);
@@ -92,7 +140,10 @@ static void test_rise(void)
     char why[256] = "";
     double plan[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT};
     double obs[3] = {900 * MBIT, 950 * MBIT, 100 * MBIT}, busy[3] = {0.2, 0.3, 1};
+    double calm[3] = {300 * MBIT, 310 * MBIT, 100 * MBIT};
     memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, calm, busy, 0.25, 2, names, next, why, 256), 0);
     /* faster: counted however little the region was busy */
     CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
     CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
@@ -154,6 +205,8 @@ int main(void)
     CU_add_test(s, "inside the band: never", test_steady);
     CU_add_test(s, "a drop held two calls: once, with their mean", test_drop);
     CU_add_test(s, "a flapping link or a call not observed: never", test_flapping);
+    CU_add_test(s, "not settled before: twice the run", test_unsettled);
+    CU_add_test(s, "flapping in pairs: once for it, once when it settles", test_flapping_pairs);
     CU_add_test(s, "faster links: only those regions", test_rise);
     CU_add_test(s, "slower only where the region limited the call", test_not_limiting);
     CU_add_test(s, "the model on the new links", test_model_after_drop);
