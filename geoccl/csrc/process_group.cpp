@@ -92,7 +92,7 @@ void WorkGeoCCL::complete(std::exception_ptr error) {
  */
 ProcessGroupGeoCCL::ProcessGroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                        int size, std::chrono::milliseconds timeout)
-    : BaseGroup(rank, size), timeout_(timeout) {
+    : BaseGroup(rank, size), store_(store), timeout_(timeout) {
   TORCH_CHECK(store, "geoccl: the process group needs a store");
   TORCH_CHECK(size > 0 && rank >= 0 && rank < size, "geoccl: rank ", rank,
               " is out of range for a group of ", size, " ranks");

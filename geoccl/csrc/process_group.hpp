@@ -25,6 +25,7 @@
  */
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -96,7 +97,14 @@ class WorkGeoCCL : public BaseWork {
   /* Called once by the worker: error is null on success. */
   void complete(std::exception_ptr error);
 
+  /* A receive from any source: the rank it took its message from, which
+   * the worker stores in source before complete(); -1 for every other
+   * work. */
+  int sourceRank() const override { return source_ ? source_->load() : -1; }
+  void setSource(std::shared_ptr<const std::atomic<int>> source) { source_ = std::move(source); }
+
  private:
+  std::shared_ptr<const std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::chrono::milliseconds defaultTimeout_;
@@ -130,6 +138,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                          const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<BaseWork> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                const ::c10d::AllgatherOptions& opts) override;
+  /* outputs[r][i] gets input i of rank r; one all-gather per input. */
+  c10::intrusive_ptr<BaseWork> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<BaseWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const ::c10d::GatherOptions& opts) override;
@@ -152,6 +164,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                     int tag) override;
   c10::intrusive_ptr<BaseWork> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                     int tag) override;
+  /* Refused unless enableAnySource() was called (any_source.cpp). */
   c10::intrusive_ptr<BaseWork> recvAnysource(std::vector<at::Tensor>& tensors,
                                              int tag) override;
   c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
@@ -164,6 +177,14 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * (geoccl.h's queries and settings want the thread that issues the
    * collectives) and waits; throws GeoCCL's error text when it fails. */
   void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
+
+  /* Receives without a source rank (any_source.cpp): from now on every
+   * send counts itself in the group's store, where a receive from any
+   * source looks for a peer that sent more than this rank has taken from
+   * it. Every rank of the group must call it, right after the group is
+   * made and before any send (geoccl.torch does, with
+   * GEOCCL_TORCH_ANY_SOURCE=1). */
+  void enableAnySource();
 
   /* What the worker runs for one work: the GeoCCL calls, returning the
    * first result that is not ncclSuccess. */
@@ -187,7 +208,15 @@ class ProcessGroupGeoCCL : public BaseGroup {
   void run();
   void runOne(Item& item);
 
+  /* any_source.cpp; both used by the worker only. */
+  void announceSend(int dst);
+  int waitAnySource();
+
   ncclComm_t comm_ = nullptr;
+  c10::intrusive_ptr<::c10d::Store> store_;
+  bool anySource_ = false;
+  std::vector<uint64_t> received_;  // messages taken from each peer (worker only)
+  int lastAnySource_ = 0;            // where the next look for a sender starts
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
 
