@@ -68,7 +68,7 @@ bool WorkGeoCCL::wait(std::chrono::milliseconds timeout) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     TORCH_CHECK(false, "geoccl: ", title_, " did not complete within ", timeout.count(),
-                " ms (wait's timeout; GeoCCL's own limit is GEOCCL_TIMEOUT)");
+                " ms: wait's timeout passed first (GeoCCL's own limit is GEOCCL_TIMEOUT)");
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;
