@@ -32,8 +32,10 @@ A test that outlives --timeout (per test, all ranks) is reported as a hang:
 its processes are killed and the run goes on.
 """
 import argparse
+import atexit
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -98,6 +100,7 @@ def _setup_environment(backend, world_size, timeout):
         os.environ.setdefault("GEOCCL_TORCH_ANY_SOURCE", "1")
     if "TEMP_DIR" not in os.environ:
         os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="dist_suite_")
+        atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], True)
 
 
 def _stub_expecttest():
@@ -170,10 +173,10 @@ if os.environ.get("BACKEND") in ("gloo", "geoccl"):
 class _Recorder(unittest.TextTestResult):
     """Keeps each test's outcome, time and first line of detail."""
 
-    def __init__(self, *a, timeout=0, **kw):
+    def __init__(self, *a, out=None, **kw):
         super().__init__(*a, **kw)
         self.outcomes = []
-        self._timeout = timeout
+        self._out = out  # written as each test ends, so a long run can be watched
         self._start = 0.0
 
     def startTest(self, test):
@@ -185,6 +188,9 @@ class _Recorder(unittest.TextTestResult):
         name = test.id().split(".")[-1]
         detail = " ".join(str(detail).split())[:300]
         self.outcomes.append((name, outcome, secs, detail))
+        if self._out:
+            self._out.write("%s\t%s\t%.1f\t%s\n" % (name, outcome, secs, detail))
+            self._out.flush()
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -236,20 +242,18 @@ def _run(args):
         print("\n".join(names))
         return 0
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
+    out = open(args.out, "w") if args.out else None
     runner = unittest.TextTestRunner(
         verbosity=2, stream=sys.stderr,
-        resultclass=lambda *a, **kw: _Recorder(*a, timeout=args.timeout, **kw))
+        resultclass=lambda *a, **kw: _Recorder(*a, out=out, **kw))
     result = runner.run(suite)
+    if out:
+        out.close()
     counts = {}
-    lines = []
-    for name, outcome, secs, detail in result.outcomes:
+    for _, outcome, _, _ in result.outcomes:
         counts[outcome] = counts.get(outcome, 0) + 1
-        lines.append("%s\t%s\t%.1f\t%s" % (name, outcome, secs, detail))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
     summary = ", ".join("%d %s" % (counts[k], k) for k in sorted(counts))
-    print("%s: %d tests: %s" % (args.backend, len(lines), summary))
+    print("%s: %d tests: %s" % (args.backend, len(result.outcomes), summary))
     return 0 if result.wasSuccessful() else 1
 
 
