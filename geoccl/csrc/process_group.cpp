@@ -189,12 +189,20 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
   item.job = std::move(job);
   item.post = std::move(post);
   auto work = item.work;
+  push(std::move(item));
+  return work;
+}
+
+void ProcessGroupGeoCCL::push(Item item) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (coalescing_) {
+      batch_.push_back(std::move(item));
+      return;
+    }
     queue_.push_back(std::move(item));
   }
   cv_.notify_one();
-  return work;
 }
 
 void ProcessGroupGeoCCL::run() {

@@ -164,7 +164,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                     int tag) override;
   c10::intrusive_ptr<BaseWork> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                     int tag) override;
-  /* Refused unless enableAnySource() was called (any_source.cpp). */
+  /* Refused unless enableAnySource() was called (p2p.cpp). */
   c10::intrusive_ptr<BaseWork> recvAnysource(std::vector<at::Tensor>& tensors,
                                              int tag) override;
   c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
@@ -178,7 +178,16 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * collectives) and waits; throws GeoCCL's error text when it fails. */
   void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
 
-  /* Receives without a source rank (any_source.cpp): from now on every
+#if TORCH_VERSION_MAJOR < 2
+  /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
+   * back and then run as one GeoCCL group, which posts all their sends and
+   * receives at once (one by one, a receive that waits for a peer that
+   * itself first receives would wait forever). Each keeps its own work. */
+  void startCoalescing() override;
+  void endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>& reqs) override;
+#endif
+
+  /* Receives without a source rank (p2p.cpp): from now on every
    * send counts itself in the group's store, where a receive from any
    * source looks for a peer that sent more than this rank has taken from
    * it. Every rank of the group must call it, right after the group is
@@ -206,9 +215,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                        std::vector<at::Tensor> outputs, Job job,
                                        std::function<void()> post = nullptr);
   void run();
+  void push(Item item);  // to the worker's queue, or to batch_ while coalescing_
   void runOne(Item& item);
 
-  /* any_source.cpp; both used by the worker only. */
+  /* p2p.cpp; both used by the worker only. */
   void announceSend(int dst);
   int waitAnySource();
 
@@ -223,6 +233,8 @@ class ProcessGroupGeoCCL : public BaseGroup {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
+  bool coalescing_ = false;  // startCoalescing: calls wait in batch_ for endCoalescing
+  std::vector<Item> batch_;
   bool stop_ = false;
   bool aborted_ = false;
   std::thread worker_;

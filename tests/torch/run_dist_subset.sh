@@ -1,7 +1,8 @@
 #!/bin/sh
 # A part of PyTorch's distributed suite (tests/torch/dist_suite.py) that
 # fits the test suite's time, for geoccl alone: the coalesced collectives,
-# receives from any source, and the gathers. Gloo passes every one of them
+# receives from any source, batches of isend/irecv, and the gathers. Gloo
+# passes every one of them
 # (the full side-by-side run, tests/torch/dist_suite.sh, shows it), so each
 # must pass here, not be skipped. Exits 77, saying why, without PyTorch,
 # the extension, or where the suite's modules do not import.
@@ -37,7 +38,7 @@ fi
 
 work=$(mktemp -d /tmp/geoccl_dist_subset.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-tests="all_gather_coalesced all_reduce_coalesced any_source test_gather test_gather_checks"
+tests="all_gather_coalesced all_reduce_coalesced any_source batch_isend_irecv_gloo test_gather test_gather_checks"
 # shellcheck disable=SC2086
 (cd "$work" && TEMP_DIR="$work" "$python" "$srcdir/tests/torch/dist_suite.py" --backend geoccl \
    --timeout 60 --out "$work/geoccl.tsv" $tests >"$work/log" 2>&1)

@@ -16,11 +16,21 @@
  * round trip, which is why it is asked for (GEOCCL_TORCH_ANY_SOURCE=1)
  * rather than always on. Both run on the worker thread, in call order
  * with the group's other calls.
+ *
+ * Batches (torch 1.x's batch_isend_irecv brackets its isend and irecv
+ * calls with startCoalescing and endCoalescing): the worker runs one call
+ * at a time and GeoCCL's host calls return when done, so a batch that
+ * receives before it sends, on every rank, would wait forever one call at
+ * a time. The calls of a batch are held back and run as one GeoCCL group,
+ * which posts all their sends and receives together; each call keeps its
+ * own work, completed when the group is.
  */
 #include "process_group.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -104,5 +114,69 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recvAnysource(std::vector<at::T
   c10::static_intrusive_pointer_cast<WorkGeoCCL>(work)->setSource(source);
   return work;
 }
+
+#if TORCH_VERSION_MAJOR < 2
+void ProcessGroupGeoCCL::startCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!coalescing_, "geoccl: startCoalescing twice without endCoalescing");
+  coalescing_ = true;
+}
+
+void ProcessGroupGeoCCL::endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>&) {
+  std::vector<Item> items;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(coalescing_, "geoccl: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    items.swap(batch_);
+  }
+  bool device = false;
+  for (const auto& it : items) device = device || it.device;
+  if (items.size() < 2 || device) {
+    // the device path keeps its events and stream per call
+    for (auto& it : items) push(std::move(it));
+    return;
+  }
+  // One item for the worker: its job runs the calls' jobs in one group, its
+  // post their posts, then completes each call's work; its own work has no
+  // one waiting.
+  auto members = std::make_shared<std::vector<Item>>(std::move(items));
+  Item all;
+  all.device = false;
+  all.deviceIndex = -1;
+  all.readyEvent = nullptr;
+  all.what = c10::str("batch of ", members->size(), " sends and receives");
+  all.work = c10::make_intrusive<WorkGeoCCL>(rank_, ::c10d::OpType::UNKNOWN, "batch",
+                                             std::vector<at::Tensor>(), timeout_);
+  all.job = [members](ncclComm_t comm, cudaStream_t s) {
+    ncclResult_t first = ncclGroupStart();
+    for (size_t i = 0; i < members->size() && first == ncclSuccess; i++)
+      first = (*members)[i].job(comm, s);
+    ncclResult_t r = ncclGroupEnd();
+    if (first == ncclSuccess) first = r;
+    if (first != ncclSuccess) {
+      const char* last = ncclGetLastError(comm);
+      auto error = std::make_exception_ptr(std::runtime_error(
+          c10::str("geoccl: ", (*members)[0].what, " (in a batch of ", members->size(),
+                   ") failed: ", ncclGetErrorString(first), (last && *last) ? ": " : "",
+                   last ? last : "")));
+      for (auto& m : *members) m.work->complete(error);
+    }
+    return first;
+  };
+  all.post = [members]() {
+    for (auto& m : *members) {
+      std::exception_ptr error;
+      try {
+        if (m.post) m.post();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      m.work->complete(error);
+    }
+  };
+  push(std::move(all));
+}
+#endif
 
 }  // namespace geoccl_torch
