@@ -13,7 +13,12 @@ already requires).
 CPU tensors take GeoCCL's host path; CUDA tensors its device path (when
 ``geoccl._C.cuda`` is true). GeoCCL's environment (GEOCCL_COMPRESS,
 GEOCCL_TIMEOUT, GEOCCL_REGION, ...) applies as it does to any program.
+GEOCCL_TORCH_ANY_SOURCE=1 (on every rank) allows recv without src: each
+send then also counts itself in the group's store (one round trip to the
+store per send), which is where such a receive finds its sender.
 """
+import os as _os
+
 import torch as _torch
 import torch.distributed as _dist
 
@@ -79,8 +84,15 @@ def register_error_feedback(tensor, group=None):
     return ErrorFeedbackRegistration(backend(group), tensor)
 
 
+def _any_source():
+    return _os.environ.get("GEOCCL_TORCH_ANY_SOURCE", "0").strip().lower() in ("1", "yes", "true", "on")
+
+
 def _create(store, rank, world_size, timeout):
-    return _C.ProcessGroupGeoCCL(store, rank, world_size, timeout)
+    pg = _C.ProcessGroupGeoCCL(store, rank, world_size, timeout)
+    if _any_source():
+        pg.enable_any_source()
+    return pg
 
 
 def _register():

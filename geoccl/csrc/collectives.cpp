@@ -358,6 +358,50 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& out
       back);
 }
 
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions&) {
+  TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "geoccl: allgather_coalesced needs ",
+              size_, " output lists (one per rank), got ", outputs.size());
+  std::vector<at::Tensor> srcs, flats, outs;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    checkTensor(inputs[i], "an allgather_coalesced input");
+    srcs.push_back(dense(inputs[i]));
+    flats.push_back(at::empty({static_cast<int64_t>(size_) * inputs[i].numel()},
+                              inputs[i].options()));
+  }
+  for (int r = 0; r < size_; r++) {
+    TORCH_CHECK(outputs[r].size() == inputs.size(), "geoccl: allgather_coalesced output list ",
+                r, " has ", outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); i++) {
+      checkLike(outputs[r][i], inputs[i], "an allgather_coalesced output");
+      TORCH_CHECK(outputs[r][i].numel() == inputs[i].numel(), "geoccl: allgather_coalesced "
+                  "output ", i, " of rank ", r, " has ", outputs[r][i].numel(),
+                  " elements but input ", i, " has ", inputs[i].numel());
+      outs.push_back(outputs[r][i]);
+    }
+  }
+  std::vector<std::vector<at::Tensor>> outCopy = outputs;
+  return enqueue(
+      ::c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", srcs, outs,
+      [srcs, flats](ncclComm_t comm, cudaStream_t s) {
+        for (size_t i = 0; i < srcs.size(); i++) {
+          ncclResult_t r = ncclAllGather(srcs[i].data_ptr(), flats[i].data_ptr(),
+                                         srcs[i].numel(), ncclType(srcs[i]), comm, s);
+          if (r != ncclSuccess) return r;
+        }
+        return ncclSuccess;
+      },
+      [outCopy, flats]() {
+        for (size_t r = 0; r < outCopy.size(); r++)
+          for (size_t i = 0; i < flats.size(); i++) {
+            auto dst = outCopy[r][i];
+            int64_t n = dst.numel();
+            dst.copy_(flats[i].narrow(0, static_cast<int64_t>(r) * n, n).view(dst.sizes()));
+          }
+      });
+}
+
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::GatherOptions& opts) {
@@ -639,7 +683,8 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::send(std::vector<at::Tensor>& t
   ncclDataType_t dt = ncclType(t);
   at::Tensor buf = dense(t);
   return enqueue(::c10d::OpType::SEND, "send", {buf}, {},
-                 [buf, dt, dstRank](ncclComm_t comm, cudaStream_t s) {
+                 [this, buf, dt, dstRank](ncclComm_t comm, cudaStream_t s) {
+                   if (anySource_) announceSend(dstRank);
                    return ncclSend(buf.data_ptr(), buf.numel(), dt, dstRank, comm, s);
                  });
 }
@@ -655,15 +700,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recv(std::vector<at::Tensor>& t
   back.add(t, buf);
   return enqueue(
       ::c10d::OpType::RECV, "recv", {buf}, {t},
-      [buf, dt, srcRank](ncclComm_t comm, cudaStream_t s) {
-        return ncclRecv(buf.data_ptr(), buf.numel(), dt, srcRank, comm, s);
+      [this, buf, dt, srcRank](ncclComm_t comm, cudaStream_t s) {
+        ncclResult_t r = ncclRecv(buf.data_ptr(), buf.numel(), dt, srcRank, comm, s);
+        if (r == ncclSuccess && anySource_) received_[srcRank]++;
+        return r;
       },
       back);
-}
-
-c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK(false, "geoccl: recv without a source rank is not supported (the NCCL API has "
-                     "no receive from any source); pass src=");
 }
 
 void ProcessGroupGeoCCL::callOnWorker(const char* name,

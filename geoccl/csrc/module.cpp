@@ -26,6 +26,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>(),
            "Forms the GeoCCL communicator of the group; collective over its ranks.")
+      .def("enable_any_source", &ProcessGroupGeoCCL::enableAnySource,
+           "Receives without a source rank (every rank, before any send; each send then "
+           "counts itself in the group's store).")
       .def("abort", &ProcessGroupGeoCCL::abort, py::call_guard<py::gil_scoped_release>(),
            "Makes the work in progress fail and refuses later calls.")
       .def(

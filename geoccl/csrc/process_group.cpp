@@ -84,7 +84,7 @@ bool WorkGeoCCL::wait(std::chrono::milliseconds timeout) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     TORCH_CHECK(false, "geoccl: ", title_, " did not complete within ", timeout.count(),
-                " ms (wait's timeout; GeoCCL's own limit is GEOCCL_TIMEOUT)");
+                " ms: wait's timeout passed first (GeoCCL's own limit is GEOCCL_TIMEOUT)");
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;
@@ -108,7 +108,7 @@ void WorkGeoCCL::complete(std::exception_ptr error) {
  */
 ProcessGroupGeoCCL::ProcessGroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                        int size, std::chrono::milliseconds timeout)
-    : BaseGroup(rank, size), timeout_(timeout) {
+    : BaseGroup(rank, size), store_(store), timeout_(timeout) {
   TORCH_CHECK(store, "geoccl: the process group needs a store");
   TORCH_CHECK(size > 0 && rank >= 0 && rank < size, "geoccl: rank ", rank,
               " is out of range for a group of ", size, " ranks");
@@ -208,12 +208,20 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
   item.job = std::move(job);
   item.post = std::move(post);
   auto work = item.work;
+  push(std::move(item));
+  return work;
+}
+
+void ProcessGroupGeoCCL::push(Item item) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (coalescing_) {
+      batch_.push_back(std::move(item));
+      return;
+    }
     queue_.push_back(std::move(item));
   }
   cv_.notify_one();
-  return work;
 }
 
 void ProcessGroupGeoCCL::run() {

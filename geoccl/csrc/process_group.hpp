@@ -30,6 +30,7 @@
  */
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -113,7 +114,14 @@ class WorkGeoCCL : public BaseWork {
   /* Called once by the worker: error is null on success. */
   void complete(std::exception_ptr error);
 
+  /* A receive from any source: the rank it took its message from, which
+   * the worker stores in source before complete(); -1 for every other
+   * work. */
+  int sourceRank() const override { return source_ ? source_->load() : -1; }
+  void setSource(std::shared_ptr<const std::atomic<int>> source) { source_ = std::move(source); }
+
  private:
+  std::shared_ptr<const std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::chrono::milliseconds defaultTimeout_;
@@ -147,6 +155,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                          const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<BaseWork> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                const ::c10d::AllgatherOptions& opts) override;
+  /* outputs[r][i] gets input i of rank r; one all-gather per input. */
+  c10::intrusive_ptr<BaseWork> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<BaseWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const ::c10d::GatherOptions& opts) override;
@@ -169,6 +181,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                     int tag) override;
   c10::intrusive_ptr<BaseWork> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                     int tag) override;
+  /* Refused unless enableAnySource() was called (p2p.cpp). */
   c10::intrusive_ptr<BaseWork> recvAnysource(std::vector<at::Tensor>& tensors,
                                              int tag) override;
   c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
@@ -181,6 +194,23 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * (geoccl.h's queries and settings want the thread that issues the
    * collectives) and waits; throws GeoCCL's error text when it fails. */
   void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
+
+#if TORCH_VERSION_MAJOR < 2
+  /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
+   * back and then run as one GeoCCL group, which posts all their sends and
+   * receives at once (one by one, a receive that waits for a peer that
+   * itself first receives would wait forever). Each keeps its own work. */
+  void startCoalescing() override;
+  void endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>& reqs) override;
+#endif
+
+  /* Receives without a source rank (p2p.cpp): from now on every
+   * send counts itself in the group's store, where a receive from any
+   * source looks for a peer that sent more than this rank has taken from
+   * it. Every rank of the group must call it, right after the group is
+   * made and before any send (geoccl.torch does, with
+   * GEOCCL_TORCH_ANY_SOURCE=1). */
+  void enableAnySource();
 
   /* What the worker runs for one work: the GeoCCL calls, returning the
    * first result that is not ncclSuccess. */
@@ -207,15 +237,26 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                        std::vector<at::Tensor> outputs, Job job,
                                        std::function<void()> post = nullptr);
   void run();
+  void push(Item item);  // to the worker's queue, or to batch_ while coalescing_
   void runOne(Item& item);
 
+  /* p2p.cpp; both used by the worker only. */
+  void announceSend(int dst);
+  int waitAnySource();
+
   ncclComm_t comm_ = nullptr;
+  c10::intrusive_ptr<::c10d::Store> store_;
+  bool anySource_ = false;
+  std::vector<uint64_t> received_;  // messages taken from each peer (worker only)
+  int lastAnySource_ = 0;            // where the next look for a sender starts
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
 
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
+  bool coalescing_ = false;  // startCoalescing: calls wait in batch_ for endCoalescing
+  std::vector<Item> batch_;
   bool stop_ = false;
   bool aborted_ = false;
   std::thread worker_;
