@@ -749,16 +749,35 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     for (int i = 0; i < (iters > 1 ? 2 : 1); i++)
         NK(ncclAllReduce(d, d, n, ncclFloat, ncclSum, comm, s));
     CK(cudaStreamSynchronize(s));
+    NK(geocclCommResetStats(comm));
     double t0 = now();
     for (int i = 0; i < iters; i++)
         NK(ncclAllReduce(d, d, n, ncclFloat, ncclSum, comm, s));
     CK(cudaStreamSynchronize(s));
     double t = (now() - t0) / iters;
-    if (rank == 0)
+    geocclStats gs;
+    NK(geocclCommGetStats(comm, &gs));
+    if (rank == 0) {
         printf("dev_allreduce: %d ranks, %d regions, %zu MiB float sum%s%s: %.3f ms per call, "
                "algbw %.2f GB/s, busbw %.2f GB/s\n", nranks, nranks, mib, codec ? ", " : "",
                codec ? codec : "", t * 1e3,
                (double)n * 4 / t / 1e9, (double)n * 4 / t / 1e9 * 2.0 * (nranks - 1) / nranks);
+        /* The library's own counters of the timed calls, per call (rank 0;
+         * every rank runs as its own process on the one GPU). */
+        printf("dev_allreduce: rank 0 per call (%d processes sharing one GPU): WAN bytes sent %.0f "
+               "encoded, %.0f raw (%.2fx); ", nranks, (double)gs.bytesWan / iters,
+               (double)gs.bytesWanRaw / iters,
+               gs.bytesWan ? (double)gs.bytesWanRaw / (double)gs.bytesWan : 0.0);
+        /* geocclStats times the host path's phases; where every one is 0
+         * the calls took a path that records none (the device path). */
+        if (gs.secIntraReduceScatter + gs.secInter + gs.secIntraAllGather + gs.secCodec > 0)
+            printf("library phase times (ms): reduce-scatter %.3f, inter-region %.3f, "
+                   "all-gather %.3f, codec %.3f\n", gs.secIntraReduceScatter * 1e3 / iters,
+                   gs.secInter * 1e3 / iters, gs.secIntraAllGather * 1e3 / iters,
+                   gs.secCodec * 1e3 / iters);
+        else
+            printf("phase times: none recorded on this path\n");
+    }
     cudaFree(d);
     NK(ncclCommDestroy(comm));
     cudaStreamDestroy(s);
