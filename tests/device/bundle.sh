@@ -356,6 +356,43 @@ else
 fi
 [ $bad = 0 ] || die "a bundled file needs a library the bundle does not hold"
 
+# The kernels: machine code for sm_$ARCH and PTX of it in every fat binary
+# of libgeoccl (its .nv_fatbin section: entries of kind 1, PTX, and 2, ELF).
+fat=$(python3 - "$OUT/lib/libgeoccl.so.0" <<'EOF'
+import struct, subprocess, sys
+f = sys.argv[1]
+off = size = None
+for line in subprocess.run(["readelf", "-S", "-W", f], capture_output=True, text=True).stdout.splitlines():
+    if ".nv_fatbin" in line:
+        fields = line.split("]", 1)[1].split()
+        off, size = int(fields[3], 16), int(fields[4], 16)
+if off is None:
+    sys.exit("no .nv_fatbin section")
+with open(f, "rb") as fh:
+    fh.seek(off)
+    data = fh.read(size)
+p, kinds = 0, {}
+while p + 16 <= len(data):
+    magic, _, hsz, fsz = struct.unpack_from("<IHHQ", data, p)
+    if magic != 0xBA55ED50:
+        p += 8
+        continue
+    q, end = p + hsz, p + hsz + fsz
+    while q < end:
+        kind, _, ehs, esz = struct.unpack_from("<HHIQ", data, q)
+        arch = struct.unpack_from("<I", data, q + 28)[0]
+        name = {1: "PTX compute_%d", 2: "SASS sm_%d"}.get(kind, "kind " + str(kind) + "/%d") % arch
+        kinds[name] = kinds.get(name, 0) + 1
+        q += ehs + esz
+    p = end
+print(", ".join("%d %s" % (n, k) for k, n in sorted(kinds.items())))
+EOF
+) || die "cannot read libgeoccl.so.0's kernels: $fat"
+echo "  lib/libgeoccl.so.0 kernels: $fat"
+case $fat in *"SASS sm_$ARCH"*"PTX compute_$ARCH"*|*"PTX compute_$ARCH"*"SASS sm_$ARCH"*) ;;
+    *) die "libgeoccl.so.0 lacks sm_$ARCH machine code or its PTX" ;;
+esac
+
 # What the programs of the emulation need from its runtime must be there:
 # an undefined cuda* symbol would fail only when called.
 undef=$( (for f in "$OUT"/bin/* "$OUT"/emu/libgeoccl.so.0 "$OUT"/emu/libnccl.so.2; do
