@@ -48,6 +48,8 @@
 # other library, missing or found outside the bundle, fails the build.
 set -euo pipefail
 
+# A build of its own, also when a make (make check) runs this script.
+unset MAKEFLAGS MFLAGS MAKELEVEL MAKEOVERRIDES
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build-bundle
 TORCH_DIR=
