@@ -398,7 +398,7 @@ esac
 # What the programs of the emulation need from its runtime must be there:
 # an undefined cuda* symbol would fail only when called.
 undef=$( (for f in "$OUT"/bin/* "$OUT"/emu/libgeoccl.so.0 "$OUT"/emu/libnccl.so.2; do
-              nm -D --undefined-only "$f" | awk '{print $2}'
+              nm -D --undefined-only "$f" | awk '$1 == "U" {print $2}'
           done) | sed 's/@.*//' | grep -E '^(cuda|cu[A-Z]|__cuda)' | sort -u)
 have=$(nm -D --defined-only "$OUT/emu/libcudart.so.13" | awk '{print $3}' | sed 's/@.*//' | sort -u)
 gap=$(comm -23 <(echo "$undef") <(echo "$have") | tr '\n' ' ')
