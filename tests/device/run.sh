@@ -231,7 +231,7 @@ section "codec check"
 cc_args="--no-perf"
 [ $EMULATE = 1 ] && cc_args="--quick --no-perf --topk-big 300007"
 echo "  codec_check $cc_args (GPU chunks against the CPU codecs byte for byte)"
-run_to 90 "$B/bin/codec_check" $cc_args; rc=$?
+run_to 60 "$B/bin/codec_check" $cc_args; rc=$?
 rc_result "codec check" $rc "$(grep -a 'codec_check: [0-9]* passed' "$LOG" | tail -n1 | sed 's/codec_check: //')"
 CUDA_RT=$(grep -a '^codec_check: .*runtime [0-9]*, driver' "$LOG" | head -n1 | sed 's/.*runtime \([0-9]*\), driver \([0-9]*\).*/runtime \1, driver supports \2/')
 
@@ -329,7 +329,7 @@ if [ $EMULATE = 0 ]; then
          /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
     if [ -n "$CS" ]; then
         for tool in memcheck racecheck; do
-            ( run_to 150 "$CS" --tool $tool --error-exitcode 3 "$B/bin/codec_check" --quick --no-perf \
+            ( run_to 150 "$CS" --tool $tool --error-exitcode 3 "$B/bin/codec_check" --quick --no-perf --topk-big 300007 \
                   >"$LOGDIR/sanitizer-$tool.log" 2>&1; echo $? >"$LOGDIR/sanitizer-$tool.rc" ) &
             SAN_PIDS+=($!)
         done
@@ -409,7 +409,7 @@ elif [ -z "${CS:-}" ]; then
 else
     for p in "${SAN_PIDS[@]}"; do wait "$p"; done
     for tool in memcheck racecheck; do
-        echo "  $CS --tool $tool codec_check --quick --no-perf:"
+        echo "  $CS --tool $tool codec_check --quick --no-perf --topk-big 300007:"
         tail -n 4 "$LOGDIR/sanitizer-$tool.log" | sed 's/^/    /'
         rc_result "compute-sanitizer $tool" "$(cat "$LOGDIR/sanitizer-$tool.rc" 2>/dev/null || echo 1)" \
             "$(grep -a 'ERROR SUMMARY' "$LOGDIR/sanitizer-$tool.log" | tail -n1)"

@@ -10,9 +10,10 @@ it.  Checked against Gloo in the same processes:
       gradients through "geoccl"), against the gradients each rank computes
       without DDP and averages through Gloo.
 
-    torch_cuda_step.py [NPROCS]
+    torch_cuda_step.py [NPROCS [cuda|cpu]]
 
-Prints PASS/FAIL per check and the times; exit 0 only when all passed.
+cpu runs the same steps on CPU tensors (GeoCCL's host path): a check of
+this script where no GPU is.  Prints PASS/FAIL per check and the times; exit 0 only when all passed.
 Needs geoccl (the bundle's python/ on PYTHONPATH) and torch with CUDA."""
 import os
 import sys
@@ -23,48 +24,55 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def worker(rank, world, port, q):
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def worker(rank, world, port, q, dev):
     os.environ["GEOCCL_REGION"] = "r%d" % rank
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     import geoccl.torch  # noqa: F401  registers the backend
-    torch.cuda.set_device(0)
+    if dev == "cuda":
+        torch.cuda.set_device(0)
     dist.init_process_group("geoccl", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     res = {}
     # all_reduce on CUDA against Gloo on the CPU (integers: exact).
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(-1000, 1000, (1 << 20,), generator=g).float()
-    xc = x.cuda()
-    torch.cuda.synchronize()
+    xc = x.clone().to(dev)
+    sync()
     t0 = time.time()
     dist.all_reduce(xc)
-    torch.cuda.synchronize()
+    sync()
     res["all_reduce_ms"] = (time.time() - t0) * 1e3
     ref = x.clone()
     dist.all_reduce(ref, group=gloo)
     res["all_reduce"] = torch.equal(xc.cpu(), ref)
-    ya = x.cuda()
+    ya = x.clone().to(dev)
     dist.all_reduce(ya, op=dist.ReduceOp.AVG)
     res["all_reduce_avg"] = torch.allclose(ya.cpu(), ref / world, rtol=1e-6, atol=1e-4)
     # One DDP step against gradients averaged through Gloo.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).cuda()
+                                torch.nn.Linear(512, 10)).to(dev)
     plain = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).cuda()
+                                torch.nn.Linear(512, 10)).to(dev)
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():  # different start per rank: DDP's broadcast must fix it
         for p in model.parameters():
             p.add_(0.01 * rank)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[0] if dev == "cuda" else None)
     torch.manual_seed(100 + rank)
-    xb = torch.randn(64, 256, device="cuda")
-    yb = torch.randint(0, 10, (64,), device="cuda")
-    torch.cuda.synchronize()
+    xb = torch.randn(64, 256, device=dev)
+    yb = torch.randint(0, 10, (64,), device=dev)
+    sync()
     t0 = time.time()
     torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
-    torch.cuda.synchronize()
+    sync()
     res["ddp_ms"] = (time.time() - t0) * 1e3
     torch.nn.functional.cross_entropy(plain(xb), yb).backward()
     ok = True
@@ -81,13 +89,14 @@ def worker(rank, world, port, q):
 
 def main():
     world = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    if not torch.cuda.is_available():
+    dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
+    if dev == "cuda" and not torch.cuda.is_available():
         print("FAIL: torch %s sees no CUDA device" % torch.__version__)
         return 1
     port = 29500 + os.getpid() % 1000
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, q)) for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, port, q, dev)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -101,8 +110,9 @@ def main():
               % (rank, r["all_reduce"], r["all_reduce_ms"], r["all_reduce_avg"], r["ddp"],
                  r["ddp_ms"]))
         good = good and r["all_reduce"] and r["all_reduce_avg"] and r["ddp"]
-    print("%s: torch backend \"geoccl\" on CUDA tensors, %d processes on one GPU, against "
-          "Gloo (torch %s)" % ("PASS" if good else "FAIL", world, torch.__version__))
+    print("%s: torch backend \"geoccl\" on %s tensors, %d processes%s, against Gloo (torch %s)"
+          % ("PASS" if good else "FAIL", dev.upper(), world, " on one GPU" if dev == "cuda" else "",
+             torch.__version__))
     return 0 if good else 1
 
 
