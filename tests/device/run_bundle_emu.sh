@@ -55,5 +55,18 @@ if grep -q 'run.sh --emulate called' "$work/out/run.log"; then
     exit 1
 fi
 [ $rc = 0 ] || { echo "FAIL: run.sh --bundle --emulate (see $work/out/run.log)"; exit 1; }
+# Every stage a GPU run has ran here too, and left its result.
+for st in environment NCCL "codec check" "codec throughput" "pinned memory CMA" \
+        "device all-reduce" "pass-through vs NCCL" "capture and abort" "device modes" \
+        "torch backend CUDA" compute-sanitizer summary; do
+    grep -q "^=== $st ===" "$work/out/run.log" || { echo "FAIL: no stage \"$st\" in the run"; exit 1; }
+done
+for r in "bundle: pass" "NCCL: pass" "codec check: pass" "codec throughput: pass" \
+        "device all-reduce x4: pass" "device all-reduce x3 topk:0.05: pass" \
+        "pass-through vs NCCL: pass" "capture: pass" "capture refuse: pass" "abort: pass" \
+        "device hostfn: pass" "torch backend CUDA: na (emulated: not run; link check passed" \
+        "compute-sanitizer: na"; do
+    grep -qF "$r" "$work/out/summary.txt" || { echo "FAIL: the summary lacks \"$r\""; exit 1; }
+done
 [ "$te" -le 300 ] || { echo "FAIL: the emulated run took ${te}s, over 5 minutes"; exit 1; }
 echo "PASS: device bundle built (${tb}s) and run emulated (${te}s)"
