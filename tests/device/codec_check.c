@@ -18,7 +18,10 @@
  * no driver installed), 2 a CUDA call failed.
  *
  * Options: --quick (fewer cases, no large sizes), --no-perf, --perf-only,
- * --perf-elems N (elements for the throughput runs, default 2^26); the
+ * --perf-elems N (elements for the throughput runs, default 2^26),
+ * --topk-big N (elements of the big topk cases, default 5 Mi + 11; 300007
+ * in the emulation build; run.sh --emulate passes that to the real build
+ * running on the emulated runtime); the
  * environment variable GEOCCL_CODEC_CHECK_ARGS may hold --quick and
  * --no-perf too (for make check).
  *
@@ -47,6 +50,8 @@
 
 static int passed, failed;
 static int quick, emu;
+/* Elements of the big topk cases (--topk-big N; 0: the build's default). */
+static size_t topkBig;
 /* Sign chunks equal but for NaN scales (see nanScalesOnly). */
 static int signNanScales;
 
@@ -82,6 +87,16 @@ static void *dmalloc(size_t n)
     void *p = NULL;
     CUDA_OK(cudaMalloc(&p, n ? n : 1));
     return p;
+}
+
+/* Bytes for a device array of n floats at offset (0 or 1 floats) into its
+ * allocation: (n + 1) floats, so that at offset 1 the array ends at the
+ * allocation's end and the guards see any overrun; an empty array at offset 1 gets
+ * one float more, so that its pointer (passed, never read) lies inside the
+ * allocation, as the emulated runtime's kernel-argument check requires. */
+static size_t dbytes(size_t n, int offset)
+{
+    return (n + 1 + (n == 0 && offset)) * 4;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -229,7 +244,7 @@ static void checkDecode(const Case *c, const unsigned char *chunk, size_t len,
                           : cc->decode(chunk, len, ncclFloat32, cpu, n, &why);
     report(rc == ncclSuccess, c, "the cpu decoder rejects the cpu chunk", why);
 
-    float *dmem = dmalloc((n + 1) * 4);
+    float *dmem = dmalloc(dbytes(n, c->offset));
     float *d = dmem + c->offset;
     CUDA_OK(cudaMemcpy(d, base, n * 4, cudaMemcpyHostToDevice));
     ncclResult_t rg = acc ? geoCudaCodecDecodeAccumulate(c->codec, dchunk, len, ncclFloat32, d, n,
@@ -384,7 +399,7 @@ static void runCase(const Case *c, cudaStream_t st, int *dstatus, int withCorrup
     for (size_t i = 0; i < n; i++) /* a residual of the inputs' size */
         r[i] = (rndUnit() - 0.5f) * ldexpf(1.0f, (int)(rnd() % 30) - 20);
 
-    float *dxm = dmalloc((n + 1) * 4), *drm = dmalloc((n + 1) * 4);
+    float *dxm = dmalloc(dbytes(n, c->offset)), *drm = dmalloc(dbytes(n, c->offset));
     float *dx = dxm + c->offset, *dr = drm + c->offset;
     unsigned char *dchunk = dmalloc(need);
     size_t sbytes = geoCudaCodecScratchBytes(c->codec, n, &c->params);
@@ -472,7 +487,9 @@ static void checkNoneTypes(cudaStream_t st, int *dstatus)
             unsigned char *cch = xmalloc(need), *gch = xmalloc(need);
             size_t w = 0;
             geoCodecs[GEO_CODEC_NONE].encode(x, n, types[t], NULL, 0, NULL, cch, need, &w);
-            unsigned char *dx = dmalloc(n * es), *dch = dmalloc(need), *dy = dmalloc(n * es + 1);
+            /* (dy: an empty array at the odd address still lies inside it) */
+            unsigned char *dx = dmalloc(n * es), *dch = dmalloc(need),
+                          *dy = dmalloc(n * es + 1 + (n == 0 && es == 1));
             CUDA_OK(cudaMemcpy(dx, x, n * es, cudaMemcpyHostToDevice));
             size_t wg = 0;
             const char *why = NULL;
@@ -660,7 +677,7 @@ static void correctness(cudaStream_t st, int *dstatus)
             Case c;
             memset(&c, 0, sizeof c);
             c.codec = GEO_CODEC_TOPK;
-            c.count = emu ? 300007 : (5u << 20) + 11;
+            c.count = topkBig ? topkBig : emu ? 300007 : (5u << 20) + 11;
             geoCodecParamsInit(&c.params);
             c.params.topkFraction = pat == PAT_TIES ? 0.3 : 0.01;
             c.ef = ef;
@@ -869,8 +886,11 @@ int main(int argc, char **argv)
             check = 0;
         else if (strcmp(argv[i], "--perf-elems") == 0 && i + 1 < argc)
             perfElems = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--topk-big") == 0 && i + 1 < argc)
+            topkBig = strtoull(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--no-perf] [--perf-only] [--perf-elems N]\n",
+            fprintf(stderr, "usage: %s [--quick] [--no-perf] [--perf-only] [--perf-elems N] "
+                    "[--topk-big N]\n",
                     argv[0]);
             return 2;
         }

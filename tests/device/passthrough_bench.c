@@ -3,15 +3,22 @@
  * alone and once with LD_PRELOAD=libgeoccl.so:
  *
  *   passthrough_bench [MIB]
+ *   passthrough_bench version
  *
+ * version: prints the version ncclGetVersion of the loaded NCCL reports
+ * and the file it was loaded from (no GPU needed; run.sh names the NCCL it
+ * found with it).
  * One rank on the current GPU: ncclAllReduce of MIB MiB of floats (and of
  * one float, where per-call overhead shows) on a stream; prints the time
  * per call, which the script compares.  Also checks the result.  Exit 77
  * without a GPU. */
+#define _GNU_SOURCE
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "gpu_probe.h"
@@ -31,8 +38,26 @@ static double now(void)
         }                                                                             \
     } while (0)
 
+/* The loaded NCCL's own version and the file that holds ncclGetVersion. */
+static int print_version(void)
+{
+    int v = 0;
+    Dl_info info;
+    void *sym = dlsym(RTLD_DEFAULT, "ncclGetVersion");
+    if (ncclGetVersion(&v) != ncclSuccess) {
+        printf("passthrough_bench: ncclGetVersion failed\n");
+        return 1;
+    }
+    const char *file = sym && dladdr(sym, &info) && info.dli_fname ? info.dli_fname : "?";
+    printf("nccl: version %d.%d.%d (ncclGetVersion %d) from %s\n", v / 10000, v / 100 % 100,
+           v % 100, v, file);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "version") == 0)
+        return print_version();
     size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 64;
     int v = 0;
     int probe = gpu_probe("passthrough_bench");
