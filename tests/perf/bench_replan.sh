@@ -6,7 +6,7 @@
 #
 #   sudo bash tests/perf/bench_replan.sh [BUILDDIR] [CASE ...]
 #
-# CASE (default: all, in this order, about 13 minutes):
+# CASE (default: all, in this order, about 16 minutes):
 #   drop100   region 0's uplink 100 -> 25 Mbit/s after call 5 of 20 and back
 #             after call 12, 16 MiB (targets 1.15x the new bound from the
 #             fifth call after the drop, 1.10x the old from the fifth after
@@ -18,6 +18,8 @@
 #             64 MiB at 100 Mbit/s: the flows' throughput against beside one
 #             TCP flow (at least half), the calls against the bound on what
 #             the flows left
+#   crossnopace  the same with GEOCCL_WAN_PACE=0 (no caps: what a
+#             dedicated link's setting would take from other flows)
 #   flap      region 0's uplink between 25 and 100 Mbit/s every 2 s for 60 s
 #             from call 3 of 28, 16 MiB (at most one re-plan per settled
 #             change)
@@ -28,7 +30,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd) || exit 1
 BUILD=${1:-${GEOCCL_TEST_BUILDDIR:-$PWD}}
 [ $# -gt 0 ] && shift
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(drop100 drop1g route cross flap)
+[ ${#cases[@]} -gt 0 ] || cases=(drop100 drop1g route cross crossnopace flap)
 ok=0 bad=0
 for c in "${cases[@]}"; do
     case $c in
@@ -36,6 +38,7 @@ for c in "${cases[@]}"; do
         drop1g) env=(SCENARIO=drop RATE=1gbit LOW=250mbit BYTES=67108864) ;;
         route) env=(SCENARIO=route BYTES=67108864 CALLS=11 DROP=3 BACK=11) ;;
         cross) env=(SCENARIO=cross BYTES=67108864 CALLS=9 DROP=2 BACK=8) ;;
+        crossnopace) env=(SCENARIO=cross BYTES=67108864 CALLS=9 DROP=2 BACK=8 PACE=0) ;;
         flap) env=(SCENARIO=flap CALLS=28 DROP=3 BACK=28) ;;
         *) echo "unknown case $c"; exit 2 ;;
     esac

@@ -74,6 +74,8 @@ wan_lock
 
 unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_HIER_SLICE \
       GEOCCL_TIMEOUT GEOCCL_WAN_PACE GEOCCL_REPLAN GEOCCL_COMPRESS
+# PACE: GEOCCL_WAN_PACE for the run (bench_replan.sh's crossnopace)
+[ -n "${PACE:-}" ] && export GEOCCL_WAN_PACE=$PACE
 export GEOCCL_ALGO=hier GEOCCL_DEBUG=${GEOCCL_DEBUG:-INFO} GEOCCL_DEBUG_SUBSYS=${GEOCCL_DEBUG_SUBSYS:-TUNING}
 WORK=$(mktemp -d /tmp/geoccl-replan.XXXXXX) || exit 1
 . "$SRC/tests/helpers/rank_common.sh"
