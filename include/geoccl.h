@@ -114,9 +114,48 @@ typedef struct {
     unsigned long long bytesWanRaw;  /* what bytesWan would have been uncompressed */
 } geocclStats;
 
-/* [out] stats.  Call from the thread that issues collectives on comm. */
+/* [out] stats.  Call from the thread that issues collectives on comm.
+ * geocclCommResetStats zeroes these and geocclDeviceStats (below). */
 ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats);
 ncclResult_t geocclCommResetStats(ncclComm_t comm);
+
+/* Where the time of the cross-region collectives on device buffers goes,
+ * since init (or the last geocclCommResetStats), this rank.  The stream
+ * phases are measured with CUDA events on the call's stream and tile its
+ * span there, so they sum to secCall; secExchange is the exchange thread's
+ * wall time, which overlaps them.  A call is counted once its stream work
+ * is complete and its exchange is finished; nothing waits for that (the
+ * events are read when they are found complete), so calls still running
+ * are in callsInFlight and counted by a later read.  Calls on one region
+ * (NVIDIA's NCCL alone) are not timed here.  Fields are only ever added at
+ * the end: pass sizeof(geocclDeviceStats) as the caller knows it. */
+typedef struct {
+    unsigned long long calls;         /* calls counted below */
+    unsigned long long callsInFlight; /* issued, not counted yet */
+    unsigned long long callsUntimed;  /* not timed: failed, or too many in flight */
+    double secCall;                   /* the calls' spans on their streams */
+    double secReduceScatter;          /* NVIDIA's reduce-scatter in the region */
+    double secEncode;                 /* GPU encode kernels */
+    double secCopyOut;                /* copies to pinned host memory */
+    double secWan;                    /* the stream waiting for the exchange between regions */
+    double secCopyIn;                 /* copies back from pinned host memory */
+    double secDecode;                 /* GPU decode, accumulate and average kernels */
+    double secAllGather;              /* NVIDIA's all-gather in the region */
+    double secOther;                  /* padding uneven counts, status words, ordering */
+    double secExchange;               /* exchange thread: from the first data on the host to
+                                         the last transfer done (host codecs included) */
+    unsigned long long bytesWan;      /* payload bytes these calls sent to other regions */
+    unsigned long long bytesWanRaw;   /* what bytesWan would have been uncompressed */
+} geocclDeviceStats;
+
+/* [out] stats: the figures above, the first statsBytes bytes of them
+ * (statsBytes <= sizeof(geocclDeviceStats) of this header; a larger value
+ * fills only what this library knows and zeroes the rest).  Does not
+ * block.  Call from the thread that issues collectives on comm.  Returns
+ * ncclSuccess, or ncclInvalidArgument for a NULL or dead comm or a NULL
+ * stats. */
+ncclResult_t geocclCommGetDeviceStats(ncclComm_t comm, geocclDeviceStats *stats,
+                                      size_t statsBytes);
 
 /* Compression of the all-reduce between regions for this communicator,
  * overriding GEOCCL_COMPRESS: "none", "lossless", "fp16", "bf16", "int8",

@@ -168,6 +168,24 @@ ncclResult_t geocclCommResetStats(ncclComm_t comm)
                   "geocclCommResetStats: NULL or dead comm");
     memset(&comm->stats, 0, sizeof(comm->stats));
     memset(&comm->net.sent, 0, sizeof(comm->net.sent));
+    geoDevResetStats(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t geocclCommGetDeviceStats(ncclComm_t comm, geocclDeviceStats *stats,
+                                      size_t statsBytes)
+{
+    GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetDeviceStats") != ncclSuccess || stats == NULL,
+                  ncclInvalidArgument,
+                  "geocclCommGetDeviceStats: NULL or dead comm, or NULL stats");
+    geocclDeviceStats all;
+    geoDevGetStats(comm, &all);
+    /* a caller built against an older header knows fewer fields; a newer
+     * one more, which this library leaves zero */
+    size_t n = statsBytes < sizeof(all) ? statsBytes : sizeof(all);
+    memcpy(stats, &all, n);
+    if (statsBytes > n)
+        memset((char *)stats + n, 0, statsBytes - n);
     return ncclSuccess;
 }
 

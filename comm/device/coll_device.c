@@ -49,8 +49,8 @@
  * the device residuals), dev_codec_job.c and dev_codec_stream.c (the
  * GPU-encoded all-reduce: its layout and exchange, its stream program),
  * dev_staged.c (the all-reduce with the host codecs and the other
- * collectives, staged through the host); dev_internal.h holds what they
- * share.
+ * collectives, staged through the host), dev_timing.c (the phase times of
+ * the cross-region calls); dev_internal.h holds what they share.
  */
 #include "config.h"
 #include "comm/device/coll_device.h"
@@ -144,8 +144,10 @@ ncclResult_t geoDevEnqueue(geoOp *op, const char *fn)
     }
     GEO_CHECK(devEnter(comm, &g));
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
-    r = op->type == GEO_OP_ALLREDUCE ? devCrossAllReduce(comm, st, op)
-                                     : devStagedCollective(comm, st, op);
+    devTimedCall *tc = devTimingBegin(st, op->stream);
+    r = op->type == GEO_OP_ALLREDUCE ? devCrossAllReduce(comm, st, op, tc)
+                                     : devStagedCollective(comm, st, op, tc);
+    devTimingEnd(st, tc, op->stream, r);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     devLeave(&g);
     return r;

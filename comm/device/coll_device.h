@@ -6,6 +6,7 @@
 #define GEOCCL_COLL_DEVICE_H_
 
 #include "nccl.h"
+#include "geoccl.h"
 #include "comm/coll/coll.h"
 
 struct ncclComm;
@@ -37,6 +38,12 @@ ncclResult_t geoDevDrain(struct ncclComm *comm);
 /* Drop the residuals of one registration the device path keeps
  * (geocclCommDeregisterErrorFeedback; after geoDevDrain). */
 void geoDevDropErrorFeedback(struct ncclComm *comm, uint64_t tag);
+/* The phase times of the cross-region device calls read so far (the calls
+ * found complete are read now; nothing waits): geocclCommGetDeviceStats.
+ * User thread. */
+void geoDevGetStats(struct ncclComm *comm, geocclDeviceStats *out);
+/* Zero them (geocclCommResetStats); calls in flight are not counted. */
+void geoDevResetStats(struct ncclComm *comm);
 /* Drop the residuals the device path keeps (geocclCommResetErrorFeedback). */
 void geoDevResetErrorFeedback(struct ncclComm *comm);
 /* The real communicator's asynchronous error (ncclSuccess without one). */

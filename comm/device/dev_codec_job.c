@@ -286,6 +286,8 @@ ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, dev
     for (int it = 0; it < C + CODEC_PIPELINE_DEPTH; it++) {
         if (it < C) {
             GEO_CHECK_GOTO(wait_recorded(comm, st, cj, it, "the encoded partials"), res, out);
+            if (it == 0)
+                j->wan_t0 = geoNow(); /* the first data is on the host */
             GEO_CHECK_GOTO(post_round(comm, cj, &cj->tx1, it, 1), res, out);
             GEO_CHECK_GOTO(post_round(comm, cj, &cj->rx1, it, 0), res, out);
         }
@@ -305,6 +307,7 @@ ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, dev
     }
     GEO_CHECK_GOTO(wait_round(comm, &cj->tx1, -1, 0), res, out);
     GEO_CHECK_GOTO(wait_round(comm, &cj->tx2, -1, 0), res, out);
+    j->wan_t1 = geoNow(); /* the last transfer is done */
     GEO_CHECK_GOTO(wait_recorded(comm, st, cj, 2 * C, "the decoders"), res, out);
     const int *status = (const int *)(cj->host + cj->status_at);
     const devCodecRounds *lists[3] = {&cj->rx1, &cj->tx2, &cj->rx2};

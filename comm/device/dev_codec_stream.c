@@ -44,10 +44,11 @@ static ncclResult_t kernel_error_at(struct ncclComm *comm, const char *file, int
 
 /* Enqueue everything between the reduce-scatter and the all-gather (see
  * the top of dev_codec_job.c).  mine: my shard on the device, elements [off,
- * off + len) of the call; ef1, ef2: its residuals or NULL. */
+ * off + len) of the call; ef1, ef2: its residuals or NULL; tc: its phase
+ * timing or NULL (decoding our own chunk back is part of encoding it). */
 static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *st,
                                     devCodecJob *cj, const geoOp *op, char *mine, size_t off,
-                                    float *ef1, float *ef2, cudaStream_t s)
+                                    float *ef1, float *ef2, devTimedCall *tc, cudaStream_t s)
 {
     const int C = cj->rounds, k1 = comm->regions.nregions - 1;
     const geoCodecId codec = (geoCodecId)cj->ch.codec;
@@ -59,10 +60,12 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
     ncclResult_t r;
 #define SHARD_AT(o) ((float *)(mine + ((o) - off) * sizeof(float)))
 
+    devTimingPhase(st, tc, DEV_PH_OTHER, s);
     if (cj->nstatus > 0)
         CUDA_CHECK(comm, cudaMemsetAsync(status, 0, (size_t)cj->nstatus * sizeof(int), s),
                    "clearing the decoders' status words");
     for (int c = 0; c < C; c++) {
+        devTimingPhase(st, tc, DEV_PH_ENCODE, s);
         for (int i = cj->tx1.first[c]; i < cj->tx1.first[c + 1]; i++) {
             devCodecChunk *x = &cj->tx1.m[i];
             r = geoCudaCodecEncode(codec, SHARD_AT(x->off), x->n, ncclFloat32, &cj->ch.p1,
@@ -72,12 +75,15 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
             if (r != ncclSuccess)
                 return kernel_error(comm, "encoding a partial", r, why);
         }
+        devTimingPhase(st, tc, DEV_PH_COPYOUT, s);
         GEO_CHECK(copy_round(comm, cj, &cj->tx1, c, 1, s));
         CUDA_CHECK(comm, cudaEventRecord(cj->ev[c], s), "cudaEventRecord");
         __atomic_add_fetch(&cj->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
+        devTimingPhase(st, tc, DEV_PH_WAN, s);
         GEO_CHECK(devStreamWait(comm, st, s, cj->base + 1 + (uint32_t)c));
+        devTimingPhase(st, tc, DEV_PH_COPYIN, s);
         GEO_CHECK(copy_round(comm, cj, &cj->rx1, c, 0, s));
         int i = cj->rx1.first[c], t = cj->tx2.first[c];
         for (int p = 0; p < cj->plan.nparts; p++) {
@@ -87,6 +93,7 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
                 continue;
             size_t m = part->n - o < E ? part->n - o : E;
             float *dst = SHARD_AT(part->off + o);
+            devTimingPhase(st, tc, DEV_PH_DECODE, s);
             for (int j = 0; j < k1; j++, i++) {
                 devCodecChunk *x = &cj->rx1.m[i];
                 if (i >= cj->rx1.first[c + 1] || x->msg != part->first_rx + j || x->n != m) {
@@ -107,6 +114,7 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
                 return GEO_COMM_ERR(comm, ncclInternalError, "%s: internal error: the return "
                                     "trip's rounds disagree with the parts", geoErrOp(&comm->err));
             }
+            devTimingPhase(st, tc, DEV_PH_ENCODE, s);
             r = geoCudaCodecEncode(codec, dst, m, ncclFloat32, &cj->ch.p2,
                                    cj->ch.counter + 2 * x->off + 1,
                                    ef2 ? ef2 + (x->off - off) : NULL, cj->dbuf + x->at, x->len,
@@ -120,13 +128,17 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
                 return kernel_error(comm, "decoding our own chunk", r, why);
             t += k1;
         }
+        devTimingPhase(st, tc, DEV_PH_COPYOUT, s);
         GEO_CHECK(copy_round(comm, cj, &cj->tx2, c, 1, s));
         CUDA_CHECK(comm, cudaEventRecord(cj->ev[C + c], s), "cudaEventRecord");
         __atomic_add_fetch(&cj->recorded, 1, __ATOMIC_RELEASE);
     }
     for (int c = 0; c < C; c++) {
+        devTimingPhase(st, tc, DEV_PH_WAN, s);
         GEO_CHECK(devStreamWait(comm, st, s, cj->base + 1 + (uint32_t)(C + c)));
+        devTimingPhase(st, tc, DEV_PH_COPYIN, s);
         GEO_CHECK(copy_round(comm, cj, &cj->rx2, c, 0, s));
+        devTimingPhase(st, tc, DEV_PH_DECODE, s);
         for (int i = cj->rx2.first[c]; i < cj->rx2.first[c + 1]; i++) {
             devCodecChunk *x = &cj->rx2.m[i];
             r = geoCudaCodecDecode(codec, cj->dbuf + x->at, x->len, ncclFloat32, SHARD_AT(x->off),
@@ -135,6 +147,7 @@ static ncclResult_t enqueue_program(struct ncclComm *comm, struct geoDevState *s
                 return kernel_error(comm, "decoding a finished part", r, why);
         }
     }
+    devTimingPhase(st, tc, DEV_PH_OTHER, s);
     if (cj->nstatus > 0)
         CUDA_CHECK(comm, cudaMemcpyAsync(cj->host + cj->status_at, status,
                                          (size_t)cj->nstatus * sizeof(int),
@@ -195,7 +208,7 @@ static void shard_residuals(struct ncclComm *comm, struct geoDevState *st, const
  * dev_codec_job.c); cj is laid out (devCodecPrepare) and becomes the
  * job's. */
 ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
-                               devCodecJob *cj)
+                               devCodecJob *cj, devTimedCall *tc)
 {
     const geoNcclRealLib *L = st->lib;
     const int n = comm->region_ring.n, me = comm->region_ring.me;
@@ -259,6 +272,7 @@ ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         work = tmp;
     }
     char *mine = work + (size_t)me * shard * es;
+    devTimingPhase(st, tc, DEV_PH_RS, s);
     GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, ncclFloat32, ncclSum, st->real, s);
     if (r != ncclSuccess) {
         r = devRealError(comm, L, st->real, "the intra-region reduce-scatter", r);
@@ -275,8 +289,9 @@ ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         j->op_seq = comm->op_seq;
         j->codec = cj->ch.codec;
         j->codec_job = cj;
+        devTimingLink(j, tc);
         cj->base = devJobPush(st, j, nvals);
-        r = enqueue_program(comm, st, cj, op, mine, off, ef1, ef2, s);
+        r = enqueue_program(comm, st, cj, op, mine, off, ef1, ef2, tc, s);
         ce = cudaFreeAsync(cj->dbuf, s);
         if (r == ncclSuccess && ce != cudaSuccess)
             r = devCudaError(comm, "cudaFreeAsync", ce);
@@ -312,9 +327,11 @@ ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         cudaGetLastError();
         st->ef_ev = NULL;
     }
+    devTimingPhase(st, tc, DEV_PH_AG, s);
     GEO_REAL_CALL(ag, L, AllGather, mine, work, shard, ncclFloat32, st->real, s);
     if (ag != ncclSuccess && r == ncclSuccess)
         r = devRealError(comm, L, st->real, "the intra-region all-gather", ag);
+    devTimingPhase(st, tc, DEV_PH_OTHER, s);
     if (tmp) {
         if ((ce = cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice, s)) !=
                 cudaSuccess &&

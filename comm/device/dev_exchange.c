@@ -83,6 +83,7 @@ static void *exchange_main(void *arg)
         pthread_mutex_unlock(&st->lock);
 
         ncclResult_t res = geoCommAsyncError(comm);
+        const unsigned long long wan0 = comm->net.sent.wan, raw0 = comm->net.sent.wan_raw;
         if (res == ncclSuccess) {
             geoErrSetOp(&comm->err, "AllReduce #%llu (%zu elements, "
                         "device)", (unsigned long long)j->op_seq, j->op.count);
@@ -97,7 +98,9 @@ static void *exchange_main(void *arg)
                     hop.recvbuff = j->slot->host + j->rat;
                     hop.device = 0;
                     hop.stream = NULL;
+                    j->wan_t0 = geoNow();
                     res = geoCollRun(&hop);
+                    j->wan_t1 = geoNow();
                 }
             } else if (j->codec_job) {
                 res = devCodecExchange(comm, st, j);
@@ -106,7 +109,9 @@ static void *exchange_main(void *arg)
                 res = devWaitEvent(comm, st, j->slot->ready, "the reduce-scatter's shard");
                 if (res == ncclSuccess) {
                     comm->call_codec = j->codec; /* the plan's (or the user's) */
+                    j->wan_t0 = geoNow();
                     res = geoHierExchange(comm, &j->op, j->slot->host, j->off);
+                    j->wan_t1 = geoNow();
                     comm->stats.calls_hier++;
                 }
             }
@@ -114,6 +119,11 @@ static void *exchange_main(void *arg)
                 geoCommFail(comm, res);
         }
         devFlagRelease(st, j->seq); /* also after a failure: the stream goes on */
+        /* this job's WAN bytes: host-path calls, which also count, wait for
+         * the queue to drain first (geoDevDrain); a reset may zero the
+         * counters meanwhile */
+        const unsigned long long wan1 = comm->net.sent.wan, raw1 = comm->net.sent.wan_raw;
+        devTimingHost(j, wan1 >= wan0 ? wan1 - wan0 : wan1, raw1 >= raw0 ? raw1 - raw0 : raw1);
         /* The user thread may still be enqueuing the job; with every wait
          * released it cannot block for long.  If it still has not finished
          * after GEOCCL_TIMEOUT (a wedged device), the job is left to it:

@@ -60,6 +60,53 @@ typedef struct devRetired {
 
 struct devCodecJob;
 
+/* ---- phase timing of the cross-region calls (dev_timing.c) ------------
+ *
+ * Each call's work on its stream is cut by timing events into intervals,
+ * each of one phase; the intervals tile the call's span on the stream, so
+ * the phases sum to it.  Nothing waits for the events: they are read when
+ * they are complete, at the next call or when the figures are asked for. */
+enum {
+    DEV_PH_OTHER,   /* padding an uneven count, status words, ordering */
+    DEV_PH_RS,      /* NVIDIA's reduce-scatter in the region */
+    DEV_PH_ENCODE,  /* GPU encode kernels */
+    DEV_PH_COPYOUT, /* device to pinned host */
+    DEV_PH_WAN,     /* the stream waits for the exchange between regions */
+    DEV_PH_COPYIN,  /* pinned host to device */
+    DEV_PH_DECODE,  /* GPU decode, accumulate and average kernels */
+    DEV_PH_AG,      /* NVIDIA's all-gather in the region */
+    DEV_PH_N
+};
+
+/* One call's events (user thread), and what its exchange measured on the
+ * host (exchange thread: written before host_done is set). */
+typedef struct devTimedCall {
+    cudaEvent_t *ev;
+    unsigned char *ph;      /* ph[i]: the phase of ev[i - 1] .. ev[i] */
+    int n, cap;
+    int cur;                /* the phase open since ev[n - 1] */
+    int bad;                /* not counted (an event failed, or the call) */
+    int linked;             /* a job's exchange reports on it (user thread
+                               sets it before queueing the job) */
+    unsigned gen;           /* the statistics' generation it belongs to */
+    double host_sec;        /* the exchange thread's time on the WAN */
+    unsigned long long wan, wan_raw;
+    int host_done;          /* atomic: the exchange is finished with it */
+    struct devTimedCall *next;
+} devTimedCall;
+
+/* The communicator's timing: a pool of timing events, the calls not yet
+ * read, and the sums (user thread only). */
+typedef struct {
+    cudaEvent_t *pool;
+    int npool, pool_cap;
+    int nev;                /* events made (bounded) */
+    devTimedCall *head, *tail;
+    unsigned gen;
+    unsigned long long calls, untimed, inflight, wan, wan_raw;
+    double sec[DEV_PH_N], call, host;
+} devTiming;
+
 typedef struct devJob {
     geoOp op;               /* count, dt, op; recvbuff keys error feedback */
     devSlot *slot;
@@ -72,6 +119,9 @@ typedef struct devJob {
     size_t sbytes;          /* staged: the input's bytes at slot->host, the
                                output's after them (at rat) */
     size_t rat;
+    devTimedCall *timing;   /* NULL: the call is not timed */
+    double wan_t0, wan_t1;  /* the exchange's first data ready, last transfer
+                               done (geoNow; 0: not reached) */
     struct devJob *next;
 } devJob;
 
@@ -114,6 +164,8 @@ struct geoDevState {
      * default pool. */
     cudaMemPool_t pool;
     int pool_checked;
+
+    devTiming timing;
 };
 
 /* ---- CUDA helpers (dev_cuda.c) ---------------------------------------- */
@@ -294,16 +346,41 @@ ncclResult_t devCodecExchange(struct ncclComm *comm, struct geoDevState *st, dev
 /* The cross-region all-reduce with the GPU codecs; cj, laid out, becomes
  * the job's. */
 ncclResult_t devCodecAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
-                               devCodecJob *cj);
+                               devCodecJob *cj, devTimedCall *tc);
+
+/* ---- phase timing (dev_timing.c) --------------------------------------- */
+
+/* Start timing a call on stream s (reading the calls complete before it
+ * first): NULL when it is not timed (too many events in flight). */
+devTimedCall *devTimingBegin(struct geoDevState *st, cudaStream_t s);
+/* The work enqueued on s from here on is phase ph (tc may be NULL). */
+void devTimingPhase(struct geoDevState *st, devTimedCall *tc, int ph, cudaStream_t s);
+/* The call is enqueued (r: its result; a failed call is not counted). */
+void devTimingEnd(struct geoDevState *st, devTimedCall *tc, cudaStream_t s, ncclResult_t r);
+/* j's exchange will report on tc (before j is queued). */
+static inline void devTimingLink(devJob *j, devTimedCall *tc)
+{
+    j->timing = tc;
+    if (tc)
+        tc->linked = 1;
+}
+/* Exchange thread: what j's exchange measured; j is finished with tc. */
+void devTimingHost(devJob *j, unsigned long long wan, unsigned long long wan_raw);
+/* Read the calls whose events are complete and whose exchange is done. */
+void devTimingHarvest(struct geoDevState *st);
+/* Free every event and call (geoDevFree, the exchange thread joined). */
+void devTimingFree(struct geoDevState *st);
 
 /* ---- staged through the host (dev_staged.c) --------------------------- */
 
 /* The cross-region all-reduce: the GPU-encoded exchange where the GPU has
  * the call's codec, else the shard exchanged by the host codecs. */
-ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op);
+ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                               devTimedCall *tc);
 /* Any other collective across regions, run by the host algorithms on
  * pinned staging. */
-ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, geoOp *op);
+ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                                 devTimedCall *tc);
 
 #endif /* HAVE_CUDA */
 #endif

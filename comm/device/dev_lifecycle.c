@@ -354,6 +354,7 @@ void geoDevFree(struct ncclComm *comm, int abort)
     }
     if (st->ef_ev)
         cudaEventDestroy(st->ef_ev);
+    devTimingFree(st);
     if (st->pool && !st->ef_leak)
         cudaMemPoolDestroy(st->pool); /* waits for nothing (see devPoolSetup) */
     pthread_cond_destroy(&st->cv);

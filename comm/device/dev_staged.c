@@ -17,7 +17,8 @@
 
 /* ---- the all-reduce ---------------------------------------------------- */
 
-ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
+ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                               devTimedCall *tc)
 {
     const geoNcclRealLib *L = st->lib;
     const int n = comm->region_ring.n, me = comm->region_ring.me;
@@ -53,7 +54,7 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         devCodecJob *cj = NULL;
         r = devCodecPrepare(comm, op, &ch, chunk, &cj);
         if (r == ncclSuccess)
-            return devCodecAllReduce(comm, st, op, cj);
+            return devCodecAllReduce(comm, st, op, cj, tc);
         if (r != ncclInvalidArgument)
             return r;
         /* The GPU codec refuses these parameters: the host codecs serve. */
@@ -83,11 +84,13 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
         r = devSlotGet(comm, st, shard * es + 1, &slot);
     if (r != ncclSuccess)
         goto undo_tmp;
+    devTimingPhase(st, tc, DEV_PH_RS, s);
     GEO_REAL_CALL(r, L, ReduceScatter, send, mine, shard, op->dt, rsop, st->real, s);
     if (r != ncclSuccess) {
         r = devRealError(comm, L, st->real, "the intra-region reduce-scatter", r);
         goto undo_slot;
     }
+    devTimingPhase(st, tc, DEV_PH_COPYOUT, s);
     if (len > 0 &&
         (ce = cudaMemcpyAsync(slot->host, mine, len * es, cudaMemcpyDeviceToHost, s)) !=
             cudaSuccess) {
@@ -111,6 +114,7 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
     j->len = len;
     j->op_seq = comm->op_seq;
     j->codec = codec;
+    devTimingLink(j, tc);
     /* From here the job belongs to the exchange thread, which frees it
      * when done: never touch it again, keep only its sequence number. */
     uint32_t jseq = devJobPush(st, j, 1) + 1;
@@ -118,14 +122,18 @@ ncclResult_t devCrossAllReduce(struct ncclComm *comm, struct geoDevState *st, ge
 
     /* The job is queued: the stream must wait for it whatever happens, or
      * the exchange thread would write into a slot reused by a later call. */
+    devTimingPhase(st, tc, DEV_PH_WAN, s);
     GEO_CHECK(devStreamWait(comm, st, s, jseq));
+    devTimingPhase(st, tc, DEV_PH_COPYIN, s);
     if (len > 0)
         CUDA_CHECK(comm, cudaMemcpyAsync(mine, slot->host, len * es, cudaMemcpyHostToDevice, s),
                    "copying the exchanged shard back");
     CUDA_CHECK(comm, cudaEventRecord(slot->done, s), "cudaEventRecord");
+    devTimingPhase(st, tc, DEV_PH_AG, s);
     GEO_REAL_CALL(r, L, AllGather, mine, work, shard, op->dt, st->real, s);
     if (r != ncclSuccess)
         return devRealError(comm, L, st->real, "the intra-region all-gather", r);
+    devTimingPhase(st, tc, DEV_PH_OTHER, s);
     if (tmp) {
         CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, tmp, count * es, cudaMemcpyDeviceToDevice,
                                          s), "copying the result out of the padded buffer");
@@ -174,7 +182,8 @@ static void staged_sizes(const struct ncclComm *comm, const geoOp *op, size_t *i
     *out *= es;
 }
 
-ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, geoOp *op)
+ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, geoOp *op,
+                                 devTimedCall *tc)
 {
     cudaStream_t s = op->stream;
     size_t in, out;
@@ -188,6 +197,7 @@ ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, 
     const size_t rat = devStageAlign(in);
     GEO_CHECK(devFlagRewind(comm, st, 1));
     GEO_CHECK(devSlotGet(comm, st, rat + out + 1, &slot));
+    devTimingPhase(st, tc, DEV_PH_COPYOUT, s);
     if ((copy_in && (ce = cudaMemcpyAsync(slot->host, op->sendbuff, in, cudaMemcpyDefault, s)) !=
                         cudaSuccess) ||
         (ce = cudaEventRecord(slot->ready, s)) != cudaSuccess) {
@@ -208,10 +218,13 @@ ncclResult_t devStagedCollective(struct ncclComm *comm, struct geoDevState *st, 
     j->staged = 1;
     j->sbytes = in;
     j->rat = rat;
+    devTimingLink(j, tc);
     uint32_t jseq = devJobPush(st, j, 1) + 1; /* j is the exchange thread's now (it frees it) */
     j = NULL;
     /* queued: the stream must wait for it whatever happens */
+    devTimingPhase(st, tc, DEV_PH_WAN, s);
     GEO_CHECK(devStreamWait(comm, st, s, jseq));
+    devTimingPhase(st, tc, DEV_PH_COPYIN, s);
     if (copy_out)
         CUDA_CHECK(comm, cudaMemcpyAsync(op->recvbuff, slot->host + rat, out, cudaMemcpyDefault,
                                          s), "copying the output back");

@@ -253,9 +253,9 @@ TXX="$std -O2 -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-unused-para
 echo "$TXX $TORCH_VERSION" >"$OBJ/torch.flags.new"
 cmp -s "$OBJ/torch.flags.new" "$OBJ/torch.flags" 2>/dev/null || rm -f "$OBJ"/*.torch.o
 mv "$OBJ/torch.flags.new" "$OBJ/torch.flags"
-# The three files at once (each takes some 15 s).
+# The files at once (each takes some 15 s).
 TOBJS=() TPIDS=()
-for f in process_group collectives module; do
+for f in process_group collectives p2p module; do
     o=$OBJ/$f.torch.o
     if [ ! -f "$o" ] || [ -n "$(find "$SRC/geoccl/csrc" "$SRC/include/nccl.h" "$SRC/include/geoccl.h" \
             -newer "$o" | head -n1)" ]; then

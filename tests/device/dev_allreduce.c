@@ -31,6 +31,8 @@
  * CODEC "efreuse": error-feedback residuals follow registrations
  * (geocclCommRegisterErrorFeedback), not addresses (see check_ef_reuse).
  *
+ * "events" (alone): cudaEventElapsedTime's answers (see check_events).
+ *
  * CODEC "staged": broadcast, all-gather, reduce-scatter, reduce and
  * all-to-all on device buffers across the regions (GeoCCL stages them
  * through the host), exact results checked; no figures.
@@ -620,6 +622,125 @@ static int check_queued(int rank, ncclComm_t comm, cudaStream_t s)
     return 0;
 }
 
+/* "events": what the phase timing relies on from cudaEventElapsedTime, on
+ * the emulated runtime as on CUDA: a never-recorded event and one made with
+ * cudaEventDisableTiming are invalid handles; an event its stream has not
+ * reached (behind a host function that waits) answers cudaErrorNotReady,
+ * kept as the thread's last error; once reached, a time >= 0.  In-process. */
+static volatile int events_gate;
+
+static void CUDART_CB events_gate_fn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 10000 && !__atomic_load_n(&events_gate, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+}
+
+static int check_events(void)
+{
+    const int rank = 0;
+    cudaStream_t s;
+    cudaEvent_t a, b, nt;
+    float ms = -1;
+    const char *why = NULL;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventCreateWithFlags(&nt, cudaEventDisableTiming));
+    if (cudaEventElapsedTime(&ms, a, b) != cudaErrorInvalidResourceHandle)
+        why = "never-recorded events were not refused";
+    cudaGetLastError();
+    CK(cudaEventRecord(a, s));
+    CK(cudaLaunchHostFunc(s, events_gate_fn, NULL));
+    CK(cudaEventRecord(b, s));
+    cudaError_t e = cudaEventElapsedTime(&ms, a, b);
+    if (!why && e != cudaErrorNotReady)
+        why = "an event the stream has not reached did not answer not ready";
+    if (!why && cudaGetLastError() != cudaErrorNotReady)
+        why = "its not-ready answer was not the thread's last error";
+    __atomic_store_n(&events_gate, 1, __ATOMIC_RELEASE);
+    CK(cudaStreamSynchronize(s));
+    if (!why && (cudaEventElapsedTime(&ms, a, b) != cudaSuccess || !(ms >= 0)))
+        why = "complete events gave no time";
+    CK(cudaEventRecord(nt, s));
+    CK(cudaStreamSynchronize(s));
+    if (!why && cudaEventElapsedTime(&ms, a, nt) != cudaErrorInvalidResourceHandle)
+        why = "an event made with cudaEventDisableTiming was not refused";
+    cudaGetLastError();
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaEventDestroy(nt);
+    cudaStreamDestroy(s);
+    printf("%s: dev_allreduce events: cudaEventElapsedTime%s%s\n", why ? "FAIL" : "PASS",
+           why ? ": " : " refuses what CUDA refuses", why ? why : "");
+    return why != NULL;
+}
+
+/* The device path's phase times of the timed calls (geocclCommGetDeviceStats),
+ * read once every call is counted (they are read when found complete;
+ * nothing in the library waits for them): each phase non-negative, the
+ * phases summing to the calls' span on the stream, that span within the
+ * wall time of the calls, and every call counted.  0 when they hold. */
+static int device_phases(int rank, int nranks, ncclComm_t comm, int iters, double wall,
+                         geocclDeviceStats *ds)
+{
+    double t0 = now();
+    (void)nranks;
+    do {
+        NK(geocclCommGetDeviceStats(comm, ds, sizeof(*ds)));
+        if (ds->callsInFlight == 0)
+            break;
+        usleep(1000);
+    } while (now() - t0 < 30);
+    const double ph[] = {ds->secReduceScatter, ds->secEncode, ds->secCopyOut, ds->secWan,
+                         ds->secCopyIn, ds->secDecode, ds->secAllGather, ds->secOther};
+    double sum = 0;
+    int neg = ds->secCall < 0 || ds->secExchange < 0;
+    for (size_t i = 0; i < sizeof(ph) / sizeof(ph[0]); i++) {
+        neg |= ph[i] < 0;
+        sum += ph[i];
+    }
+    const char *why = ds->callsInFlight ? "calls still in flight after 30 s"
+                      : ds->calls == 0 ? "no call timed"
+                      : ds->calls + ds->callsUntimed != (unsigned long long)iters
+                          ? "calls counted differ from calls made"
+                      : neg ? "a negative time"
+                      : sum > ds->secCall * (1 + 1e-6) + 1e-9 ? "phases sum past the calls' span"
+                      : ds->secCall > wall * 1.01 + 1e-3 ? "the calls' span exceeds their wall time"
+                      : ds->bytesWan == 0 ? "no WAN bytes"
+                      : NULL;
+    if (why) {
+        fprintf(stderr, "rank %d: FAIL device phase times: %s (calls %llu, in flight %llu, "
+                "untimed %llu of %d; span %.6f s, phases %.6f s, wall %.6f s)\n", rank, why,
+                ds->calls, ds->callsInFlight, ds->callsUntimed, iters, ds->secCall, sum, wall);
+        return 1;
+    }
+    return 0;
+}
+
+/* Rank 0's device phases per call, in seconds and as a share of the call's
+ * span on the stream. */
+static void print_phases(int nranks, const geocclDeviceStats *ds)
+{
+    const double k = ds->calls ? 1.0 / (double)ds->calls : 0;
+    const double span = ds->secCall > 0 ? ds->secCall : 1;
+    const struct {
+        const char *name;
+        double sec;
+    } ph[] = {{"reduce-scatter", ds->secReduceScatter}, {"encode", ds->secEncode},
+              {"copy out", ds->secCopyOut}, {"WAN wait", ds->secWan},
+              {"copy in", ds->secCopyIn}, {"decode", ds->secDecode},
+              {"all-gather", ds->secAllGather}, {"other", ds->secOther}};
+    printf("dev_allreduce: rank 0 per call (%d processes sharing one GPU): device phases of "
+           "%.6f s on the stream:", nranks, ds->secCall * k);
+    for (size_t i = 0; i < sizeof(ph) / sizeof(ph[0]); i++)
+        printf("%s %s %.6f s (%.1f%%)", i ? "," : "", ph[i].name, ph[i].sec * k,
+               100.0 * ph[i].sec / span);
+    printf("; exchange thread on the WAN %.6f s; WAN bytes %.0f encoded, %.0f raw "
+           "(%llu calls timed)\n", ds->secExchange * k, (double)ds->bytesWan * k,
+           (double)ds->bytesWanRaw * k, ds->calls);
+}
+
 static int rank_main(int rank, int nranks, size_t mib, const char *codec)
 {
     ncclComm_t comm = NULL;
@@ -759,6 +880,8 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     double t = (now() - t0) / iters;
     geocclStats gs;
     NK(geocclCommGetStats(comm, &gs));
+    geocclDeviceStats ds;
+    bad |= device_phases(rank, nranks, comm, iters, t * iters, &ds);
     if (rank == 0) {
         printf("dev_allreduce: %d ranks, %d regions, %zu MiB float sum%s%s: %.3f ms per call, "
                "algbw %.2f GB/s, busbw %.2f GB/s\n", nranks, nranks, mib, codec ? ", " : "",
@@ -770,15 +893,17 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
                "encoded, %.0f raw (%.2fx); ", nranks, (double)gs.bytesWan / iters,
                (double)gs.bytesWanRaw / iters,
                gs.bytesWan ? (double)gs.bytesWanRaw / (double)gs.bytesWan : 0.0);
-        /* geocclStats times the host path's phases; where every one is 0
-         * the calls took a path that records none (the device path). */
+        /* geocclStats times the host path's phases (the host codecs' work
+         * on the exchange thread shows there); the device path's are
+         * geocclDeviceStats'. */
         if (gs.secIntraReduceScatter + gs.secInter + gs.secIntraAllGather + gs.secCodec > 0)
-            printf("library phase times (ms): reduce-scatter %.3f, inter-region %.3f, "
+            printf("host phase times (ms): reduce-scatter %.3f, inter-region %.3f, "
                    "all-gather %.3f, codec %.3f\n", gs.secIntraReduceScatter * 1e3 / iters,
                    gs.secInter * 1e3 / iters, gs.secIntraAllGather * 1e3 / iters,
                    gs.secCodec * 1e3 / iters);
         else
-            printf("phase times: none recorded on this path\n");
+            printf("no host-path phase times\n");
+        print_phases(nranks, &ds);
     }
     cudaFree(d);
     NK(ncclCommDestroy(comm));
@@ -1040,6 +1165,8 @@ int main(int argc, char **argv)
         return check_capture(argc > 2 && strcmp(argv[2], "refuse") == 0);
     if (argc > 2 && strcmp(argv[1], "driver") == 0)
         return check_driver(argv[2]);
+    if (argc > 1 && strcmp(argv[1], "events") == 0)
+        return check_events();
 
     int nranks = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atoi(argv[2]) : 64;

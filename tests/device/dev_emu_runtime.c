@@ -41,6 +41,11 @@
  *    only at the N+1st query after it completed (a host that polls
  *    before the device's completion reaches it), so a query that answers
  *    not ready happens in every run, not only under load.
+ *    cudaEventElapsedTime answers as CUDA's does: an event made with
+ *    cudaEventDisableTiming, or never recorded, is an invalid handle; one
+ *    whose last record the stream has not reached is cudaErrorNotReady,
+ *    kept as the last error like a query's; else the time between the
+ *    moments the streams reached them.
  *  - Every wait (stream worker in a wait-value, host in a synchronise) has
  *    a deadline, GEO_EMU_TIMEOUT seconds (default 120): past it the process
  *    aborts with a message naming the wait, so a bug shows as a failure of
@@ -138,6 +143,7 @@ struct CUevent_st {
     int refs;                /* queued operations that point at it */
     int destroyed;           /* freed when the last of them is done */
     int dev;                 /* the device current at creation */
+    unsigned flags;          /* cudaEventCreateWithFlags' */
     unsigned long lag_gen;   /* GEO_EMU_QUERY_LAG: the record being held back */
     int lag_left;            /* ... for this many more queries */
 };
@@ -1060,13 +1066,13 @@ cudaError_t cudaMemset(void *ptr, int value, size_t bytes)
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
-    (void)flags;
     if (event == NULL)
         return emu_error(cudaErrorInvalidValue);
     *event = calloc(1, sizeof(struct CUevent_st));
     if (*event == NULL)
         return emu_error(cudaErrorMemoryAllocation);
     (*event)->dev = emu_cur_dev;
+    (*event)->flags = flags;
     return cudaSuccess;
 }
 
@@ -1147,10 +1153,21 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
-    if (ms == NULL || start == NULL || end == NULL)
+    if (ms == NULL)
         return emu_error(cudaErrorInvalidValue);
-    *ms = (float)((end->t - start->t) * 1e3);
-    return cudaSuccess;
+    if (start == NULL || end == NULL || (start->flags & cudaEventDisableTiming) ||
+        (end->flags & cudaEventDisableTiming))
+        return emu_error(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&emu_lock);
+    cudaError_t e = cudaSuccess;
+    if (start->recorded == 0 || end->recorded == 0)
+        e = cudaErrorInvalidResourceHandle;
+    else if (start->completed < start->recorded || end->completed < end->recorded)
+        e = cudaErrorNotReady;
+    else
+        *ms = (float)((end->t - start->t) * 1e3);
+    pthread_mutex_unlock(&emu_lock);
+    return emu_error(e);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)

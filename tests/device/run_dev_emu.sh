@@ -155,6 +155,11 @@ for c in 0 1; do
     queued $c $qn GEOCCL_COMPRESS_STOCHASTIC=7 "$bin" 2 "$mib" queued:int8
     queued $c $qn DEV_ALLREDUCE_SWITCH=topk:0.5 "$bin" 2 "$mib" queued:topk:0.05
 done
+# What the device path's phase timing relies on: cudaEventElapsedTime
+# refuses events never recorded or made without timing, and answers not
+# ready (the thread's last error) for one its stream has not reached.
+echo "== $bin events"
+GEO_EMU_STATS=0 "$bin" events || { echo "FAIL: events"; failed=$((failed + 1)); }
 # Communicators made on GeoCCL's own threads (ncclCommInitAll, inits in a
 # group) belong to the device the caller chose, not to device 0; and one
 # thread's grouped all-reduce over their devices (nccl-tests -g 3) finds
