@@ -149,6 +149,8 @@ killed=$?
 echo "   $(since "$t0" "$(now)") s"
 grep "^rank 0: call " "$D/rank0.out" | sed 's/^/   /'
 grep -h "calls ok" "$D"/rank*.out | sed 's/^/   /'
+# what each observed call read (rank 0 says it at INFO)
+grep -h "replan: the last observed" "$D/rank0.out" | sed 's/.*uplinks: /   read: /'
 
 bad=0
 for ((r = 0; r < NR; r++)); do
