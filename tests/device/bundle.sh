@@ -51,6 +51,7 @@ set -euo pipefail
 # A build of its own, also when a make (make check) runs this script.
 unset MAKEFLAGS MFLAGS MAKELEVEL MAKEOVERRIDES
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+ORIG_SRC=$SRC
 BUILD=$SRC/build-bundle
 TORCH_DIR=
 OUT=
@@ -143,6 +144,20 @@ TORCH_VERSION=$(sed -n "s/^__version__ = '\(.*\)'/\1/p" "$TORCH_DIR/version.py")
 step "torch $TORCH_VERSION from $TORCH_DIR; Python headers $PYINC"
 
 # --- the library: configure once, make what is out of date ----------------
+# A tree configured in place (tests/run-all.sh builds there) cannot be
+# configured again in another folder (configure refuses): then the library
+# is built from a copy of its tracked files beside the build folder, what a
+# user's fresh clone holds (tar keeps their times: make stays incremental).
+if [ -f "$SRC/config.status" ]; then
+    git -C "$SRC" rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
+        die "$SRC is configured in place and is not a git checkout to copy: run make distclean there, or bundle from a clean clone"
+    copy=$BUILD.src
+    step "$SRC is configured in place: building from a copy of its tracked files in $copy"
+    mkdir -p "$copy"
+    (cd "$SRC" && git ls-files -z | tar --null -T - -cf -) | tar -C "$copy" -xf - ||
+        die "could not copy the tracked files to $copy"
+    SRC=$copy
+fi
 if [ ! -x "$SRC/configure" ]; then
     step "autogen.sh"
     (cd "$SRC" && ./autogen.sh >/dev/null 2>&1) || die "autogen.sh failed"
@@ -413,7 +428,7 @@ gap=$(comm -23 <(echo "$undef") <(echo "$have") | tr '\n' ' ')
 # --- record -------------------------------------------------------------------
 {
     echo "GeoCCL $VERSION device bundle"
-    echo "source: $(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown)"
+    echo "source: $(git -C "$ORIG_SRC" describe --always --dirty 2>/dev/null || echo unknown)"
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
     echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), kernels: $(mkvar NVCC_GENCODE)"
     echo "torch: $TORCH_VERSION (headers and link libraries; not carried), $std"
