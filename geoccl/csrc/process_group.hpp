@@ -243,6 +243,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
   void push(Item item);  // to the worker's queue, or to batch_ while coalescing_
   void runOne(Item& item);
 
+  /* sparse.cpp: allreduce of a sparse COO tensor (SUM, CPU). */
+  c10::intrusive_ptr<BaseWork> allreduceSparse(at::Tensor& t,
+                                               const ::c10d::AllreduceOptions& opts);
+
   /* p2p.cpp; both used by the worker only. */
   void announceSend(int dst);
   int waitAnySource();
