@@ -16,6 +16,11 @@ GEOCCL_TIMEOUT, GEOCCL_REGION, ...) applies as it does to any program.
 GEOCCL_TORCH_ANY_SOURCE=1 (on every rank) allows recv without src: each
 send then also counts itself in the group's store (one round trip to the
 store per send), which is where such a receive finds its sender.
+
+torch.distributed.monitored_barrier refuses every backend but gloo by
+name before it reaches the group; importing this module puts
+``monitored_barrier`` (below) in its place, which sends the groups of
+geoccl to their own monitored barrier and every other group to torch's.
 """
 import os as _os
 
@@ -95,6 +100,33 @@ def _create(store, rank, world_size, timeout):
     return pg
 
 
+# torch's own, also when this module is imported a second time
+_torch_monitored_barrier = getattr(_dist.monitored_barrier, "_geoccl_wraps",
+                                   _dist.monitored_barrier)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for geoccl's groups as well as
+    gloo's: rank 0 waits up to timeout (default: the default group
+    timeout) for the other ranks and raises naming the first that missed it
+    ("Rank 1 failed to pass monitoredBarrier in 2000 ms"), or every one that
+    did with wait_all_ranks=True; the others then raise saying that rank 0
+    reported errors. It runs through the group's store, on the calling
+    thread, and leaves the group's collectives usable after a failure."""
+    c10d = _dist.distributed_c10d
+    if group is not None and c10d._rank_not_in_group(group):
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+    if _dist.get_backend(group) != BACKEND:
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+    if timeout is None:
+        timeout = c10d.default_pg_timeout
+    pg = c10d._get_default_group() if group is None else group
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+monitored_barrier._geoccl_wraps = _torch_monitored_barrier
+
+
 def _register():
     if BACKEND.upper() in getattr(_dist.Backend, "_plugins", {}):
         return
@@ -107,6 +139,10 @@ def _register():
             _dist.Backend.register_backend(BACKEND, _create)
     else:
         _dist.Backend.register_backend(BACKEND, _create)
+
+    if not hasattr(_dist.monitored_barrier, "_geoccl_wraps"):
+        _dist.monitored_barrier = monitored_barrier
+        _dist.distributed_c10d.monitored_barrier = monitored_barrier
 
 
 _register()

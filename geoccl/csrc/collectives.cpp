@@ -160,7 +160,7 @@ RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
 void checkTensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "geoccl: ", what, " is an undefined tensor");
   TORCH_CHECK(t.layout() == at::kStrided, "geoccl: ", what, " must be a dense tensor, not ",
-              t.layout());
+              t.layout(), " (of sparse tensors, geoccl has all_reduce with SUM only)");
 #if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
   TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "geoccl: ", what,
               " is on device ", t.device(), "; CPU and CUDA tensors are supported");
@@ -223,6 +223,8 @@ struct CopyBack {
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse())
+    return allreduceSparse(tensors[0], opts);  // sparse.cpp
   const at::Tensor& t = single(tensors, "allreduce");
   RedOp op = ncclOp(opts.reduceOp, t);
   ncclDataType_t dt = ncclType(t);

@@ -185,6 +185,9 @@ class ProcessGroupGeoCCL : public BaseGroup {
   c10::intrusive_ptr<BaseWork> recvAnysource(std::vector<at::Tensor>& tensors,
                                              int tag) override;
   c10::intrusive_ptr<BaseWork> barrier(const ::c10d::BarrierOptions& opts) override;
+  /* barrier.cpp: on the calling thread, through the store; rank 0 names
+   * the ranks that miss opts.timeout, the others fail when it does. */
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
 
   /* Stops the work in progress (it fails) and every later call on this
    * group; any thread. With torch 2.x it overrides Backend::abort, which
@@ -240,6 +243,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
   void push(Item item);  // to the worker's queue, or to batch_ while coalescing_
   void runOne(Item& item);
 
+  /* sparse.cpp: allreduce of a sparse COO tensor (SUM, CPU). */
+  c10::intrusive_ptr<BaseWork> allreduceSparse(at::Tensor& t,
+                                               const ::c10d::AllreduceOptions& opts);
+
   /* p2p.cpp; both used by the worker only. */
   void announceSend(int dst);
   int waitAnySource();
@@ -251,6 +258,9 @@ class ProcessGroupGeoCCL : public BaseGroup {
   int lastAnySource_ = 0;            // where the next look for a sender starts
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
+  // monitoredBarrier (barrier.cpp): calls made; on rank 0, the last
+  // passed and failed numbers it wrote to the store
+  int64_t mbCalls_ = 0, mbPassed_ = 0, mbFailed_ = 0;
 
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -270,7 +270,7 @@ cmp -s "$OBJ/torch.flags.new" "$OBJ/torch.flags" 2>/dev/null || rm -f "$OBJ"/*.t
 mv "$OBJ/torch.flags.new" "$OBJ/torch.flags"
 # The files at once (each takes some 15 s).
 TOBJS=() TPIDS=()
-for f in process_group collectives p2p module; do
+for f in process_group collectives p2p barrier sparse module; do
     o=$OBJ/$f.torch.o
     if [ ! -f "$o" ] || [ -n "$(find "$SRC/geoccl/csrc" "$SRC/include/nccl.h" "$SRC/include/geoccl.h" \
             -newer "$o" | head -n1)" ]; then

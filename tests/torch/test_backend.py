@@ -331,7 +331,9 @@ def check_invalid(rank, world, geo):
     raises(lambda: dist.all_gather([torch.ones(3)] * (world - 1), torch.ones(3), group=geo),
            "output tensors")
     raises(lambda: dist._all_gather_base(torch.ones(5), torch.ones(3), group=geo), "elements")
-    raises(lambda: dist.all_reduce(torch.ones(2, 2).to_sparse(), group=geo), "dense")
+    raises(lambda: dist.broadcast(torch.ones(2, 2).to_sparse(), 0, group=geo), "dense")
+    raises(lambda: dist.all_reduce(torch.ones(2, 2).to_sparse(), op=dist.ReduceOp.MAX,
+                                   group=geo), "SUM only")
     raises(lambda: dist.recv(torch.ones(1), group=geo), "source")
     # nothing was sent: the group still works
     t = torch.ones(4)
@@ -355,6 +357,49 @@ def scenario_ops(rank, world, init):
     geo.abort()
     with pytest.raises(RuntimeError, match="aborted"):
         dist.all_reduce(torch.ones(2), group=geo)
+    dist.destroy_process_group()
+
+
+def sparse_input(rank, world, dense_dims, dtype):
+    """Entries that overlap between ranks, duplicated (not coalesced), none
+    on rank 2."""
+    n = 0 if rank == 2 else rank + 2
+    idx = torch.stack([torch.arange(n) % world, torch.zeros(n, dtype=torch.int64)])
+    vals = (torch.arange(n * 2 ** dense_dims) % 5 + rank).reshape([n] + [2] * dense_dims)
+    return torch.sparse_coo_tensor(idx, vals.to(dtype), [world, 3] + [2] * dense_dims)
+
+
+def scenario_sparse_and_monitored(rank, world, init):
+    geo, gloo = init_groups(rank, world, init)
+    # sparse all_reduce (SUM), against Gloo's
+    for dense_dims in (0, 2):
+        for dtype in (torch.float32, torch.int64):
+            a = sparse_input(rank, world, dense_dims, dtype)
+            b = a.clone()
+            dist.all_reduce(a, group=geo)
+            dist.all_reduce(b, group=gloo)
+            assert a.is_sparse and a.is_coalesced(), "sparse all_reduce %s" % dtype
+            same(a.to_dense(), b.coalesce().to_dense(), "sparse all_reduce %s" % dtype)
+    # monitored_barrier: passes, then rank 1 stays away
+    td = datetime.timedelta
+    dist.monitored_barrier(geo, timeout=td(seconds=20))
+    dist.monitored_barrier(geo, timeout=td(seconds=20), wait_all_ranks=True)
+    if rank == 0:
+        with pytest.raises(RuntimeError, match="Rank 1 failed to pass monitoredBarrier in 1000 ms"):
+            dist.monitored_barrier(geo, timeout=td(seconds=1))
+    elif rank != 1:
+        with pytest.raises(RuntimeError, match="Rank %d successfully reached monitoredBarrier, "
+                           "but received errors while waiting for send/recv from rank 0: rank 0 "
+                           "reported: Rank 1 failed" % rank):
+            dist.monitored_barrier(geo, timeout=td(seconds=1))
+    # the collectives still work after a failed monitored barrier
+    t = torch.ones(4)
+    dist.all_reduce(t, group=geo)
+    assert torch.all(t == world)
+    if rank == 0:
+        with pytest.raises(RuntimeError, match="Ranks 1, 2, 3 failed to pass monitoredBarrier"):
+            dist.monitored_barrier(geo, timeout=td(seconds=0.2), wait_all_ranks=True)
+    dist.barrier(group=geo)
     dist.destroy_process_group()
 
 
@@ -476,6 +521,10 @@ def scenario_compress(rank, world, init):
 
 def test_every_op_and_dtype_against_gloo(tmp_path):
     run_ranks(scenario_ops, file_init(tmp_path), timeout=100)
+
+
+def test_sparse_all_reduce_and_monitored_barrier(tmp_path):
+    run_ranks(scenario_sparse_and_monitored, file_init(tmp_path), timeout=60)
 
 
 def test_ddp_matches_gloo_env_init():
