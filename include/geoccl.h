@@ -115,7 +115,10 @@ typedef struct {
 } geocclStats;
 
 /* [out] stats.  Call from the thread that issues collectives on comm.
- * geocclCommResetStats zeroes these and geocclDeviceStats (below). */
+ * Device calls still queued on the exchange thread count too: this waits
+ * until they are done (as geocclCommSetCompression does), since that
+ * thread updates these counters.  geocclCommResetStats zeroes these and
+ * geocclDeviceStats (below). */
 ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats);
 ncclResult_t geocclCommResetStats(ncclComm_t comm);
 

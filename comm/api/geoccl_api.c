@@ -150,6 +150,8 @@ ncclResult_t geocclCommGetStats(ncclComm_t comm, geocclStats *stats)
 {
     GEO_RETURN_IF(geoCommCheck(comm, "geocclCommGetStats") != ncclSuccess || stats == NULL,
                   ncclInvalidArgument, "geocclCommGetStats: NULL or dead comm, or NULL stats");
+    /* the exchange thread counts the device calls it runs: wait for them */
+    GEO_CHECK(geoDevDrain(comm));
     stats->bytesIntra = comm->net.sent.intra;
     stats->bytesWan = comm->net.sent.wan;
     stats->bytesWanRaw = comm->net.sent.wan_raw;
