@@ -96,7 +96,8 @@
  * ring 1.01 s.
  *
  * The plan built on the model (topoPlanBuild, topoPlanLookup, the print
- * functions) is in model_plan.c.
+ * functions) is in model_plan.c; the model read from a topology file
+ * (topoModelFromFile) in model_file.c.
  *
  * Calibration (full runs of tests/perf/bench_wan.sh and bench_codecs.sh on a
  * 2-core VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
@@ -148,7 +149,6 @@ int topoHierDepthAuto(size_t nslices)
     size_t d = nslices / 4;
     return d < 2 ? 2 : d > 16 ? 16 : (int)d;
 }
-#define TCP_GOODPUT (1448.0 / 1500.0)
 
 /* Default intra link when a topology file does not say: a modest
  * NVLink/PCIe/IB-class figure; WAN-bound plans hardly depend on it. */
@@ -221,7 +221,7 @@ int topoModelNranks(const topoModel *m)
     return n;
 }
 
-static double oneway(const topoModel *m, int i, int j)
+double topoModelOneway(const topoModel *m, int i, int j)
 {
     if (m->rtt_s[i][j] > 0)
         return m->rtt_s[i][j] / 2;
@@ -235,7 +235,7 @@ static double max_oneway(const topoModel *m)
     double ow = 0;
     for (int i = 0; i < m->nregions; i++)
         for (int j = i + 1; j < m->nregions; j++)
-            ow = fmax(ow, oneway(m, i, j));
+            ow = fmax(ow, topoModelOneway(m, i, j));
     return ow;
 }
 
@@ -252,7 +252,7 @@ static double wan_rate(const topoModel *m, int q, double streams)
         double rtt = 0;
         for (int j = 0; j < m->nregions; j++)
             if (j != q)
-                rtt = fmax(rtt, 2 * oneway(m, q, j));
+                rtt = fmax(rtt, 2 * topoModelOneway(m, q, j));
         r = fmin(r, streams * topoLossRate(rtt, m->loss[q], 1448));
     }
     return r;
@@ -299,7 +299,7 @@ static double ring_time(const topoModel *m, int N, int steps, double seg, size_t
         for (int q = 0; q < R; q++) {
             /* The WAN edge into the next region: its ingress may be lower. */
             double rate = fmin(wan_rate(m, q, ns), in_rate(m, (q + 1) % R));
-            double lat = oneway(m, q, (q + 1) % R);
+            double lat = topoModelOneway(m, q, (q + 1) % R);
             edge = fmax(edge, seg / rate);
             max_lat = fmax(max_lat, lat);
             cycle += (m->ranks[q] - 1) * (a + c / m->intra_Bps) + c / rate + lat;
@@ -337,7 +337,7 @@ static double chain_time(const topoModel *m, int N, double S, size_t chunk, int 
         }
         if (q + 1 < m->nregions) {
             double rate = fmin(wan_rate(m, q, ns), in_rate(m, q + 1));
-            first += oneway(m, q, q + 1) + c / rate;
+            first += topoModelOneway(m, q, q + 1) + c / rate;
             slowest = fmax(slowest, rest / rate);
         }
     }
@@ -584,109 +584,6 @@ double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *
     if (algo == TOPO_ALGO_HIER)
         return predict_hier(m, coll, codec, (double)bytes, chunk, ns);
     return predict_flat(m, coll, (double)bytes, chunk ? chunk : m->chunk, ns);
-}
-
-/* ---- from a topology file -------------------------------------------------- */
-
-int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errlen)
-{
-    topoModel m;
-    topoModelInit(&m);
-    if (tf->nregions < 1) {
-        snprintf(err, errlen, "the topology file declares no region");
-        return -1;
-    }
-    if (tf->nregions > TOPO_MODEL_MAX_REGIONS) {
-        snprintf(err, errlen, "the topology file has %d regions; the model takes at most %d",
-                 tf->nregions, TOPO_MODEL_MAX_REGIONS);
-        return -1;
-    }
-    m.nregions = tf->nregions;
-    m.wan_goodput = TCP_GOODPUT; /* file rates are link (shaper) rates */
-    for (int i = 0; i < tf->nrtts; i++) {
-        int a = -1, b = -1;
-        for (int q = 0; q < tf->nregions; q++) {
-            if (strcmp(tf->regions[q].name, tf->rtts[i].a) == 0)
-                a = q;
-            if (strcmp(tf->regions[q].name, tf->rtts[i].b) == 0)
-                b = q;
-        }
-        if (a < 0 || b < 0) { /* the parser declares every region it names */
-            snprintf(err, errlen, "rtt line names an unknown region");
-            return -1;
-        }
-        m.rtt_s[a][b] = m.rtt_s[b][a] = tf->rtts[i].ms / 1000.0;
-    }
-    for (int q = 0; q < tf->nregions; q++) {
-        const topoFileRegion *g = &tf->regions[q];
-        snprintf(m.names[q], sizeof(m.names[q]), "%s", g->name);
-        m.ranks[q] = g->ranks;
-        if (m.ranks[q] == 0)
-            for (int i = 0; i < tf->nrules; i++)
-                if (tf->rules[i].kind == 0 && strcmp(tf->rules[i].region, g->name) == 0)
-                    m.ranks[q]++;
-        if (m.ranks[q] == 0) {
-            snprintf(err, errlen, "region '%s' has no size: give it ranks=N or rank lines",
-                     g->name);
-            return -1;
-        }
-        if (tf->nregions == 1) { /* no WAN: rate and delay unused */
-            m.egress_Bps[q] = g->bw_bytes > 0 ? g->bw_bytes : 1;
-            m.lat_s[q] = g->delay_ms > 0 ? g->delay_ms / 1000.0 : 0;
-            continue;
-        }
-        if (!(g->bw_bytes > 0)) {
-            snprintf(err, errlen, "region '%s' has no bw= (the rate of its WAN egress, e.g. "
-                     "bw=10gbit)", g->name);
-            return -1;
-        }
-        m.egress_Bps[q] = g->bw_bytes;
-        m.ingress_Bps[q] = g->in_bytes;
-        if (g->delay_ms >= 0) {
-            m.lat_s[q] = g->delay_ms / 1000.0;
-            continue;
-        }
-        for (int j = 0; j < tf->nregions; j++)
-            if (j != q && !(m.rtt_s[q][j] > 0)) {
-                snprintf(err, errlen, "region '%s' has no delay= and no rtt line to region "
-                         "'%s'", g->name, tf->regions[j].name);
-                return -1;
-            }
-        m.lat_s[q] = 0; /* every pair with q has a measured RTT */
-    }
-    if (tf->intra_delay_ms >= 0)
-        m.intra_alpha_s = tf->intra_delay_ms / 1000.0;
-    if (tf->intra_bw_bytes > 0)
-        m.intra_Bps = tf->intra_bw_bytes;
-    if (tf->streams > 0) {
-        /* The probe needed this many streams to fill a link: one stream
-         * carries about the fastest egress over that many. */
-        double fastest = 0;
-        for (int q = 0; q < m.nregions; q++)
-            fastest = fmax(fastest, m.egress_Bps[q] * m.wan_goodput);
-        m.wan_streams = tf->streams;
-        m.stream_Bps = m.nregions > 1 ? fastest / tf->streams : 0;
-    }
-    /* Loss lines: each region's worst outgoing pair, under what
-     * GEOCCL_WAN_CC=auto would run there (topoWanCcChoice with bbr). */
-    for (int k = 0; k < tf->nlosses; k++)
-        for (int q = 0; q < m.nregions; q++)
-            if (strcmp(tf->losses[k].from, m.names[q]) == 0)
-                m.loss[q] = fmax(m.loss[q], tf->losses[k].fraction);
-    for (int q = 0; q < m.nregions && m.nregions > 1; q++) {
-        char why[192];
-        int n;
-        double rtt = 0, segs = 1e9;
-        for (int j = 0; j < m.nregions; j++)
-            if (j != q)
-                rtt = fmax(rtt, 2 * oneway(&m, q, j));
-        double share = m.egress_Bps[q] * m.wan_goodput / (m.nregions - 1) / m.ranks[q];
-        m.loss_driven[q] = m.loss[q] > 0 &&
-                           topoWanCcChoice(share, rtt, m.loss[q], segs, m.wan_streams, 1,
-                                           m.wan_streams, &n, why, sizeof(why)) == TOPO_CC_CUBIC;
-    }
-    *out = m;
-    return 0;
 }
 
 /* ---- congestion control between regions ------------------------------- */
