@@ -190,6 +190,9 @@ void topoModelInit(topoModel *m)
     m->hier_slice = 4 << 20;
     m->direct_max = 16 << 10;
     m->cpu_share = 1;
+    m->node_alpha_s = DEFAULT_INTRA_ALPHA;
+    m->node_Bps = DEFAULT_INTRA_BPS;
+    m->node_stage = 1;
 }
 
 /* ---- model checks and link helpers ------------------------------------- */
@@ -206,11 +209,73 @@ int topoModelOk(const topoModel *m)
         if (!(m->loss[q] >= 0 && m->loss[q] < 1))
             return 0;
     for (int q = 0; q < m->nregions; q++)
+        if (m->node_ranks[q] < 0 ||
+            (m->node_ranks[q] > 1 && m->ranks[q] % m->node_ranks[q] != 0))
+            return 0;
+    if (topoModelHasNodes(m) && (!(m->node_Bps > 0) || !(m->node_alpha_s >= 0)))
+        return 0;
+    for (int q = 0; q < m->nregions; q++)
         if (m->ranks[q] < 1 || !(m->egress_Bps[q] > 0) || !(m->lat_s[q] >= 0) ||
             !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]) ||
             !(m->ingress_Bps[q] >= 0) || !isfinite(m->ingress_Bps[q]))
             return 0;
     return 1;
+}
+
+/* Region q's nodes when the node stage applies there: G ranks on each of
+ * H nodes, both >= 2; else 0. */
+static int node_split(const topoModel *m, int q, int *G, int *H)
+{
+    int g = m->node_ranks[q];
+    if (g < 2 || m->ranks[q] % g != 0 || m->ranks[q] / g < 2)
+        return 0;
+    *G = g;
+    *H = m->ranks[q] / g;
+    return 1;
+}
+
+int topoModelHasNodes(const topoModel *m)
+{
+    int G, H;
+    for (int q = 0; q < m->nregions; q++)
+        if (node_split(m, q, &G, &H))
+            return 1;
+    return 0;
+}
+
+/* One intra-region phase (reduce-scatter, or all-gather: the same steps
+ * and bytes) of a slice of L bytes in region q: the node stage's time in
+ * *node, the region stage's in *region.  Staged: a ring over the G ranks
+ * of each node on the whole slice, then a ring over the H ranks that
+ * hold the same node segment on every node, on L / G:
+ *     node   = (G - 1) (a_n + L / G / B_n)
+ *     region = (H - 1) (a + L / P / B)
+ * One ring over the region's P ranks instead (nodes in turn): each step
+ * waits for its slowest edge, a hop between nodes where there are several:
+ *     (P - 1) max(a + L / P / B, a_n + L / P / B_n)
+ * a region on one node runs that ring on the node link (counted as node
+ * time), and without nodes described it is (P - 1)(a + L / P / B). */
+static void intra_phase(const topoModel *m, int q, double L, int staged, double *node,
+                        double *region)
+{
+    const double a = m->intra_alpha_s, B = m->intra_Bps;
+    const double an = m->node_alpha_s, Bn = m->node_Bps;
+    const double P = m->ranks[q];
+    int G, H;
+    *node = *region = 0;
+    if (P < 2)
+        return;
+    if (staged && node_split(m, q, &G, &H)) {
+        *node = (G - 1) * (an + L / G / Bn);
+        *region = (H - 1) * (a + L / P / B);
+        return;
+    }
+    if (m->node_ranks[q] >= P) /* one node: the node link throughout */
+        *node = (P - 1) * (an + L / P / Bn);
+    else if (m->node_ranks[q] >= 2)
+        *region = (P - 1) * fmax(a + L / P / B, an + L / P / Bn);
+    else
+        *region = (P - 1) * (a + L / P / B);
 }
 
 int topoModelNranks(const topoModel *m)
@@ -470,10 +535,10 @@ int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
  * region's codec).  With one codec and equal shares that is the header's
  * W_q and C_q. */
 static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *cq, double S,
-                                size_t slice, int ns)
+                                size_t slice, int ns, topoHierStages *st)
 {
     const int R = m->nregions;
-    const double a = m->intra_alpha_s, B = m->intra_Bps;
+    const double a = m->intra_alpha_s;
     double rho[TOPO_MODEL_MAX_REGIONS], enc[TOPO_MODEL_MAX_REGIONS], dec[TOPO_MODEL_MAX_REGIONS];
     double f[TOPO_MODEL_MAX_REGIONS];
     unsigned w[TOPO_MODEL_MAX_REGIONS];
@@ -498,10 +563,13 @@ static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *
      * comes out cheaper). */
     double L = fmin(S, (double)slice);
     double more = L > 0 ? (S - L) / L : 0;
-    double K = 0, W = 0;
+    double K = 0, W = 0, node_max = 0, region_max = 0;
     for (int q = 0; q < R; q++) {
-        double P = m->ranks[q], seg = L / P;
-        double rs = (P - 1) * (a + seg / B);
+        double P = m->ranks[q], seg = L / P, node_t, region_t;
+        intra_phase(m, q, L, m->node_stage, &node_t, &region_t);
+        double rs = node_t + region_t;
+        node_max = fmax(node_max, 2 * node_t);
+        region_max = fmax(region_max, 2 * region_t);
         double idec = dec[q] > 0 ? 1 / dec[q] : 0;
         double c = (enc[q] > 0 ? seg / enc[q] : 0) +
                    seg * (f[q] * (s_dec - idec) + (s_fdec - f[q] * idec));
@@ -517,6 +585,15 @@ static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *
     }
     double ow = max_oneway(m);
     double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));
+    if (st != NULL) {
+        double crowd = m->intra_shared || !(m->cpu_share > 1) ? 1 : m->cpu_share;
+        st->node_s = (1 + more) * crowd * node_max;
+        st->region_s = (1 + more) * crowd * region_max;
+        st->wan_s = (1 + more) * W;
+        st->latency_s = 2 * ow;
+        st->slice = (size_t)L;
+        st->nslices = (size_t)ceil(S / fmax(L, 1));
+    }
     return K + W + 2 * ow + more * period;
 }
 
@@ -526,7 +603,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
     const topoCodecCost *cq[TOPO_MODEL_MAX_REGIONS];
     for (int q = 0; q < m->nregions; q++)
         cq[q] = codec;
-    return hier_allreduce_by(m, cq, S, slice, ns);
+    return hier_allreduce_by(m, cq, S, slice, ns, NULL);
 }
 
 double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
@@ -537,7 +614,29 @@ double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *c
     if (m->nregions == 1)
         return topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, bytes, slice, nstreams);
     return hier_allreduce_by(m, codecs, (double)bytes, slice ? slice : m->hier_slice,
-                             nstreams > 0 ? nstreams : m->wan_streams);
+                             nstreams > 0 ? nstreams : m->wan_streams, NULL);
+}
+
+int topoPredictHierStages(const topoModel *m, const topoCodecCost *codec, size_t bytes,
+                          size_t slice, int nstreams, topoHierStages *out)
+{
+    const topoCodecCost *cq[TOPO_MODEL_MAX_REGIONS];
+    unsigned w[TOPO_MODEL_MAX_REGIONS];
+    topoHierStages st;
+    if (!topoModelOk(m) || m->nregions < 2 || out == NULL)
+        return -1;
+    memset(&st, 0, sizeof(st));
+    for (int q = 0; q < m->nregions; q++)
+        cq[q] = codec;
+    st.total_s = hier_allreduce_by(m, cq, (double)bytes, slice ? slice : m->hier_slice,
+                                   nstreams > 0 ? nstreams : m->wan_streams, &st);
+    topoHierShares(m, w);
+    st.bw_bound_s = (double)bytes * topoHierWanPerByte(m, w) /
+                    (codec && codec->ratio > 0 ? codec->ratio : 1);
+    st.bound_s = st.bw_bound_s + st.latency_s;
+    st.node_stage = m->node_stage && topoModelHasNodes(m);
+    *out = st;
+    return 0;
 }
 
 static double predict_hier(const topoModel *m, int coll, const topoCodecCost *codec, double S,

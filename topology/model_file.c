@@ -85,6 +85,19 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
         m.intra_alpha_s = tf->intra_delay_ms / 1000.0;
     if (tf->intra_bw_bytes > 0)
         m.intra_Bps = tf->intra_bw_bytes;
+    /* The node link: the file's `node` line, else the intra link (a file
+     * that names no node link describes one link inside a region). */
+    m.node_alpha_s = tf->node_delay_ms >= 0 ? tf->node_delay_ms / 1000.0 : m.intra_alpha_s;
+    m.node_Bps = tf->node_bw_bytes > 0 ? tf->node_bw_bytes : m.intra_Bps;
+    for (int q = 0; q < m.nregions; q++) {
+        int g = tf->regions[q].node_ranks > 0 ? tf->regions[q].node_ranks : tf->node_ranks;
+        if (g > 1 && m.ranks[q] % g != 0) {
+            snprintf(err, errlen, "region '%s' has %d ranks, not a whole number of nodes of %d",
+                     m.names[q], m.ranks[q], g);
+            return -1;
+        }
+        m.node_ranks[q] = g > m.ranks[q] ? m.ranks[q] : g;
+    }
     if (tf->streams > 0) {
         /* The probe needed this many streams to fill a link: one stream
          * carries about the fastest egress over that many. */
