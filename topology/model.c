@@ -246,10 +246,13 @@ int topoModelHasNodes(const topoModel *m)
 /* One intra-region phase (reduce-scatter, or all-gather: the same steps
  * and bytes) of a slice of L bytes in region q: the node stage's time in
  * *node, the region stage's in *region.  Staged: a ring over the G ranks
- * of each node on the whole slice, then a ring over the H ranks that
- * hold the same node segment on every node, on L / G:
+ * of each node on the whole slice, then, among the H ranks that hold the
+ * same node segment on every node, on L / G, recursive halving where H is
+ * a power of two (log2 H exchanges), else a ring (H - 1 steps):
  *     node   = (G - 1) (a_n + L / G / B_n)
- *     region = (H - 1) (a + L / P / B)
+ *     region = log2(H) a + (H - 1) L / P / B    or    (H - 1) (a + L / P / B)
+ * Both move the same bytes, so alpha decides, and for a power of two the
+ * halving always wins; comm/coll/coll_hier_node.c runs the same rule.
  * One ring over the region's P ranks instead (nodes in turn): each step
  * waits for its slowest edge, a hop between nodes where there are several:
  *     (P - 1) max(a + L / P / B, a_n + L / P / B_n)
@@ -267,7 +270,10 @@ static void intra_phase(const topoModel *m, int q, double L, int staged, double 
         return;
     if (staged && node_split(m, q, &G, &H)) {
         *node = (G - 1) * (an + L / G / Bn);
-        *region = (H - 1) * (a + L / P / B);
+        /* recursive halving where H is a power of two: the same bytes in
+         * log2 H steps */
+        int steps = (H & (H - 1)) == 0 ? (int)lround(log2(H)) : H - 1;
+        *region = steps * a + (H - 1) * L / P / B;
         return;
     }
     if (m->node_ranks[q] >= P) /* one node: the node link throughout */
@@ -635,6 +641,11 @@ int topoPredictHierStages(const topoModel *m, const topoCodecCost *codec, size_t
                     (codec && codec->ratio > 0 ? codec->ratio : 1);
     st.bound_s = st.bw_bound_s + st.latency_s;
     st.node_stage = m->node_stage && topoModelHasNodes(m);
+    for (int q = 0, G, H; st.node_stage && q < m->nregions; q++)
+        if (node_split(m, q, &G, &H)) {
+            st.halving_regions += (H & (H - 1)) == 0;
+            st.ring_regions += (H & (H - 1)) != 0;
+        }
     *out = st;
     return 0;
 }

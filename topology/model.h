@@ -171,6 +171,10 @@ typedef struct {
     size_t slice;
     size_t nslices;
     int node_stage;   /* 1: at least one region ran the node stage */
+    /* of the regions that ran it, how many run the region stage by
+     * recursive halving (a power-of-two number of nodes), how many as a
+     * ring */
+    int halving_regions, ring_regions;
 } topoHierStages;
 
 /* The hierarchical all-reduce of `bytes` exact (codec NULL) or with one

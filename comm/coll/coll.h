@@ -92,7 +92,8 @@ void geoHierNodesFree(struct ncclComm *comm);
 int geoHierNodeStage(struct ncclComm *comm, size_t bytes);
 /* The peers inside my region that the hierarchical all-reduce's rings
  * send to or receive from (the region ring's neighbours, and where my
- * region has nodes, the node ring's and the rail ring's), each once, the
+ * region has nodes, the node ring's and the region stage's: the rail
+ * ring's neighbours, or its halving partners), each once, the
  * first max of them in peers; returns how many there are.  The WAN
  * stage's peers are in the exchange plan (geoHierExchangePlan). */
 int geoHierIntraPeers(const struct ncclComm *comm, int *peers, int max);

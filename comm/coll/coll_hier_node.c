@@ -8,12 +8,19 @@
  *   node stage    a ring over the G ranks of each node on the whole slice:
  *                 the rank at place i of its node ends with node segment
  *                 i (geoSegRange(len, G, i)) summed over the node;
- *   region stage  a ring over the H ranks at place i on every node (a
- *                 "rail") on node segment i: the rank of node h ends with
- *                 part h of it (geoSegRange(node segment, H, h)) summed
- *                 over the region.
+ *   region stage  among the H ranks at place i on every node (a "rail")
+ *                 on node segment i: the rank of node h ends with part h
+ *                 of it (geoSegRange(node segment, H, h)) summed over the
+ *                 region.  Where H is a power of two, recursive halving:
+ *                 log2 H exchanges with the rank of node h ^ d (d = H/2,
+ *                 H/4, ... 1), each keeping the half of the parts that
+ *                 holds its own; elsewhere a ring (H - 1 steps).  Both
+ *                 move (H - 1) / H of the node segment; the halving pays
+ *                 log2 H message latencies instead of H - 1, which is all
+ *                 the cost model tells them apart by (topology/model.c).
  *
- * and its all-gather as the mirror image (region stage, then node stage).
+ * and its all-gather as the mirror image (region stage by recursive
+ * doubling or the ring, then node stage).
  * The same bytes cross the links as with one ring ((P - 1) L per phase for
  * the region), but a slice pays (G - 1) + (H - 1) message latencies per
  * phase instead of P - 1, and only the region stage crosses between
@@ -33,6 +40,7 @@
 #include "comm/base/checks.h"
 #include "comm/base/param.h"
 #include "comm/coll/coll.h"
+#include "comm/coll/reduce.h"
 #include "comm/coll/hier_internal.h"
 #include "comm/coll/tuning.h"
 #include "comm/core/comm.h"
@@ -187,11 +195,107 @@ void hierRankSeg(const struct ncclComm *comm, int node_stage, hierSegFn seg, siz
     *n = rl;
 }
 
+/* Elements [*off, *end) of parts [b0, b1) of a node segment of nl
+ * elements cut in H. */
+static void parts_range(size_t nl, int H, int b0, int b1, size_t *off, size_t *end)
+{
+    size_t o, l;
+    geoSegRange(nl, H, b0, off, &l);
+    geoSegRange(nl, H, b1 - 1, &o, &l);
+    *end = o + l;
+}
+
+/* One exchange with peer: send [so, se) of buf, receive rn elements into
+ * dst (elements of es bytes); an empty side posts nothing (the peer
+ * computes the same sizes the other way round). */
+static ncclResult_t swap(struct ncclComm *comm, int peer, const char *buf, size_t so, size_t se,
+                         char *dst, size_t rn, size_t es)
+{
+    geoNetRequest sr, rr;
+    int ps = 0, pr = 0;
+    ncclResult_t res = ncclSuccess;
+    if (rn > 0) {
+        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, peer, dst, rn * es, &rr), res, out);
+        pr = 1;
+    }
+    if (se > so) {
+        GEO_CHECK_GOTO(geoNetIsend(&comm->net, peer, buf + so * es, (se - so) * es, &sr), res,
+                       out);
+        ps = 1;
+    }
+    if (pr) {
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &rr), res, out);
+        pr = 0;
+    }
+    if (ps) {
+        GEO_CHECK_GOTO(geoNetWait(&comm->net, &sr), res, out);
+        ps = 0;
+    }
+out:
+    if (ps || pr)
+        geoNetBreak(&comm->net); /* requests on this stack must not outlive it */
+    return res;
+}
+
+/* Recursive halving over the rail (H a power of two) on the node segment
+ * at seg, nl elements, reduced in place: at distance d I hold partials of
+ * the 2d parts around mine, send the d that are not on my side to the
+ * rank of node me ^ d and sum its partial of mine into seg.  I end with
+ * part me summed over the rail. */
+static ncclResult_t rail_halving(struct ncclComm *comm, const geoOp *op, const geoRing *rail,
+                                 char *seg, size_t nl, size_t es)
+{
+    const int H = rail->n, me = rail->me;
+    size_t most, o;
+    geoSegRange(nl, H, 0, &o, &most);
+    char *tmp = geoScratchGet(&comm->scratch, most * (size_t)(H / 2) * es + 1);
+    ncclResult_t res = ncclSuccess;
+    if (tmp == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory for the region stage",
+                            geoErrOp(&comm->err));
+    for (int d = H / 2; d >= 1 && res == ncclSuccess; d /= 2) {
+        const int lo = me & ~(2 * d - 1), keep = (me & d) ? lo + d : lo, give = keep ^ d;
+        size_t ko, ke, go, ge;
+        parts_range(nl, H, keep, keep + d, &ko, &ke);
+        parts_range(nl, H, give, give + d, &go, &ge);
+        res = swap(comm, rail->ranks[me ^ d], seg, go, ge, tmp, ke - ko, es);
+        if (res == ncclSuccess && ke > ko)
+            geoReduce(seg + ko * es, seg + ko * es, tmp, ke - ko, op->dt, op->op);
+    }
+    geoScratchPut(&comm->scratch, tmp);
+    return res;
+}
+
+/* Recursive doubling, the mirror of rail_halving: at distance d = 1, 2,
+ * ... H/2 I hold the d finished parts around mine and swap them with the
+ * rank of node me ^ d for its d, straight into seg. */
+static ncclResult_t rail_doubling(struct ncclComm *comm, const geoRing *rail, char *seg,
+                                  size_t nl, size_t es)
+{
+    const int H = rail->n, me = rail->me;
+    for (int d = 1; d < H; d *= 2) {
+        const int mine = me & ~(d - 1), theirs = mine ^ d;
+        size_t mo, mend, to, tend;
+        parts_range(nl, H, mine, mine + d, &mo, &mend);
+        parts_range(nl, H, theirs, theirs + d, &to, &tend);
+        GEO_CHECK(swap(comm, rail->ranks[me ^ d], seg, mo, mend, seg + to * es, tend - to, es));
+    }
+    return ncclSuccess;
+}
+
+/* The region stage halves where the rail's size is a power of two (the
+ * model's rule too: topology/model.c intra_phase). */
+static int rail_halves(int H)
+{
+    return H >= 2 && (H & (H - 1)) == 0;
+}
+
 ncclResult_t hierNodeIntra(struct ncclComm *comm, const geoOp *op, size_t s0, size_t len,
                            int ag, size_t es)
 {
     const geoHierNodes *nd = comm->hier_nodes;
     const geoRing *node = &nd->node_ring, *rail = &nd->rail_ring;
+    const int halving = rail_halves(rail->n);
     char *out = (char *)op->recvbuff + s0 * es;
     size_t no, nl, ro, rl;
     geoSegRange(len, node->n, node->me, &no, &nl);
@@ -203,14 +307,20 @@ ncclResult_t hierNodeIntra(struct ncclComm *comm, const geoOp *op, size_t s0, si
                           .out_final = out + no * es, .divide = 0};
         GEO_CHECK(geoRingRun(comm, op, node, &p1, len));
         /* region stage: my part of it, summed over the rail's nodes */
+        if (halving)
+            return rail_halving(comm, op, rail, out + no * es, nl, es);
         geoRingPlan p2 = {.a = -1, .nsteps = rail->n - 1, .reduce_steps = rail->n - 1,
                           .local = out + no * es, .out = NULL,
                           .out_final = out + (no + ro) * es, .divide = 0};
         return geoRingRun(comm, op, rail, &p2, nl);
     }
-    geoRingPlan p2 = {.a = 0, .nsteps = rail->n - 1, .reduce_steps = 0, .local = NULL,
-                      .out = out + no * es, .out_final = NULL, .divide = 0};
-    GEO_CHECK(geoRingRun(comm, op, rail, &p2, nl));
+    if (halving) {
+        GEO_CHECK(rail_doubling(comm, rail, out + no * es, nl, es));
+    } else {
+        geoRingPlan p2 = {.a = 0, .nsteps = rail->n - 1, .reduce_steps = 0, .local = NULL,
+                          .out = out + no * es, .out_final = NULL, .divide = 0};
+        GEO_CHECK(geoRingRun(comm, op, rail, &p2, nl));
+    }
     geoRingPlan p1 = {.a = 0, .nsteps = node->n - 1, .reduce_steps = 0, .local = NULL,
                       .out = out, .out_final = NULL, .divide = 0};
     return geoRingRun(comm, op, node, &p1, len);
@@ -229,14 +339,22 @@ int geoHierIntraPeers(const struct ncclComm *comm, int *peers, int max)
         const geoRing *r = rings[k];
         if (r == NULL || r->n < 2 || r->ranks == NULL)
             continue;
-        const int two[2] = {r->ranks[(r->me + 1) % r->n], r->ranks[(r->me + r->n - 1) % r->n]};
-        for (int j = 0; j < 2; j++) {
-            int seen = two[j] == comm->rank;
+        /* a ring's two neighbours, or the halving's partners me ^ d */
+        int cand[64], nc = 0;
+        if (k == 2 && rail_halves(r->n))
+            for (int d = 1; d < r->n && nc < 64; d *= 2)
+                cand[nc++] = r->ranks[r->me ^ d];
+        else {
+            cand[nc++] = r->ranks[(r->me + 1) % r->n];
+            cand[nc++] = r->ranks[(r->me + r->n - 1) % r->n];
+        }
+        for (int j = 0; j < nc; j++) {
+            int seen = cand[j] == comm->rank;
             for (int x = 0; x < n && x < max && !seen; x++)
-                seen = peers[x] == two[j];
+                seen = peers[x] == cand[j];
             if (!seen) {
                 if (n < max)
-                    peers[n] = two[j];
+                    peers[n] = cand[j];
                 n++;
             }
         }
