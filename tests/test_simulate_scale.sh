@@ -52,7 +52,7 @@ check() {
         function num(x) { return x ~ /^[0-9.]+(e[-+]?[0-9]+)?$/ }
         {
             bad = ""
-            if ($2 != "node+reg") bad = bad " stages " $2 " (node+reg expected)"
+            if ($2 !~ /^node\+/) bad = bad " stages " $2 " (node+tree or node+ring expected)"
             if (!num($4) || $4 <= 0) bad = bad " node stage time " $4
             if (!num($5) || $5 <= 0) bad = bad " region stage time " $5
             if (!num($6) || $6 <= 0) bad = bad " WAN stage time " $6
@@ -69,7 +69,7 @@ check() {
     fi
     printf '%s\n' "$json" | grep -q "\"hier_stages\": \[" || fail "$1: no hier_stages in --json"
     printf '%s\n' "$json" | grep -q "\"node_stage\": 1" || fail "$1: no plan entry with the node stage"
-    printf '%s\n' "$json" | grep "\"bytes\": $bytes, \"node_stage\": 1" |
+    printf '%s\n' "$json" | grep "\"bytes\": $bytes, \"node_stage\": 1, \"stages\": \"node+" |
         grep -q '"node_s": [0-9].*"region_s": [0-9].*"wan_s": [0-9].*"ratio": ' ||
         fail "$1: --json has no node_s, region_s, wan_s and ratio for $bytes bytes"
 }

@@ -92,6 +92,17 @@ static double rtt_of(const topoModel *m, int i, int j)
     return m->lat_s[i] + m->lat_s[j];
 }
 
+/* The stages a row ran: one ring per region, or the node stage and a
+ * region stage by recursive halving (tree), a ring, or both (mixed
+ * regions). */
+static const char *stage_name(const topoHierStages *st)
+{
+    if (!st->node_stage)
+        return "ring";
+    return st->ring_regions == 0 ? "node+tree" : st->halving_regions == 0 ? "node+ring"
+                                                                          : "node+mix";
+}
+
 static void print_stages_text(const topoModel *m, const topoPlan *exact, FILE *out)
 {
     int G = 0;
@@ -108,7 +119,7 @@ static void print_stages_text(const topoModel *m, const topoPlan *exact, FILE *o
         fprintf(out, "\nnodes: not described (one intra link per region)\n");
     fprintf(out, "hierarchical all-reduce by stage (exact; slice and stages as the plan without "
             "codecs chooses; seconds)\n");
-    fprintf(out, "  %10s %-8s %6s %9s %9s %9s %9s %9s %9s %6s %8s %9s %9s\n", "bytes", "stages",
+    fprintf(out, "  %10s %-9s %6s %9s %9s %9s %9s %9s %9s %6s %8s %9s %9s\n", "bytes", "stages",
             "slice", "node", "region", "WAN", "latency", "total", "bound", "ratio", "bw-ratio",
             "1 ring", "1 ring*");
     for (int k = SIM_STAGE_MIN_LOG2; k <= SIM_MAX_LOG2; k += 2) {
@@ -117,14 +128,17 @@ static void print_stages_text(const topoModel *m, const topoPlan *exact, FILE *o
         if (stage_row(m, exact, b, &row) != 0)
             continue;
         const topoHierStages *st = &row.st;
-        fprintf(out, "  %10zu %-8s %5zuM %9.4g %9.4g %9.4g %9.4g %9.4g %9.4g %6.3f %8.3f %9.4g "
-                "%9.4g\n", b, st->node_stage ? "node+reg" : "ring", st->slice >> 20, st->node_s,
+        fprintf(out, "  %10zu %-9s %5zuM %9.4g %9.4g %9.4g %9.4g %9.4g %9.4g %6.3f %8.3f %9.4g "
+                "%9.4g\n", b, stage_name(st), st->slice >> 20, st->node_s,
                 st->region_s, st->wan_s, st->latency_s, st->total_s, st->bound_s,
                 st->total_s / st->bound_s, st->total_s / st->bw_bound_s, row.same_slice_s,
                 row.one_ring_s);
     }
-    fprintf(out, "  (node, region: the caller's time in each stage, reduce-scatter and "
-            "all-gather, all slices, slowest region; WAN: the exchange's transfers; stages "
+    fprintf(out, "  (stages: ring, one ring per region; node+tree, a node stage then a "
+            "region stage by recursive halving (power-of-two nodes), node+ring the same with "
+            "a ring among the nodes; node, region: the caller's time in each stage, "
+            "reduce-scatter and all-gather, all slices, slowest region; WAN: the exchange's "
+            "transfers; stages "
             "overlap across slices.  bound: the WAN's bytes at the regions' rates plus its "
             "two one-way delays; ratio = total / bound, bw-ratio = total / the bytes' time "
             "alone; 1 ring: one ring per region instead of the node and region stages, at "
@@ -279,12 +293,13 @@ static void print_json(const char *path, const topoModel *m, const topoPlan *pla
         if (stage_row(m, exact, b, &row) != 0)
             continue;
         const topoHierStages *st = &row.st;
-        fprintf(out, "%s\n  {\"bytes\": %zu, \"node_stage\": %d, \"slice\": %zu, "
+        fprintf(out, "%s\n  {\"bytes\": %zu, \"node_stage\": %d, \"stages\": \"%s\", "
+                "\"slice\": %zu, "
                 "\"nslices\": %zu, \"node_s\": %.6g, \"region_s\": %.6g, \"wan_s\": %.6g, "
                 "\"latency_s\": %.6g, \"total_s\": %.6g, \"bound_s\": %.6g, "
                 "\"bw_bound_s\": %.6g, \"ratio\": %.6g, \"one_ring_same_slice_s\": %.6g, "
                 "\"one_ring_s\": %.6g, \"one_ring_slice\": %zu}", first ? "" : ",", b,
-                st->node_stage, st->slice, st->nslices, st->node_s, st->region_s, st->wan_s,
+                st->node_stage, stage_name(st), st->slice, st->nslices, st->node_s, st->region_s, st->wan_s,
                 st->latency_s, st->total_s, st->bound_s, st->bw_bound_s,
                 st->total_s / st->bound_s, row.same_slice_s, row.one_ring_s,
                 row.one_ring_slice);
