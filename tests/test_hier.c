@@ -1207,6 +1207,77 @@ static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   return fails;
 }
 
+/* Regions of emulated hosts with a plan: a topology file gives the WAN
+ * and the links inside and between nodes, so the plan decides per size
+ * between the node stage and one ring (hier+node or hier in its table);
+ * every rank follows the same plan and every result is exact.  Rank 0
+ * copies the plan's all-reduce lines into plan (shared memory). */
+struct planned_arg {
+  const char *topo;
+  char plan[8][160];
+  int stages;          /* a plan line with the node stage was seen */
+};
+
+static int planned_nodes_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  static const char *label[8] = {"a", "a", "a", "a", "b", "b", "b", "b"};
+  struct planned_arg *a = arg;
+  ncclComm_t comm = NULL;
+  int fails = 0;
+  setenv("GEOCCL_REGION", label[rank], 1);
+  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
+  setenv("GEOCCL_NODE_RANKS", "2", 1);
+  ncclResetDebugInit();
+  if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
+    fprintf(stderr, "[rank %d planned nodes] init: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  if (rank == 0) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    geocclCommPrintPlan(comm, f, 0);
+    fclose(f);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+      if (strstr(line, "allreduce") && n < 8) {
+        snprintf(a->plan[n++], sizeof(a->plan[0]), "%s", line);
+        a->stages |= strstr(line, "hier+node") != NULL;
+      }
+    free(text);
+  }
+  size_t ncases = make_cases(NULL);
+  tcase *cases = calloc(ncases, sizeof(*cases));
+  struct calls calls = {0, 0};
+  make_cases(cases);
+  fails += run_cases(cases, ncases, rank, nranks, comm, &calls, "planned nodes");
+  free(cases);
+  ncclCommDestroy(comm);
+  return fails;
+}
+
+static void test_planned_nodes(void)
+{
+  char path[] = "/tmp/geoccl-nodes-XXXXXX";
+  /* a slow hop between nodes (1 ms a message) and a fast one inside:
+   * the node stage saves two of them per phase and slice, which the plan
+   * takes where they are more than 1% of the call */
+  temp_topo(path, "region a bw=100mbit delay=5 ranks=4\n"
+                  "region b bw=100mbit delay=5 ranks=4\n"
+                  "intra bw=1G delay=1\n"
+                  "node ranks=2 bw=4G delay=0.01\n");
+  struct planned_arg *u = harness_shared_alloc(sizeof(*u));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(u);
+  u->topo = path;
+  CU_ASSERT_EQUAL(harness_run_noinit(8, planned_nodes_body, u, TIMEOUT_S), 0);
+  for (int i = 0; i < 8 && u->plan[i][0]; i++)
+    printf("\n    %s", u->plan[i]);
+  printf("\n");
+  CU_ASSERT_TRUE(u->stages);
+  harness_shared_free(u, sizeof(*u));
+  unlink(path);
+}
+
 static void test_uneven_shares(void)
 {
   char path[] = "/tmp/geoccl-uneven-XXXXXX";
@@ -1447,6 +1518,7 @@ int main(void)
   CU_add_test(s, "4x1 'a b c d'", test_4x1);
   CU_add_test(s, "2x4 'a a a a b b b b'", test_2x4);
   CU_add_test(s, "regions of several emulated hosts: node and region stages", test_nodes);
+  CU_add_test(s, "regions of several emulated hosts, with a plan", test_planned_nodes);
   CU_add_test(s, "GEOCCL_ALGO=flat on 3x2: same bits, more WAN bytes", test_flat);
   CU_add_test(s, "GEOCCL_HIER_SLICE=4096 and 4100: hundreds of slices", test_small_slices);
   CU_add_test(s, "GEOCCL_CMA=0 on every rank, and on one: the ring, same results", test_cma_off);
