@@ -47,6 +47,8 @@
  * L = min(S, `chunk` (GEOCCL_HIER_SLICE)) bytes, n = S / L of them (the
  * last one partial).  Per slice, for region q:
  *     RS_q = AG_q = (P_q - 1) (a + L / P_q / B)         intra ring phases
+ *            (in a region of nodes, the node and region stages or one
+ *            ring across the nodes: intra_phase below)
  *     W_q  = 2 (R-1)/R * L / ratio / E_q                 X1 out and X2 back
  *     C_q  = L / P_q * (1 / enc + 2 (R-1)/R / dec)       codec on my shard:
  *            encode my shard's parts for X1 and my finished part for X2,

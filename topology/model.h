@@ -3,8 +3,9 @@
  * A topoModel describes regions joined by a WAN: how many ranks each region
  * has, the rate of its WAN egress (everything the region sends to other
  * regions shares it: that is how clouds and the emulator shape), its one-way
- * WAN delay, the intra-region link, and how many TCP streams a WAN peer pair
- * may use.  topoPredict turns that into seconds for one collective with one
+ * WAN delay, the intra-region link (and, where described, the nodes of a
+ * region and the link inside a node), and how many TCP streams a WAN peer
+ * pair may use.  topoPredict turns that into seconds for one collective with one
  * algorithm, codec, chunk size and stream count (the formulas and the
  * measurements they were checked against are in model.c's top comment);
  * topoPlanBuild (model_plan.c) picks, per collective and message-size

@@ -152,8 +152,11 @@ static void print_text(const char *path, const topoModel *m, const topoPlan *pla
     char r[32];
     fprintf(out, "# geoccl-probe --simulate %s\n", path);
     fprintf(out, "%d regions, %d ranks\n", plan->nregions, plan->nranks);
-    fprintf(out, "  %-20s %8s %14s %14s %10s %16s\n", "region", "ranks", "WAN egress",
-            "WAN ingress", "delay (ms)", "loss (control)");
+    int nodes = 0;
+    for (int q = 0; q < m->nregions; q++)
+        nodes |= m->node_ranks[q] > 1;
+    fprintf(out, "  %-20s %8s %14s %14s %10s %16s%s\n", "region", "ranks", "WAN egress",
+            "WAN ingress", "delay (ms)", "loss (control)", nodes ? "  nodes x ranks" : "");
     for (int q = 0; q < m->nregions; q++) {
         rate_text(m->egress_Bps[q], r, sizeof(r));
         char d[32], l[32] = "-", in[32] = "no limit";
@@ -164,11 +167,18 @@ static void print_text(const char *path, const topoModel *m, const topoPlan *pla
         if (m->loss[q] > 0)
             snprintf(l, sizeof(l), "%.3g%% (%s)", m->loss[q] * 100,
                      m->loss_driven[q] ? "cubic" : "bbr");
-        fprintf(out, "  %-20s %8d %14s %14s %10s %16s\n", m->names[q], m->ranks[q],
-                m->nregions > 1 ? r : "-", m->nregions > 1 ? in : "-", d, l);
+        char nd[40] = "";
+        if (nodes && m->node_ranks[q] > 1)
+            snprintf(nd, sizeof(nd), "  %d x %d", m->ranks[q] / m->node_ranks[q],
+                     m->node_ranks[q]);
+        else if (nodes)
+            snprintf(nd, sizeof(nd), "  -");
+        fprintf(out, "  %-20s %8d %14s %14s %10s %16s%s\n", m->names[q], m->ranks[q],
+                m->nregions > 1 ? r : "-", m->nregions > 1 ? in : "-", d, l, nd);
     }
     rate_text(m->intra_Bps, r, sizeof(r));
-    fprintf(out, "intra-region: %.3g us per message, %s per rank\n", m->intra_alpha_s * 1e6, r);
+    fprintf(out, "intra-region%s: %.3g us per message, %s per rank\n",
+            nodes ? " (between nodes)" : "", m->intra_alpha_s * 1e6, r);
     if (m->stream_Bps > 0) {
         rate_text(m->stream_Bps, r, sizeof(r));
         fprintf(out, "WAN: %d streams per peer pair, %s per stream; payload %.1f%% of the "
