@@ -103,44 +103,41 @@ ncclResult_t geoHierNodesBuild(struct ncclComm *comm)
     n->node_local = malloc(sizeof(int) * (size_t)N);
     if (n->node_of == NULL || n->node_local == NULL)
         goto oom;
+    /* per node of a region: one member to compare host names with, and
+     * how many members it has so far */
+    int *first = malloc(sizeof(int) * (size_t)N), *count = malloc(sizeof(int) * (size_t)N);
+    if (first == NULL || count == NULL) {
+        free(first);
+        free(count);
+        goto oom;
+    }
     for (int q = 0; q < m->nregions; q++) {
         const int P = m->size[q];
-        int nodes = 0, uniform = 1;
+        int nodes = 0, G = 0, uniform = 1;
         for (int i = 0; i < P; i++) {
             const int r = m->members[q][i];
-            if (per > 0) {
-                n->node_of[r] = (int)(i / per);
-                n->node_local[r] = (int)(i % per);
-                nodes = n->node_of[r] + 1;
-                continue;
-            }
-            /* the node of the first earlier member on the same host */
-            int h = -1, local = 0;
-            for (int j = 0; j < i && h < 0; j++)
-                if (same_node(comm, m->members[q][j], r))
-                    h = n->node_of[m->members[q][j]];
-            if (h < 0)
+            int h = per > 0 ? (int)(i / per) : -1;
+            for (int k = 0; h < 0 && k < nodes; k++)
+                if (same_node(comm, first[k], r))
+                    h = k;
+            if (h < 0 || h == nodes) {
                 h = nodes++;
-            for (int j = 0; j < i; j++)
-                local += n->node_of[m->members[q][j]] == h;
+                first[h] = r;
+                count[h] = 0;
+            }
             n->node_of[r] = h;
-            n->node_local[r] = local;
+            n->node_local[r] = count[h]++;
         }
         /* G ranks on each of H nodes, both >= 2 */
-        int G = 0;
-        for (int i = 0; i < P; i++)
-            if (n->node_local[m->members[q][i]] + 1 > G)
-                G = n->node_local[m->members[q][i]] + 1;
-        for (int i = 0; i < P; i++) {
-            const int r = m->members[q][i];
-            int count = 0;
-            for (int j = 0; j < P; j++)
-                count += n->node_of[m->members[q][j]] == n->node_of[r];
-            uniform &= count == G;
+        for (int k = 0; k < nodes; k++) {
+            G = k == 0 ? count[k] : G;
+            uniform &= count[k] == G;
         }
         n->G[q] = uniform && G >= 2 && nodes >= 2 ? G : 0;
         n->H[q] = n->G[q] ? nodes : 0;
     }
+    free(first);
+    free(count);
     /* My node's ring (by place on the node) and my rail's (by node). */
     const int g = m->region_of[comm->rank];
     if (n->G[g]) {
