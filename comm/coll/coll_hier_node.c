@@ -22,9 +22,9 @@
  * and its all-gather as the mirror image (region stage by recursive
  * doubling or the ring, then node stage).
  * The same bytes cross the links as with one ring ((P - 1) L per phase for
- * the region), but a slice pays (G - 1) + (H - 1) message latencies per
- * phase instead of P - 1, and only the region stage crosses between
- * nodes.  The WAN stage between regions (coll_hier.c) does not change:
+ * the region), but a slice pays (G - 1) + log2 H (or H - 1) message
+ * latencies per phase instead of P - 1, and only the region stage crosses
+ * between nodes.  The WAN stage between regions (coll_hier.c) does not change:
  * it takes each rank's final segment, wherever it lies, from
  * hierRankSeg.
  *
