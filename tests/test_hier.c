@@ -20,6 +20,11 @@
  * and each region's intra bytes are 2(n-1) times the buffer (n ranks: a ring
  * reduce-scatter and all-gather).
  *
+ * Regions of several emulated hosts (GEOCCL_NODE_RANKS: every run of that
+ * many ranks of a region is one node) run the node stage, then the region
+ * stage (comm/coll/coll_hier_node.c): the same checks, with the WAN bytes
+ * of the nested segments that leaves each rank.
+ *
  * Then: GEOCCL_ALGO=flat on the 3x2 layout runs flat, gives the same bits
  * as the hierarchical run and sends more over the WAN; and
  * GEOCCL_HIER_SLICE=4096 (and 4100) cuts a 1000003-element all-reduce into
@@ -71,6 +76,7 @@ struct layout {
   int region_of[HARNESS_MAX_RANKS];
   int local_rank[HARNESS_MAX_RANKS];
   int size[HARNESS_MAX_RANKS]; /* per region */
+  int node_ranks;              /* GEOCCL_NODE_RANKS the ranks set; 0: none */
 };
 
 /* Parses "a a b b" into a layout. Returns 0, or -1 for a malformed spec. */
@@ -114,6 +120,25 @@ static int cmp_size(const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
+/* The segment local rank i of region q holds after the reduce-scatter of
+ * a slice of len elements: seg_range's, or where GEOCCL_NODE_RANKS = G
+ * makes the region H >= 2 nodes of G >= 2 ranks (every G ranks in rank
+ * order one node), the node stage's: part i / G (its node) of node
+ * segment i % G (its place on the node), as coll_hier_node.c says. */
+static void rank_seg(const struct layout *l, size_t len, int q, int i, size_t *off,
+                     size_t *n)
+{
+  const int G = l->node_ranks, P = l->size[q];
+  if (G < 2 || P % G != 0 || P / G < 2) {
+    seg_range(len, P, i, off, n);
+    return;
+  }
+  size_t no, nl, ro;
+  seg_range(len, G, i % G, &no, &nl);
+  seg_range(nl, P / G, i / G, &ro, n);
+  *off = no + ro;
+}
+
 /* Bytes `rank` sends to other regions in one hierarchical all-reduce of
  * count elements of es bytes, per the contract in coll_hier.c: per slice,
  * the starts of every region's reduce-scatter segments cut my segment into
@@ -129,13 +154,13 @@ static uint64_t hier_wan_bytes(const struct layout *l, int rank, size_t count,
     size_t len = count - s0 < se ? count - s0 : se;
     size_t mo, ml, cuts[HARNESS_MAX_RANKS + 2];
     int nc = 0;
-    seg_range(len, l->size[g], l->local_rank[rank], &mo, &ml);
+    rank_seg(l, len, g, l->local_rank[rank], &mo, &ml);
     cuts[nc++] = mo;
     cuts[nc++] = mo + ml;
     for (int q = 0; q < k; q++)
       for (int i = 0; i < l->size[q]; i++) {
         size_t o, n;
-        seg_range(len, l->size[q], i, &o, &n);
+        rank_seg(l, len, q, i, &o, &n);
         if (q != g && o > mo && o < mo + ml) cuts[nc++] = o;
       }
     qsort(cuts, (size_t)nc, sizeof(cuts[0]), cmp_size);
@@ -616,6 +641,7 @@ struct hier_arg {
   int what;           /* RUN_* bits */
   size_t slice_bytes; /* GEOCCL_HIER_SLICE to set; 0 leaves the default */
   int cma;            /* CMA_*: GEOCCL_CMA for the ranks */
+  int node_ranks;     /* GEOCCL_NODE_RANKS to set; 0 leaves it unset */
 };
 
 enum {
@@ -639,7 +665,12 @@ static ncclComm_t init_rank(const struct layout *l, const struct hier_arg *a,
   }
   if (a->cma == CMA_OFF || (a->cma == CMA_ONE_OFF && rank == 1))
     setenv("GEOCCL_CMA", "0", 1);
-  if (a->slice_bytes != 0 || a->cma != CMA_DEFAULT)
+  if (a->node_ranks != 0) {
+    char v[32];
+    snprintf(v, sizeof(v), "%d", a->node_ranks);
+    setenv("GEOCCL_NODE_RANKS", v, 1);
+  }
+  if (a->slice_bytes != 0 || a->cma != CMA_DEFAULT || a->node_ranks != 0)
     ncclResetDebugInit();
   ncclResult_t r = ncclCommInitRank(&comm, l->nranks, *id, rank);
   if (r != ncclSuccess) {
@@ -856,6 +887,51 @@ static int check_single_copy(ncclComm_t comm, const struct layout *l,
   return 0;
 }
 
+/* The node layout the communicator found (geocclCommPrintPlan's "nodes:"
+ * line): with GEOCCL_NODE_RANKS = G, every region of H >= 2 nodes of G >= 2
+ * ranks named with its H and G, no other region; without, no line (forked
+ * ranks share one host). */
+static int check_nodes(ncclComm_t comm, const struct layout *l, int rank, const char *tag)
+{
+  char *text = NULL;
+  size_t len = 0;
+  int fails = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (f == NULL) return 1;
+  geocclCommPrintPlan(comm, f, 0);
+  fclose(f);
+  const char *line = strstr(text, "nodes:");
+  int any = 0;
+  for (int q = 0; q < l->nregions; q++) {
+    const int G = l->node_ranks, P = l->size[q];
+    int want = G >= 2 && P % G == 0 && P / G >= 2;
+    char label[LABEL_LEN] = "", expect[96];
+    for (int r = 0; r < l->nranks; r++)
+      if (l->region_of[r] == q) {
+        snprintf(label, sizeof(label), "%s", l->label[r]);
+        break;
+      }
+    snprintf(expect, sizeof(expect), "region '%s' %d nodes of %d ranks", label,
+             want ? P / G : 0, G);
+    int has = line != NULL && strstr(line, expect) != NULL;
+    char named[48];
+    snprintf(named, sizeof(named), "region '%s' ", label);
+    if (!want) has = line != NULL && strstr(line, named) != NULL;
+    any |= want;
+    if (has != want) {
+      fprintf(stderr, "[rank %d %s] plan text %s '%s': %s\n", rank, tag,
+              want ? "lacks" : "names", want ? expect : named, text);
+      fails++;
+    }
+  }
+  if (!any && line != NULL) {
+    fprintf(stderr, "[rank %d %s] plan text names nodes: %s\n", rank, tag, text);
+    fails++;
+  }
+  free(text);
+  return fails;
+}
+
 /* bytes of secret memory (memfd_secret(2)): this process reads and writes
  * it, the kernel will not read it for anyone else, so process_vm_readv
  * fails on it with EFAULT, as on memory a device driver mapped. NULL (errno
@@ -936,10 +1012,12 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     fprintf(stderr, "[rank %d] bad layout '%s'\n", rank, a->spec);
     return 1;
   }
+  l.node_ranks = a->node_ranks;
   ncclComm_t comm = init_rank(&l, a, rank, id, tag);
   if (comm == NULL) return 1;
   fails += check_region(comm, &l, rank, tag);
   fails += check_single_copy(comm, &l, a, rank, tag);
+  fails += check_nodes(comm, &l, rank, tag);
 
   if (a->what & RUN_MATRIX) {
     size_t ncases = make_cases(NULL);
@@ -977,17 +1055,26 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
 /* CUnit tests                                                              */
 /* ------------------------------------------------------------------------ */
 
-static void run_layout_cma(const char *spec, int what, size_t slice_bytes, int cma)
+static void run_layout_nodes(const char *spec, int what, size_t slice_bytes, int cma,
+                             int node_ranks)
 {
   struct layout l;
   CU_ASSERT_FATAL(layout_parse(spec, &l) == 0);
-  struct hier_arg a = {spec, what, slice_bytes, cma};
+  struct hier_arg a = {spec, what, slice_bytes, cma, node_ranks};
   double t0 = harness_now();
   int rc = harness_run_noinit(l.nranks, hier_body, &a, TIMEOUT_S);
-  printf("\n  '%s': %d ranks in %d regions %s (%.1f s)\n", spec, l.nranks,
-         l.nregions, rc == 0 ? "ok" : "FAILED", harness_now() - t0);
+  char nodes[48] = "";
+  if (node_ranks != 0)
+    snprintf(nodes, sizeof(nodes), ", nodes of %d ranks", node_ranks);
+  printf("\n  '%s': %d ranks in %d regions%s %s (%.1f s)\n", spec, l.nranks,
+         l.nregions, nodes, rc == 0 ? "ok" : "FAILED", harness_now() - t0);
   fflush(stdout);
   CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void run_layout_cma(const char *spec, int what, size_t slice_bytes, int cma)
+{
+  run_layout_nodes(spec, what, slice_bytes, cma, 0);
 }
 
 static void run_layout(const char *spec, int what, size_t slice_bytes)
@@ -1003,6 +1090,19 @@ static void test_interleaved(void) { run_layout("a b a b a", RUN_MATRIX, 0); }
 static void test_2x1(void) { run_layout("a b", RUN_MATRIX, 0); }
 static void test_4x1(void) { run_layout("a b c d", RUN_MATRIX, 0); }
 static void test_2x4(void) { run_layout("a a a a b b b b", RUN_MATRIX, 0); }
+/* Regions of several emulated hosts (GEOCCL_NODE_RANKS: every run of that
+ * many ranks of a region is one node): the node stage, then the region
+ * stage, in every region of two nodes or more (coll_hier_node.c); one
+ * ring, or the single-copy reads, in a region on one node.  Exact results,
+ * the WAN bytes the nested segments imply, 2(n-1) intra bytes per region
+ * as with one ring; then hundreds of small slices. */
+static void test_nodes(void)
+{
+  run_layout_nodes("a a a a b b b b", RUN_MATRIX, 0, CMA_DEFAULT, 2);
+  run_layout_nodes("a a a a a a b b", RUN_MATRIX, 0, CMA_DEFAULT, 2);
+  run_layout_nodes("a a a a a a b b", 0, 4100, CMA_DEFAULT, 3);
+}
+
 static void test_flat(void) { run_layout("a a b b c c", RUN_FLAT_COMPARE, 0); }
 
 /* The ring reduce-scatter, which the defaults above no longer take on one
@@ -1105,6 +1205,77 @@ static int uneven_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   free(e);
   ncclCommDestroy(comm);
   return fails;
+}
+
+/* Regions of emulated hosts with a plan: a topology file gives the WAN
+ * and the links inside and between nodes, so the plan decides per size
+ * between the node stage and one ring (hier+node or hier in its table);
+ * every rank follows the same plan and every result is exact.  Rank 0
+ * copies the plan's all-reduce lines into plan (shared memory). */
+struct planned_arg {
+  const char *topo;
+  char plan[8][160];
+  int stages;          /* a plan line with the node stage was seen */
+};
+
+static int planned_nodes_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  static const char *label[8] = {"a", "a", "a", "a", "b", "b", "b", "b"};
+  struct planned_arg *a = arg;
+  ncclComm_t comm = NULL;
+  int fails = 0;
+  setenv("GEOCCL_REGION", label[rank], 1);
+  setenv("GEOCCL_TOPO_FILE", a->topo, 1);
+  setenv("GEOCCL_NODE_RANKS", "2", 1);
+  ncclResetDebugInit();
+  if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess) {
+    fprintf(stderr, "[rank %d planned nodes] init: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  if (rank == 0) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    geocclCommPrintPlan(comm, f, 0);
+    fclose(f);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+      if (strstr(line, "allreduce") && n < 8) {
+        snprintf(a->plan[n++], sizeof(a->plan[0]), "%s", line);
+        a->stages |= strstr(line, "hier+node") != NULL;
+      }
+    free(text);
+  }
+  size_t ncases = make_cases(NULL);
+  tcase *cases = calloc(ncases, sizeof(*cases));
+  struct calls calls = {0, 0};
+  make_cases(cases);
+  fails += run_cases(cases, ncases, rank, nranks, comm, &calls, "planned nodes");
+  free(cases);
+  ncclCommDestroy(comm);
+  return fails;
+}
+
+static void test_planned_nodes(void)
+{
+  char path[] = "/tmp/geoccl-nodes-XXXXXX";
+  /* a slow hop between nodes (1 ms a message) and a fast one inside:
+   * the node stage saves two of them per phase and slice, which the plan
+   * takes where they are more than 1% of the call */
+  temp_topo(path, "region a bw=100mbit delay=5 ranks=4\n"
+                  "region b bw=100mbit delay=5 ranks=4\n"
+                  "intra bw=1G delay=1\n"
+                  "node ranks=2 bw=4G delay=0.01\n");
+  struct planned_arg *u = harness_shared_alloc(sizeof(*u));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(u);
+  u->topo = path;
+  CU_ASSERT_EQUAL(harness_run_noinit(8, planned_nodes_body, u, TIMEOUT_S), 0);
+  for (int i = 0; i < 8 && u->plan[i][0]; i++)
+    printf("\n    %s", u->plan[i]);
+  printf("\n");
+  CU_ASSERT_TRUE(u->stages);
+  harness_shared_free(u, sizeof(*u));
+  unlink(path);
 }
 
 static void test_uneven_shares(void)
@@ -1324,6 +1495,7 @@ int main(void)
   unsetenv("GEOCCL_ALGO");
   unsetenv("GEOCCL_HIER_SLICE");
   unsetenv("GEOCCL_CMA");
+  unsetenv("GEOCCL_NODE_RANKS");
   /* Small all-reduces would take the direct exchange (GEOCCL_DIRECT_MAX):
    * this file tests the hierarchical algorithm at every size. */
   setenv("GEOCCL_DIRECT_MAX", "0", 1);
@@ -1345,6 +1517,8 @@ int main(void)
   CU_add_test(s, "2x1 'a b'", test_2x1);
   CU_add_test(s, "4x1 'a b c d'", test_4x1);
   CU_add_test(s, "2x4 'a a a a b b b b'", test_2x4);
+  CU_add_test(s, "regions of several emulated hosts: node and region stages", test_nodes);
+  CU_add_test(s, "regions of several emulated hosts, with a plan", test_planned_nodes);
   CU_add_test(s, "GEOCCL_ALGO=flat on 3x2: same bits, more WAN bytes", test_flat);
   CU_add_test(s, "GEOCCL_HIER_SLICE=4096 and 4100: hundreds of slices", test_small_slices);
   CU_add_test(s, "GEOCCL_CMA=0 on every rank, and on one: the ring, same results", test_cma_off);

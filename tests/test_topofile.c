@@ -325,6 +325,21 @@ static void test_parse_model_keys(void)
     CU_ASSERT(tf.intra_delay_ms < 0);
     CU_ASSERT_EQUAL(tf.streams, 0);
     CU_ASSERT_EQUAL(tf.nrtts, 0);
+    CU_ASSERT_EQUAL(tf.node_ranks, 0);
+    CU_ASSERT_EQUAL(tf.regions[0].node_ranks, 0);
+    CU_ASSERT_EQUAL(tf.node_bw_bytes, 0);
+    CU_ASSERT(tf.node_delay_ms < 0);
+    topoFileFree(&tf);
+
+    /* the node level: a node line, a region's own node_ranks= */
+    CU_ASSERT_EQUAL_FATAL(topoFileParse("node ranks=8 bw=1200gbit delay=0.003\n"
+                                        "region a ranks=1024 node_ranks=4\nregion b\n",
+                                        "m.topo", &tf, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(tf.node_ranks, 8);
+    CU_ASSERT_DOUBLE_EQUAL(tf.node_bw_bytes, 150e9, 1e-3);
+    CU_ASSERT_DOUBLE_EQUAL(tf.node_delay_ms, 0.003, 1e-12);
+    CU_ASSERT_EQUAL(find_region(&tf, "a")->node_ranks, 4);
+    CU_ASSERT_EQUAL(find_region(&tf, "b")->node_ranks, 0);
     topoFileFree(&tf);
 }
 
@@ -338,6 +353,12 @@ static void test_parse_model_errors(void)
     expect_error("intra delay=-1\n", 1, "bad intra delay");
     expect_error("intra delay=1s\n", 1, "bad intra delay");
     expect_error("intra colour=red\n", 1, "unknown intra attribute");
+    expect_error("node ranks=0\n", 1, "bad node ranks");
+    expect_error("node ranks=8x\n", 1, "bad node ranks");
+    expect_error("node bw=fast\n", 1, "bad node rate");
+    expect_error("node delay=-1\n", 1, "bad node delay");
+    expect_error("node gpus=8\n", 1, "unknown node attribute");
+    expect_error("region a node_ranks=0\n", 1, "bad node_ranks");
     expect_error("streams\n", 1, "streams N");
     expect_error("streams 0\n", 1, "streams N");
     expect_error("streams 2000\n", 1, "streams N");

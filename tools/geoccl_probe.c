@@ -13,7 +13,9 @@
  * bandwidth matrix between regions, the streams a WAN pair needs and the
  * time the probe took, and the plan the cost model chose from those
  * figures.  --simulate prints the plan and predicted times of a described
- * topology (regions, ranks, rates, RTTs) without running anything.
+ * topology (regions, ranks, nodes, rates, RTTs) without running anything,
+ * with the hierarchical all-reduce split into its node, region and WAN
+ * stages against the WAN bound.
  * -o FILE writes the topology file that, given as
  * GEOCCL_TOPO_FILE, makes the library skip the probe.
  *
@@ -51,8 +53,9 @@ static void usage(FILE *f)
             "with GEOCCL_COMM_ID=host:port of rank 0 (env bootstrap).\n"
             "  --json          machine-readable output\n"
             "  -o FILE         write a topology file (GEOCCL_TOPO_FILE) with what was found\n"
-            "  --simulate F    read a described topology and print the plan and predicted\n"
-            "                  times without running anything\n",
+            "  --simulate F    read a described topology and print the plan, predicted\n"
+            "                  times and the hierarchical all-reduce's node, region and\n"
+            "                  WAN stages without running anything\n",
             TOOL, TOOL);
 }
 

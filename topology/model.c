@@ -47,6 +47,8 @@
  * L = min(S, `chunk` (GEOCCL_HIER_SLICE)) bytes, n = S / L of them (the
  * last one partial).  Per slice, for region q:
  *     RS_q = AG_q = (P_q - 1) (a + L / P_q / B)         intra ring phases
+ *            (in a region of nodes, the node and region stages or one
+ *            ring across the nodes: intra_phase below)
  *     W_q  = 2 (R-1)/R * L / ratio / E_q                 X1 out and X2 back
  *     C_q  = L / P_q * (1 / enc + 2 (R-1)/R / dec)       codec on my shard:
  *            encode my shard's parts for X1 and my finished part for X2,
@@ -96,7 +98,8 @@
  * ring 1.01 s.
  *
  * The plan built on the model (topoPlanBuild, topoPlanLookup, the print
- * functions) is in model_plan.c.
+ * functions) is in model_plan.c; the model read from a topology file
+ * (topoModelFromFile) in model_file.c.
  *
  * Calibration (full runs of tests/perf/bench_wan.sh and bench_codecs.sh on a
  * 2-core VM, tbf egress shaping, 25 ms one way).  tests/unit/test_model.c holds the
@@ -148,7 +151,6 @@ int topoHierDepthAuto(size_t nslices)
     size_t d = nslices / 4;
     return d < 2 ? 2 : d > 16 ? 16 : (int)d;
 }
-#define TCP_GOODPUT (1448.0 / 1500.0)
 
 /* Default intra link when a topology file does not say: a modest
  * NVLink/PCIe/IB-class figure; WAN-bound plans hardly depend on it. */
@@ -190,6 +192,9 @@ void topoModelInit(topoModel *m)
     m->hier_slice = 4 << 20;
     m->direct_max = 16 << 10;
     m->cpu_share = 1;
+    m->node_alpha_s = DEFAULT_INTRA_ALPHA;
+    m->node_Bps = DEFAULT_INTRA_BPS;
+    m->node_stage = 1;
 }
 
 /* ---- model checks and link helpers ------------------------------------- */
@@ -206,11 +211,79 @@ int topoModelOk(const topoModel *m)
         if (!(m->loss[q] >= 0 && m->loss[q] < 1))
             return 0;
     for (int q = 0; q < m->nregions; q++)
+        if (m->node_ranks[q] < 0 ||
+            (m->node_ranks[q] > 1 && m->ranks[q] % m->node_ranks[q] != 0))
+            return 0;
+    if (topoModelHasNodes(m) && (!(m->node_Bps > 0) || !(m->node_alpha_s >= 0)))
+        return 0;
+    for (int q = 0; q < m->nregions; q++)
         if (m->ranks[q] < 1 || !(m->egress_Bps[q] > 0) || !(m->lat_s[q] >= 0) ||
             !isfinite(m->egress_Bps[q]) || !isfinite(m->lat_s[q]) ||
             !(m->ingress_Bps[q] >= 0) || !isfinite(m->ingress_Bps[q]))
             return 0;
     return 1;
+}
+
+/* Region q's nodes when the node stage applies there: G ranks on each of
+ * H nodes, both >= 2; else 0. */
+static int node_split(const topoModel *m, int q, int *G, int *H)
+{
+    int g = m->node_ranks[q];
+    if (g < 2 || m->ranks[q] % g != 0 || m->ranks[q] / g < 2)
+        return 0;
+    *G = g;
+    *H = m->ranks[q] / g;
+    return 1;
+}
+
+int topoModelHasNodes(const topoModel *m)
+{
+    int G, H;
+    for (int q = 0; q < m->nregions; q++)
+        if (node_split(m, q, &G, &H))
+            return 1;
+    return 0;
+}
+
+/* One intra-region phase (reduce-scatter, or all-gather: the same steps
+ * and bytes) of a slice of L bytes in region q: the node stage's time in
+ * *node, the region stage's in *region.  Staged: a ring over the G ranks
+ * of each node on the whole slice, then, among the H ranks that hold the
+ * same node segment on every node, on L / G, recursive halving where H is
+ * a power of two (log2 H exchanges), else a ring (H - 1 steps):
+ *     node   = (G - 1) (a_n + L / G / B_n)
+ *     region = log2(H) a + (H - 1) L / P / B    or    (H - 1) (a + L / P / B)
+ * Both move the same bytes, so alpha decides, and for a power of two the
+ * halving always wins; comm/coll/coll_hier_node.c runs the same rule.
+ * One ring over the region's P ranks instead (nodes in turn): each step
+ * waits for its slowest edge, a hop between nodes where there are several:
+ *     (P - 1) max(a + L / P / B, a_n + L / P / B_n)
+ * a region on one node runs that ring on the node link (counted as node
+ * time), and without nodes described it is (P - 1)(a + L / P / B). */
+static void intra_phase(const topoModel *m, int q, double L, int staged, double *node,
+                        double *region)
+{
+    const double a = m->intra_alpha_s, B = m->intra_Bps;
+    const double an = m->node_alpha_s, Bn = m->node_Bps;
+    const double P = m->ranks[q];
+    int G, H;
+    *node = *region = 0;
+    if (P < 2)
+        return;
+    if (staged && node_split(m, q, &G, &H)) {
+        *node = (G - 1) * (an + L / G / Bn);
+        /* recursive halving where H is a power of two: the same bytes in
+         * log2 H steps */
+        int steps = (H & (H - 1)) == 0 ? (int)lround(log2(H)) : H - 1;
+        *region = steps * a + (H - 1) * L / P / B;
+        return;
+    }
+    if (m->node_ranks[q] >= P) /* one node: the node link throughout */
+        *node = (P - 1) * (an + L / P / Bn);
+    else if (m->node_ranks[q] >= 2)
+        *region = (P - 1) * fmax(a + L / P / B, an + L / P / Bn);
+    else
+        *region = (P - 1) * (a + L / P / B);
 }
 
 int topoModelNranks(const topoModel *m)
@@ -221,7 +294,7 @@ int topoModelNranks(const topoModel *m)
     return n;
 }
 
-static double oneway(const topoModel *m, int i, int j)
+double topoModelOneway(const topoModel *m, int i, int j)
 {
     if (m->rtt_s[i][j] > 0)
         return m->rtt_s[i][j] / 2;
@@ -235,7 +308,7 @@ static double max_oneway(const topoModel *m)
     double ow = 0;
     for (int i = 0; i < m->nregions; i++)
         for (int j = i + 1; j < m->nregions; j++)
-            ow = fmax(ow, oneway(m, i, j));
+            ow = fmax(ow, topoModelOneway(m, i, j));
     return ow;
 }
 
@@ -252,7 +325,7 @@ static double wan_rate(const topoModel *m, int q, double streams)
         double rtt = 0;
         for (int j = 0; j < m->nregions; j++)
             if (j != q)
-                rtt = fmax(rtt, 2 * oneway(m, q, j));
+                rtt = fmax(rtt, 2 * topoModelOneway(m, q, j));
         r = fmin(r, streams * topoLossRate(rtt, m->loss[q], 1448));
     }
     return r;
@@ -299,7 +372,7 @@ static double ring_time(const topoModel *m, int N, int steps, double seg, size_t
         for (int q = 0; q < R; q++) {
             /* The WAN edge into the next region: its ingress may be lower. */
             double rate = fmin(wan_rate(m, q, ns), in_rate(m, (q + 1) % R));
-            double lat = oneway(m, q, (q + 1) % R);
+            double lat = topoModelOneway(m, q, (q + 1) % R);
             edge = fmax(edge, seg / rate);
             max_lat = fmax(max_lat, lat);
             cycle += (m->ranks[q] - 1) * (a + c / m->intra_Bps) + c / rate + lat;
@@ -337,7 +410,7 @@ static double chain_time(const topoModel *m, int N, double S, size_t chunk, int 
         }
         if (q + 1 < m->nregions) {
             double rate = fmin(wan_rate(m, q, ns), in_rate(m, q + 1));
-            first += oneway(m, q, q + 1) + c / rate;
+            first += topoModelOneway(m, q, q + 1) + c / rate;
             slowest = fmax(slowest, rest / rate);
         }
     }
@@ -470,10 +543,10 @@ int topoHierShares(const topoModel *m, unsigned w[TOPO_MODEL_MAX_REGIONS])
  * region's codec).  With one codec and equal shares that is the header's
  * W_q and C_q. */
 static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *cq, double S,
-                                size_t slice, int ns)
+                                size_t slice, int ns, topoHierStages *st)
 {
     const int R = m->nregions;
-    const double a = m->intra_alpha_s, B = m->intra_Bps;
+    const double a = m->intra_alpha_s;
     double rho[TOPO_MODEL_MAX_REGIONS], enc[TOPO_MODEL_MAX_REGIONS], dec[TOPO_MODEL_MAX_REGIONS];
     double f[TOPO_MODEL_MAX_REGIONS];
     unsigned w[TOPO_MODEL_MAX_REGIONS];
@@ -498,10 +571,13 @@ static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *
      * comes out cheaper). */
     double L = fmin(S, (double)slice);
     double more = L > 0 ? (S - L) / L : 0;
-    double K = 0, W = 0;
+    double K = 0, W = 0, node_max = 0, region_max = 0;
     for (int q = 0; q < R; q++) {
-        double P = m->ranks[q], seg = L / P;
-        double rs = (P - 1) * (a + seg / B);
+        double P = m->ranks[q], seg = L / P, node_t, region_t;
+        intra_phase(m, q, L, m->node_stage, &node_t, &region_t);
+        double rs = node_t + region_t;
+        node_max = fmax(node_max, 2 * node_t);
+        region_max = fmax(region_max, 2 * region_t);
         double idec = dec[q] > 0 ? 1 / dec[q] : 0;
         double c = (enc[q] > 0 ? seg / enc[q] : 0) +
                    seg * (f[q] * (s_dec - idec) + (s_fdec - f[q] * idec));
@@ -517,6 +593,15 @@ static double hier_allreduce_by(const topoModel *m, const topoCodecCost *const *
     }
     double ow = max_oneway(m);
     double period = fmax(fmax(K, W), (ow + W / 2) / topoHierDepthAuto((size_t)ceil(S / fmax(L, 1))));
+    if (st != NULL) {
+        double crowd = m->intra_shared || !(m->cpu_share > 1) ? 1 : m->cpu_share;
+        st->node_s = (1 + more) * crowd * node_max;
+        st->region_s = (1 + more) * crowd * region_max;
+        st->wan_s = (1 + more) * W;
+        st->latency_s = 2 * ow;
+        st->slice = (size_t)L;
+        st->nslices = (size_t)ceil(S / fmax(L, 1));
+    }
     return K + W + 2 * ow + more * period;
 }
 
@@ -526,7 +611,7 @@ static double hier_allreduce(const topoModel *m, const topoCodecCost *codec, dou
     const topoCodecCost *cq[TOPO_MODEL_MAX_REGIONS];
     for (int q = 0; q < m->nregions; q++)
         cq[q] = codec;
-    return hier_allreduce_by(m, cq, S, slice, ns);
+    return hier_allreduce_by(m, cq, S, slice, ns, NULL);
 }
 
 double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
@@ -537,7 +622,34 @@ double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *c
     if (m->nregions == 1)
         return topoPredict(m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, bytes, slice, nstreams);
     return hier_allreduce_by(m, codecs, (double)bytes, slice ? slice : m->hier_slice,
-                             nstreams > 0 ? nstreams : m->wan_streams);
+                             nstreams > 0 ? nstreams : m->wan_streams, NULL);
+}
+
+int topoPredictHierStages(const topoModel *m, const topoCodecCost *codec, size_t bytes,
+                          size_t slice, int nstreams, topoHierStages *out)
+{
+    const topoCodecCost *cq[TOPO_MODEL_MAX_REGIONS];
+    unsigned w[TOPO_MODEL_MAX_REGIONS];
+    topoHierStages st;
+    if (!topoModelOk(m) || m->nregions < 2 || out == NULL)
+        return -1;
+    memset(&st, 0, sizeof(st));
+    for (int q = 0; q < m->nregions; q++)
+        cq[q] = codec;
+    st.total_s = hier_allreduce_by(m, cq, (double)bytes, slice ? slice : m->hier_slice,
+                                   nstreams > 0 ? nstreams : m->wan_streams, &st);
+    topoHierShares(m, w);
+    st.bw_bound_s = (double)bytes * topoHierWanPerByte(m, w) /
+                    (codec && codec->ratio > 0 ? codec->ratio : 1);
+    st.bound_s = st.bw_bound_s + st.latency_s;
+    st.node_stage = m->node_stage && topoModelHasNodes(m);
+    for (int q = 0, G, H; st.node_stage && q < m->nregions; q++)
+        if (node_split(m, q, &G, &H)) {
+            st.halving_regions += (H & (H - 1)) == 0;
+            st.ring_regions += (H & (H - 1)) != 0;
+        }
+    *out = st;
+    return 0;
 }
 
 static double predict_hier(const topoModel *m, int coll, const topoCodecCost *codec, double S,
@@ -584,109 +696,6 @@ double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *
     if (algo == TOPO_ALGO_HIER)
         return predict_hier(m, coll, codec, (double)bytes, chunk, ns);
     return predict_flat(m, coll, (double)bytes, chunk ? chunk : m->chunk, ns);
-}
-
-/* ---- from a topology file -------------------------------------------------- */
-
-int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errlen)
-{
-    topoModel m;
-    topoModelInit(&m);
-    if (tf->nregions < 1) {
-        snprintf(err, errlen, "the topology file declares no region");
-        return -1;
-    }
-    if (tf->nregions > TOPO_MODEL_MAX_REGIONS) {
-        snprintf(err, errlen, "the topology file has %d regions; the model takes at most %d",
-                 tf->nregions, TOPO_MODEL_MAX_REGIONS);
-        return -1;
-    }
-    m.nregions = tf->nregions;
-    m.wan_goodput = TCP_GOODPUT; /* file rates are link (shaper) rates */
-    for (int i = 0; i < tf->nrtts; i++) {
-        int a = -1, b = -1;
-        for (int q = 0; q < tf->nregions; q++) {
-            if (strcmp(tf->regions[q].name, tf->rtts[i].a) == 0)
-                a = q;
-            if (strcmp(tf->regions[q].name, tf->rtts[i].b) == 0)
-                b = q;
-        }
-        if (a < 0 || b < 0) { /* the parser declares every region it names */
-            snprintf(err, errlen, "rtt line names an unknown region");
-            return -1;
-        }
-        m.rtt_s[a][b] = m.rtt_s[b][a] = tf->rtts[i].ms / 1000.0;
-    }
-    for (int q = 0; q < tf->nregions; q++) {
-        const topoFileRegion *g = &tf->regions[q];
-        snprintf(m.names[q], sizeof(m.names[q]), "%s", g->name);
-        m.ranks[q] = g->ranks;
-        if (m.ranks[q] == 0)
-            for (int i = 0; i < tf->nrules; i++)
-                if (tf->rules[i].kind == 0 && strcmp(tf->rules[i].region, g->name) == 0)
-                    m.ranks[q]++;
-        if (m.ranks[q] == 0) {
-            snprintf(err, errlen, "region '%s' has no size: give it ranks=N or rank lines",
-                     g->name);
-            return -1;
-        }
-        if (tf->nregions == 1) { /* no WAN: rate and delay unused */
-            m.egress_Bps[q] = g->bw_bytes > 0 ? g->bw_bytes : 1;
-            m.lat_s[q] = g->delay_ms > 0 ? g->delay_ms / 1000.0 : 0;
-            continue;
-        }
-        if (!(g->bw_bytes > 0)) {
-            snprintf(err, errlen, "region '%s' has no bw= (the rate of its WAN egress, e.g. "
-                     "bw=10gbit)", g->name);
-            return -1;
-        }
-        m.egress_Bps[q] = g->bw_bytes;
-        m.ingress_Bps[q] = g->in_bytes;
-        if (g->delay_ms >= 0) {
-            m.lat_s[q] = g->delay_ms / 1000.0;
-            continue;
-        }
-        for (int j = 0; j < tf->nregions; j++)
-            if (j != q && !(m.rtt_s[q][j] > 0)) {
-                snprintf(err, errlen, "region '%s' has no delay= and no rtt line to region "
-                         "'%s'", g->name, tf->regions[j].name);
-                return -1;
-            }
-        m.lat_s[q] = 0; /* every pair with q has a measured RTT */
-    }
-    if (tf->intra_delay_ms >= 0)
-        m.intra_alpha_s = tf->intra_delay_ms / 1000.0;
-    if (tf->intra_bw_bytes > 0)
-        m.intra_Bps = tf->intra_bw_bytes;
-    if (tf->streams > 0) {
-        /* The probe needed this many streams to fill a link: one stream
-         * carries about the fastest egress over that many. */
-        double fastest = 0;
-        for (int q = 0; q < m.nregions; q++)
-            fastest = fmax(fastest, m.egress_Bps[q] * m.wan_goodput);
-        m.wan_streams = tf->streams;
-        m.stream_Bps = m.nregions > 1 ? fastest / tf->streams : 0;
-    }
-    /* Loss lines: each region's worst outgoing pair, under what
-     * GEOCCL_WAN_CC=auto would run there (topoWanCcChoice with bbr). */
-    for (int k = 0; k < tf->nlosses; k++)
-        for (int q = 0; q < m.nregions; q++)
-            if (strcmp(tf->losses[k].from, m.names[q]) == 0)
-                m.loss[q] = fmax(m.loss[q], tf->losses[k].fraction);
-    for (int q = 0; q < m.nregions && m.nregions > 1; q++) {
-        char why[192];
-        int n;
-        double rtt = 0, segs = 1e9;
-        for (int j = 0; j < m.nregions; j++)
-            if (j != q)
-                rtt = fmax(rtt, 2 * oneway(&m, q, j));
-        double share = m.egress_Bps[q] * m.wan_goodput / (m.nregions - 1) / m.ranks[q];
-        m.loss_driven[q] = m.loss[q] > 0 &&
-                           topoWanCcChoice(share, rtt, m.loss[q], segs, m.wan_streams, 1,
-                                           m.wan_streams, &n, why, sizeof(why)) == TOPO_CC_CUBIC;
-    }
-    *out = m;
-    return 0;
 }
 
 /* ---- congestion control between regions ------------------------------- */

@@ -3,8 +3,9 @@
  * A topoModel describes regions joined by a WAN: how many ranks each region
  * has, the rate of its WAN egress (everything the region sends to other
  * regions shares it: that is how clouds and the emulator shape), its one-way
- * WAN delay, the intra-region link, and how many TCP streams a WAN peer pair
- * may use.  topoPredict turns that into seconds for one collective with one
+ * WAN delay, the intra-region link (and, where described, the nodes of a
+ * region and the link inside a node), and how many TCP streams a WAN peer
+ * pair may use.  topoPredict turns that into seconds for one collective with one
  * algorithm, codec, chunk size and stream count (the formulas and the
  * measurements they were checked against are in model.c's top comment);
  * topoPlanBuild (model_plan.c) picks, per collective and message-size
@@ -90,6 +91,22 @@ typedef struct {
      * could carry; BBR has no such term. */
     double loss[TOPO_MODEL_MAX_REGIONS];
     int loss_driven[TOPO_MODEL_MAX_REGIONS];
+    /* The node level inside a region.  node_ranks[q]: ranks per node
+     * (host) in region q, the same on every node of the region; 0 or 1:
+     * not described, and intra_alpha_s / intra_Bps join any two ranks of
+     * the region, as without nodes.  Where it is >= 2, intra_* is the
+     * fabric between nodes (per rank: each rank has its share of the
+     * node's NICs) and node_alpha_s / node_Bps the link between two ranks
+     * of one node (NVLink, PCIe, shared memory). */
+    int node_ranks[TOPO_MODEL_MAX_REGIONS];
+    double node_alpha_s;
+    double node_Bps;
+    /* 1: the hierarchical all-reduce runs its intra-region phases in two
+     * stages in every region of two nodes or more with two ranks or more
+     * each (a node stage among the ranks of a node, then a region stage
+     * among the ranks with the same place on every node); 0: one ring
+     * over the whole region.  The plan tries both (topoPlanEntry). */
+    int node_stage;
 } topoModel;
 
 /* One codec's costs.  Throughputs are of raw (uncompressed) bytes on one
@@ -111,13 +128,15 @@ extern const int topoDefaultNCodecs;
 
 /* Fills every field with a default: no regions, intra 20 us / 5 GB/s,
  * 2 streams, no stream cap, goodput 1, chunk 512 KiB, slice 4 MiB, direct
- * 16 KiB (the library's defaults, comm/base/param.c). */
+ * 16 KiB (the library's defaults, comm/base/param.c); no nodes described,
+ * a node link equal to the intra link, node stage on. */
 void topoModelInit(topoModel *m);
 
 /* Builds a model from a topology file: regions in file order with their
- * ranks= (or the number of `rank` lines naming them), bw=, in= and delay=;
- * `rtt` lines, `intra` and `streams` (defaults of topoModelInit where
- * absent).  File rates are link rates, so wan_goodput = 1448/1500.  Returns
+ * ranks= (or the number of `rank` lines naming them), bw=, in=, delay= and
+ * node_ranks= (else the `node ranks=` line's); `rtt` lines, `intra`,
+ * `node` and `streams` (defaults of topoModelInit where absent; a region
+ * whose ranks a node does not divide evenly is an error).  File rates are link rates, so wan_goodput = 1448/1500.  Returns
  * 0; or -1 with a message in err naming the region and what it lacks
  * (ranks, bw, or a delay/rtt to every other region). */
 int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errlen);
@@ -137,6 +156,37 @@ double topoPredict(const topoModel *m, int coll, int algo, const topoCodecCost *
  * topoPredict's chunk and nstreams.  codecs NULL: none anywhere. */
 double topoPredictHierByRegion(const topoModel *m, const topoCodecCost *const *codecs,
                                size_t bytes, size_t slice, int nstreams);
+
+/* The hierarchical all-reduce's time by stage, for geoccl-probe
+ * --simulate.  node_s and region_s: the caller's time in the node stage
+ * and in the region stage (reduce-scatter and all-gather together, every
+ * slice, the slowest region); wan_s: the WAN stage's transfer time (X1
+ * and X2, every slice, the slowest region); latency_s: the two one-way
+ * delays of the first slice.  Stages overlap across slices, so total_s is
+ * not their sum.  bound_s: the WAN bound, what the WAN alone takes for
+ * the call: its bytes at the regions' rates (topoHierWanPerByte, the same
+ * shares) plus the two one-way delays X1 and X2 take in turn (bw_bound_s:
+ * the bytes alone). */
+typedef struct {
+    double total_s, node_s, region_s, wan_s, latency_s, bound_s, bw_bound_s;
+    size_t slice;
+    size_t nslices;
+    int node_stage;   /* 1: at least one region ran the node stage */
+    /* of the regions that ran it, how many run the region stage by
+     * recursive halving (a power-of-two number of nodes), how many as a
+     * ring */
+    int halving_regions, ring_regions;
+} topoHierStages;
+
+/* The hierarchical all-reduce of `bytes` exact (codec NULL) or with one
+ * codec for all regions, slice and nstreams as topoPredict's, the node
+ * stage as m->node_stage says.  Returns 0, or -1 for an invalid model,
+ * argument or a single region. */
+int topoPredictHierStages(const topoModel *m, const topoCodecCost *codec, size_t bytes,
+                          size_t slice, int nstreams, topoHierStages *out);
+/* 1 when some region of m has two nodes or more of two ranks or more
+ * each (the node stage applies there), else 0. */
+int topoModelHasNodes(const topoModel *m);
 
 /* ---- plan ---------------------------------------------------------------- */
 
@@ -175,6 +225,9 @@ typedef struct {
      * codecs, any all-reduce of device buffers across regions, uses). */
     int by_region;
     unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
+    /* All-reduce HIER: 1 when the intra-region phases run node stage then
+     * region stage (topoModel.node_stage), 0 for one ring per region. */
+    int node_stage;
 } topoPlanEntry;
 
 typedef struct {

@@ -1,5 +1,6 @@
-/* What model.c (the cost model) and model_plan.c (the plan built on it)
- * share and nothing else sees. */
+/* What model.c (the cost model), model_plan.c (the plan built on it) and
+ * model_file.c (the model from a topology file) share and nothing else
+ * sees. */
 #ifndef GEOCCL_TOPO_MODEL_INTERNAL_H_
 #define GEOCCL_TOPO_MODEL_INTERNAL_H_
 
@@ -9,5 +10,8 @@
 int topoModelOk(const topoModel *m);
 /* The ranks of all regions. */
 int topoModelNranks(const topoModel *m);
+/* One-way delay between regions i and j: half their measured RTT, else
+ * the mean of their delays. */
+double topoModelOneway(const topoModel *m, int i, int j);
 
 #endif

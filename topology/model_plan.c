@@ -40,6 +40,7 @@ typedef struct {
     double sec;
     int by_region;              /* region_codec holds a codec per region */
     unsigned char region_codec[TOPO_MODEL_MAX_REGIONS];
+    int node_stage;             /* all-reduce HIER: node stage, then region stage */
 } planChoice;
 
 static int same_choice(const topoPlanEntry *e, const planChoice *c, int R)
@@ -47,6 +48,7 @@ static int same_choice(const topoPlanEntry *e, const planChoice *c, int R)
     int id = c->codec ? c->codec->id : TOPO_CODEC_NONE;
     return e->algo == c->algo && e->codec == id && e->chunk == c->chunk &&
            e->nstreams == c->nstreams && e->by_region == c->by_region &&
+           e->node_stage == c->node_stage &&
            (!c->by_region || memcmp(e->region_codec, c->region_codec, (size_t)R) == 0);
 }
 
@@ -145,17 +147,31 @@ static int chunk_candidates(const topoModel *m, int coll, int algo, const topoPl
     return n;
 }
 
-static void choose(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
+/* ms[0]: the model with one ring per region, ms[1]: with the node
+ * stage (topoModel.node_stage). */
+static void choose(const topoModel *const ms[2], const topoCodecCost *codecs, int ncodecs,
                    unsigned allowed, const topoPlanForce *f, const topoCodecCost *forced,
                    int coll, size_t bytes, planChoice *best)
 {
-    int algos[2], nalgo = 0;
-    if (f->algo >= 0)
-        algos[nalgo++] = m->nregions > 1 ? f->algo : TOPO_ALGO_FLAT;
-    else {
-        algos[nalgo++] = TOPO_ALGO_FLAT;
-        if (m->nregions > 1)
-            algos[nalgo++] = TOPO_ALGO_HIER;
+    const topoModel *m = ms[0];
+    /* (algorithm, node stage) in order of preference: the node stage only
+     * for the hierarchical all-reduce where some region has nodes */
+    int algos[3], nodes[3], nalgo = 0;
+    int staged = coll == TOPO_COLL_ALLREDUCE && topoModelHasNodes(m);
+    if (f->algo >= 0) {
+        algos[nalgo] = m->nregions > 1 ? f->algo : TOPO_ALGO_FLAT;
+        nodes[nalgo++] = 0;
+    } else {
+        algos[nalgo] = TOPO_ALGO_FLAT;
+        nodes[nalgo++] = 0;
+        if (m->nregions > 1) {
+            algos[nalgo] = TOPO_ALGO_HIER;
+            nodes[nalgo++] = 0;
+        }
+    }
+    if (staged && algos[nalgo - 1] == TOPO_ALGO_HIER) {
+        algos[nalgo] = TOPO_ALGO_HIER;
+        nodes[nalgo++] = 1;
     }
     int streams[16], nst = 0;
     if (f->nstreams > 0)
@@ -174,6 +190,7 @@ static void choose(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
     for (int pass = 0; pass < 2 && best->sec < 0; pass++)
         for (int ia = 0; ia < nalgo && best->sec < 0; ia++) {
             int algo = algos[ia];
+            m = ms[nodes[ia]];
             const topoCodecCost *cands[65];
             int ncand = 0;
             int compresses = coll == TOPO_COLL_ALLREDUCE && algo == TOPO_ALGO_HIER &&
@@ -205,6 +222,7 @@ static void choose(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
                                               ? cands[ic] : NULL;
                             best->chunk = chunks[k];
                             best->nstreams = streams[is];
+                            best->node_stage = nodes[ia];
                             best->sec = t;
                             break;
                         }
@@ -229,6 +247,10 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
         if (forced == NULL) /* no costs for it: nothing to predict with */
             return -1;
     }
+    topoModel m0 = *m, m1 = *m;
+    m0.node_stage = 0;
+    m1.node_stage = 1;
+    const topoModel *const ms[2] = {&m0, &m1};
     topoPlan p;
     memset(&p, 0, sizeof(p));
     p.nregions = m->nregions;
@@ -250,11 +272,11 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
             planChoice c;
             memset(&c, 0, sizeof(c));
             c.sec = -1;
-            choose(m, codecs, ncodecs, allowed_mask, f, forced, coll, rep, &c);
+            choose(ms, codecs, ncodecs, allowed_mask, f, forced, coll, rep, &c);
             if (c.sec < 0)
                 return -1;
             if (coll == TOPO_COLL_ALLREDUCE && c.algo == TOPO_ALGO_HIER && f->codec < 0)
-                choose_by_region(m, codecs, ncodecs, allowed_mask, rep, &c);
+                choose_by_region(ms[c.node_stage], codecs, ncodecs, allowed_mask, rep, &c);
             topoPlanEntry *last = p.nentries[coll] ? &p.entries[coll][p.nentries[coll] - 1] : NULL;
             if (last != NULL && same_choice(last, &c, m->nregions)) {
                 last->hi = k == TOPO_PLAN_MAX_LOG2 ? SIZE_MAX : ((size_t)1 << (k + 1)) - 1;
@@ -272,6 +294,7 @@ int topoPlanBuild(const topoModel *m, const topoCodecCost *codecs, int ncodecs,
             e->nstreams = c.nstreams;
             e->sec_lo = e->sec_top = c.sec;
             e->by_region = c.by_region;
+            e->node_stage = c.node_stage;
             memcpy(e->region_codec, c.region_codec, sizeof(e->region_codec));
         }
     }
@@ -335,7 +358,7 @@ void topoPlanPrint(const topoPlan *plan, FILE *f)
 {
     char a[32], b[32], c[32], t1[32], t2[32];
     fprintf(f, "plan for %d regions, %d ranks\n", plan->nregions, plan->nranks);
-    fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7s %s\n", "collective", "sizes", "algo",
+    fprintf(f, "  %-14s %-16s %-9s %-10s %-7s %-7s %s\n", "collective", "sizes", "algo",
             "codec", "chunk", "streams", "predicted (first - last size)");
     for (int coll = 0; coll < TOPO_COLL_COUNT; coll++)
         for (int i = 0; i < plan->nentries[coll]; i++) {
@@ -346,8 +369,8 @@ void topoPlanPrint(const topoPlan *plan, FILE *f)
             else
                 snprintf(range, sizeof(range), "%s-%s", fmt_size(e->lo, a, sizeof(a)),
                          fmt_size(e->hi + 1, b, sizeof(b)));
-            fprintf(f, "  %-14s %-16s %-5s %-10s %-7s %-7d %s - %s\n", topoCollName(coll),
-                    range, topoAlgoName(e->algo), e->by_region ? "by region" : e->codec_name,
+            fprintf(f, "  %-14s %-16s %-9s %-10s %-7s %-7d %s - %s\n", topoCollName(coll),
+                    range, e->node_stage ? "hier+node" : topoAlgoName(e->algo), e->by_region ? "by region" : e->codec_name,
                     fmt_size(e->chunk, c, sizeof(c)), e->nstreams,
                     fmt_sec(e->sec_lo, t1, sizeof(t1)), fmt_sec(e->sec_top, t2, sizeof(t2)));
             if (e->by_region) {
@@ -358,7 +381,8 @@ void topoPlanPrint(const topoPlan *plan, FILE *f)
                 fprintf(f, " (one codec for all: %s)\n", e->codec_name);
             }
         }
-    fprintf(f, "  (sizes: from lo up to, not including, hi)\n");
+    fprintf(f, "  (sizes: from lo up to, not including, hi; hier+node: the hierarchical "
+            "all-reduce's node stage, then its region stage, in regions of several nodes)\n");
 }
 
 void topoPlanJson(const topoPlan *plan, FILE *f)
@@ -379,6 +403,8 @@ void topoPlanJson(const topoPlan *plan, FILE *f)
                     "\"sec_lo\": %.6g, \"sec_top\": %.6g", first ? "" : ",", topoCollName(coll),
                     e->lo, hi, topoAlgoName(e->algo), e->codec_name, e->codec, e->chunk,
                     e->nstreams, e->sec_lo, e->sec_top);
+            if (e->algo == TOPO_ALGO_HIER && coll == TOPO_COLL_ALLREDUCE)
+                fprintf(f, ", \"node_stage\": %d", e->node_stage);
             if (e->by_region) {
                 fprintf(f, ", \"region_codecs\": {");
                 for (int q = 0; q < plan->nregions; q++) {

@@ -41,6 +41,14 @@ static double parse_ms(const char *s, int positive)
     return v;
 }
 
+/* "8": a count from 1 to 2^24; -1 if bad. */
+static int parse_count(const char *s)
+{
+    char *e;
+    long v = strtol(s, &e, 10);
+    return e == s || *e || v < 1 || v > (1L << 24) ? -1 : (int)v;
+}
+
 static int add_region(topoFile *tf, const char *name)
 {
     for (int i = 0; i < tf->nregions; i++)
@@ -62,6 +70,7 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
     int lineno = 0;
     memset(tf, 0, sizeof(*tf));
     tf->intra_delay_ms = -1;
+    tf->node_delay_ms = -1;
     if (copy == NULL) {
         snprintf(err, errlen, "%s: out of memory", name);
         return -1;
@@ -120,6 +129,14 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                         goto fail;
                     }
                     tf->regions[g].ranks = (int)v;
+                } else if (strncmp(tok[i], "node_ranks=", 11) == 0) {
+                    int v = parse_count(tok[i] + 11);
+                    if (v < 1) {
+                        snprintf(err, errlen, "%s:%d: bad node_ranks '%s' (a count from 1 to "
+                                 "%ld)", name, lineno, tok[i] + 11, 1L << 24);
+                        goto fail;
+                    }
+                    tf->regions[g].node_ranks = v;
                 } else {
                     snprintf(err, errlen, "%s:%d: unknown region attribute '%s'", name, lineno,
                              tok[i]);
@@ -173,6 +190,38 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                 } else {
                     snprintf(err, errlen, "%s:%d: unknown intra attribute '%s' (bw=, delay=)",
                              name, lineno, tok[i]);
+                    goto fail;
+                }
+            }
+        } else if (strcmp(tok[0], "node") == 0) {
+            for (int i = 1; i < n; i++) {
+                if (strncmp(tok[i], "ranks=", 6) == 0) {
+                    int v = parse_count(tok[i] + 6);
+                    if (v < 1) {
+                        snprintf(err, errlen, "%s:%d: bad node ranks '%s' (a count from 1 to "
+                                 "%ld)", name, lineno, tok[i] + 6, 1L << 24);
+                        goto fail;
+                    }
+                    tf->node_ranks = v;
+                } else if (strncmp(tok[i], "bw=", 3) == 0) {
+                    double v = topoParseRate(tok[i] + 3);
+                    if (!(v > 0)) {
+                        snprintf(err, errlen, "%s:%d: bad node rate '%s' (use 100gbit, 50G...)",
+                                 name, lineno, tok[i] + 3);
+                        goto fail;
+                    }
+                    tf->node_bw_bytes = v;
+                } else if (strncmp(tok[i], "delay=", 6) == 0) {
+                    double v = parse_ms(tok[i] + 6, 0);
+                    if (v < 0) {
+                        snprintf(err, errlen, "%s:%d: bad node delay '%s' (milliseconds)",
+                                 name, lineno, tok[i] + 6);
+                        goto fail;
+                    }
+                    tf->node_delay_ms = v;
+                } else {
+                    snprintf(err, errlen, "%s:%d: unknown node attribute '%s' (ranks=, bw=, "
+                             "delay=)", name, lineno, tok[i]);
                     goto fail;
                 }
             }
@@ -257,8 +306,9 @@ int topoFileParse(const char *text, const char *name, topoFile *tf, char *err, s
                 goto oom;
         } else {
             snprintf(err, errlen, "%s:%d: cannot read '%s': expected 'region NAME [bw=RATE] [in=RATE] "
-                     "[delay=MS] [ranks=N]', 'rank N REGION', 'host ADDR REGION', 'intra "
-                     "[bw=RATE] [delay=MS]', 'streams N', 'rtt REGION1 REGION2 MS' or 'loss "
+                     "[delay=MS] [ranks=N] [node_ranks=G]', 'rank N REGION', 'host ADDR REGION', "
+                     "'intra [bw=RATE] [delay=MS]', 'node [ranks=G] [bw=RATE] [delay=MS]', "
+                     "'streams N', 'rtt REGION1 REGION2 MS' or 'loss "
                      "FROM TO PERCENT'", name, lineno, tok[0]);
             goto fail;
         }
@@ -312,6 +362,7 @@ void topoFileFree(topoFile *tf)
     free(tf->losses);
     memset(tf, 0, sizeof(*tf));
     tf->intra_delay_ms = -1;
+    tf->node_delay_ms = -1;
 }
 
 const char *topoFileRegionFor(const topoFile *tf, int rank, const char *addr, const char *host)

@@ -2,7 +2,7 @@
  * each rank or host is in and, when known, how fast each region's WAN link
  * is.  Format, one statement per line, '#' starts a comment:
  *
- *   region NAME [bw=RATE] [in=RATE] [delay=MS] [ranks=N]
+ *   region NAME [bw=RATE] [in=RATE] [delay=MS] [ranks=N] [node_ranks=G]
  *                                      declare a region; RATE like 100mbit,
  *                                      1gbit, 10gbit or bytes/s (125M): the
  *                                      rate of the region's WAN egress, which
@@ -17,13 +17,26 @@
  *                                      geoccl-probe --simulate; otherwise the
  *                                      communicator knows).  A region may be
  *                                      declared again: later attributes win.
+ *                                      node_ranks: ranks per node (host)
+ *                                      in this region, overriding the
+ *                                      `node ranks=` line's
  *   rank N NAME                        global rank N is in region NAME
  *   host ADDR-OR-NAME NAME             ranks whose address (or hostname) is
  *                                      ADDR-OR-NAME are in region NAME
  *   intra [bw=RATE] [delay=MS]         the link between two ranks of one
  *                                      region: bandwidth per rank and
  *                                      latency per message (ms, fractions
- *                                      allowed: 0.01 = 10 us)
+ *                                      allowed: 0.01 = 10 us); with a
+ *                                      `node` line, between two ranks on
+ *                                      different nodes of one region
+ *   node [ranks=G] [bw=RATE] [delay=MS]
+ *                                      the nodes (hosts) inside every
+ *                                      region: G ranks each (the region's
+ *                                      ranks a multiple of G), and the
+ *                                      link between two ranks of one node
+ *                                      (bandwidth per rank, latency per
+ *                                      message); absent: no node level,
+ *                                      `intra` joins every pair
  *   streams N                          TCP streams per peer pair to connect
  *                                      (1..1024): what the probe found the
  *                                      WAN needs, or the streams it kept in
@@ -54,6 +67,7 @@ typedef struct {
     double in_bytes;  /* in=: ingress limit, bytes/s; 0 none known */
     double delay_ms;  /* one-way; < 0 unknown */
     int ranks;        /* ranks=; 0 unknown */
+    int node_ranks;   /* node_ranks=: ranks per node; 0 unknown */
 } topoFileRegion;
 
 typedef struct {
@@ -86,6 +100,9 @@ typedef struct {
     double intra_bw_bytes;  /* intra bw=, bytes/s; 0 unknown */
     double intra_delay_ms;  /* intra delay=; < 0 unknown */
     int streams;            /* streams N; 0 unknown */
+    int node_ranks;         /* node ranks=: ranks per node; 0 unknown */
+    double node_bw_bytes;   /* node bw=, bytes/s; 0 unknown */
+    double node_delay_ms;   /* node delay=; < 0 unknown */
 } topoFile;
 
 /* Parse path.  Returns 0; or -1 with a message in err (file:line: what). */

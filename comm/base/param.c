@@ -218,6 +218,11 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "process_vm_readv and write each other's outputs with process_vm_writev "
                        "in the hierarchical all-reduce (checked at init; "
                        "where the kernel refuses, the ring is used); 0: never"},
+    [GEO_PARAM_NODE_RANKS] = {"GEOCCL_NODE_RANKS", GEO_PARAM_INT, "0",
+                              "ranks per node for the hierarchical all-reduce's node stage: "
+                              "each run of this many ranks of a region (in rank order) is one "
+                              "node; 0: ranks with the same host name and boot id; the same "
+                              "on every rank"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -81,6 +81,22 @@ ncclResult_t geoDirectAllReduce(struct ncclComm *comm, const geoOp *op);
 ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op);
 /* Slices in flight of the hierarchical all-reduce for nslices slices. */
 int geoHierDepth(const struct ncclComm *comm, size_t nslices);
+/* The node layout of the hierarchical all-reduce (coll_hier_node.c):
+ * built from the bootstrap's table once the regions are known (tuning
+ * init), freed with the plan.  Build: ncclSuccess or ncclSystemError
+ * (reported). */
+ncclResult_t geoHierNodesBuild(struct ncclComm *comm);
+void geoHierNodesFree(struct ncclComm *comm);
+/* 1 when a hierarchical all-reduce of `bytes` runs the node stage (some
+ * region has one and the plan, or with no plan the default, says so). */
+int geoHierNodeStage(struct ncclComm *comm, size_t bytes);
+/* The peers inside my region that the hierarchical all-reduce's rings
+ * send to or receive from (the region ring's neighbours, and where my
+ * region has nodes, the node ring's and the region stage's: the rail
+ * ring's neighbours, or its halving partners), each once, the
+ * first max of them in peers; returns how many there are.  The WAN
+ * stage's peers are in the exchange plan (geoHierExchangePlan). */
+int geoHierIntraPeers(const struct ncclComm *comm, int *peers, int max);
 /* The inter-region step of the hierarchical all-reduce alone, for a caller
  * that ran the intra-region reduce-scatter itself (the device path, with the
  * real NCCL).  Local rank i of region q owns elements geoSegPadded(op->count,

@@ -175,12 +175,15 @@ static ncclResult_t intra_cma_ag(struct ncclComm *comm, const hierSlice *sl, con
     return ncclSuccess;
 }
 
-/* RS or AG of one slice over my region. */
+/* RS or AG of one slice over my region: in two stages where the call
+ * runs the node stage and my region has one (coll_hier_node.c). */
 static ncclResult_t intra(struct ncclComm *comm, const geoOp *op, const hierSlice *sl, int ag,
-                          size_t es, int cma)
+                          size_t es, int cma, int staged)
 {
     const geoRing *ring = &comm->region_ring;
     char *out = (char *)op->recvbuff + sl->s0 * es;
+    if (staged)
+        return hierNodeIntra(comm, op, sl->s0, sl->len, ag, es);
     if (cma)
         return ag ? intra_cma_ag(comm, sl, out, es) : intra_cma_rs(comm, op, sl, es);
     if (ring->n == 1) {
@@ -247,11 +250,17 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     const hierView view = {.buf = op->recvbuff, .base = 0, .seg = geoSegRange};
     const hierView *v = &view;
     hierChooseCodec(comm, op, &hc, comm->call_region_codecs);
+    /* The node stage: every rank decides alike (the same plan and size);
+     * my region runs it where it has nodes, the others' segments follow. */
+    if (comm->hier_nodes == NULL)
+        GEO_CHECK_GOTO(geoHierNodesBuild(comm), res, out);
+    const int node_stage = geoHierNodeStage(comm, op->count * es);
+    const int staged = node_stage && comm->hier_nodes->node_ring.n > 1;
     size_t maxpart = 0;
     for (size_t s = 0; s < M; s++) {
         sl[s].s0 = s * se;
         sl[s].len = op->count - sl[s].s0 < se ? op->count - sl[s].s0 : se;
-        if (hierSlicePlan(comm, &sl[s], es, &hc, op->dt, geoSegRange) != ncclSuccess) {
+        if (hierSlicePlan(comm, &sl[s], es, &hc, op->dt, geoSegRange, node_stage) != ncclSuccess) {
             res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory planning slice %zu",
                                geoErrOp(&comm->err), s);
             goto out;
@@ -268,7 +277,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     }
     /* Single-copy reads: the others need my input's and output's addresses
      * (and whether they can be read that way). */
-    int cma = comm->cma && comm->region_ring.n > 1 && M > 0;
+    int cma = comm->cma && comm->region_ring.n > 1 && M > 0 && !staged;
     if (cma)
         GEO_CHECK_GOTO(geoCmaExchange(comm, op->sendbuff, op->recvbuff, op->count * es, &cma),
                        res, out);
@@ -284,7 +293,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
     for (size_t it = 0; it < M + 2 * D; it++) {
         if (it < M) {
             t0 = geoNow();
-            GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es, cma), res, out);
+            GEO_CHECK_GOTO(intra(comm, op, &sl[it], 0, es, cma, staged), res, out);
             comm->stats.t_intra_rs += geoNow() - t0;
             if (hc.codec) {
                 t0 = geoNow();
@@ -342,7 +351,7 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
                 comm->stats.t_codec += geoNow() - t0;
             }
             t0 = geoNow();
-            GEO_CHECK_GOTO(intra(comm, op, x, 1, es, cma), res, out);
+            GEO_CHECK_GOTO(intra(comm, op, x, 1, es, cma, staged), res, out);
             comm->stats.t_intra_ag += geoNow() - t0;
         }
     }
@@ -350,9 +359,11 @@ ncclResult_t geoHierAllReduce(struct ncclComm *comm, const geoOp *op)
      * everything. */
     if (cma)
         GEO_CHECK_GOTO(geoCmaSignal(comm, UINT64_MAX), res, out);
-    geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes, %zu in flight: first partials sent at "
-             "%.1f ms, first in at %.1f, last in at %.1f, last results in at %.1f, done at %.1f",
-             geoErrOp(&comm->err), M, se * es, D, (tl[0] - tstart) * 1e3, (tl[1] - tstart) * 1e3,
+    geoTrace(GEO_LOG_COLL, "%s: %zu slices of %zu bytes%s, %zu in flight: first partials sent "
+             "at %.1f ms, first in at %.1f, last in at %.1f, last results in at %.1f, done at "
+             "%.1f", geoErrOp(&comm->err), M, se * es,
+             staged ? " (node and region stages)" : "", D, (tl[0] - tstart) * 1e3,
+             (tl[1] - tstart) * 1e3,
              (tl[2] - tstart) * 1e3, (tl[3] - tstart) * 1e3, (geoNow() - tstart) * 1e3);
 out:
     if (res != ncclSuccess)
@@ -382,7 +393,7 @@ ncclResult_t geoHierExchange(struct ncclComm *comm, const geoOp *op, char *buf, 
                             geoErrOp(&comm->err));
     /* one codec for all: the GPU path chose it for the whole call */
     hierChooseCodec(comm, op, &hc, NULL);
-    if (hierSlicePlan(comm, &sl, es, &hc, op->dt, geoSegPadded) != ncclSuccess) {
+    if (hierSlicePlan(comm, &sl, es, &hc, op->dt, geoSegPadded, 0) != ncclSuccess) {
         res = GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory planning the exchange",
                            geoErrOp(&comm->err));
         goto out;

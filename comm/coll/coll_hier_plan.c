@@ -118,14 +118,15 @@ static void share_range(const struct ncclComm *comm, size_t plen, int q, size_t 
 /* Lay out the messages of one slice for this rank (slice_tmp gives the
  * receive buffer). */
 ncclResult_t hierSlicePlan(struct ncclComm *comm, hierSlice *sl, size_t es,
-                           const hierCodec *hc, ncclDataType_t dt, hierSegFn seg)
+                           const hierCodec *hc, ncclDataType_t dt, hierSegFn seg,
+                           int node_stage)
 {
     const topoRegionMap *m = &comm->regions;
     const int k = m->nregions, g = m->region_of[comm->rank], me = m->local_rank[comm->rank];
     size_t nb = 0, *bounds;
     size_t my_off, my_len;
 
-    seg(sl->len, m->size[g], me, &my_off, &my_len);
+    hierRankSeg(comm, node_stage, seg, sl->len, g, me, &my_off, &my_len);
     int total_ranks = 0;
     for (int q = 0; q < k; q++)
         total_ranks += m->size[q];
@@ -135,7 +136,7 @@ ncclResult_t hierSlicePlan(struct ncclComm *comm, hierSlice *sl, size_t es,
     for (int q = 0; q < k; q++)
         for (int i = 0; i < m->size[q]; i++) {
             size_t o, l;
-            seg(sl->len, m->size[q], i, &o, &l);
+            hierRankSeg(comm, node_stage, seg, sl->len, q, i, &o, &l);
             if (o >= my_off && o < my_off + my_len)
                 bounds[nb++] = o;
         }
@@ -173,7 +174,7 @@ ncclResult_t hierSlicePlan(struct ncclComm *comm, hierSlice *sl, size_t es,
             int owner = -1;
             for (int i = 0; i < m->size[q]; i++) {
                 size_t o, l;
-                seg(sl->len, m->size[q], i, &o, &l);
+                hierRankSeg(comm, node_stage, seg, sl->len, q, i, &o, &l);
                 if (l > 0 && a >= o && a < o + l) {
                     owner = m->members[q][i];
                     break;
@@ -272,7 +273,7 @@ ncclResult_t geoHierExchangePlan(struct ncclComm *comm, size_t count, hierXferPl
         return GEO_COMM_ERR(comm, ncclInvalidUsage, "%s: more than 64 regions",
                             geoErrOp(&comm->err));
     /* es = 0: no receive buffers are laid out, only the messages. */
-    if (hierSlicePlan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded) != ncclSuccess ||
+    if (hierSlicePlan(comm, &sl, 0, &none, ncclFloat32, geoSegPadded, 0) != ncclSuccess ||
         copy_msgs(sl.tx1, sl.ntx1, &plan->tx1) != ncclSuccess ||
         copy_msgs(sl.rx1, sl.nrx1, &plan->rx1) != ncclSuccess ||
         copy_msgs(sl.tx2, sl.ntx2, &plan->tx2) != ncclSuccess ||

@@ -83,9 +83,39 @@ static inline char *hierAt(const hierView *v, size_t off, size_t es)
     return v->buf + (off - v->base) * es;
 }
 
+/* ---- coll_hier_node.c -------------------------------------------------- */
+
+/* The node layout of every region (coll_hier_node.c says how it is found):
+ * per global rank its node within its region (numbered by lowest rank)
+ * and its place on that node (by rank); per region, G ranks on each of H
+ * nodes where the node stage applies (both >= 2, every node alike), else
+ * G = H = 0; and this rank's node ring (positions by place on the node)
+ * and rail ring (the ranks at my place on every node, by node), n = 0
+ * where my region has no node stage. */
+typedef struct geoHierNodes {
+    int *node_of;
+    int *node_local;
+    int G[64], H[64];
+    geoRing node_ring, rail_ring;
+} geoHierNodes;
+
+/* Segment [*off, *off + *n) of a slice of len elements that region q's
+ * local rank i holds after the reduce-scatter: seg's cut, or, with the
+ * node stage in a region that has one, part node_of of node segment
+ * node_local. */
+void hierRankSeg(const struct ncclComm *comm, int node_stage, hierSegFn seg, size_t len, int q,
+                 int i, size_t *off, size_t *n);
+/* The node and region stages of one slice [s0, s0 + len) of op: the
+ * reduce-scatter (ag = 0: my segment, hierRankSeg's, summed over the
+ * region into op->recvbuff) or the all-gather (ag = 1).  Only where my
+ * region has a node stage.  Errors are recorded where they happen. */
+ncclResult_t hierNodeIntra(struct ncclComm *comm, const geoOp *op, size_t s0, size_t len,
+                           int ag, size_t es);
+
 /* ---- coll_hier_plan.c -------------------------------------------------- */
 
-/* Lay out the messages of slice sl (s0 and len set) for this rank, with
+/* Lay out the messages of slice sl (s0 and len set) for this rank (its
+ * segments cut by seg, or with the node stage as hierRankSeg says), with
  * the encode buffers a compressed call needs (hc); hierSliceTmp gives the
  * X1 receive buffer while the slice is in flight, hierSliceTmpPut takes
  * it back; hierSliceFree frees what the plan allocated.  The plan:
@@ -93,7 +123,8 @@ static inline char *hierAt(const hierView *v, size_t off, size_t es)
  * codec that cannot bound its chunks), unreported: the caller, which names
  * the operation, reports it; hierSliceTmp reports its own failure. */
 ncclResult_t hierSlicePlan(struct ncclComm *comm, hierSlice *sl, size_t es,
-                           const hierCodec *hc, ncclDataType_t dt, hierSegFn seg);
+                           const hierCodec *hc, ncclDataType_t dt, hierSegFn seg,
+                           int node_stage);
 ncclResult_t hierSliceTmp(struct ncclComm *comm, hierSlice *sl);
 void hierSliceTmpPut(struct ncclComm *comm, hierSlice *sl);
 void hierSliceFree(struct ncclComm *comm, hierSlice *sl);

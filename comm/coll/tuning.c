@@ -1,5 +1,7 @@
 #include "config.h"
+#include "comm/base/checks.h"
 #include "comm/coll/tuning.h"
+#include "comm/coll/hier_internal.h"
 #include "comm/core/comm.h"
 #include "comm/base/debug.h"
 #include "comm/base/param.h"
@@ -16,6 +18,7 @@ void geoTuningFree(struct ncclComm *comm)
 {
     free(comm->plan);
     comm->plan = NULL;
+    geoHierNodesFree(comm);
 }
 
 static int coll_of(geoOpType t)
@@ -136,6 +139,17 @@ static int build_model(const struct ncclComm *comm, topoModel *m, const char **w
     m->chunk = comm->chunk_size;
     m->hier_slice = comm->hier_slice;
     m->direct_max = comm->direct_max;
+    /* The nodes the bootstrap's table shows (coll_hier_node.c); their
+     * link as the topology file's `node` line gives it, else the intra
+     * link's figures. */
+    m->node_alpha_s = m->intra_alpha_s;
+    m->node_Bps = m->intra_Bps;
+    if (comm->topo_file_loaded && comm->topo_file.node_bw_bytes > 0)
+        m->node_Bps = comm->topo_file.node_bw_bytes;
+    if (comm->topo_file_loaded && comm->topo_file.node_delay_ms >= 0)
+        m->node_alpha_s = comm->topo_file.node_delay_ms * 1e-3;
+    for (int g = 0; g < R && comm->hier_nodes != NULL; g++)
+        m->node_ranks[g] = comm->hier_nodes->G[g];
     return 0;
 }
 
@@ -149,6 +163,7 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
 
     geoTuningFree(comm);
     comm->plan_why[0] = '\0';
+    GEO_CHECK(geoHierNodesBuild(comm));
     const char *shares = geoParamStr(GEO_PARAM_HIER_SHARES);
     if (strcmp(shares, "equal") != 0 && strcmp(shares, "auto") != 0)
         return GEO_COMM_ERR(comm, ncclInvalidArgument,
@@ -269,6 +284,14 @@ int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hi
     return 1;
 }
 
+int geoTuningNodeStage(const struct ncclComm *comm, size_t bytes)
+{
+    if (comm->plan == NULL || comm->regions.nregions < 2)
+        return 1;
+    const topoPlanEntry *e = topoPlanLookup(comm->plan, TOPO_COLL_ALLREDUCE, bytes);
+    return e == NULL || e->algo != TOPO_ALGO_HIER || e->node_stage;
+}
+
 const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t bytes)
 {
     if (!comm->codec_auto || comm->plan == NULL || comm->regions.nregions < 2)
@@ -277,8 +300,30 @@ const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t b
     return e != NULL && e->algo == TOPO_ALGO_HIER && e->by_region ? e->region_codec : NULL;
 }
 
+/* One line naming the regions where the hierarchical all-reduce can run
+ * its node stage (coll_hier_node.c), after the plan's text; nothing where
+ * none can. */
+static void print_nodes(const struct ncclComm *comm, FILE *f)
+{
+    const geoHierNodes *n = comm->hier_nodes;
+    int any = 0;
+    for (int q = 0; n != NULL && q < comm->regions.nregions && q < 64; q++) {
+        if (n->G[q] == 0)
+            continue;
+        fprintf(f, "%s region '%s' %d nodes of %d ranks", any ? "," : "nodes:",
+                comm->regions.names[q][0] ? comm->regions.names[q] : "default", n->H[q],
+                n->G[q]);
+        any = 1;
+    }
+    if (any)
+        fprintf(f, " (the hierarchical all-reduce's node stage %s)\n",
+                comm->plan ? "where the plan says hier+node" : "at every size");
+}
+
 void geoTuningPrint(const struct ncclComm *comm, FILE *f, int json)
 {
+    if (!json)
+        print_nodes(comm, f);
     if (comm->plan == NULL) {
         if (json) {
             fprintf(f, "{\"plan\": null, \"why\": \"");

@@ -44,6 +44,12 @@ int geoTuningChoose(struct ncclComm *comm, geoOpType type, size_t bytes, int *hi
  * array lives as long as the plan. */
 const unsigned char *geoTuningRegionCodecs(const struct ncclComm *comm, size_t bytes);
 
+/* Whether a hierarchical all-reduce of `bytes` runs the node stage where a
+ * region has one (topoPlanEntry.node_stage): the plan's choice, or 1 where
+ * there is no plan or the plan chose the flat algorithm for the size (the
+ * node stage costs no bytes and saves message latencies). */
+int geoTuningNodeStage(const struct ncclComm *comm, size_t bytes);
+
 /* The plan as text or JSON; "no plan" and why when there is none. */
 /* What the plan's WAN figures are in: 1 where they are measured goodput,
  * 1448/1500 of a link rate where a topology file gave them. */

@@ -89,6 +89,7 @@ typedef struct {
 } geoRedOp;
 
 struct geoDevState;             /* comm/device/dev_internal.h */
+struct geoHierNodes;            /* comm/coll/hier_internal.h */
 
 struct ncclComm {
     uint64_t magic;
@@ -136,6 +137,7 @@ struct ncclComm {
      * unless the plan found the links uneven.  The same on every rank. */
     unsigned hier_w[64];
     int hier_uneven;
+    struct geoHierNodes *hier_nodes; /* which ranks share a node (coll_hier_node.c) */
     geoWanTuning wan;           /* congestion control and pacing between regions
                                  * (topology/wan_tuning.h) */
     topoReplan replan;          /* the plan follows the links (comm/coll/replan.c) */

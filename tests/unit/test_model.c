@@ -922,6 +922,102 @@ static void test_simulate_4x1024(void)
     free(out);
 }
 
+/* The node level inside regions (model.h node_ranks, node_stage): the
+ * file's `node` line and node_ranks=, the intra phase in two stages
+ * against one ring, the plan's choice between them, the stage figures,
+ * and nothing changed where no node is described. */
+static void test_nodes(void)
+{
+    char err[256] = "";
+    topoFile tf;
+    topoModel m, flat;
+    const char *text = "region a bw=10gbit delay=10 ranks=64\n"
+                       "region b bw=10gbit delay=10 ranks=64 node_ranks=4\n"
+                       "intra bw=400gbit delay=0.01\n"
+                       "node ranks=8 bw=1200gbit delay=0.003\n";
+    CU_ASSERT_EQUAL_FATAL(topoFileParse(text, "t", &tf, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(tf.node_ranks, 8);
+    CU_ASSERT_EQUAL(tf.regions[1].node_ranks, 4);
+    CU_ASSERT_DOUBLE_EQUAL(tf.node_bw_bytes, 150e9, 1);
+    CU_ASSERT_EQUAL_FATAL(topoModelFromFile(&tf, &m, err, sizeof(err)), 0);
+    topoFileFree(&tf);
+    CU_ASSERT_EQUAL(m.node_ranks[0], 8);
+    CU_ASSERT_EQUAL(m.node_ranks[1], 4);
+    CU_ASSERT_DOUBLE_EQUAL(m.node_alpha_s, 3e-6, 1e-12);
+    CU_ASSERT_TRUE(topoModelHasNodes(&m));
+    /* bad node lines, and ranks a node does not divide */
+    CU_ASSERT_EQUAL(topoFileParse("node ranks=0\n", "t", &tf, err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "t:1: bad node ranks '0'"));
+    CU_ASSERT_EQUAL(topoFileParse("node speed=1\n", "t", &tf, err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown node attribute 'speed=1'"));
+    CU_ASSERT_EQUAL(topoFileParse("region a ranks=6 bw=1gbit delay=1\nregion b ranks=4 "
+                                  "bw=1gbit delay=1\nnode ranks=4\n", "t", &tf, err,
+                                  sizeof(err)), 0);
+    CU_ASSERT_EQUAL(topoModelFromFile(&tf, &flat, err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "region 'a' has 6 ranks, not a whole number of nodes of 4"));
+    topoFileFree(&tf);
+
+    /* Staged: per slice (G-1) + (H-1) latencies per phase instead of P-1;
+     * at small slices that is most of the time. */
+    topoModel one = m;
+    one.node_stage = 0;
+    m.node_stage = 1;
+    double t1 = topoPredict(&m, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, MiB, 0);
+    double t0 = topoPredict(&one, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, 64 * MiB, MiB, 0);
+    CU_ASSERT(t1 > 0 && t1 < t0);
+    topoHierStages st;
+    CU_ASSERT_EQUAL_FATAL(topoPredictHierStages(&m, NULL, 64 * MiB, MiB, 0, &st), 0);
+    CU_ASSERT_DOUBLE_EQUAL(st.total_s, t1, 1e-12);
+    CU_ASSERT_EQUAL(st.node_stage, 1);
+    CU_ASSERT_EQUAL(st.nslices, 64);
+    CU_ASSERT(st.node_s > 0 && st.region_s > 0 && st.wan_s > 0);
+    /* region a: 8 nodes of 8 ranks, 1 MiB slices: 2 x 64 x 7 x (3 us + 16 KiB at 150 GB/s) */
+    CU_ASSERT_DOUBLE_EQUAL(st.node_s, 2 * 64 * 7 * (3e-6 + MiB / 8.0 / 150e9), 1e-6);
+    CU_ASSERT(st.bound_s <= st.total_s);
+    CU_ASSERT_DOUBLE_EQUAL(st.bound_s - st.bw_bound_s, st.latency_s, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(st.latency_s, 0.02, 1e-9);
+    CU_ASSERT_EQUAL(topoPredictHierStages(&m, NULL, MiB, 0, 0, NULL), -1);
+    CU_ASSERT_EQUAL_FATAL(topoPredictHierStages(&one, NULL, 64 * MiB, MiB, 0, &st), 0);
+    CU_ASSERT_EQUAL(st.node_stage, 0);
+    CU_ASSERT_DOUBLE_EQUAL(st.total_s, t0, 1e-12);
+
+    /* The plan takes the node stage where it wins, and says so. */
+    topoPlan *p = malloc(sizeof(*p));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&m, NULL, 0, 0, NULL, p), 0);
+    const topoPlanEntry *e = topoPlanLookup(p, TOPO_COLL_ALLREDUCE, 16 * MiB);
+    CU_ASSERT_EQUAL(e->algo, TOPO_ALGO_HIER);
+    CU_ASSERT_EQUAL(e->node_stage, 1);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    topoPlanPrint(p, f);
+    topoPlanJson(p, f);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "hier+node"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\"node_stage\": 1"));
+    free(buf);
+
+    /* No node described: the same predictions and plan whatever
+     * node_stage says (3x2 and 2x4 keep their plans). */
+    emulated(&flat, 3, 2, "100mbit");
+    CU_ASSERT_FALSE(topoModelHasNodes(&flat));
+    topoModel off = flat;
+    off.node_stage = 0;
+    for (size_t b = MiB; b <= 256 * MiB; b *= 4)
+        CU_ASSERT_DOUBLE_EQUAL(
+            topoPredict(&flat, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, b, 0, 0),
+            topoPredict(&off, TOPO_COLL_ALLREDUCE, TOPO_ALGO_HIER, NULL, b, 0, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(topoPlanBuild(&flat, NULL, 0, 0, NULL, p), 0);
+    for (int c = 0; c < TOPO_COLL_COUNT; c++)
+        for (int i = 0; i < p->nentries[c]; i++)
+            CU_ASSERT_EQUAL(p->entries[c][i].node_stage, 0);
+    /* Regions of one node each (P ranks on one node): no node stage. */
+    flat.node_ranks[0] = flat.node_ranks[1] = flat.node_ranks[2] = 2;
+    CU_ASSERT_FALSE(topoModelHasNodes(&flat));
+    free(p);
+}
+
 /* The WAN congestion control choice: the Mathis rate against the share a
  * pair carries, cubic on clean or nearly clean paths, BBR on lossy or
  * unmeasured ones, streams where there is no BBR. */
@@ -1039,6 +1135,7 @@ int main(void)
                 test_ingress);
     CU_add_test(s, "simulate 3x2 at 100 Mbit/s", test_simulate_3x2);
     CU_add_test(s, "simulate 4 x 1024 ranks", test_simulate_4x1024);
+    CU_add_test(s, "nodes inside regions: node and region stages", test_nodes);
     CU_add_test(s, "WAN congestion control from loss", test_wan_cc_choice);
     CU_add_test(s, "WAN congestion control revisited after init", test_wan_cc_revisit);
     CU_add_test(s, "loss term of a loss-driven control", test_loss_term);
