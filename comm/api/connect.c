@@ -363,7 +363,12 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
                                 comm->nranks);
         memset(&me, 0, sizeof(me));
         memcpy(me.bytes, &mine, sizeof(mine));
+        double t0 = geoNow();
         res = geoBootstrapJoin(&self, id, &me, table);
+        if (res == ncclSuccess)
+            geoInfo(GEO_LOG_INIT, "bootstrap: the table of %d ranks in %.3f s (one gather and "
+                    "scatter through the root, the last rank's join included)", comm->nranks,
+                    geoNow() - t0);
         for (int r = 0; res == ncclSuccess && r < comm->nranks; r++)
             memcpy(&comm->peers[r], table[r].bytes, sizeof(comm->peers[r]));
         free(table);
