@@ -19,7 +19,8 @@
  * N ranks forked on this host, each times its ncclCommInitRank and counts
  * its descriptors after it, one all-reduce is checked, and one line says
  * the slowest init, the job's init (first fork to last rank ready) and the
- * descriptors per rank.
+ * descriptors per rank.  --bench N alltoall adds a checked all-to-all of
+ * every pair (the first use of most) and the descriptors after it.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -283,11 +284,12 @@ static int bench_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   ncclComm_t comm;
   if (init_rank(sh, rank, nranks, id, &comm)) return 1;
   sh->bad[rank] = allreduce_ok(comm, rank, nranks);
+  if (sh->victim == -2) sh->bad[rank] |= alltoall_ok(comm, rank, nranks);
   sh->fds_after[rank] = count_fds();
   return ncclCommDestroy(comm) != ncclSuccess || sh->bad[rank];
 }
 
-static int bench(int n)
+static int bench(int n, int a2a)
 {
   if (n < 2 || n > MAX_RANKS) {
     fprintf(stderr, "--bench: 2..%d ranks\n", MAX_RANKS);
@@ -296,10 +298,11 @@ static int bench(int n)
   shared_t *sh = new_shared(n);
   if (sh == NULL) return 1;
   harness_opts o = {.timeout_s = 600, .make_id = 1};
+  sh->victim = a2a ? -2 : -1; /* -2: an all-to-all after the all-reduce */
   sh->t_start = harness_now();
   int failed = harness_run_opts(n, bench_body, sh, &o);
   double slowest = 0, last = 0, mean = 0;
-  int fmax = 0, fmin = 1 << 30, bad = 0;
+  int fmax = 0, fmin = 1 << 30, bad = 0, amax = 0;
   for (int r = 0; r < n; r++) {
     int f = sh->fds_init[r];
     mean += sh->init_s[r] / n;
@@ -307,6 +310,7 @@ static int bench(int n)
     last = sh->ready_at[r] - sh->t_start > last ? sh->ready_at[r] - sh->t_start : last;
     fmax = f > fmax ? f : fmax;
     fmin = f < fmin ? f : fmin;
+    amax = sh->fds_after[r] > amax ? sh->fds_after[r] : amax;
     bad += sh->bad[r];
   }
   const char *mode = getenv("GEOCCL_CONNECT");
@@ -314,6 +318,7 @@ static int bench(int n)
          "descriptors per rank after init: %d..%d  all-reduce %s\n",
          n, mode ? mode : "auto", slowest, mean, last, fmin, fmax,
          failed || bad ? "FAILED" : "ok");
+  if (a2a) printf("            after an all-to-all of every pair: up to %d descriptors per rank\n", amax);
   harness_shared_free(sh, sizeof(*sh));
   return failed || bad;
 }
@@ -324,7 +329,8 @@ int main(int argc, char **argv)
   char t[16];
   snprintf(t, sizeof(t), "%d", LIB_TIMEOUT_S);
   harness_setup_env();
-  if (argc == 3 && strcmp(argv[1], "--bench") == 0) return bench(atoi(argv[2]));
+  if ((argc == 3 || argc == 4) && strcmp(argv[1], "--bench") == 0)
+    return bench(atoi(argv[2]), argc == 4 && strcmp(argv[3], "alltoall") == 0);
 
   setenv("GEOCCL_TIMEOUT", t, 1);
   if (CU_initialize_registry() != CUE_SUCCESS) return CU_get_error();
