@@ -13,7 +13,10 @@
  *     the lower, is right; so is an all-to-all of every pair after it;
  *   - a first use with a peer that died after init is an error within
  *     GEOCCL_TIMEOUT + 5 s, never a hang: the higher rank dials and is
- *     refused, the lower one waits for a dial that never comes.
+ *     refused, the lower one waits for a dial that never comes;
+ *   - after init a stranger's hello for a slot not connected yet (claiming
+ *     the rank that will dial it, without the secret) gets no ack, and the
+ *     real first use of that pair works.
  *
  * With --bench N it is the init benchmark instead (tests/perf/bench_init.sh):
  * N ranks forked on this host, each times its ncclCommInitRank and counts
@@ -23,6 +26,10 @@
  * every pair (the first use of most) and the descriptors after it.
  */
 #define _GNU_SOURCE
+#include "config.h"
+#include "comm/core/comm.h"
+#include "comm/transport/net_tcp_internal.h"
+
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
 #include <dirent.h>
@@ -47,6 +54,10 @@ typedef struct {
   int fds_before[MAX_RANKS], fds_init[MAX_RANKS], fds_after[MAX_RANKS];
   int bad[MAX_RANKS];           /* wrong results */
   double err_s[MAX_RANKS];      /* death test: seconds until the error; -1 none */
+  volatile int ready, phase;    /* stranger test: rank 0's address is in addr0; the
+                                 * stranger has tried */
+  geoSockAddr addr0;
+  int taken;                    /* the stranger's hello: 1 acknowledged, 0 closed, -1 none */
 } shared_t;
 
 static int count_fds(void)
@@ -276,6 +287,85 @@ static void test_death(void)
   harness_shared_free(sh, sizeof(*sh));
 }
 
+/* A stranger's hello to rank 0, claiming rank `as` on stream 0, with
+ * proofs it cannot make (it lacks the secret).  1 if rank 0 acknowledged
+ * it, 0 if it closed it, -1 if there was no handshake. */
+static int stranger_hello(const geoSockAddr *addr, int as)
+{
+  uint8_t challenge[GEO_CHALLENGE_BYTES];
+  const char *why;
+  tcpHello m;
+  tcpAccept ack;
+  int fd, taken = -1;
+  if (geoSocketConnect(addr, geoNow() + 10, &fd) != ncclSuccess) return -1;
+  if (geoSocketRecvAll(fd, challenge, sizeof(challenge), geoNow() + 10, &why) == ncclSuccess) {
+    memset(&m, 0, sizeof(m));
+    m.magic = GEO_HELLO_MAGIC;
+    m.rank = as;
+    m.to = 0;
+    m.cipher = GEO_CIPHER_CHACHA20POLY1305;
+    geoRandomBytes(m.nonce, sizeof(m.nonce));
+    geoRandomBytes(m.proof, sizeof(m.proof));
+    geoRandomBytes(m.claim, sizeof(m.claim));
+    geoRandomBytes(m.cproof, sizeof(m.cproof));
+    if (geoSocketSendAll(fd, &m, sizeof(m), geoNow() + 10, &why) == ncclSuccess)
+      taken = geoSocketRecvAll(fd, &ack, sizeof(ack), geoNow() + 10, &why) == ncclSuccess;
+  }
+  close(fd);
+  return taken;
+}
+
+/* Ranks 0..n-2 make the communicator; the last process is the stranger. */
+static int stranger_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
+{
+  shared_t *sh = arg;
+  const int n = nranks - 1, as = n / 2;
+  ncclComm_t comm;
+  int bad = 0;
+  if (rank == n) {
+    for (double t0 = harness_now(); !sh->ready; usleep(1000))
+      if (harness_now() - t0 > 60 * harness_time_scale()) return 1;
+    sh->taken = stranger_hello(&sh->addr0, as);
+    sh->phase = 1;
+    return 0;
+  }
+  if (ncclCommInitRank(&comm, n, *id, rank) != ncclSuccess) {
+    fprintf(stderr, "rank %d: init failed: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  if (rank == 0) {
+    sh->addr0 = comm->net.ctx.peers[0].addr;
+    sh->ready = 1;
+  }
+  for (double t0 = harness_now(); !sh->phase; usleep(1000))
+    if (harness_now() - t0 > 60 * harness_time_scale()) bad = 1;
+  if (!bad && (rank == 0 || rank == as) &&
+      exchange(comm, rank, rank ? 0 : as, rank ? 0 : as, &bad) != ncclSuccess) {
+    fprintf(stderr, "rank %d: first use after the stranger failed: %s\n", rank,
+            ncclGetLastError(comm));
+    bad = 1;
+  }
+  bad |= allreduce_ok(comm, rank, n);
+  if (ncclCommDestroy(comm) != ncclSuccess) bad = 1;
+  return bad;
+}
+
+static void test_stranger(void)
+{
+  const int n = 12;
+  setenv("GEOCCL_CONNECT", "lazy", 1);
+  shared_t *sh = new_shared(n);
+  CU_ASSERT_FATAL(sh != NULL);
+  sh->taken = -2;
+  CU_ASSERT_EQUAL(harness_run_noinit(n + 1, stranger_body, sh, 120), 0);
+  if (sh->taken != 0)
+    fprintf(stderr, "the stranger's hello: %s\n",
+            sh->taken > 0 ? "acknowledged" : "no handshake");
+  CU_ASSERT_EQUAL(sh->taken, 0);
+  unsetenv("GEOCCL_CONNECT");
+  harness_shared_free(sh, sizeof(*sh));
+}
+
 /* ---- the benchmark ---- */
 
 static int bench_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
@@ -343,6 +433,7 @@ int main(int argc, char **argv)
               test_lazy);
   CU_add_test(s, "32 ranks, default: lazy beyond 16 ranks", test_auto);
   CU_add_test(s, "first use with a rank that died: an error, no hang", test_death);
+  CU_add_test(s, "a stranger cannot take a slot left for first use", test_stranger);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failures = CU_get_number_of_failures();
