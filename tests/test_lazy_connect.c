@@ -408,7 +408,9 @@ static int bench(int n, int a2a)
          "descriptors per rank after init: %d..%d  all-reduce %s\n",
          n, mode ? mode : "auto", slowest, mean, last, fmin, fmax,
          failed || bad ? "FAILED" : "ok");
-  if (a2a) printf("            after an all-to-all of every pair: up to %d descriptors per rank\n", amax);
+  if (a2a)
+    printf("            after an all-to-all of every pair: up to %d descriptors per rank\n",
+           amax);
   harness_shared_free(sh, sizeof(*sh));
   return failed || bad;
 }

@@ -395,12 +395,12 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     if (res != ncclSuccess)
         return res;
     {
-        int nenc = 0;
+        int nenc = 0, used = __atomic_load_n(&comm->net.ctx.cipher_used, __ATOMIC_RELAXED);
         for (int r = 0; r < comm->nranks; r++)
             nenc += comm->encrypt[r];
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "encryption (GEOCCL_ENCRYPT=%s): connections to %d "
                 "of %d peers, %s", geoParamStr(GEO_PARAM_ENCRYPT), nenc, comm->nranks - 1,
-                nenc ? geoCipherName(comm->net.ctx.cipher_used) : "none");
+                nenc ? geoCipherName(used) : "none");
     }
     GEO_CHECK(geoCommProbe(comm));
     GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */

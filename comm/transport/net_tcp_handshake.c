@@ -173,6 +173,17 @@ static int out_of_fds(int err)
     return err == EMFILE || err == ENFILE;
 }
 
+/* An encrypted connection with cipher is up: ctx->cipher_used says which
+ * cipher the encrypted connections use.  Atomic: after set-up the progress
+ * thread opens connections (first use, resume) while the communicator's
+ * threads read it. */
+static void note_cipher(geoNetCtx *ctx, int cipher)
+{
+    int used = __atomic_load_n(&ctx->cipher_used, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->cipher_used, used && used != cipher ? GEO_CIPHER_MIXED : cipher,
+                     __ATOMIC_RELAXED);
+}
+
 /* The peer's same-host socket cannot be opened from here (another mount
  * namespace, a private /dev/shm): it is not the same host for us, so this
  * stream goes over TCP, at once. */
@@ -327,8 +338,7 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
                     goto refused;
                 }
                 if (h->hello.encrypt)
-                    ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != want_cipher
-                                           ? GEO_CIPHER_MIXED : want_cipher;
+                    note_cipher(ctx, want_cipher);
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
@@ -625,8 +635,7 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
                 }
             }
             if (enc)
-                ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != cipher
-                                       ? GEO_CIPHER_MIXED : cipher;
+                note_cipher(ctx, cipher);
             if (!h->resume) { /* a resumed connection is installed once our ack is out */
                 c->fd = h->fd;
                 c->local = h->local;

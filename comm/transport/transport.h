@@ -60,7 +60,9 @@ typedef struct {
                                  * message.  Must say the same of a pair at both ends
                                  * (NULL: every pair at connect()) */
     /* Set by connect(): */
-    int cipher_used;            /* cipher of the encrypted connections; 0: none */
+    int cipher_used;            /* cipher of the encrypted connections open so far; 0:
+                                 * none (read it with __atomic_load_n: the progress
+                                 * thread opens connections on first use) */
     int local_peers;            /* peers reached over the same-host fast path */
     int ring_peers;             /* of those, with shared-memory rings on every stream */
 } geoNetCtx;
