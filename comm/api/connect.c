@@ -214,7 +214,8 @@ static ncclResult_t plan_connections(struct ncclComm *comm)
                           comm->peers[comm->rank].net.host) == 0;
     for (int i = 0; i < rr->n && one_host; i++)
         want[rr->ranks[i]] = 1;
-    if (comm->regions.nregions > 1) {
+    /* Beyond 64 regions there is no hierarchical plan (coll_hier_plan.c). */
+    if (comm->regions.nregions > 1 && comm->regions.nregions <= 64) {
         hierXferPlan plan;
         ncclResult_t res = geoHierExchangePlan(comm, (size_t)1 << 22, &plan);
         if (res != ncclSuccess) {
