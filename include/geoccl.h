@@ -88,7 +88,9 @@ ncclResult_t geocclCommGetSingleCopy(ncclComm_t comm, int *singleCopy);
 /* [out] encryptedPeers: how many peers this rank's connections to carry
  * authenticated, encrypted frames (GEOCCL_ENCRYPT); [out] cipher (may be
  * NULL): "aes-256-gcm", "chacha20-poly1305", a sentence naming both when
- * peers differ, or "none" when there is no such peer.  Local to the calling rank; any thread.  ncclInvalidArgument
+ * peers differ, or "none" when there is no such peer; the cipher is that of
+ * the encrypted connections open so far (GEOCCL_CONNECT: pairs the plans do
+ * not use connect on their first message), "none" before the first.  Local to the calling rank; any thread.  ncclInvalidArgument
  * for a NULL or dead comm or a NULL encryptedPeers. */
 ncclResult_t geocclCommGetEncryption(ncclComm_t comm, int *encryptedPeers, const char **cipher);
 

@@ -40,7 +40,8 @@ modes=("$@")
 # Slowest first (make -j2 starts them in this order; under thread they
 # took, alone, about 190, 130, 70 and 33 s, the rest under 10 s).
 thread_tests="tests/test_hier tests/device/run_dev_emu.sh tests/test_collectives \
-tests/test_peer_death tests/unit/test_transport tests/unit/test_bootstrap tests/unit/test_shm_ring"
+tests/test_peer_death tests/unit/test_transport tests/unit/test_bootstrap tests/unit/test_shm_ring \
+tests/test_lazy_connect"
 thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')tests/device/dev_allreduce-emu"
 
 # Left out under address,undefined: the probe over emulated regions (about

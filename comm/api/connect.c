@@ -11,6 +11,7 @@
 #include "comm/base/param.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/coll/cma.h"
+#include "comm/coll/coll.h"
 #include "comm/coll/tuning.h"
 #include "comm/core/comm.h"
 #include "comm/device/coll_device.h"
@@ -86,6 +87,10 @@ static ncclResult_t check_peer_table(struct ncclComm *comm)
     if (p0->nstreams < 1 || p0->nstreams > 64)
         return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank 0 asks for %d streams per peer "
                             "pair: outside 1..64; refusing the communicator", p0->nstreams);
+    if (p0->connect < GEO_CONNECT_AUTO || p0->connect > GEO_CONNECT_LAZY)
+        return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank 0 asks for connection mode %d "
+                            "(GEOCCL_CONNECT): not one this build knows; refusing the "
+                            "communicator", p0->connect);
     if (p0->chunk_size < 4096 || p0->chunk_size > ((int64_t)1 << 30))
         return GEO_COMM_ERR(comm, ncclRemoteError, "init: rank 0 asks for chunks of %lld bytes: "
                             "outside 4 KiB..1 GiB; refusing the communicator",
@@ -168,6 +173,79 @@ static ncclResult_t encrypt_plan(struct ncclComm *comm)
     return ncclSuccess;
 }
 
+/* Up to this many ranks GEOCCL_CONNECT=auto connects every pair at init:
+ * 2 x 15 connections a rank at most, and every path (single-copy, the
+ * mailboxes, any ring order) ready before the first call. */
+#define GEO_CONNECT_ALL_UPTO 16
+
+static void want_ring(uint8_t *want, const geoRing *ring)
+{
+    if (ring->n < 2)
+        return;
+    want[ring->ranks[(ring->me + 1) % ring->n]] = 1;
+    want[ring->ranks[(ring->me + ring->n - 1) % ring->n]] = 1;
+}
+
+/* Which pairs init connects (GEOCCL_CONNECT, rank 0's value): all, or
+ * those the plans use: both neighbours on the ring of all ranks and on my
+ * region's ring, every rank of a region small enough for single-copy
+ * (GEO_CMA_LAZY_MAX_RANKS) and on one host, and my partners in the
+ * hierarchical exchange (coll_hier_plan.c).  Every rank computes this from
+ * the table and the region map, which all share, and each rule is
+ * symmetric (neighbours both ways, a region's members, the exchange's
+ * sends and their receives), so both ends of a pair agree; any other pair
+ * connects on its first message (comm/transport/net_tcp_lazy.c). */
+static ncclResult_t plan_connections(struct ncclComm *comm)
+{
+    const int mode = comm->peers[0].connect;
+    if (mode == GEO_CONNECT_ALL || (mode == GEO_CONNECT_AUTO &&
+                                    comm->nranks <= GEO_CONNECT_ALL_UPTO))
+        return ncclSuccess;
+    uint8_t *want = calloc((size_t)comm->nranks, 1);
+    if (want == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
+    want_ring(want, &comm->ring);
+    want_ring(want, &comm->region_ring);
+    const geoRing *rr = &comm->region_ring;
+    int one_host = rr->n <= GEO_CMA_LAZY_MAX_RANKS;
+    for (int i = 0; i < rr->n && one_host; i++)
+        one_host = strcmp(comm->peers[rr->ranks[i]].net.host,
+                          comm->peers[comm->rank].net.host) == 0;
+    for (int i = 0; i < rr->n && one_host; i++)
+        want[rr->ranks[i]] = 1;
+    /* Beyond 64 regions there is no hierarchical plan (coll_hier_plan.c). */
+    if (comm->regions.nregions > 1 && comm->regions.nregions <= 64) {
+        hierXferPlan plan;
+        ncclResult_t res = geoHierExchangePlan(comm, (size_t)1 << 22, &plan);
+        if (res != ncclSuccess) {
+            free(want);
+            return res;
+        }
+        const hierXferMsg *lists[4] = {plan.tx1, plan.rx1, plan.tx2, plan.rx2};
+        const int counts[4] = {plan.ntx1, plan.nrx1, plan.ntx2, plan.nrx2};
+        for (int l = 0; l < 4; l++)
+            for (int i = 0; i < counts[l]; i++)
+                want[lists[l][i].peer] = 1;
+        geoHierExchangePlanFree(&plan);
+    }
+    want[comm->rank] = 0;
+    comm->connect_want = want;
+    return ncclSuccess;
+}
+
+/* The descriptors this communicator's transport holds, at INFO. */
+static void log_descriptors(struct ncclComm *comm, const char *when)
+{
+    int peers = 0, fds;
+    if (comm->net.ops->descriptors == NULL)
+        return;
+    fds = comm->net.ops->descriptors(comm->net.state, &peers);
+    geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "%s: %d file descriptors held (connections to %d of %d "
+            "peers, listener, wake-up; GEOCCL_CONNECT=%s)", when, fds, peers, comm->nranks - 1,
+            comm->connect_want != NULL ? "lazy" : "all");
+}
+
 ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id,
                             int allow_env_root)
 {
@@ -236,6 +314,18 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     mine.landmarks = (int32_t)geoParamInt(GEO_PARAM_PROBE_LANDMARKS);
     mine.encrypt = enc_mode;
     {
+        const char *cm = geoParamStr(GEO_PARAM_CONNECT);
+        if (strcasecmp(cm, "auto") == 0)
+            mine.connect = GEO_CONNECT_AUTO;
+        else if (strcasecmp(cm, "all") == 0)
+            mine.connect = GEO_CONNECT_ALL;
+        else if (strcasecmp(cm, "lazy") == 0)
+            mine.connect = GEO_CONNECT_LAZY;
+        else
+            return GEO_COMM_ERR(comm, ncclInvalidArgument,
+                                "init: GEOCCL_CONNECT=%s: must be auto, all or lazy", cm);
+    }
+    {
         const char *ni = geoParamStr(GEO_PARAM_NCCL_INIT);
         mine.nccl_init = GEO_NCCL_INIT_AUTO;
         if (ni && strcasecmp(ni, "eager") == 0)
@@ -274,7 +364,12 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
                                 comm->nranks);
         memset(&me, 0, sizeof(me));
         memcpy(me.bytes, &mine, sizeof(mine));
+        double t0 = geoNow();
         res = geoBootstrapJoin(&self, id, &me, table);
+        if (res == ncclSuccess)
+            geoInfo(GEO_LOG_INIT, "bootstrap: the table of %d ranks in %.3f s (one gather and "
+                    "scatter through the root, the last rank's join included)", comm->nranks,
+                    geoNow() - t0);
         for (int r = 0; res == ncclSuccess && r < comm->nranks; r++)
             memcpy(&comm->peers[r], table[r].bytes, sizeof(comm->peers[r]));
         free(table);
@@ -287,6 +382,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     comm->chunk_size = (size_t)comm->peers[0].chunk_size;
     GEO_CHECK(geoCommBuildRegions(comm));
     GEO_CHECK(encrypt_plan(comm));
+    GEO_CHECK(plan_connections(comm));
     comm->net.ctx.nstreams = comm->nstreams;
     comm->net.ctx.peers = calloc((size_t)comm->nranks, sizeof(geoNetPeer));
     if (comm->net.ctx.peers == NULL)
@@ -295,16 +391,17 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     for (int r = 0; r < comm->nranks; r++)
         comm->net.ctx.peers[r] = comm->peers[r].net;
     comm->net.ctx.encrypt = comm->encrypt;
+    comm->net.ctx.want = comm->connect_want;
     res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
     {
-        int nenc = 0;
+        int nenc = 0, used = __atomic_load_n(&comm->net.ctx.cipher_used, __ATOMIC_RELAXED);
         for (int r = 0; r < comm->nranks; r++)
             nenc += comm->encrypt[r];
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "encryption (GEOCCL_ENCRYPT=%s): connections to %d "
                 "of %d peers, %s", geoParamStr(GEO_PARAM_ENCRYPT), nenc, comm->nranks - 1,
-                nenc ? geoCipherName(comm->net.ctx.cipher_used) : "none");
+                nenc ? geoCipherName(used) : "none");
     }
     GEO_CHECK(geoCommProbe(comm));
     GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */
@@ -312,6 +409,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
         geoCommWriteTopoFile(comm);
     GEO_CHECK(geoTuningInit(comm));
     GEO_CHECK(geoDevInitAtInit(comm));
+    log_descriptors(comm, "init done");
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net.ops->name, comm->nstreams,

@@ -122,7 +122,9 @@ ncclResult_t geocclCommGetEncryption(ncclComm_t comm, int *encryptedPeers, const
         n += comm->encrypt[r];
     *encryptedPeers = n;
     if (cipher)
-        *cipher = geoCipherName(n ? comm->net.ctx.cipher_used : GEO_CIPHER_NONE);
+        *cipher = geoCipherName(n ? __atomic_load_n(&comm->net.ctx.cipher_used,
+                                                    __ATOMIC_RELAXED)
+                                  : GEO_CIPHER_NONE);
     return ncclSuccess;
 }
 

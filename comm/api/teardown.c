@@ -53,6 +53,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     comm->net.state = NULL;
     free(comm->peers);
     free(comm->encrypt);
+    free(comm->connect_want);
     geoWipe(comm->secret, sizeof(comm->secret));
     free(comm->net.ctx.peers);
     comm->magic = 0;

@@ -167,6 +167,13 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                      "dialled again and resumed, nothing lost or repeated; a "
                                      "peer whose process is gone is an error at once; 0: a "
                                      "reset is an error at once"},
+    [GEO_PARAM_CONNECT] = {"GEOCCL_CONNECT", GEO_PARAM_STR, "auto",
+                           "which connections init opens: all (every pair of ranks), lazy "
+                           "(only those the plans use: ring neighbours, the hierarchical "
+                           "exchange's partners, a small region's same-host ranks; any other "
+                           "pair connects on its first message, the higher rank dialling), "
+                           "auto (all up to 16 ranks, lazy beyond); rank 0's value is used "
+                           "by all"},
     [GEO_PARAM_RESUME_BUFFER] = {"GEOCCL_RESUME_BUFFER", GEO_PARAM_INT, "64M",
                                  "bytes kept per peer (shared by its TCP connections) of what "
                                  "was sent until the receiver acknowledges them, so that they "

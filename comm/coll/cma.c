@@ -76,7 +76,7 @@ ncclResult_t geoCmaSetup(struct ncclComm *comm)
     const geoRing *ring = &comm->region_ring;
     const int n = ring->n, me = ring->me;
     comm->cma = 0;
-    if (n < 2)
+    if (n < 2 || (comm->connect_want != NULL && n > GEO_CMA_LAZY_MAX_RANKS))
         return ncclSuccess;
     /* Decided from what every rank knows alike: no message unless all of
      * the region is on my host. */

@@ -24,6 +24,13 @@
 
 struct ncclComm;
 
+/* Where init opens only the connections the plans use (GEOCCL_CONNECT),
+ * single-copy is tried only in regions of at most this many ranks: its
+ * set-up and each call signal every pair of the region, so those pairs
+ * are connected at init (comm/api/connect.c) and hold descriptors for the
+ * communicator's life.  A larger region keeps the ring. */
+#define GEO_CMA_LAZY_MAX_RANKS 8
+
 /* Collective over my region (after the region map is final): sets
  * comm->cma to 1 when every rank of the region can read every other. */
 ncclResult_t geoCmaSetup(struct ncclComm *comm);

@@ -57,9 +57,12 @@ typedef struct {
     int32_t dev_ready;          /* a CUDA device and NVIDIA's NCCL loaded (GEO_NCCL_INIT_LAZY:
                                  * not looked at, 0) */
     char dev_bus[16];           /* that device's PCI bus id ("" without one) */
+    int32_t connect;            /* GEOCCL_CONNECT: GEO_CONNECT_*; rank 0's value is used */
 } geoPeerInfo;
 
 enum { GEO_NCCL_INIT_AUTO = 0, GEO_NCCL_INIT_EAGER = 1, GEO_NCCL_INIT_LAZY = 2 };
+
+enum { GEO_CONNECT_AUTO = 0, GEO_CONNECT_ALL = 1, GEO_CONNECT_LAZY = 2 };
 
 enum { GEO_ENCRYPT_OFF = 0, GEO_ENCRYPT_WAN = 1, GEO_ENCRYPT_ALL = 2 };
 
@@ -101,6 +104,8 @@ struct ncclComm {
     struct geoDevState *dev;    /* device buffers: real NCCL, exchange thread */
     uint8_t secret[GEO_SHA256_BYTES];
     uint8_t *encrypt;           /* [nranks]: 1 where connections to that rank are encrypted */
+    uint8_t *connect_want;      /* [nranks]: 1 where init connects to that rank, the others
+                                 * on first use; NULL: every rank (GEOCCL_CONNECT) */
     int nosecret;               /* the secret follows from public values (GEO_ID_NOSECRET) */
     uint64_t comm_hash;         /* identifies the communicator in logs */
     geoPeerInfo *peers;

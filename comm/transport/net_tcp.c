@@ -83,6 +83,26 @@ void tcpPeerErrorAt(tcpState *st, int peer, int stream, const char *what, const 
     tcpBreakLocked(st, ncclRemoteError);
 }
 
+int tcpWanted(const geoNetCtx *ctx, int peer)
+{
+    return ctx->want == NULL || ctx->want[peer];
+}
+
+void tcpConnReady(tcpState *st, tcpConn *c)
+{
+    c->unopened = 0;
+    c->track = !c->local;
+    /* GEOCCL_RESUME_BUFFER bounds a peer, not a connection: a peer that
+     * never acknowledges pins that much of our memory, however many
+     * streams rank 0 asked for. */
+    c->k_max = (size_t)(geoParamInt(GEO_PARAM_RESUME_BUFFER) / st->nstreams / GEO_TCP_FRAME);
+    if (!c->local)
+        geoSocketTune(c->fd);
+    else
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &(int){GEO_LOCAL_SNDBUF}, sizeof(int));
+    geoSocketSetNonBlocking(c->fd, 1);
+}
+
 static int tcp_can_connect(geoNetCtx *ctx)
 {
     (void)ctx;
@@ -149,6 +169,7 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
             st->peers[p].conns[s].probe_fd = -1;
             st->peers[p].conns[s].s_frame = GEO_FRAME_UNSET;
             st->peers[p].conns[s].r_frame = GEO_FRAME_UNSET;
+            st->peers[p].conns[s].unopened = p != ctx->rank;
         }
     }
     res = tcpSetupConnections(st);
@@ -162,24 +183,22 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
     if (res != ncclSuccess)
         return res;
 
-    int local_peers = 0, mixed = 0;
+    int local_peers = 0, mixed = 0, connected = 0;
     for (int p = 0; p < ctx->nranks; p++) {
         int nlocal = 0;
         for (int s = 0; s < st->nstreams && p != ctx->rank; s++) {
             tcpConn *c = &st->peers[p].conns[s];
+            /* A pair set-up skipped, or one whose first-use dial came
+             * while set-up ran and did not finish in it, connects later
+             * (net_tcp_lazy.c). */
+            if (c->fd < 0) {
+                st->peers[p].unopened++;
+                continue;
+            }
             nlocal += c->local;
-            c->track = !c->local;
-            /* GEOCCL_RESUME_BUFFER bounds a peer, not a connection: a
-             * peer that never acknowledges pins that much of our memory,
-             * however many streams rank 0 asked for. */
-            c->k_max = (size_t)(geoParamInt(GEO_PARAM_RESUME_BUFFER) / st->nstreams /
-                                GEO_TCP_FRAME);
-            if (!c->local)
-                geoSocketTune(c->fd);
-            else
-                setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &(int){GEO_LOCAL_SNDBUF}, sizeof(int));
-            geoSocketSetNonBlocking(c->fd, 1);
+            tcpConnReady(st, c);
         }
+        connected += p != ctx->rank && st->peers[p].unopened == 0;
         local_peers += nlocal == st->nstreams;
         mixed += nlocal > 0 && nlocal < st->nstreams;
     }
@@ -196,7 +215,14 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
     }
     ctx->ring_peers = ring_peers;
     st->reconnect_s = (double)geoParamInt(GEO_PARAM_RECONNECT_TIMEOUT);
-    st->rpend = calloc(GEO_TCP_RESUME_PENDING, sizeof(tcpHs));
+    st->rpend_cap = GEO_TCP_RESUME_PENDING;
+    if (connected < ctx->nranks - 1) {
+        int needs = 2 * (ctx->nranks - 1) * st->nstreams + GEO_ADMIT_SLACK;
+        int budget = geoAdmitBudget("first use", needs, GEO_TCP_MAX_PENDING);
+        st->rpend_cap = budget > st->rpend_cap ? budget : st->rpend_cap;
+    }
+    st->rpend_group = geoAdmitPerGroup(st->rpend_cap);
+    st->rpend = calloc((size_t)st->rpend_cap, sizeof(tcpHs));
     if (st->rpend == NULL)
         return GEO_ERR(ctx->err, ncclSystemError, "out of memory");
     st->running = 1;
@@ -205,9 +231,10 @@ static ncclResult_t tcp_connect(geoNetCtx *ctx, void *state)
         return GEO_ERR(ctx->err, ncclSystemError, "init: cannot start the progress thread: %s",
                        strerror(rc));
     st->thread_live = 1;
-    geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d peers, %d streams each; same-host "
-            "fast path to %d of them (%d through shared-memory rings, %d AF_UNIX only)%s%s",
-            ctx->nranks - 1, st->nstreams, local_peers, ring_peers, local_peers - ring_peers,
+    geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "connected to %d of %d peers (the rest on first use), "
+            "%d streams each; same-host fast path to %d of them (%d through shared-memory "
+            "rings, %d AF_UNIX only)%s%s", connected, ctx->nranks - 1, st->nstreams,
+            local_peers, ring_peers, local_peers - ring_peers,
             geoParamInt(GEO_PARAM_SHM) ? "" : " (GEOCCL_SHM=0)",
             mixed ? ", some streams of a peer over TCP after a local socket failed" : "");
     return ncclSuccess;
@@ -291,11 +318,16 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
         double idle = geoNow() - req->last_progress;
         if (idle > ctx->timeout) {
             char pa[GEO_ADDR_STRLEN];
+            const tcpPeer *peer = &st->peers[req->peer];
             GEO_ERR(ctx->err, ncclRemoteError, "%s: timed out after %.0f s without progress %s "
-                    "rank %d (%s, host %s); %zu of %zu frames done", geoErrOp(ctx->err), idle,
+                    "rank %d (%s, host %s); %zu of %zu frames done%s", geoErrOp(ctx->err), idle,
                     req->dir == GEO_NET_SEND ? "sending to" : "receiving from", req->peer,
                     tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host,
-                    req->frames_done, req->nframes);
+                    req->frames_done, req->nframes,
+                    !peer->unopened ? ""
+                    : req->peer < ctx->rank ? "; our first-use dials of it never finished"
+                                            : "; it never dialled us (its first use: it is "
+                                              "gone, or has not posted its side)");
             tcpBreakLocked(st, ncclRemoteError);
             break;
         }
@@ -352,6 +384,28 @@ static int tcp_resume_stats(void *state, int peer, uint64_t *reconnects, uint64_
     *resent = st->peers[peer].resent;
     pthread_mutex_unlock(&st->lock);
     return 0;
+}
+
+static int tcp_descriptors(void *state, int *peers)
+{
+    tcpState *st = state;
+    int n = 0;
+    *peers = 0;
+    pthread_mutex_lock(&st->lock);
+    n += (st->listen_fd >= 0) + (st->local_fd >= 0) + (st->wake_fd >= 0);
+    for (int i = 0; st->rpend != NULL && i < st->nrpend; i++)
+        n += st->rpend[i].state < HS_DONE && st->rpend[i].fd >= 0;
+    for (int p = 0; st->peers != NULL && p < st->ctx->nranks; p++) {
+        int k = 0;
+        for (int s = 0; s < st->nstreams && st->peers[p].conns != NULL; s++) {
+            const tcpConn *c = &st->peers[p].conns[s];
+            k += c->fd >= 0;
+            n += (c->fd >= 0) + (c->dial != NULL && c->dial->fd >= 0) + (c->probe_fd >= 0);
+        }
+        *peers += k > 0;
+    }
+    pthread_mutex_unlock(&st->lock);
+    return n;
 }
 
 static void tcp_break(void *state)
@@ -483,4 +537,5 @@ const geoNetTransport geoNetTcp = {
     .peerPid = tcp_peer_pid,
     .linkStats = tcp_link_stats,
     .resumeStats = tcp_resume_stats,
+    .descriptors = tcp_descriptors,
 };

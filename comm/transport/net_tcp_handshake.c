@@ -173,6 +173,17 @@ static int out_of_fds(int err)
     return err == EMFILE || err == ENFILE;
 }
 
+/* An encrypted connection with cipher is up: ctx->cipher_used says which
+ * cipher the encrypted connections use.  Atomic: after set-up the progress
+ * thread opens connections (first use, resume) while the communicator's
+ * threads read it. */
+static void note_cipher(geoNetCtx *ctx, int cipher)
+{
+    int used = __atomic_load_n(&ctx->cipher_used, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctx->cipher_used, used && used != cipher ? GEO_CIPHER_MIXED : cipher,
+                     __ATOMIC_RELAXED);
+}
+
 /* The peer's same-host socket cannot be opened from here (another mount
  * namespace, a private /dev/shm): it is not the same host for us, so this
  * stream goes over TCP, at once. */
@@ -327,8 +338,7 @@ int tcpHsOutStep(tcpState *st, tcpHs *h, double now, double deadline,
                     goto refused;
                 }
                 if (h->hello.encrypt)
-                    ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != want_cipher
-                                           ? GEO_CIPHER_MIXED : want_cipher;
+                    note_cipher(ctx, want_cipher);
             }
             st->peers[h->peer].conns[h->stream].fd = h->fd;
             st->peers[h->peer].conns[h->stream].local = h->local;
@@ -356,7 +366,7 @@ connect_failed:
         return 0;
     }
     snprintf(fail, GEO_ERR_TEXT_LEN, "%s: cannot connect to rank %d at %s (host %s), stream "
-             "%d: %s%s", h->resume ? geoErrOp(ctx->err) : "init", h->peer,
+             "%d: %s%s", h->resume || h->lazy ? geoErrOp(ctx->err) : "init", h->peer,
              tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, strerror(h->err),
              h->resume ? (h->err == ECONNREFUSED ? " (its process is gone)"
                                                  : " (reconnecting after a reset)")
@@ -381,14 +391,15 @@ wait_or_refused:
     }
     snprintf(fail, GEO_ERR_TEXT_LEN, "%s: rank %d at %s (host %s) closed our connection on "
              "stream %d during the handshake %d times (%s): it refused our proof, or dropped "
-             "us among many unproven connections", h->resume ? geoErrOp(ctx->err) : "init",
+             "us among many unproven connections",
+             h->resume || h->lazy ? geoErrOp(ctx->err) : "init",
              h->peer, tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, h->drops,
              why);
     return -1;
 refused:
     snprintf(fail, GEO_ERR_TEXT_LEN, "%s: refused rank %d at %s (host %s) on stream %d: %s",
-             h->resume ? geoErrOp(ctx->err) : "init", h->peer, tcpPeerStr(st, h->peer, pa),
-             ctx->peers[h->peer].host, h->stream, why);
+             h->resume || h->lazy ? geoErrOp(ctx->err) : "init", h->peer,
+             tcpPeerStr(st, h->peer, pa), ctx->peers[h->peer].host, h->stream, why);
     return -1;
 }
 
@@ -403,7 +414,7 @@ void tcpHsDrop(tcpState *st, tcpHs *h, const char *why)
         c->acking = 0;
         c->local = 0;
         tcpConnKeysFree(c);
-        if (!h->resume) { /* set-up: the slot is free again */
+        if (!h->resume || h->lazy) { /* never connected: the slot is free again */
             geoWipe(c->resume_secret, sizeof(c->resume_secret));
             c->has_resume_secret = 0;
         }
@@ -432,7 +443,10 @@ void tcpHsDrop(tcpState *st, tcpHs *h, const char *why)
  *    slot then resumes with its count 0 (what we sent meanwhile is kept and
  *    goes again).  While our ack is still going out (acking) the old
  *    attempt holds the slot: its failure frees it, and the dialler tries
- *    again. */
+ *    again.
+ *  - After set-up a fresh hello takes a slot that was never connected
+ *    (unopened: set-up skipped the pair, which connects on first use), on
+ *    the same terms as a free slot at set-up. */
 static int hello_admit(const tcpState *st, const tcpHs *h, const tcpHello *m, char *text,
                        size_t len)
 {
@@ -473,6 +487,13 @@ static int hello_admit(const tcpState *st, const tcpHs *h, const tcpHello *m, ch
     }
     if (!h->resume && c->fd < 0)
         return 0; /* set-up: a free slot */
+    if (h->resume && c->unopened && c->fd < 0 && m->count == 0) {
+        if (!c->acking)
+            return 0; /* first use */
+        snprintf(text, len, "rank %d, stream %d: dialled again while our ack to its first "
+                 "connection is still going out", m->rank, m->stream);
+        return 1;
+    }
     if (m->count != 0 || c->r_count != 0 || c->confirmed ||
         !geoDigestEqual(m->claim, c->claim, sizeof(c->claim)) ||
         (h->resume ? !c->track : c->local || h->local)) {
@@ -564,7 +585,10 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
             h->peer = m->rank;
             h->stream = m->stream;
             tcpConn *c = &st->peers[h->peer].conns[h->stream];
-            if (h->resume) {
+            h->lazy = h->resume && !m->resume && c->unopened;
+            if (h->lazy) {
+                c->acking = 1; /* the slot is ours; installed once our ack is out */
+            } else if (h->resume) {
                 if (!m->resume)
                     geoInfo(GEO_LOG_NET, "rank %d, stream %d: it dialled again at set-up after "
                             "our ack was lost, and our set-up is over: resuming the connection "
@@ -611,8 +635,7 @@ int tcpHsInStep(tcpState *st, tcpHs *h)
                 }
             }
             if (enc)
-                ctx->cipher_used = ctx->cipher_used && ctx->cipher_used != cipher
-                                       ? GEO_CIPHER_MIXED : cipher;
+                note_cipher(ctx, cipher);
             if (!h->resume) { /* a resumed connection is installed once our ack is out */
                 c->fd = h->fd;
                 c->local = h->local;

@@ -13,6 +13,7 @@
  *                        the table of accepted, unproven handshakes
  *   net_tcp_resume.c     resume after a reset: kept frames, re-dial, probe,
  *                        accepting resumes
+ *   net_tcp_lazy.c       first use: dialling a pair that set-up skipped
  *   net_tcp_progress.c   the progress thread's loop
  *   net_tcp_rings.c      same-host shared-memory rings and mailboxes
  *   net_tcp_tune.c       socket tuning: pacing, congestion control, BBR
@@ -42,7 +43,12 @@
  * copy and no unbounded buffering.
  *
  * Connection set-up: every rank listens; rank i connects nstreams times to
- * each rank j < i and accepts from each j > i.  Both ends prove the
+ * each rank j < i and accepts from each j > i, for the pairs ctx->want
+ * names (all of them when it is NULL).  The other pairs connect on first
+ * use (net_tcp_lazy.c): the same roles, the same handshake, the higher
+ * rank dialling when the pair's first message is posted, the lower one's
+ * listener taking a fresh hello after set-up only for a slot that was
+ * never connected.  Both ends prove the
  * communicator's secret: the acceptor sends a random challenge Ca; the
  * connector answers with its own random nonce Cc and HMAC(secret,
  * "geoccl/v2/hello" | comm_hash | from | to | stream | encrypt | cipher |
@@ -193,9 +199,17 @@
  * for the communicator's whole life, and a resume's handshake needs one
  * for a round trip. */
 #define GEO_TCP_RESUME_PENDING 64
-#define GEO_TCP_RESUME_PER_GROUP (GEO_TCP_RESUME_PENDING / GEO_ADMIT_GROUP_SHARE)
+/* Unproven handshakes set-up serves at once, at most (net_tcp_setup.c);
+ * after set-up too while pairs are left to connect on first use: a burst
+ * of first messages (an all-to-all) brings one dial per stream of every
+ * peer at once, which GEO_TCP_RESUME_PENDING would mostly drop and have
+ * dialled again. */
+#define GEO_TCP_MAX_PENDING 1024
 #define GEO_CHALLENGE_BYTES 16
 #define GEO_TCP_HANDSHAKE_S 5.0  /* an accepted connection proves itself by then */
+/* A peer's listener refusing our dials this long means its process is
+ * gone (one refusal may be a path's: a middlebox, a route coming back). */
+#define GEO_GONE_CONFIRM_S 0.5
 /* The first few drops are logged one by one, the rest only counted (a
  * scan or a flood must not bury the log) and summed up after set-up. */
 #define GEO_TCP_DROP_LOG 8
@@ -316,6 +330,9 @@ typedef struct {
                             * last restart or skipped one; 0: not known (a new
                             * connection, a change of congestion control) */
     int bbr_restarts;      /* restartBbr: restarts in a row, since one was skipped */
+    int unopened;          /* never connected: set-up skipped the pair (ctx->want) or has
+                            * not reached it; after set-up a fresh hello may take it, and
+                            * the higher rank dials it on first use (net_tcp_lazy.c) */
 } tcpConn;
 
 typedef struct {
@@ -329,6 +346,9 @@ typedef struct {
     char cc[16];                    /* congestion control set on it ("" none) */
     uint64_t pace;                  /* bytes/s over its network connections
                                      * (setPacing), 0: none */
+    int unopened;                   /* streams never connected (tcpConn.unopened) */
+    double first_use;               /* we dial: when its first message started our
+                                     * dials (0: not yet) */
 } tcpPeer;
 
 typedef struct {
@@ -360,6 +380,9 @@ typedef struct {
     int running;
     struct tcpHs *rpend;
     int nrpend;
+    int rpend_cap;                  /* rpend's entries: GEO_TCP_RESUME_PENDING, or a set-up
+                                     * sized budget while pairs connect on first use */
+    int rpend_group;                /* of those, one source group's at most */
     double listen_paused_until;     /* out of descriptors: not accepting until then */
     double reconnect_s;             /* GEOCCL_RECONNECT_TIMEOUT */
     int lowat;                      /* limitQueued's value, for new connections */
@@ -380,6 +403,8 @@ typedef struct tcpHs {
     int fd;
     int out;        /* 1: we connect to (peer, stream); 0: we accepted */
     int resume;     /* after set-up: it replaces a connection that was reset */
+    int lazy;       /* after set-up: the first connection of a slot set-up skipped
+                     * (out: our first-use dial; in: set by tcpHsInStep) */
     int local;      /* out: over the peer's same-host socket; in: accepted there */
     int state;
     int peer;       /* in: -1 until a valid hello names it */
@@ -399,7 +424,7 @@ typedef struct tcpHs {
 } tcpHs;
 
 /* What an entry of the progress thread's poll set stands for. */
-enum { PK_CONN, PK_DIAL, PK_PROBE, PK_PEND, PK_LISTEN, PK_WAKE };
+enum { PK_CONN, PK_DIAL, PK_PROBE, PK_PEND, PK_LISTEN, PK_WAKE, PK_LAZY };
 typedef struct {
     int kind, p, s, fd;
 } tcpPollRef;
@@ -416,6 +441,11 @@ void tcpWake(tcpState *st);
 const char *tcpPeerStr(tcpState *st, int peer, char buf[GEO_ADDR_STRLEN]);
 /* Fail every request, shut every connection. */
 void tcpBreakLocked(tcpState *st, ncclResult_t res);
+/* A new connection is in its slot (c->fd): no longer unopened; kept frames
+ * for resume on TCP, its socket tuned and non-blocking. */
+void tcpConnReady(tcpState *st, tcpConn *c);
+/* Whether set-up opens the connections to peer (ctx->want). */
+int tcpWanted(const geoNetCtx *ctx, int peer);
 /* Report "peer ... what (stream)" on the communicator (geoErrReport: one
  * WARN line, with the file:line of tcpPeerError's caller), then break it;
  * nothing once it is broken or stopping. */
@@ -511,6 +541,18 @@ void tcpProbeDone(tcpState *st, int p, int s, double now);
 void tcpAcceptResumes(tcpState *st, double now);
 /* Shut the resume handshakes still in progress (tcpBreakLocked). */
 void tcpPendShut(tcpState *st);
+
+/* ---- net_tcp_lazy.c ---- */
+
+/* Peer p has streams never connected: when we are the higher rank and a
+ * message to or from p is posted, start dialling them; drive the dials,
+ * fail them past GEOCCL_TIMEOUT or when p's listener refuses them (gone);
+ * adds their poll entries (PK_LAZY) from n on and returns the entries used. */
+int tcpLazyPoll(tcpState *st, int p, double now, struct pollfd *pfd, tcpPollRef *map, int n);
+/* Our first-use dial of stream s of p has an event. */
+void tcpLazyStep(tcpState *st, int p, int s, double now);
+/* Stream s of p, never connected before, is up (dialled or accepted). */
+void tcpLazyUp(tcpState *st, int p, int s);
 
 /* ---- net_tcp_progress.c ---- */
 

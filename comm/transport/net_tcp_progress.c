@@ -17,7 +17,7 @@ void *tcpProgressMain(void *arg)
 {
     tcpState *st = arg;
     geoNetCtx *ctx = st->ctx;
-    int nfds_max = ctx->nranks * st->nstreams + GEO_TCP_RESUME_PENDING + 2;
+    int nfds_max = ctx->nranks * st->nstreams + st->rpend_cap + 2;
     struct pollfd *pfd = calloc((size_t)nfds_max, sizeof(*pfd));
     tcpPollRef *map = calloc((size_t)nfds_max, sizeof(*map));
 
@@ -39,6 +39,11 @@ void *tcpProgressMain(void *arg)
         for (int p = 0; p < ctx->nranks; p++) {
             if (p == ctx->rank || st->broken)
                 continue;
+            if (st->peers[p].unopened) {
+                n = tcpLazyPoll(st, p, now, pfd, map, n);
+                if (st->broken)
+                    break;
+            }
             for (int s = 0; s < st->nstreams; s++) {
                 tcpConn *c = &st->peers[p].conns[s];
                 if (c->down) {
@@ -134,11 +139,20 @@ void *tcpProgressMain(void *arg)
             }
             if (map[i].kind == PK_PEND) {
                 tcpHs *h = &st->rpend[p];
-                if (h->fd == map[i].fd && h->state < HS_DONE && tcpHsInStep(st, h) > 0)
-                    tcpConnResumed(st, h->peer, h->stream, h->hello.count);
+                if (h->fd == map[i].fd && h->state < HS_DONE && tcpHsInStep(st, h) > 0) {
+                    if (h->lazy)
+                        tcpLazyUp(st, h->peer, h->stream);
+                    else
+                        tcpConnResumed(st, h->peer, h->stream, h->hello.count);
+                }
                 continue;
             }
             tcpConn *c = &st->peers[p].conns[s];
+            if (map[i].kind == PK_LAZY) {
+                if (c->dial != NULL && c->dial->fd == map[i].fd && c->unopened)
+                    tcpLazyStep(st, p, s, now);
+                continue;
+            }
             if (map[i].kind == PK_DIAL) {
                 if (c->dial == NULL || c->dial->fd != map[i].fd)
                     continue;

@@ -280,7 +280,6 @@ static void peer_gone(tcpState *st, int p, int s, const char *what)
 /* The peer's listener refused us.  Its process is taken for gone once
  * refusals have lasted GEO_GONE_CONFIRM_S: one refusal may be a path's
  * (a middlebox, a route coming back) and not the peer's.  1: gone. */
-#define GEO_GONE_CONFIRM_S 0.5
 static int refused_for_good(tcpConn *c, double now)
 {
     if (c->refused_since <= 0)
@@ -390,7 +389,7 @@ void tcpProbeDone(tcpState *st, int p, int s, double now)
 /* Take what waits on the listener after set-up: resume handshakes, run
  * like those of set-up (challenge first, a deadline each, room made by
  * dropping an unproven one of the loudest source prefix, never a proven
- * one: GEO_TCP_RESUME_PENDING). */
+ * one: st->rpend_cap). */
 void tcpAcceptResumes(tcpState *st, double now)
 {
     for (int taken = 0; taken < 16; taken++) {
@@ -413,15 +412,15 @@ void tcpAcceptResumes(tcpState *st, double now)
         int proven = 0;
         for (int k = 0; k < st->nrpend; k++)
             proven += st->rpend[k].state == HS_ACK;
-        int room = tcpMakeRoom(st, st->rpend, st->nrpend, &h.group, GEO_TCP_RESUME_PER_GROUP,
-                               GEO_TCP_RESUME_PENDING - proven, "dropped to make room for "
+        int room = tcpMakeRoom(st, st->rpend, st->nrpend, &h.group, st->rpend_group,
+                               st->rpend_cap - proven, "dropped to make room for "
                                "newer connections (its source held the most)");
         int i = st->nrpend;
-        if (i == GEO_TCP_RESUME_PENDING) { /* reuse an entry done with or dropped */
+        if (i == st->rpend_cap) { /* reuse an entry done with or dropped */
             for (i = 0; i < st->nrpend && st->rpend[i].state < HS_DONE; i++)
                 ;
         }
-        if (room == GEO_ADMIT_REFUSE || i == GEO_TCP_RESUME_PENDING) {
+        if (room == GEO_ADMIT_REFUSE || i == st->rpend_cap) {
             tcpHsDrop(st, &h, "dropped: every slot holds a peer's resume");
             continue;
         }
@@ -435,7 +434,11 @@ void tcpAcceptResumes(tcpState *st, double now)
         if (i == st->nrpend)
             st->nrpend++;
         st->rpend[i] = h;
-        if (tcpHsInStep(st, &st->rpend[i]) > 0)
+        if (tcpHsInStep(st, &st->rpend[i]) <= 0)
+            continue;
+        if (st->rpend[i].lazy)
+            tcpLazyUp(st, st->rpend[i].peer, st->rpend[i].stream);
+        else
             tcpConnResumed(st, st->rpend[i].peer, st->rpend[i].stream, st->rpend[i].hello.count);
     }
 }

@@ -32,17 +32,19 @@
  * dials again until the deadline).  At most GEO_TCP_ACCEPTS_PER_PASS are
  * taken per pass, so that a flood cannot keep the loop from driving the
  * handshakes already under way. */
-#define GEO_TCP_MAX_PENDING 1024
 #define GEO_TCP_ACCEPTS_PER_PASS 64
 
-/* An accepted handshake at set-up: how many more slots are taken for good
- * (1 when it finished, less one for an earlier connection it replaced). */
+/* An accepted handshake at set-up: how many more of the slots set-up
+ * waits for are taken for good (1 when it finished, less one for an
+ * earlier connection it replaced).  A peer set-up does not wait for (not
+ * in ctx->want) may dial all the same, for its first message after its
+ * own init: its connection is taken, and not counted. */
 static int setup_in_step(tcpState *st, tcpHs *h)
 {
     int done = tcpHsInStep(st, h) > 0 ? 1 : 0;
     done -= st->uncounted;
     st->uncounted = 0;
-    return done;
+    return h->peer >= 0 && !tcpWanted(st->ctx, h->peer) ? 0 : done;
 }
 
 static const char *hs_out_stage(const tcpHs *h, char buf[96])
@@ -82,7 +84,7 @@ static ncclResult_t setup_timeout_error(tcpState *st, const tcpHs *out, int nout
     }
     for (int p = ctx->rank + 1; p < ctx->nranks; p++)
         for (int s = 0; s < st->nstreams; s++) {
-            if (st->peers[p].conns[s].fd >= 0)
+            if (st->peers[p].conns[s].fd >= 0 || !tcpWanted(ctx, p))
                 continue;
             return GEO_ERR(ctx->err, ncclRemoteError, "init: timed out after %.0f s waiting "
                            "for rank %d at %s (host %s) to connect stream %d; %d of %d "
@@ -122,13 +124,15 @@ static int out_of_fds(int err)
     return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
 }
 
-/* Open every connection of this rank; bounded by ctx->timeout and the
- * abort flag. */
+/* Open every connection of this rank that ctx->want names; bounded by
+ * ctx->timeout and the abort flag. */
 ncclResult_t tcpSetupConnections(tcpState *st)
 {
     geoNetCtx *ctx = st->ctx;
-    int nout = ctx->rank * st->nstreams;
-    int nin = (ctx->nranks - 1 - ctx->rank) * st->nstreams;
+    int nout = 0, nin = 0;
+    for (int p = 0; p < ctx->nranks; p++)
+        if (p != ctx->rank && tcpWanted(ctx, p))
+            *(p < ctx->rank ? &nout : &nin) += st->nstreams;
     int out_done = 0, in_done = 0, npend = 0, cap_pend = 0, cap_pfd = 0, starved = 0;
     double start = geoNow(), deadline = start + ctx->timeout, paused_until = 0;
     /* Descriptors this communicator will hold for itself: each connection,
@@ -164,12 +168,11 @@ ncclResult_t tcpSetupConnections(tcpState *st)
                       "non-blocking: %s", strerror(errno));
         goto done;
     }
-    for (int i = 0; i < nout; i++) {
-        int p = i / st->nstreams;
-        out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = p,
-                         .stream = i % st->nstreams, .when = start, .backoff = 1e-3,
-                         .local = geoLocalSamePlace(&st->local, &ctx->peers[p].local)};
-    }
+    for (int p = 0, i = 0; p < ctx->rank; p++)
+        for (int s = 0; s < st->nstreams && tcpWanted(ctx, p); s++, i++)
+            out[i] = (tcpHs){.fd = -1, .out = 1, .state = HS_RETRY, .peer = p, .stream = s,
+                             .when = start, .backoff = 1e-3,
+                             .local = geoLocalSamePlace(&st->local, &ctx->peers[p].local)};
     /* Each slot's random claim, in every hello of the slot: a re-dial after
      * a lost ack may replace the connection the acceptor took (hello_admit). */
     for (int i = 0; i < nout; i++) {
@@ -345,9 +348,17 @@ ncclResult_t tcpSetupConnections(tcpState *st)
     }
 done:
     /* Connections still in a handshake once every peer is connected are
-     * strangers (every legitimate slot is taken). */
+     * strangers (every legitimate slot is taken), or, where set-up skips
+     * pairs, a peer's first-use dial that came early: it dials again and
+     * the progress thread takes it. */
     for (int i = 0; i < npend; i++) {
-        if (res == ncclSuccess)
+        if (res == ncclSuccess && ctx->want != NULL &&
+            (pend[i].peer < 0 || !tcpWanted(ctx, pend[i].peer))) {
+            geoInfo(GEO_LOG_NET, "closed connection from %s, unfinished when set-up ended (a "
+                    "peer's first-use dial dials again)", pend[i].from);
+            tcpHsDrop(st, &pend[i], NULL);
+        }
+        else if (res == ncclSuccess)
             tcpHsDrop(st, &pend[i], "handshake unfinished when every peer was connected");
         else if (pend[i].state != HS_ACK) /* an HS_ACK fd is in conns: destroy closes it */
             close(pend[i].fd);
@@ -369,8 +380,9 @@ done:
                 "handshake and dialled again %d times (their peers dropped them among unproven "
                 "connections, or refused our proof)", redials);
     if (res == ncclSuccess)
-        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s",
-                nout, nin, geoNow() - start);
+        geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "opened %d and accepted %d connections in %.3f s%s",
+                nout, nin, geoNow() - start,
+                ctx->want != NULL ? " (the pairs the plans use; the rest on first use)" : "");
     free(out);
     free(pend);
     free(pfd);

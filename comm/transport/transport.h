@@ -55,8 +55,14 @@ typedef struct {
                                  * authenticated, encrypted frames; set before connect()
                                  * alike at both ends (NULL: none) */
     int cipher;                 /* the cipher this rank prefers (crypto.h) */
+    const uint8_t *want;        /* [nranks]: 1 where connect() opens the pair's
+                                 * connections; the others open on the pair's first
+                                 * message.  Must say the same of a pair at both ends
+                                 * (NULL: every pair at connect()) */
     /* Set by connect(): */
-    int cipher_used;            /* cipher of the encrypted connections; 0: none */
+    int cipher_used;            /* cipher of the encrypted connections open so far; 0:
+                                 * none (read it with __atomic_load_n: the progress
+                                 * thread opens connections on first use) */
     int local_peers;            /* peers reached over the same-host fast path */
     int ring_peers;             /* of those, with shared-memory rings on every stream */
 } geoNetCtx;
@@ -91,8 +97,10 @@ typedef struct geoNetTransport {
      * success it holds what peers must use (bound TCP address and, if
      * offered, the same-host listener). */
     ncclResult_t (*listen)(geoNetCtx *ctx, void **state, geoNetAddr *listen_addr);
-    /* Connect to every peer (addresses in ctx->peers) and start the
-     * progress thread.  Collective; bounded by ctx->timeout. */
+    /* Connect to the peers ctx->want names (addresses in ctx->peers) and
+     * start the progress thread, which connects any other pair when its
+     * first message is posted (an error, not a hang, when that fails
+     * within ctx->timeout).  Collective; bounded by ctx->timeout. */
     ncclResult_t (*connect)(geoNetCtx *ctx, void *state);
     /* Queue req; never blocks on the network.  Fails at once with the
      * communicator's error if it is broken. */
@@ -140,6 +148,10 @@ typedef struct geoNetTransport {
     /* Optional: connections to peer resumed after a reset, and payload
      * bytes sent to it again because of them; 0, or -1 (no such peer). */
     int (*resumeStats)(void *state, int peer, uint64_t *reconnects, uint64_t *resent);
+    /* Optional: the file descriptors the transport holds now (connections,
+     * listeners, dials, handshakes under way), and in *peers the peers with
+     * a connection open.  Takes the transport's lock. */
+    int (*descriptors)(void *state, int *peers);
 } geoNetTransport;
 
 #define GEO_NET_MAIL_BYTES 48
