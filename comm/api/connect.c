@@ -228,6 +228,17 @@ static ncclResult_t plan_connections(struct ncclComm *comm)
             for (int i = 0; i < counts[l]; i++)
                 want[lists[l][i].peer] = 1;
         geoHierExchangePlanFree(&plan);
+        /* inside the region, the node and region stages' partners where
+         * the region spans several nodes (tuning builds the same again) */
+        res = geoHierNodesBuild(comm);
+        if (res != ncclSuccess) {
+            free(want);
+            return res;
+        }
+        int intra[128];
+        int k = geoHierIntraPeers(comm, intra, 128);
+        for (int i = 0; i < k && i < 128; i++)
+            want[intra[i]] = 1;
     }
     want[comm->rank] = 0;
     comm->connect_want = want;
