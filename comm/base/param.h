@@ -58,6 +58,7 @@ typedef enum {
     GEO_PARAM_REPLAN,
     GEO_PARAM_REPLAN_BAND,
     GEO_PARAM_REPLAN_MIN_MS,
+    GEO_PARAM_HOST_COLL,
     GEO_PARAM_COUNT
 } geoParamId;
 
