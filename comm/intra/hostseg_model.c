@@ -247,11 +247,15 @@ ncclResult_t hsCalibrate(struct ncclComm *comm, geoHostSeg *hs)
             ncpu = comm->peers[r].ncpu;
     if (ncpu < 1)
         ncpu = 1;
-    /* Waiting policy (hostseg_sync.c): spin only with a CPU per rank;
-     * yield while the ranks waited for are likely runnable; then sleep. */
-    hs->spins = hs->n <= ncpu ? 20000 : 0;
-    hs->yield_s = hs->n <= 4 * ncpu ? 200e-6 : 20e-6;
-
+    /* Waiting policy (hostseg_sync.c): spin a little only with a CPU per
+     * rank (other processes may still hold the CPUs: a long spin cost 15
+     * to 20 us per 8-byte all-reduce of 2 ranks on 2 busy cores, against 1
+     * us yielding at once); yield for 20 us (4 ranks on 2 cores: the same
+     * as 200 us; 64 ranks: 270 us per call against 460 us with 200 us and
+     * 1 ms with 2 ms); then sleep on the futex (sleeping at once: 16 ranks
+     * took ms per call, every arrival a wake-up). */
+    hs->spins = hs->n <= ncpu ? 100 : 0;
+    hs->yield_s = 20e-6;
     ncclResult_t res = ncclSuccess;
     double alpha_seg = phase_time(comm, hs, &res), alpha_msg = 0, msg_Bps = 0;
     if (res != ncclSuccess)
