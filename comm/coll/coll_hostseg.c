@@ -180,7 +180,7 @@ ncclResult_t geoHostSegRun(struct ncclComm *comm, const geoOp *op, int algo)
                            geoErrOp(&comm->err));
     }
     if (res != ncclSuccess) {
-        hsBreak(hs); /* the others stop waiting for us */
+        hsBreak(hs, hs->me, HS_LEFT); /* the others stop waiting for us (unless set) */
         geoCommFail(comm, res);
     }
     return res;

@@ -37,8 +37,9 @@ typedef struct {
      * arrival that completes a phase and by a broadcast's root. */
     _Alignas(HS_LINE) _Atomic uint32_t gen;
     _Alignas(HS_LINE) _Atomic uint32_t sleepers;
-    /* 1 + the rank that left the segment's protocol (an error, an abort):
-     * the others stop waiting for it at once. */
+    /* Set once, by the first rank that leaves the segment's protocol: the
+     * rank to blame + 1 in the low 24 bits, why (HS_LEFT, HS_GONE,
+     * HS_LATE) in the high 8; the others stop waiting at once and say it. */
     _Alignas(HS_LINE) _Atomic uint32_t broken;
 } hsHeader;
 
@@ -98,7 +99,10 @@ ncclResult_t hsBegin(struct ncclComm *comm, geoHostSeg *hs, uint64_t *p);
 void hsArrive(geoHostSeg *hs, uint64_t p, int wake);
 /* Wait until every rank arrived at p (rank < 0) or rank `rank` did. */
 ncclResult_t hsWait(struct ncclComm *comm, geoHostSeg *hs, uint64_t p, int rank);
-/* Leave the protocol: tell the others to stop waiting for this rank. */
-void hsBreak(geoHostSeg *hs);
+/* Leave the protocol: tell the others to stop waiting, blaming rank
+ * `blame` for `why` (HS_LEFT: an error or abort at blame itself; HS_GONE:
+ * its process ended; HS_LATE: it did not arrive within GEOCCL_TIMEOUT). */
+enum { HS_LEFT = 1, HS_GONE = 2, HS_LATE = 3 };
+void hsBreak(geoHostSeg *hs, int blame, int why);
 
 #endif

@@ -212,7 +212,7 @@ static void hs_unmap(geoHostSeg *hs)
 void geoHostSegFree(struct ncclComm *comm, int abort)
 {
     if (comm->hostseg != NULL && abort)
-        hsBreak(comm->hostseg);
+        hsBreak(comm->hostseg, comm->hostseg->me, HS_LEFT);
     if (comm->hostseg != NULL)
         hs_unmap(comm->hostseg);
     comm->hostseg = NULL;

@@ -68,10 +68,10 @@ void hsArrive(geoHostSeg *hs, uint64_t p, int wake)
     }
 }
 
-void hsBreak(geoHostSeg *hs)
+void hsBreak(geoHostSeg *hs, int blame, int why)
 {
-    uint32_t none = 0;
-    atomic_compare_exchange_strong(&hs->hdr->broken, &none, (uint32_t)hs->me + 1);
+    uint32_t none = 0, word = ((uint32_t)why << 24) | (((uint32_t)blame + 1) & 0xffffffu);
+    atomic_compare_exchange_strong(&hs->hdr->broken, &none, word);
     atomic_fetch_add_explicit(&hs->hdr->gen, 1, memory_order_seq_cst);
     futex_wake_all(&hs->hdr->gen);
 }
@@ -79,7 +79,7 @@ void hsBreak(geoHostSeg *hs)
 void geoHostSegBreak(struct ncclComm *comm)
 {
     if (comm->hostseg != NULL)
-        hsBreak(comm->hostseg);
+        hsBreak(comm->hostseg, comm->hostseg->me, HS_LEFT);
 }
 
 /* 1 when rank j's process is known to be gone: its pid means something
@@ -123,21 +123,38 @@ static ncclResult_t check_wait(struct ncclComm *comm, geoHostSeg *hs, uint64_t p
     ncclResult_t broken = geoCommAsyncError(comm);
     if (broken != ncclSuccess && broken != ncclInProgress)
         return broken;
-    uint32_t who = atomic_load_explicit(&hs->hdr->broken, memory_order_acquire);
-    if (who != 0 && (int)who - 1 != hs->me)
+    uint32_t word = atomic_load_explicit(&hs->hdr->broken, memory_order_acquire);
+    int who = (int)(word & 0xffffffu) - 1, why = (int)(word >> 24);
+    if (word != 0 && !(who == hs->me && why == HS_LEFT)) {
+        if (who == hs->me)
+            return GEO_COMM_ERR(comm, ncclRemoteError, "%s: the other ranks gave up waiting "
+                                "for this one in the host segment (stopped for longer than "
+                                "GEOCCL_TIMEOUT?)", geoErrOp(&comm->err));
+        if (why == HS_GONE)
+            return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (this host) is gone: its "
+                                "process ended during a collective in the host segment",
+                                geoErrOp(&comm->err), who);
+        if (why == HS_LATE)
+            return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (this host) did not arrive "
+                                "in the host segment within GEOCCL_TIMEOUT: stopped, stuck or "
+                                "not in this collective", geoErrOp(&comm->err), who);
         return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d left the collective (an error "
                             "or an abort there; its log says which) while this rank waited in "
-                            "the host segment", geoErrOp(&comm->err), (int)who - 1);
+                            "the host segment", geoErrOp(&comm->err), who);
+    }
     /* /proc is read only once a wait is long: each laggard costs a file. */
     for (int j = rank >= 0 ? rank : 0; waited >= HS_LIVENESS_S &&
                                        j < (rank >= 0 ? rank + 1 : hs->n); j++)
         if (atomic_load_explicit(&hs->lines[j].phase, memory_order_acquire) < p &&
-            peer_gone(hs, j))
+            peer_gone(hs, j)) {
+            hsBreak(hs, j, HS_GONE);
             return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (pid %d, this host) is "
                                 "gone: its process ended while this rank waited for it in the "
                                 "host segment", geoErrOp(&comm->err), j, (int)hs->lines[j].pid);
+        }
     if (geoNow() - since > comm->timeout) {
         int j = laggard(hs, p, rank);
+        hsBreak(hs, j, HS_LATE);
         return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (pid %d, this host) did not "
                             "arrive in the host segment within %.0f s (GEOCCL_TIMEOUT): stopped, "
                             "stuck or not in this collective", geoErrOp(&comm->err), j,
@@ -192,7 +209,7 @@ ncclResult_t hsWait(struct ncclComm *comm, geoHostSeg *hs, uint64_t p, int rank)
         checked = now;
         ncclResult_t res = check_wait(comm, hs, p, rank, since, now - start);
         if (res != ncclSuccess) {
-            hsBreak(hs);
+            hsBreak(hs, hs->me, HS_LEFT); /* when no cause was set yet */
             return res;
         }
     }
