@@ -1,30 +1,31 @@
 /* When the host segment pays (hostseg.h): a cost model fed with figures
- * measured at init, the same on every rank.
+ * measured at init, the same on every rank (docs/small-collectives.md).
  *
  * Measured (rank 0's figures, published in the segment for all to read):
  *   alpha_seg   one phase of all n ranks (arrive, wait for all), averaged
  *               over 8 empty phases;
- *   copy_Bps    memcpy of 256 KiB, reduce_Bps: a float sum of 256 KiB;
+ *   copy_Bps    memcpy of 8 MiB; reduce_Bps: a float sum of 8 MiB;
  *   alpha_msg   half the round trip of an 8-byte message between ranks 0
  *               and 1 over the transport: one step of the message-passing
- *               algorithms (ring, chain, direct exchange).
+ *               algorithms (ring, chain, direct exchange);
+ *   msg_Bps     the same for 1 MiB, less alpha_msg: the transport's rate.
  * The host's CPU share s = max(1, ranks / CPUs) scales every rank's
- * memory work (ranks take turns on the CPUs) and alpha_msg (a step waits
- * for a process that shares its CPU; alpha_seg was measured with all ranks
- * running, so it already holds this).
+ * memory and transfer work (ranks take turns on the CPUs) and alpha_msg (a
+ * step waits for a process that shares its CPU; alpha_seg was measured
+ * with all ranks running, so it already holds this).
  *
- * Per call of B bytes, n ranks, slot C, P = ceil(B / C) pieces, c = B/copy_Bps,
- * r = B/reduce_Bps (s multiplies every c and r):
+ * Per call of B bytes, n ranks, slot C, P = ceil(B / C) pieces, c = s B /
+ * copy_Bps, r = s B / reduce_Bps, m = s B / msg_Bps, a = s alpha_msg:
  *   all-reduce direct   P alpha_seg + 2c + (n-1) r
  *              sliced   2P alpha_seg + (2 + 1/n) c + (n-1)/n r
- *              messages 2(n-1) s alpha_msg + 4(n-1)/n c + (n-1)/n r      (ring)
- *   reduce              as all-reduce (direct: only the root combines), messages
- *                       (n-1) s alpha_msg + 2c + r                        (chain)
- *   broadcast           ceil(B / nC) alpha_seg + 2c; messages (n-1) s alpha_msg + 2c
+ *              messages 2(n-1) (a + m/n) + (n-1)/n r                 (ring)
+ *   reduce              as all-reduce (direct: only the root combines);
+ *                       messages (n-1) a + m + r                     (chain)
+ *   broadcast           ceil(B / nC) alpha_seg + 2c; messages (n-1) a + m
  *   all-gather (B out)  ceil(B / nC) alpha_seg + (1 + 1/n) c;
- *                       messages (n-1) s alpha_msg + 2(n-1)/n c
+ *                       messages (n-1) (a + m/n)
  *   reduce-scatter (B in) P alpha_seg + (1 + 1/n) c + (n-1)/n r;
- *                       messages (n-1) s alpha_msg + 2(n-1)/n c + (n-1)/n r
+ *                       messages (n-1) (a + m/n) + (n-1)/n r
  * The cheapest wins; the switch-over sizes follow from the figures, and
  * rank 0 logs them at INFO (TUNING). */
 #include "config.h"
