@@ -282,6 +282,8 @@ ncclResult_t geoHostSegSetup(struct ncclComm *comm)
     return ncclSuccess;
 fail:
     comm->hostseg = NULL;
+    if (hs->base != NULL) /* ranks in a calibration phase stop waiting for us */
+        hsBreak(hs, hs->me, HS_LEFT);
     hs_unmap(hs);
     return res;
 }
