@@ -32,6 +32,7 @@ layers=(
     cuda
     topology
     comm/core
+    comm/intra
     comm/coll
     comm/device
     comm/api

@@ -26,6 +26,10 @@
  * hier): the victim's region partner then waits on it inside the region's
  * single-copy phases and their signals, which go through the pair's
  * shared-memory mailbox (comm/transport/transport.h), not through a socket.
+ *
+ * Two more run 8-byte all-reduces in a loop with GEOCCL_HOST_COLL=2: the
+ * ranks share the host segment (comm/intra/hostseg.h) and the survivors
+ * wait for the victim there, on a futex, with no socket in the path.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -71,6 +75,7 @@ struct death_arg {
   int shm;                     /* GEOCCL_SHM for the ranks */
   struct shared *sh;
   int regions;                 /* 1: regions a a b b, hierarchical all-reduce */
+  int small;                   /* 1: 8-byte all-reduces in the host segment */
 };
 
 static void *executioner(void *p)
@@ -98,6 +103,11 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     setenv("GEOCCL_REGION", rank < NRANKS / 2 ? "a" : "b", 1);
     setenv("GEOCCL_ALGO", "hier", 1);
   }
+  if (a->small) setenv("GEOCCL_HOST_COLL", "2", 1);
+  /* Small calls: as many as fit until the death (the victim's 50 ms). */
+  const size_t count = a->small ? 2 : COUNT;
+  const int max_iters = a->small ? 1 << 30 : MAX_ITERS;
+  const double t_start = harness_now();
   ncclResetDebugInit(); /* the parent may have read the parameters already */
   ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
   if (r != ncclSuccess) {
@@ -108,19 +118,19 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   sh->local_peers[rank] = -1;
   if (geocclCommGetLocalPeers(comm, &sh->local_peers[rank]) != ncclSuccess)
     fprintf(stderr, "[rank %d] geocclCommGetLocalPeers failed\n", rank);
-  float *send = malloc(COUNT * sizeof(float));
-  float *recv = malloc(COUNT * sizeof(float));
+  float *send = malloc(count * sizeof(float));
+  float *recv = malloc(count * sizeof(float));
   if (send == NULL || recv == NULL) return 1;
-  for (size_t i = 0; i < COUNT; i++) send[i] = (float)((i + (size_t)rank) & 1023);
+  for (size_t i = 0; i < count; i++) send[i] = (float)((i + (size_t)rank) & 1023);
 
   int fails = 0, got_error = 0;
-  for (int it = 0; it < MAX_ITERS && !got_error; it++) {
+  for (int it = 0; it < max_iters && !got_error && harness_now() - t_start < 60; it++) {
     if (rank == VICTIM && it == 1) {
       pthread_t th;
       pthread_create(&th, NULL, executioner, a);
       pthread_detach(th);
     }
-    r = ncclAllReduce(send, recv, COUNT, ncclFloat32, ncclSum, comm, NULL);
+    r = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
     ncclResult_t async = ncclSuccess;
     if (r == ncclSuccess) ncclCommGetAsyncError(comm, &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
@@ -178,11 +188,11 @@ static int death_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   return fails;
 }
 
-static void run_death_in(enum death how, int shm, int regions)
+static void run_death_in(enum death how, int shm, int regions, int small)
 {
   struct shared *sh = harness_shared_alloc(sizeof(*sh));
   CU_ASSERT_FATAL(sh != NULL);
-  struct death_arg a = {how, shm, sh, regions};
+  struct death_arg a = {how, shm, sh, regions, small};
   harness_status st[NRANKS];
   harness_opts o;
   memset(&o, 0, sizeof(o));
@@ -192,8 +202,8 @@ static void run_death_in(enum death how, int shm, int regions)
   o.status = st;
   int rc = harness_run_opts(NRANKS, death_body, &a, &o);
 
-  printf("\n  rank %d %s (GEOCCL_SHM=%d%s):", VICTIM, death_names[how], shm,
-         regions ? ", regions a a b b" : "");
+  printf("\n  rank %d %s (GEOCCL_SHM=%d%s%s):", VICTIM, death_names[how], shm,
+         regions ? ", regions a a b b" : "", small ? ", 8 B in the host segment" : "");
   for (int r = 0; r < NRANKS; r++) {
     if (r == VICTIM) continue;
     if (sh->took[r] != 0 || sh->result[r] != 0)
@@ -226,13 +236,15 @@ static void run_death_in(enum death how, int shm, int regions)
   harness_shared_free(sh, sizeof(*sh));
 }
 
-static void run_death(enum death how, int shm) { run_death_in(how, shm, 0); }
+static void run_death(enum death how, int shm) { run_death_in(how, shm, 0, 0); }
 static void test_sigkill(void) { run_death(DIE_SIGKILL, 1); }
 static void test_exit(void) { run_death(DIE_EXIT, 1); }
 static void test_sigstop(void) { run_death(DIE_SIGSTOP, 1); }
 static void test_sigkill_tcp(void) { run_death(DIE_SIGKILL, 0); }
-static void test_sigkill_regions(void) { run_death_in(DIE_SIGKILL, 1, 1); }
-static void test_sigstop_regions(void) { run_death_in(DIE_SIGSTOP, 1, 1); }
+static void test_sigkill_regions(void) { run_death_in(DIE_SIGKILL, 1, 1, 0); }
+static void test_sigstop_regions(void) { run_death_in(DIE_SIGSTOP, 1, 1, 0); }
+static void test_sigkill_segment(void) { run_death_in(DIE_SIGKILL, 1, 0, 1); }
+static void test_sigstop_segment(void) { run_death_in(DIE_SIGSTOP, 1, 0, 1); }
 
 int main(void)
 {
@@ -257,6 +269,10 @@ int main(void)
               test_sigstop_regions);
   CU_add_test(s, "rank 2 SIGKILLed during all-reduce, TCP only (GEOCCL_SHM=0)",
               test_sigkill_tcp);
+  CU_add_test(s, "rank 2 SIGKILLed during 8-byte all-reduces in the host segment",
+              test_sigkill_segment);
+  CU_add_test(s, "rank 2 SIGSTOPped during 8-byte all-reduces in the host segment",
+              test_sigstop_segment);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failures = CU_get_number_of_failures();

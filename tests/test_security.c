@@ -994,6 +994,10 @@ static int bit_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     sec_set_env("GEOCCL_ENCRYPT", a->encrypt);
     sec_set_env("GEOCCL_SHM", a->shm);
     sec_set_env("GEOCCL_PROBE", "0");
+    /* The same algorithm in every run: with GEOCCL_SHM=1 the host segment
+     * (comm/intra/hostseg.h) would add in another order than the ring of
+     * the GEOCCL_SHM=0 run, whatever encryption does. */
+    sec_set_env("GEOCCL_HOST_COLL", "0");
     if (ncclCommInitRank(&comm, nranks, *id, rank) != ncclSuccess)
         return 1;
     /* Floats whose sum depends on the order of additions: any change in

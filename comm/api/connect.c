@@ -15,6 +15,7 @@
 #include "comm/coll/tuning.h"
 #include "comm/core/comm.h"
 #include "comm/device/coll_device.h"
+#include "comm/intra/hostseg.h"
 #include "comm/transport/ifaces.h"
 
 #include <arpa/inet.h>
@@ -416,6 +417,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     }
     GEO_CHECK(geoCommProbe(comm));
     GEO_CHECK(geoCmaSetup(comm)); /* the region map is final now */
+    GEO_CHECK(geoHostSegSetup(comm));
     if (comm->topo_file_missing && comm->rank == 0)
         geoCommWriteTopoFile(comm);
     GEO_CHECK(geoTuningInit(comm));

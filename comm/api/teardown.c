@@ -9,6 +9,7 @@
 #include "comm/core/comm.h"
 #include "comm/coll/tuning.h"
 #include "comm/device/coll_device.h"
+#include "comm/intra/hostseg.h"
 #include "topology/topofile.h"
 
 #include <pthread.h>
@@ -39,6 +40,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     geoCommRingFree(&comm->ring);
     geoCommRingFree(&comm->region_ring);
     free(comm->cma_peer_buf);
+    geoHostSegFree(comm, abort);
     geoEfFree(&comm->ef);
     topoRegionMapFree(&comm->regions);
     geoTopoFree(&comm->topo);
@@ -136,6 +138,7 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
      * communicator's later calls fail with (ncclGetLastError). */
     geoErrSet(&comm->err, "communicator revoked");
     geoInfo(GEO_LOG_INIT, "communicator revoked (ncclCommRevoke)");
+    geoHostSegBreak(comm);
     if (comm->net.ops && comm->net.state)
         geoNetBreak(&comm->net);
     return ncclSuccess;

@@ -220,6 +220,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "1 AF_UNIX sockets with frames through shared-memory rings, 2 AF_UNIX "
                        "sockets only, 0 off (TCP)", TWINS("NCCL_SHM_DISABLE"),
                        "1 is 0 (TCP between ranks of one host), 0 is 1"},
+    [GEO_PARAM_HOST_COLL] = {"GEOCCL_HOST_COLL", GEO_PARAM_INT, "1",
+                             "collectives of a communicator whose ranks all share one host "
+                             "(and GEOCCL_SHM != 0) through one shared-memory segment: 1 where "
+                             "the cost model measured at init predicts them faster than "
+                             "messages, 2 at every size, 0 never; the least value among the "
+                             "ranks holds"},
     [GEO_PARAM_CMA] = {"GEOCCL_CMA", GEO_PARAM_INT, "1",
                        "1: ranks of one region on one host read each other's inputs with "
                        "process_vm_readv and write each other's outputs with process_vm_writev "

@@ -60,6 +60,7 @@ typedef enum {
     GEO_PARAM_REPLAN_BAND,
     GEO_PARAM_REPLAN_MIN_MS,
     GEO_PARAM_NODE_RANKS,
+    GEO_PARAM_HOST_COLL,
     GEO_PARAM_COUNT
 } geoParamId;
 

@@ -162,6 +162,12 @@ void geoSegPadded(size_t count, int n, int i, size_t *off, size_t *len);
 ncclResult_t geoHierAllGather(struct ncclComm *comm, const geoOp *op);
 ncclResult_t geoHierReduceScatter(struct ncclComm *comm, const geoOp *op);
 
+/* One collective on the host segment (comm/intra/hostseg.h) with the
+ * algorithm geoHostSegChoose gave (coll_hostseg.c); op->op is a built-in
+ * op.  On failure the communicator is marked failed and the other ranks
+ * stop waiting for this one. */
+ncclResult_t geoHostSegRun(struct ncclComm *comm, const geoOp *op, int algo);
+
 const char *geoOpTypeName(geoOpType t);
 /* Run one collective (not send/recv) to completion: the dispatcher
  * (dispatch.c) chooses the algorithm. */

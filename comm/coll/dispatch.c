@@ -1,7 +1,9 @@
 /* The dispatcher: every host collective enters here (geoCollRun), is
  * reduced to a plain op (PreMulSum scales the input once), asks the plan
  * (tuning.h) for algorithm, codec and chunk, and runs one of the
- * algorithms below it: the direct exchange for small all-reduces, the flat
+ * algorithms below it: the host segment where every rank shares this host
+ * and the cost model says it pays (comm/intra/hostseg.h), the direct
+ * exchange for small all-reduces, the flat
  * ring and chains (coll_ring.c) or the hierarchical algorithms across
  * regions (coll_hier.c).  Every rank decides from the same plan and size,
  * so all take the same algorithm. */
@@ -11,6 +13,7 @@
 #include "comm/coll/reduce.h"
 #include "comm/coll/tuning.h"
 #include "comm/core/comm.h"
+#include "comm/intra/hostseg.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -74,6 +77,24 @@ ncclResult_t geoCollRun(geoOp *in)
             geoScale(scaled, o.sendbuff, total, o.dt, scalar);
             o.sendbuff = scaled;
             o.op = ncclSum;
+        }
+    }
+
+    /* All ranks on this host: the shared segment, where its cost model
+     * predicts it faster than messages (the same choice on every rank). */
+    if (comm->hostseg != NULL) {
+        int t = o.type == GEO_OP_ALLREDUCE ? GEO_HOSTSEG_ALLREDUCE
+              : o.type == GEO_OP_REDUCE ? GEO_HOSTSEG_REDUCE
+              : o.type == GEO_OP_BROADCAST ? GEO_HOSTSEG_BROADCAST
+              : o.type == GEO_OP_ALLGATHER ? GEO_HOSTSEG_ALLGATHER
+              : o.type == GEO_OP_REDUCESCATTER ? GEO_HOSTSEG_REDUCESCATTER : -1;
+        size_t bytes = (o.type == GEO_OP_ALLGATHER ? o.count * (size_t)N : total) * es;
+        int algo = t >= 0 ? geoHostSegChoose(comm, t, bytes) : GEO_HOSTSEG_NONE;
+        if (algo != GEO_HOSTSEG_NONE) {
+            comm->stats.calls_flat++;
+            res = geoHostSegRun(comm, &o, algo);
+            free(scaled);
+            return res;
         }
     }
 
@@ -191,6 +212,8 @@ ncclResult_t geoCollRun(geoOp *in)
     comm->chunk_size = saved_chunk;
     comm->hier_slice = saved_slice;
     free(scaled);
+    if (res != ncclSuccess)
+        geoHostSegBreak(comm); /* ranks waiting in the segment need not wait for us */
     /* Between regions, the control each pair runs may change once what it
      * carries is known (topology/wan_tuning.h, geoWanWatch). */
     if (res == ncclSuccess && comm->regions.nregions > 1)

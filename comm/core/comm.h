@@ -135,6 +135,8 @@ struct ncclComm {
     uint8_t cma_token[16];      /* what they read to check it */
     uint64_t *cma_peer_buf;     /* per call: each local rank's input, output, reachable */
     int cma_refused_noted;      /* a call's buffers could not be read: said once */
+    struct geoHostSeg *hostseg; /* all ranks on this host: their shared segment
+                                 * (comm/intra/hostseg.h); NULL: none */
     int algo;                   /* GEO_ALGO_* (GEOCCL_ALGO) */
     size_t hier_slice;          /* bytes per hierarchical slice */
     /* Region q's share of every piece of the hierarchical all-reduce,
