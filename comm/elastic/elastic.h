@@ -39,8 +39,11 @@ typedef struct geoElastic {
     char prefix[96];                    /* "/geoccl/<job>/" */
     char comm_dir[128];                 /* prefix "c/<comm hash>/" */
     uint8_t comm_key[GEO_SHA256_BYTES]; /* MACs of c/ records */
-    int64_t lease;
+    int64_t lease;                      /* atomic: the renewal thread may replace it */
     int ttl;
+    char member_key[GEO_ELASTIC_KEY_LEN];   /* this rank's member record, written again */
+    uint8_t *member_val;                /* under a new lease if the old one lapsed */
+    size_t member_len;
     int joiners;                        /* atomic: last count seen */
     int stop;                           /* atomic: the thread ends */
     pthread_t thread;

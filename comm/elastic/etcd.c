@@ -237,7 +237,11 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
             double now = geoNow();
             if (now >= deadline)
                 break;
-            double end = now + ETCD_ATTEMPT_S * (pass + 1);
+            /* A member that hangs (no leader) may hold at most a share of
+             * a short deadline, so that the others get their turn. */
+            double share = e->timeout / e->n < ETCD_ATTEMPT_S ? e->timeout / e->n
+                                                               : ETCD_ATTEMPT_S;
+            double end = now + (share < 0.3 ? 0.3 : share) * (pass + 1);
             if (end > deadline)
                 end = deadline;
             int hl = snprintf(head, sizeof(head), "POST %s HTTP/1.1\r\nHost: %s\r\n"
