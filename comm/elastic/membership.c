@@ -20,20 +20,37 @@
 #include <time.h>
 #include <unistd.h>
 
+int geoElasticConfigured(void)
+{
+    const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
+    const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+    return (spec != NULL && spec[0] != '\0') ||
+           (geoParamIsSet(GEO_PARAM_ELASTIC_JOB) && cid != NULL && cid[0] != '\0');
+}
+
 ncclResult_t geoElasticStoreOpen(geoEtcd *e, char prefix[96], geoErr *err)
 {
     const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
     const char *job = geoParamStr(GEO_PARAM_ELASTIC_JOB);
-    char why[256];
-    if (spec == NULL || spec[0] == '\0')
-        return GEO_ERR(err, ncclInvalidUsage, "elastic: no store: set GEOCCL_ELASTIC_ETCD to "
-                       "the etcd members (host:port,...)");
+    char why[256], fallback[GEO_ADDR_STRLEN + 8];
+    if (spec == NULL || spec[0] == '\0') {
+        const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+        geoSockAddr root, at;
+        if (!geoParamIsSet(GEO_PARAM_ELASTIC_JOB) || cid == NULL || cid[0] == '\0')
+            return GEO_ERR(err, ncclInvalidUsage, "elastic: no store: set GEOCCL_ELASTIC_ETCD to "
+                           "the etcd members (host:port,...), or GEOCCL_ELASTIC_JOB with "
+                           "GEOCCL_COMM_ID (the first root's process keeps the records)");
+        GEO_CHECK(geoAddrFromString(cid, &root));
+        geoElasticStoreAddr(&root, &at);
+        geoAddrToString(&at, fallback);
+        spec = fallback;
+    }
     if (job == NULL || job[0] == '\0' || strlen(job) > 48 || strchr(job, '/'))
         return GEO_ERR(err, ncclInvalidUsage, "elastic: GEOCCL_ELASTIC_JOB='%s' must be 1 to 48 "
                        "characters without '/'", job ? job : "");
     if (geoEtcdInit(e, spec, (double)geoParamInt(GEO_PARAM_ELASTIC_TIMEOUT), why,
                     sizeof(why)) != 0)
-        return GEO_ERR(err, ncclInvalidUsage, "elastic: GEOCCL_ELASTIC_ETCD=%s: %s", spec, why);
+        return GEO_ERR(err, ncclInvalidUsage, "elastic: store %s: %s", spec, why);
     snprintf(prefix, 96, "/geoccl/%s/", job);
     return ncclSuccess;
 }
@@ -115,9 +132,8 @@ static void *renew_main(void *arg)
 
 ncclResult_t geoElasticAttach(struct ncclComm *comm)
 {
-    const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
     char why[GEO_ETCD_WHY_LEN], key[GEO_ELASTIC_KEY_LEN];
-    if (spec == NULL || spec[0] == '\0' || comm->nosecret)
+    if (!geoElasticConfigured() || comm->nosecret)
         return ncclSuccess;
     geoElastic *el = calloc(1, sizeof(*el));
     if (el == NULL)
@@ -126,6 +142,7 @@ ncclResult_t geoElasticAttach(struct ncclComm *comm)
     pthread_cond_init(&el->cv, NULL);
     if (geoElasticStoreOpen(&el->store, el->prefix, &comm->err) != ncclSuccess)
         goto fail;
+    const char *spec = el->store.names[0];
     /* A store request of init must not hold init for a minute. */
     el->store.timeout = comm->timeout < 10 ? comm->timeout : 10;
     snprintf(el->comm_dir, sizeof(el->comm_dir), "%sc/%016" PRIx64 "/", el->prefix,
