@@ -45,7 +45,7 @@ WAIT_MAX=${GEOCCL_WAN_WAIT:-600}
 RATE=100mbit
 DELAY_MS=25
 BYTES=${BYTES:-1048576}
-LIMIT=${LIMIT:-60}    # seconds any one step may take
+LIMIT=${LIMIT:-90}    # seconds any one step may take
 BOUNDARY=${BOUNDARY:-16} # all-reduces per round: members look for joiners and
                          # leavers between rounds, as a trainer would
 
