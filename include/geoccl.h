@@ -393,9 +393,10 @@ ncclResult_t geocclCommJoinersWaiting(ncclComm_t comm, int *joiners);
 ncclResult_t geocclCommLeave(ncclComm_t comm);
 
 /* Every rank of comm calls it at the same point (a collective call on comm,
- * which must be healthy).  The lowest rank decides which joiners are
- * admitted (those registered when it looks, in registration order) and
- * tells the others over comm, with the ranks that called geocclCommLeave.
+ * which must be healthy).  Every rank first tells the others whether it
+ * called geocclCommLeave; then the lowest rank that stays decides which
+ * joiners are admitted (those registered when it looks, at most 64, in
+ * registration order) and tells the others over comm.
  * [out] newcomm: a communicator of comm's remaining ranks in their order,
  * then the joiners; NULL for a rank that leaves, and for every rank when
  * there was nobody to admit and nobody leaving (comm is then unchanged).

@@ -228,6 +228,7 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
     double deadline = geoNow() + e->timeout;
     int first = __atomic_load_n(&e->cur, __ATOMIC_RELAXED);
     char last[GEO_ETCD_WHY_LEN] = "no member tried";
+    char answer[GEO_ETCD_WHY_LEN] = ""; /* a member's refusal says more than a timeout */
     size_t blen = strlen(body);
     char head[512];
     *block = NULL;
@@ -260,6 +261,7 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
                 continue;
             char *json = http_body(ans, alen, last);
             if (json == NULL) {
+                snprintf(answer, sizeof(answer), "%s", last);
                 free(ans);
                 continue;
             }
@@ -272,7 +274,12 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
         if (geoNow() + 0.1 < deadline)
             usleep(100 * 1000);
     }
-    set_why(why, "no etcd member answered %s within %.0f s (last: %s)", path, e->timeout, last);
+    if (answer[0] != '\0')
+        set_why(why, "no etcd member took %s within %.1f s (last answer: %s)", path, e->timeout,
+                answer);
+    else
+        set_why(why, "no etcd member answered %s within %.1f s (last: %s)", path, e->timeout,
+                last);
     return NULL;
 }
 

@@ -210,7 +210,8 @@ static void test_requests(void)
     geoEtcdKvFree(&kv);
 
     /* A member without a leader answers 503: an error naming it. */
-    e.timeout = 0.5;
+    snprintf(spec, sizeof(spec), "127.0.0.1:%d", ntohs(a.sin_port));
+    CU_ASSERT_EQUAL_FATAL(geoEtcdInit(&e, spec, 0.5, why, sizeof(why)), 0);
     CU_ASSERT_EQUAL(geoEtcdPut(&e, "/a/b", "x", 1, 0, why), ncclRemoteError);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "503"));
 
