@@ -16,6 +16,7 @@
 #include "comm/core/comm.h"
 #include "comm/device/coll_device.h"
 #include "comm/intra/hostseg.h"
+#include "comm/elastic/elastic.h"
 #include "comm/transport/ifaces.h"
 
 #include <arpa/inet.h>
@@ -281,8 +282,10 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     }
     int enc_mode = GEO_ENCRYPT_OFF, cipher = GEO_CIPHER_NONE; /* or what encrypt_params says */
     GEO_CHECK(encrypt_params(comm, &enc_mode, &cipher));
-    if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
+    if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0) {
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
+        geoElasticStoreMaybeServe(&id->root);
+    }
     comm->net.ctx = (geoNetCtx){.rank = comm->rank,
                                 .nranks = comm->nranks,
                                 .nstreams = comm->nstreams,
@@ -404,6 +407,10 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
         comm->net.ctx.peers[r] = comm->peers[r].net;
     comm->net.ctx.encrypt = comm->encrypt;
     comm->net.ctx.want = comm->connect_want;
+    comm->net.ctx.failed = calloc((size_t)comm->nranks, 1);
+    if (comm->net.ctx.failed == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
     res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
@@ -423,6 +430,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     GEO_CHECK(geoTuningInit(comm));
     GEO_CHECK(geoDevInitAtInit(comm));
     log_descriptors(comm, "init done");
+    GEO_CHECK(geoElasticAttach(comm));
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net.ops->name, comm->nstreams,

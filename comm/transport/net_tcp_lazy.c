@@ -37,6 +37,8 @@ static void lazy_fail(tcpState *st, int p, const char *why)
     char pa[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
+    if (st->ctx->failed != NULL)
+        __atomic_store_n(&st->ctx->failed[p], 1, __ATOMIC_RELEASE);
     tcpBreakLocked(st, GEO_ERR(st->ctx->err, ncclRemoteError, "%s: first message to rank %d "
                                "(%s, host %s): %s", geoErrOp(st->ctx->err), p,
                                tcpPeerStr(st, p, pa), st->ctx->peers[p].host, why));

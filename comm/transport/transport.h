@@ -59,6 +59,10 @@ typedef struct {
                                  * connections; the others open on the pair's first
                                  * message.  Must say the same of a pair at both ends
                                  * (NULL: every pair at connect()) */
+    uint8_t *failed;            /* [nranks] or NULL: the transport stores 1 (atomic
+                                 * byte) for the peer whose loss broke it: gone,
+                                 * closed, reset past resuming, or silent past the
+                                 * timeout (geocclCommGetFailedRanks reads it) */
     /* Set by connect(): */
     int cipher_used;            /* cipher of the encrypted connections open so far; 0:
                                  * none (read it with __atomic_load_n: the progress
