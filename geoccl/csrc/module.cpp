@@ -4,6 +4,7 @@
  */
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <geoccl.h>
@@ -31,6 +32,19 @@ PYBIND11_MODULE(_C, m) {
            "counts itself in the group's store).")
       .def("abort", &ProcessGroupGeoCCL::abort, py::call_guard<py::gil_scoped_release>(),
            "Makes the work in progress fail and refuses later calls.")
+      .def(
+          "shrink",
+          [](ProcessGroupGeoCCL& pg, const std::vector<int>& exclude, bool failed,
+             const c10::intrusive_ptr<::c10d::Store>& store) {
+            return pg.shrink(exclude, failed, store);
+          },
+          py::arg("exclude"), py::arg("failed"), py::arg("store") = nullptr,
+          py::call_guard<py::gil_scoped_release>(),
+          "The group of the ranks not in exclude, from this group's communicator "
+          "(ncclCommShrink; NCCL_SHRINK_ABORT when failed, the call in flight failing "
+          "first); every one of them calls it at the same point. Ends this group.")
+      .def("quiesce", &ProcessGroupGeoCCL::quiesce, py::call_guard<py::gil_scoped_release>(),
+           "Ends this group once its queued work has run; later calls are refused.")
       .def(
           "compression",
           [](ProcessGroupGeoCCL& pg) {

@@ -138,6 +138,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * wait() on this group's work (kNoTimeout: none beyond GeoCCL's own). */
   ProcessGroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout);
+  /* elastic.cpp: the group of comm, a communicator already formed
+   * (ncclCommShrink's, ...), which this group owns and destroys. */
+  ProcessGroupGeoCCL(ncclComm_t comm, const c10::intrusive_ptr<::c10d::Store>& store,
+                     std::chrono::milliseconds timeout);
   ~ProcessGroupGeoCCL() override;
 
   const std::string getBackendName() const override { return "geoccl"; }
@@ -197,6 +201,19 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * (geoccl.h's queries and settings want the thread that issues the
    * collectives) and waits; throws GeoCCL's error text when it fails. */
   void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
+
+  /* elastic.cpp: ends this group (later calls are refused) once the
+   * work queued on it has run; the communicator stays until destruction. */
+  void quiesce();
+  /* elastic.cpp: the group of the ranks not in exclude (this group's
+   * numbering), made by every one of them at the same point from this
+   * group's communicator with ncclCommShrink: NCCL_SHRINK_ABORT when
+   * failed (the communicator is revoked first, so that the call in flight
+   * fails), else NCCL_SHRINK_DEFAULT (the excluded ranks left at a round
+   * boundary). This group ends (quiesce). store: the new group's (null:
+   * this one's). Throws GeoCCL's error text when the survivors cannot meet. */
+  c10::intrusive_ptr<ProcessGroupGeoCCL> shrink(const std::vector<int>& exclude, bool failed,
+                                                const c10::intrusive_ptr<::c10d::Store>& store);
 
 #if TORCH_VERSION_MAJOR < 2
   /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
