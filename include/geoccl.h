@@ -3,7 +3,8 @@
  *
  * Everything here is optional: a trainer that only calls nccl.h gets
  * GeoCCL's behaviour through environment variables.  All functions are
- * thread-safe and never block on the network.
+ * thread-safe and never block on the network, except the elastic calls at
+ * the end, which say so.
  */
 #ifndef GEOCCL_H_
 #define GEOCCL_H_
@@ -335,6 +336,89 @@ ncclResult_t geocclCommPrintPlan(ncclComm_t comm, FILE *out, int json);
  * NULL path or out; ncclInvalidUsage when the file cannot be read or lacks
  * what the model needs (ncclGetLastError(NULL) names file and line). */
 ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out);
+
+/* ---- Elastic membership (docs/elastic.md) ---------------------------------
+ *
+ * A job whose regions may vanish and come back.  These calls sit beside the
+ * NCCL life cycle rather than replacing it:
+ *  - losing ranks: the call in flight fails (never a wrong value, never a
+ *    hang); every survivor asks geocclCommGetFailedRanks for the dead set,
+ *    which is the same on every survivor when a membership store is
+ *    configured, and passes it to ncclCommShrink(..., NCCL_SHRINK_ABORT):
+ *    the child keeps the parent's measured topology (no probe);
+ *  - adding ranks: ncclCommInitRank cannot admit a process that does not
+ *    hold the communicator's unique id, and ncclCommSplit/ncclCommShrink
+ *    only make subsets, so a new or restarted process calls geocclCommJoin
+ *    (it registers in the store and waits), and every member calls
+ *    geocclCommGrow at a point it chooses (between training rounds), which
+ *    makes a new communicator of the members and the joiners, as
+ *    ncclCommSplit makes one of a subset: the parent stays usable and is
+ *    destroyed by the caller; the child's secret is derived from
+ *    GEOCCL_COMM_SECRET, never sent;
+ *  - leaving on purpose: a rank calls geocclCommLeave, then geocclCommGrow
+ *    with the others at the next round boundary; nobody sees an error.
+ * The store is etcd (GEOCCL_ELASTIC_ETCD, GEOCCL_ELASTIC_JOB).  Without it
+ * the process holding the first bootstrap root serves the same records at
+ * GEOCCL_COMM_ID, so that region must survive.  Every process of the job,
+ * members and joiners, shares GEOCCL_COMM_SECRET; records in the store hold
+ * no secret and carry a MAC under a key derived from it. */
+
+/* [out] ranks (up to maxRanks of them, ascending), [out] count (all of
+ * them, which may exceed maxRanks): the ranks of comm that are dead.  On a
+ * healthy comm, none (count 0).  After an error, with a store, this rank
+ * says it is alive and waits (within GEOCCL_ELASTIC_TIMEOUT) until every
+ * rank of comm has said so too or lost its lease, and the first survivor to
+ * see that records the dead set; every survivor then gets that same set.
+ * Without a store: the ranks this rank's transport found dead, and those
+ * whose death the others' errors named, which survivors can disagree on.
+ * Blocks (store round trips); any thread.  ncclInvalidArgument for a bad
+ * comm or count NULL (ranks may be NULL when maxRanks is 0);
+ * ncclRemoteError when the store cannot be reached or the survivors do not
+ * settle within the timeout; ncclSystemError out of memory. */
+ncclResult_t geocclCommGetFailedRanks(ncclComm_t comm, int *ranks, int maxRanks, int *count);
+
+/* [out] joiners: processes registered through geocclCommJoin and not yet
+ * admitted, as this process last saw them (a background thread reads the
+ * store every GEOCCL_ELASTIC_POLL_MS; this call sends nothing).  Ranks can
+ * see different counts for a moment: agree before calling geocclCommGrow
+ * (e.g. an all-reduce of the counts with ncclMax).  0 without a store or
+ * GEOCCL_ELASTIC_JOB.  ncclInvalidArgument for a bad comm or NULL joiners. */
+ncclResult_t geocclCommJoinersWaiting(ncclComm_t comm, int *joiners);
+
+/* Mark the calling rank as leaving comm: at the next geocclCommGrow this
+ * rank gets *newcomm = NULL and the others a communicator without it.
+ * Local (nothing is sent until geocclCommGrow); any thread.
+ * ncclInvalidArgument for a bad comm. */
+ncclResult_t geocclCommLeave(ncclComm_t comm);
+
+/* Every rank of comm calls it at the same point (a collective call on comm,
+ * which must be healthy).  The lowest rank decides which joiners are
+ * admitted (those registered when it looks, in registration order) and
+ * tells the others over comm, with the ranks that called geocclCommLeave.
+ * [out] newcomm: a communicator of comm's remaining ranks in their order,
+ * then the joiners; NULL for a rank that leaves, and for every rank when
+ * there was nobody to admit and nobody leaving (comm is then unchanged).
+ * The links between known regions are not measured again (the parent's
+ * figures, kept for regions that left, are handed to the joiners); a region
+ * never seen before is measured.  The parent stays usable; destroy it when
+ * done.  config: as ncclCommSplit's (NULL: the parent's blocking mode).
+ * Blocks until the new communicator is made.  ncclInvalidArgument for a
+ * bad comm or NULL newcomm; ncclInvalidUsage when GEOCCL_COMM_SECRET is
+ * not set (the new secret derives from it); the error of the exchange or
+ * of the new communicator's init otherwise (comm's last error says which). */
+ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *config);
+
+/* A process that is not a member yet (a region restarted after
+ * preemption, or a new one) registers in the store with its region
+ * (GEOCCL_REGION) and waits until the members call geocclCommGrow, within
+ * GEOCCL_ELASTIC_JOIN_TIMEOUT (default 600 s: members admit joiners only
+ * between rounds).  [out] newcomm: the communicator it joined; its rank and
+ * size through ncclCommUserRank and ncclCommCount.  config: as
+ * ncclCommInitRankConfig's.  Blocks.  ncclInvalidUsage when
+ * GEOCCL_COMM_SECRET is not set, or neither GEOCCL_ELASTIC_ETCD nor
+ * GEOCCL_COMM_ID says where the job is; ncclRemoteError when the store
+ * cannot be reached or the wait times out; the init's error otherwise. */
+ncclResult_t geocclCommJoin(ncclComm_t *newcomm, ncclConfig_t *config);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,8 @@ cd "$src" || exit 1
 # Bottom first.  The arrows the order encodes: API -> device path ->
 # collectives -> the communicator's state -> topology (its probe measures
 # over the transports) and compress/cuda -> bootstrap -> transports -> base.
+# comm/elastic (membership in a store, growing and shrinking) sits between
+# the API and the device path: it makes communicators as the API does.
 # cuda/ sits above compress/: the kernels implement the codecs' formats
 # (compress/codec.h) and the device path calls them.
 layers=(
@@ -34,6 +36,7 @@ layers=(
     comm/core
     comm/coll
     comm/device
+    comm/elastic
     comm/api
 )
 

@@ -94,11 +94,15 @@ typedef struct {
 } geoTopoInherit;
 
 /* Fill *inh from a parent's figures t and regions m for the parent's rank
- * (parent_inh: what the parent itself inherited, or NULL); 0, or -1 when
- * out of memory. */
+ * (parent_inh: what the parent itself inherited, or NULL); regions the
+ * parent_inh knew and m lacks (a region that was lost or left) are kept
+ * after m's, so that a region coming back finds its figures.  0, or -1
+ * when out of memory. */
 int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
                        const geoTopoInherit *parent_inh, geoTopoInherit *inh);
 void geoTopoInheritFree(geoTopoInherit *inh);
+/* A deep copy of src into dst; 0, or -1 when out of memory. */
+int geoTopoInheritCopy(const geoTopoInherit *src, geoTopoInherit *dst);
 
 /* The largest window one TCP stream may reach on this host: half the receive
  * side's autotuning limit (tcp_rmem max), or of GEOCCL_SOCKET_BUFSIZE. */

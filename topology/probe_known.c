@@ -28,34 +28,89 @@ void geoTopoInheritFree(geoTopoInherit *inh)
 int geoTopoInheritFrom(const geoTopo *t, const topoRegionMap *m, int rank,
                        const geoTopoInherit *parent_inh, geoTopoInherit *inh)
 {
-    int R = m->nregions;
+    int M = m->nregions, R = M;
     memset(inh, 0, sizeof(*inh));
-    if (R < 1)
+    if (M < 1)
         return 0;
+    /* Regions the parent remembered that this map lacks. */
+    int *extra = calloc((size_t)(parent_inh ? parent_inh->nregions : 0) + 1, sizeof(int));
+    if (extra == NULL)
+        return -1;
+    for (int k = 0; parent_inh != NULL && k < parent_inh->nregions; k++) {
+        int known = 0;
+        for (int g = 0; g < M; g++)
+            known |= strncmp(parent_inh->names[k], m->names[g], sizeof(parent_inh->names[k])) == 0;
+        if (!known)
+            extra[R++ - M] = k;
+    }
     inh->names = calloc((size_t)R, sizeof(*inh->names));
     inh->egress = calloc((size_t)R, sizeof(double));
     inh->ingress = calloc((size_t)R, sizeof(double));
     inh->oneway = calloc((size_t)R, sizeof(double));
     inh->rtt = calloc((size_t)R * (size_t)R, sizeof(double));
     if (!inh->names || !inh->egress || !inh->ingress || !inh->oneway || !inh->rtt) {
+        free(extra);
         geoTopoInheritFree(inh);
         return -1;
     }
     inh->nregions = R;
     snprintf(inh->label, sizeof(inh->label), "%s", m->names[m->region_of[rank]]);
-    for (int g = 0; g < R; g++) {
+    for (int g = 0; g < M; g++) {
         snprintf(inh->names[g], sizeof(inh->names[g]), "%s", m->names[g]);
         inh->egress[g] = t->egress ? t->egress[g] : 0;
         inh->ingress[g] = t->ingress ? t->ingress[g] : 0;
         inh->oneway[g] = t->oneway ? t->oneway[g] : 0;
-        for (int h = 0; h < R; h++)
-            inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * R + h] : -1;
+        for (int h = 0; h < M; h++)
+            inh->rtt[g * R + h] = t->region_rtt ? t->region_rtt[g * M + h] : -1;
     }
+    /* The remembered ones: their own figures, and their RTTs to the
+     * regions the parent knew by the same names. */
+    for (int g = M; g < R; g++) {
+        const geoTopoInherit *p = parent_inh;
+        int k = extra[g - M];
+        snprintf(inh->names[g], sizeof(inh->names[g]), "%s", p->names[k]);
+        inh->egress[g] = p->egress[k];
+        inh->ingress[g] = p->ingress[k];
+        inh->oneway[g] = p->oneway[k];
+        for (int h = 0; h < R; h++) {
+            int kh = -1;
+            for (int j = 0; j < p->nregions; j++)
+                if (strncmp(p->names[j], inh->names[h], sizeof(p->names[j])) == 0)
+                    kh = j;
+            double x = kh < 0 ? -1 : p->rtt[k * p->nregions + kh];
+            inh->rtt[g * R + h] = inh->rtt[h * R + g] = h == g ? 0 : x;
+        }
+    }
+    free(extra);
     inh->bw_known = t->bw_measured || t->from_file || t->inherited;
     inh->bw_measured = t->bw_measured || (t->inherited && parent_inh != NULL && parent_inh->bw_measured);
     inh->intra_Bps = t->intra_Bps;
     inh->intra_alpha = t->intra_alpha;
     inh->valid = 1;
+    return 0;
+}
+
+int geoTopoInheritCopy(const geoTopoInherit *src, geoTopoInherit *dst)
+{
+    int R = src->nregions;
+    memset(dst, 0, sizeof(*dst));
+    if (!src->valid)
+        return 0;
+    *dst = *src;
+    dst->names = calloc((size_t)R + 1, sizeof(*dst->names));
+    dst->egress = calloc((size_t)R + 1, sizeof(double));
+    dst->ingress = calloc((size_t)R + 1, sizeof(double));
+    dst->oneway = calloc((size_t)R + 1, sizeof(double));
+    dst->rtt = calloc((size_t)R * (size_t)R + 1, sizeof(double));
+    if (!dst->names || !dst->egress || !dst->ingress || !dst->oneway || !dst->rtt) {
+        geoTopoInheritFree(dst);
+        return -1;
+    }
+    memcpy(dst->names, src->names, sizeof(*dst->names) * (size_t)R);
+    memcpy(dst->egress, src->egress, sizeof(double) * (size_t)R);
+    memcpy(dst->ingress, src->ingress, sizeof(double) * (size_t)R);
+    memcpy(dst->oneway, src->oneway, sizeof(double) * (size_t)R);
+    memcpy(dst->rtt, src->rtt, sizeof(double) * (size_t)R * (size_t)R);
     return 0;
 }
 

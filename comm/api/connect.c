@@ -14,6 +14,7 @@
 #include "comm/coll/tuning.h"
 #include "comm/core/comm.h"
 #include "comm/device/coll_device.h"
+#include "comm/elastic/elastic.h"
 #include "comm/transport/ifaces.h"
 
 #include <arpa/inet.h>
@@ -295,6 +296,10 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     for (int r = 0; r < comm->nranks; r++)
         comm->net.ctx.peers[r] = comm->peers[r].net;
     comm->net.ctx.encrypt = comm->encrypt;
+    comm->net.ctx.failed = calloc((size_t)comm->nranks, 1);
+    if (comm->net.ctx.failed == NULL)
+        return GEO_COMM_ERR(comm, ncclSystemError, "init: out of memory for %d peers",
+                            comm->nranks);
     res = comm->net.ops->connect(&comm->net.ctx, comm->net.state);
     if (res != ncclSuccess)
         return res;
@@ -312,6 +317,7 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
         geoCommWriteTopoFile(comm);
     GEO_CHECK(geoTuningInit(comm));
     GEO_CHECK(geoDevInitAtInit(comm));
+    GEO_CHECK(geoElasticAttach(comm));
     geoInfo(GEO_LOG_INIT, "communicator %016llx%s%s ready: rank %d of %d, %s, %d streams, "
             "chunk %zu", (unsigned long long)comm->comm_hash, comm->name[0] ? " " : "",
             comm->name, comm->rank, comm->nranks, comm->net.ops->name, comm->nstreams,

@@ -46,6 +46,7 @@ static void *nonblocking_init_main(void *arg)
 }
 
 __thread const struct ncclComm *geoInitParent;
+__thread const geoTopoInherit *geoInitInherit;
 __thread int geoInitDevice = GEO_INIT_DEV_CURRENT;
 
 ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUniqueId *uid,
@@ -87,6 +88,15 @@ ncclResult_t geoCommInitInternal(struct ncclComm **out, int nranks, const ncclUn
         geoErrDestroy(&comm->err);
         free(comm);
         return GEO_ERR(NULL, ncclSystemError, "out of memory for the parent's topology");
+    }
+    if (geoInitParent == NULL && geoInitInherit != NULL &&
+        geoTopoInheritCopy(geoInitInherit, &comm->inherit) != 0) {
+        geoScratchFree(&comm->scratch);
+        pthread_mutex_destroy(&comm->lock);
+        pthread_mutex_destroy(&comm->ef_lock);
+        geoErrDestroy(&comm->err);
+        free(comm);
+        return GEO_ERR(NULL, ncclSystemError, "out of memory for the members' topology");
     }
     /* NCCL's rule: the communicator belongs to the device current in the
      * caller's thread at the call (or devlist's entry); a thread of our own

@@ -9,6 +9,7 @@
 #include "comm/core/comm.h"
 #include "comm/coll/tuning.h"
 #include "comm/device/coll_device.h"
+#include "comm/elastic/elastic.h"
 #include "topology/topofile.h"
 
 #include <pthread.h>
@@ -21,6 +22,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     /* The device path's exchange thread runs collectives on this
      * communicator and counts them: stop it before reading the counters. */
     geoDevFree(comm, abort); /* before the transport: its thread uses it */
+    geoElasticDetach(comm, abort);
     if (comm->stats.calls_flat + comm->stats.calls_hier > 0)
         geoInfo(GEO_LOG_INIT | GEO_LOG_NET,
                 "destroy: %llu flat and %llu hierarchical collectives; sent %llu bytes to my "
@@ -55,6 +57,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     free(comm->encrypt);
     geoWipe(comm->secret, sizeof(comm->secret));
     free(comm->net.ctx.peers);
+    free(comm->net.ctx.failed);
     comm->magic = 0;
     geoScratchFree(&comm->scratch);
     while (comm->ef_regs) {

@@ -218,6 +218,30 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                        "process_vm_readv and write each other's outputs with process_vm_writev "
                        "in the hierarchical all-reduce (checked at init; "
                        "where the kernel refuses, the ring is used); 0: never"},
+    [GEO_PARAM_ELASTIC_ETCD] = {"GEOCCL_ELASTIC_ETCD", GEO_PARAM_STR, NULL,
+                                "host:port,host:port,...: the etcd members (v3 JSON gateway, "
+                                "plain HTTP) that keep the job's membership (docs/elastic.md); "
+                                "tried in order, so list the nearest first; unset: the process "
+                                "holding the first bootstrap root keeps it"},
+    [GEO_PARAM_ELASTIC_JOB] = {"GEOCCL_ELASTIC_JOB", GEO_PARAM_STR, "geoccl",
+                               "the job's name: its records in the store are under "
+                               "/geoccl/<job>/; jobs sharing a store need names of their own"},
+    [GEO_PARAM_ELASTIC_TTL] = {"GEOCCL_ELASTIC_TTL", GEO_PARAM_INT, "3",
+                               "seconds a process's lease in the store lives without renewal "
+                               "(renewed every third of it): a killed process leaves the "
+                               "membership this long after its last renewal"},
+    [GEO_PARAM_ELASTIC_POLL_MS] = {"GEOCCL_ELASTIC_POLL_MS", GEO_PARAM_INT, "500",
+                                   "milliseconds between the background reads of the store "
+                                   "that geocclCommJoinersWaiting reports, and between a "
+                                   "joiner's looks for its admission"},
+    [GEO_PARAM_ELASTIC_TIMEOUT] = {"GEOCCL_ELASTIC_TIMEOUT", GEO_PARAM_INT, "60",
+                                   "seconds geocclCommGetFailedRanks waits for the survivors "
+                                   "to settle the dead set, and one store request may take "
+                                   "over all members"},
+    [GEO_PARAM_ELASTIC_JOIN_TIMEOUT] = {"GEOCCL_ELASTIC_JOIN_TIMEOUT", GEO_PARAM_INT, "600",
+                                        "seconds geocclCommJoin waits for the members to "
+                                        "admit it (they do between rounds), then for its "
+                                        "new communicator to form"},
 };
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -24,6 +24,14 @@
 
 #define GEO_ID_MAGIC 0x47454f49u /* "GEOI" */
 
+/* scrypt's cost for GEOCCL_COMM_SECRET passphrases (the bootstrap's key
+ * and the elastic records' key): 2^15 x 8 x 128 bytes =
+ * 32 MiB and about 0.1 s per rank at init, so that one sniffed handshake
+ * costs a dictionary attack that much per guess on every guess. */
+#define GEO_SCRYPT_N (1u << 15)
+#define GEO_SCRYPT_R 8
+#define GEO_SCRYPT_P 1
+
 /* What each rank tells the others: opaque here (the communicator's peer
  * info, which must fit), carried and tabled as it is. */
 #define GEO_BOOT_INFO_BYTES 512

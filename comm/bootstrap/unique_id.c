@@ -19,12 +19,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* scrypt's cost for GEOCCL_COMM_SECRET passphrases: 2^15 x 8 x 128 bytes =
- * 32 MiB and about 0.1 s per rank at init, so that one sniffed handshake
- * costs a dictionary attack that much per guess on every guess. */
-#define GEO_SCRYPT_N (1u << 15)
-#define GEO_SCRYPT_R 8
-#define GEO_SCRYPT_P 1
 
 static int parse_hex_key(const char *s, uint8_t out[GEO_SHA256_BYTES])
 {

@@ -177,6 +177,10 @@ struct ncclComm {
     int finalized;
     int active_calls;           /* API calls in flight (abort waits) */
     uint64_t split_count;       /* ncclCommSplit calls past validation (all ranks call) */
+    struct geoElastic *elastic; /* membership in the store (comm/elastic); NULL without
+                                 * one */
+    int elastic_leaving;        /* geocclCommLeave was called (atomic) */
+    uint32_t grow_count;        /* geocclCommGrow calls past validation (all ranks call) */
     uint32_t shrink_count;      /* ncclCommShrink calls past validation: every
                                  * survivor of a shrink has made the same ones */
 };
@@ -231,6 +235,10 @@ ncclResult_t geoCommBuildRegions(struct ncclComm *comm);
 /* Set by split/shrink around their geoCommInitInternal call (same thread):
  * the parent whose topology the child takes over. */
 extern __thread const struct ncclComm *geoInitParent;
+/* Set by geocclCommJoin around its geoCommInitInternal call: the figures a
+ * joiner takes over from the members (no parent of its own); its label is
+ * the joiner's region. */
+extern __thread const geoTopoInherit *geoInitInherit;
 /* The CUDA device a communicator initialised on this thread belongs to,
  * set by threads that init on a caller's behalf (ncclCommInitAll, inits
  * inside a group): GEO_INIT_DEV_CURRENT (the default) reads the thread's

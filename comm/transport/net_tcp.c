@@ -76,6 +76,8 @@ void tcpPeerErrorAt(tcpState *st, int peer, int stream, const char *what, const 
     char a[GEO_ADDR_STRLEN];
     if (st->broken || st->stop)
         return;
+    if (st->ctx->failed != NULL)
+        __atomic_store_n(&st->ctx->failed[peer], 1, __ATOMIC_RELEASE);
     geoErrReport(st->ctx->err, ncclRemoteError, file, line, "%s: rank %d (%s, host %s) %s "
                  "(stream %d%s)", geoErrOp(st->ctx->err), peer, tcpPeerStr(st, peer, a),
                  st->ctx->peers[peer].host, what, stream,
@@ -233,12 +235,16 @@ static ncclResult_t tcp_post(void *state, geoNetRequest *req)
     if (st->broken) {
         res = st->broken_res;
     } else if (st->peers[req->peer].gone) {
+        if (ctx->failed != NULL)
+            __atomic_store_n(&ctx->failed[req->peer], 1, __ATOMIC_RELEASE);
         res = GEO_ERR(ctx->err, ncclRemoteError, "%s: rank %d (%s, host %s) is gone: its "
                       "connection was reset and its listener refuses new ones",
                       geoErrOp(ctx->err), req->peer, tcpPeerStr(st, req->peer, pa),
                       ctx->peers[req->peer].host);
         tcpBreakLocked(st, res);
     } else if (req->dir == GEO_NET_SEND && st->peers[req->peer].closed_by_peer) {
+        if (ctx->failed != NULL)
+            __atomic_store_n(&ctx->failed[req->peer], 1, __ATOMIC_RELEASE);
         res = GEO_ERR(ctx->err, ncclRemoteError, "%s: rank %d (%s, host %s) has closed its "
                       "connections", geoErrOp(ctx->err), req->peer,
                       tcpPeerStr(st, req->peer, pa), ctx->peers[req->peer].host);
@@ -291,6 +297,8 @@ static ncclResult_t tcp_wait(void *state, geoNetRequest *req)
         double idle = geoNow() - req->last_progress;
         if (idle > ctx->timeout) {
             char pa[GEO_ADDR_STRLEN];
+            if (ctx->failed != NULL && !st->broken)
+                __atomic_store_n(&ctx->failed[req->peer], 1, __ATOMIC_RELEASE);
             GEO_ERR(ctx->err, ncclRemoteError, "%s: timed out after %.0f s without progress %s "
                     "rank %d (%s, host %s); %zu of %zu frames done", geoErrOp(ctx->err), idle,
                     req->dir == GEO_NET_SEND ? "sending to" : "receiving from", req->peer,

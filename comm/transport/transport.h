@@ -55,6 +55,10 @@ typedef struct {
                                  * authenticated, encrypted frames; set before connect()
                                  * alike at both ends (NULL: none) */
     int cipher;                 /* the cipher this rank prefers (crypto.h) */
+    uint8_t *failed;            /* [nranks] or NULL: the transport stores 1 (atomic
+                                 * byte) for the peer whose loss broke it: gone,
+                                 * closed, reset past resuming, or silent past the
+                                 * timeout (geocclCommGetFailedRanks reads it) */
     /* Set by connect(): */
     int cipher_used;            /* cipher of the encrypted connections; 0: none */
     int local_peers;            /* peers reached over the same-host fast path */
