@@ -30,12 +30,19 @@ Contracts (docs/pytorch.md, "Elastic training", says more):
   grown group, rank 0 sends the round number and every tensor of
   state_fn() to all, and a hash of that state, all-reduced, must agree on
   every rank (else it raises). A joiner contributes from the next round on.
-- Who is gone. Without the C level's membership (geoccl.h elastic API,
-  GEOCCL_ELASTIC_ETCD), the ranks agree through the store: each beats a
-  counter every `beat` seconds; after a failure every survivor says so, and
-  a rank that neither says so nor beats for `detect` seconds is gone. The
-  store must outlive the ranks that may be lost (torchrun's c10d
-  rendezvous on a machine apart, or etcd through the C level).
+- Who is gone, who waits. With GEOCCL_ELASTIC_ETCD set (membership
+  "geoccl"), GeoCCL keeps the job's members in etcd (geoccl.h's elastic
+  calls): the survivors get the same dead set from it
+  (geocclCommGetFailedRanks, a rank is gone once its lease runs out,
+  GEOCCL_ELASTIC_TTL), joiners register there (geocclCommJoin) and the
+  members admit them with geocclCommGrow; any region may be lost,
+  rank 0's included, and the torch store is not used after the start.
+  Otherwise (membership "store") the ranks agree through the job's torch
+  store: each beats a counter every `beat` seconds; after a failure every
+  survivor says so, and a rank that neither says so nor beats for `detect`
+  seconds is gone; joiners take a ticket there and the grown group is a new
+  communicator made through it. That store must outlive the ranks that may
+  be lost: with init_process_group("env://") it lives in rank 0's process.
 
 Every collective of the job must go through the helper (all_reduce,
 barrier, broadcast, or run(fn)) while it is elastic: the group behind it
@@ -77,6 +84,12 @@ def _default_store():
     return dist.PrefixStore("default_pg", tcp)
 
 
+def _membership():
+    """Where the job's members are kept: "geoccl" (etcd, through GeoCCL)
+    when GEOCCL_ELASTIC_ETCD is set, else "store" (the torch store)."""
+    return "geoccl" if os.environ.get("GEOCCL_ELASTIC_ETCD") else "store"
+
+
 class MembershipError(RuntimeError):
     """The survivors could not re-form (a rank taken for gone is alive, a
     failure while admitting joiners, state that differs after the send)."""
@@ -99,8 +112,14 @@ class Elastic:
     the same shapes and order on every rank); a joiner receives them."""
 
     def __init__(self, state_fn, store=None, group=None, timeout=None, detect=1.0, beat=0.1,
-                 leave_signal=signal.SIGTERM, _pg=None, _epoch=0, _round=0):
-        base = store if store is not None else _default_store()
+                 leave_signal=signal.SIGTERM, membership=None, _pg=None, _epoch=0, _round=0):
+        self.membership = membership or _membership()
+        if store is not None:
+            base = store
+        elif self.membership == "geoccl" and _pg is not None:
+            base = dist.HashStore()  # a joiner: nothing goes through a torch store
+        else:
+            base = _default_store()
         self._base = base
         self._store = dist.PrefixStore(PREFIX, base)
         self._lock = threading.Lock()   # one store call at a time
@@ -121,7 +140,8 @@ class Elastic:
         if leave_signal is not None and threading.current_thread() is threading.main_thread():
             signal.signal(leave_signal, lambda *_: self.leave())
         self._thread = threading.Thread(target=self._beats, daemon=True)
-        self._thread.start()
+        if self.membership == "store":
+            self._thread.start()
 
     # ---- who is here --------------------------------------------------------------
 
@@ -159,8 +179,9 @@ class Elastic:
         finished (every member, at the end of the job): rank 0 tells the
         processes still waiting to join that they never will."""
         self._stop.set()
-        self._thread.join()
-        if finished and self.rank == 0:
+        if self._thread.is_alive():
+            self._thread.join()
+        if finished and self.rank == 0 and self.membership == "store":
             try:
                 self._st(self._store.add, "done", 1)
             except Exception:
@@ -199,6 +220,9 @@ class Elastic:
     def _wait(self, work):
         """Waits for work; polls the store's flag that another rank saw a
         failure (a rank waiting on a live peer would not see it)."""
+        if self.membership == "geoccl":  # GeoCCL spreads a failure to every rank
+            work.wait()
+            return
         next_look = time.monotonic() + self.beat
         while not work.is_completed():
             time.sleep(0.002)
@@ -235,7 +259,13 @@ class Elastic:
         _log("rank %d of %d: call #%d failed: %s" % (self.rank, self.size, op.seq,
                                                      str(err).splitlines()[0][:200]))
         self.events.append((t0, "failure", op.seq))
-        dead = self._agree_dead()
+        if self.membership == "geoccl":
+            dead = self.pg.failed_ranks()
+            if not dead:
+                raise MembershipError("geoccl.elastic: a call failed but no rank is gone: %s"
+                                      % err)
+        else:
+            dead = self._agree_dead()
         t1 = time.time()
         old_rank, old_size = self.rank, self.size
         self.pg = self.pg.shrink(dead, True, None)
@@ -339,7 +369,10 @@ class Elastic:
             n = pg.size()
             v = torch.zeros(n + 3, dtype=torch.int64)
             v[pg.rank()] = 1 if self._leave else 0
-            v[n] = self._tickets if pg.rank() == 0 else 0
+            if self.membership == "geoccl":
+                v[n] = pg.joiners_waiting()
+            else:
+                v[n] = self._tickets if pg.rank() == 0 else 0
             v[n + 1] = self.round
             v[n + 2] = -self.round
             opts = dist.AllreduceOptions()
@@ -357,6 +390,8 @@ class Elastic:
         self.round += 1
         leavers = [r for r in range(n) if int(v[r])]
         tickets = int(v[n])
+        if self.membership == "geoccl":
+            return self._grow_geoccl(leavers, tickets)
         if leavers:
             if self.rank in leavers:
                 _log("rank %d of %d leaves after round %d" % (self.rank, n, self.round))
@@ -401,6 +436,33 @@ class Elastic:
         _log("%d joiner(s) admitted after round %d: %d ranks (%.2f s)" % (
             k, self.round, self.size, time.time() - t0))
 
+    def _grow_geoccl(self, leavers, joiners):
+        """geocclCommGrow, when someone leaves or waits: every member calls
+        it; the leader admits the joiners it finds registered."""
+        if not leavers and not joiners:
+            return True
+        t0 = time.time()
+        n = self.size
+        if self.rank in leavers:
+            self.pg.leave()
+        grown = self.pg.grow()
+        if grown is None:
+            if self.rank in leavers:
+                self.pg.quiesce()
+                _log("rank %d of %d leaves after round %d" % (self.rank, n, self.round))
+                self.events.append((time.time(), "left", self.round))
+                return False
+            return True  # the joiners counted had gone
+        self.pg = grown
+        self.epoch += 1
+        self.seq = 0
+        if self.size > n - len(leavers):
+            self._send_state()
+        self.events.append((time.time(), "grown", (leavers, n, self.size, time.time() - t0)))
+        _log("after round %d: %s left, %d joined: %d ranks (%.2f s)" % (
+            self.round, leavers, self.size - (n - len(leavers)), self.size, time.time() - t0))
+        return True
+
     def _form(self, epoch, rank, size):
         store = dist.PrefixStore("%s%d/grow/" % (PREFIX, epoch), self._base)
         return _C.ProcessGroupGeoCCL(store, rank, size, self.timeout)
@@ -410,9 +472,19 @@ class Elastic:
         """A new process enters the running job: waits until the members
         admit it at a round boundary, then receives the round and the state
         (state_fn()'s tensors, written in place) and is a member."""
+        timeout = timeout if timeout is not None else dist.distributed_c10d.default_pg_timeout
+        if (kw.get("membership") or _membership()) == "geoccl":
+            t0 = time.time()
+            _log("waiting to join (geocclCommJoin)")
+            pg = _C.ProcessGroupGeoCCL.join(store if store is not None else dist.HashStore(),
+                                            timeout)
+            el = cls(state_fn, store=store, timeout=timeout, _pg=pg, _epoch=1, **kw)
+            el._send_state()
+            _log("joined as rank %d of %d at round %d (%.2f s after asking)" % (
+                el.rank, el.size, el.round, time.time() - t0))
+            return el
         base = store if store is not None else _default_store()
         st = dist.PrefixStore(PREFIX, base)
-        timeout = timeout if timeout is not None else dist.distributed_c10d.default_pg_timeout
         ticket = st.add("join/tickets", 1)
         t0 = time.time()
         _log("waiting to join (ticket %d)" % ticket)

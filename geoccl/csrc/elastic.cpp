@@ -1,8 +1,10 @@
 /*
  * Re-forming a geoccl process group when its membership changes
  * (geoccl/elastic.py drives it): a group made around a communicator that
- * already exists, and the group of the survivors made from the
- * communicator of this one (ncclCommShrink).
+ * already exists; the group of the survivors made from the communicator of
+ * this one (ncclCommShrink); and geoccl.h's elastic membership: the dead
+ * set agreed in the store, joiners waiting, leaving, and the grown group of
+ * the members and the joiners (geocclCommGrow, geocclCommJoin).
  *
  * Contract: shrink() is called by every surviving rank, with the same
  * exclusion list, at the same point of its calls (after the same failed
@@ -16,7 +18,10 @@
  */
 #include "process_group.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+
+#include <geoccl.h>
 
 #include <c10/util/Exception.h>
 
@@ -83,6 +88,50 @@ c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::shrink(
     elasticFail(r, comm_, c10::str("ncclCommShrink (rank ", rank_, " of ", size_, ", ",
                                    ex.size(), " excluded)"));
   return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_);
+}
+
+std::vector<int> ProcessGroupGeoCCL::failedRanks() {
+  TORCH_CHECK(comm_, "geoccl: failed_ranks: this group has no communicator");
+  std::vector<int> ranks((size_t)size_);
+  int count = 0;
+  ncclResult_t r = geocclCommGetFailedRanks(comm_, ranks.data(), size_, &count);
+  if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommGetFailedRanks");
+  ranks.resize((size_t)std::min(count, size_));
+  return ranks;
+}
+
+int ProcessGroupGeoCCL::joinersWaiting() {
+  TORCH_CHECK(comm_, "geoccl: joiners_waiting: this group has no communicator");
+  int n = 0;
+  ncclResult_t r = geocclCommJoinersWaiting(comm_, &n);
+  if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommJoinersWaiting");
+  return n;
+}
+
+void ProcessGroupGeoCCL::leave() {
+  TORCH_CHECK(comm_, "geoccl: leave: this group has no communicator");
+  ncclResult_t r = geocclCommLeave(comm_);
+  if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommLeave");
+  leaving_ = true;
+}
+
+c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::grow(
+    const c10::intrusive_ptr<::c10d::Store>& store) {
+  ncclComm_t child = nullptr;
+  // A collective on this group's communicator: after the work queued before.
+  callOnWorker("geocclCommGrow",
+               [&child](ncclComm_t comm) { return geocclCommGrow(comm, &child, nullptr); });
+  if (!child) return {};  // this rank left, or nothing changed
+  quiesce();
+  return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_);
+}
+
+c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::join(
+    const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout) {
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = geocclCommJoin(&comm, nullptr);
+  if (r != ncclSuccess) elasticFail(r, nullptr, "geocclCommJoin");
+  return c10::make_intrusive<ProcessGroupGeoCCL>(comm, store, timeout);
 }
 
 }  // namespace geoccl_torch

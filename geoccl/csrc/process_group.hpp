@@ -215,6 +215,24 @@ class ProcessGroupGeoCCL : public BaseGroup {
   c10::intrusive_ptr<ProcessGroupGeoCCL> shrink(const std::vector<int>& exclude, bool failed,
                                                 const c10::intrusive_ptr<::c10d::Store>& store);
 
+  /* elastic.cpp, geoccl.h's elastic membership (GEOCCL_ELASTIC_ETCD):
+   * failedRanks: the dead ranks of this broken group, the same on every
+   * survivor (geocclCommGetFailedRanks; blocks on the store). joinersWaiting:
+   * processes waiting in join(), as this rank last saw (agree before grow).
+   * leave: this rank goes at the next grow. grow: every rank, at the same
+   * point, after the work queued before; the group of the members that
+   * stay and the joiners, or null for a rank that leaves and for every rank
+   * when nothing changed (this group then goes on); a new group ends this
+   * one. join: a process that is not a member waits to be admitted (blocks
+   * up to GEOCCL_ELASTIC_JOIN_TIMEOUT). All throw GeoCCL's error text. */
+  std::vector<int> failedRanks();
+  int joinersWaiting();
+  void leave();
+  bool leaving() const { return leaving_; }
+  c10::intrusive_ptr<ProcessGroupGeoCCL> grow(const c10::intrusive_ptr<::c10d::Store>& store);
+  static c10::intrusive_ptr<ProcessGroupGeoCCL> join(
+      const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout);
+
 #if TORCH_VERSION_MAJOR < 2
   /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
    * back and then run as one GeoCCL group, which posts all their sends and
@@ -286,6 +304,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
   std::vector<Item> batch_;
   bool stop_ = false;
   bool aborted_ = false;
+  bool leaving_ = false;  // leave() was called (elastic.cpp)
   std::thread worker_;
 
   void* stream_ = nullptr;  // cudaStream_t of the device path, made at first use
