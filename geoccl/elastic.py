@@ -120,6 +120,9 @@ class Elastic:
             base = dist.HashStore()  # a joiner: nothing goes through a torch store
         else:
             base = _default_store()
+        # the job's env:// store, which the beats reach on a connection of their own
+        self._env_store = (store is None and "MASTER_ADDR" in os.environ and
+                           "MASTER_PORT" in os.environ)
         self._base = base
         self._store = dist.PrefixStore(PREFIX, base)
         self._lock = threading.Lock()   # one store call at a time
@@ -165,12 +168,22 @@ class Elastic:
         return "/".join(str(p) for p in (self.epoch,) + parts)
 
     def _beats(self):
+        # A connection of its own where the store is the job's env:// one,
+        # so that beats neither wait for the main thread's store calls nor
+        # hold them up (each may be a WAN round trip).
+        own, st = None, None
         while not self._stop.wait(self.beat):
             try:
+                if own is None and self._env_store:
+                    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=datetime.timedelta(seconds=30))
+                    own = dist.PrefixStore(PREFIX, dist.PrefixStore("default_pg", tcp))
+                    st = lambda fn, *a: fn(*a)  # noqa: E731
+                store, call = (own, st) if own is not None else (self._store, self._st)
                 e, r = self.epoch, self.rank
-                self._st(self._store.add, "%d/beat/%d" % (e, r), 1)
+                call(store.add, "%d/beat/%d" % (e, r), 1)
                 if r == 0:
-                    self._tickets = self._st(self._store.add, "join/tickets", 0)
+                    self._tickets = call(store.add, "join/tickets", 0)
             except Exception:  # the store's host is gone: the failure path says so
                 pass
 
@@ -316,15 +329,19 @@ class Elastic:
 
     def _agree_dead(self):
         """The ranks of this epoch's group that are gone, the same list on
-        every survivor (the first to decide writes it)."""
-        e, me, n = self.epoch, self.rank, self.size
+        every survivor (the first to decide writes it). Few store round
+        trips per look (the store may be a WAN round trip away): the
+        survivors set their bit in one counter (an add of 1 << rank), and
+        only the ranks missing there have their beats read."""
+        me, n = self.rank, self.size
         st = self._store
         self._st(st.add, self._key("broken"), 1)
-        self._st(st.add, self._key("here", me), 1)
+        self._st(st.add, self._key("here"), 1 << me)
         seen = {}  # rank -> (beat count, when it last moved)
         while True:
             try:
                 decided = self._st(st.add, self._key("decided"), 0)
+                here = self._st(st.add, self._key("here"), 0)
             except Exception as ex:
                 raise MembershipError("geoccl.elastic: the store is gone (%s): the survivors "
                                       "cannot agree without it" % ex)
@@ -333,9 +350,9 @@ class Elastic:
             now = time.monotonic()
             gone, unsure = [], False
             for r in range(n):
-                if r == me or self._st(st.add, self._key("here", r), 0):
+                if here >> r & 1:
                     continue
-                b = self._st(st.add, "%d/beat/%d" % (e, r), 0)
+                b = self._st(st.add, self._key("beat", r), 0)
                 if r not in seen or seen[r][0] != b:
                     seen[r] = (b, now)
                 if now - seen[r][1] >= self.detect:
@@ -347,7 +364,7 @@ class Elastic:
                     self._st(st.set, self._key("dead"), ",".join(map(str, gone)))
                     self._st(st.add, self._key("decided"), 1)
                     break
-            time.sleep(0.02)
+            time.sleep(0.01)
         raw = self._st(st.get, self._key("dead")).decode()
         dead = [int(x) for x in raw.split(",") if x]
         if me in dead:
