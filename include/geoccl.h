@@ -357,9 +357,10 @@ ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out);
  *    GEOCCL_COMM_SECRET, never sent;
  *  - leaving on purpose: a rank calls geocclCommLeave, then geocclCommGrow
  *    with the others at the next round boundary; nobody sees an error.
- * The store is etcd (GEOCCL_ELASTIC_ETCD, GEOCCL_ELASTIC_JOB).  Without it
- * the process holding the first bootstrap root serves the same records at
- * GEOCCL_COMM_ID, so that region must survive.  Every process of the job,
+ * The store is etcd (GEOCCL_ELASTIC_ETCD, GEOCCL_ELASTIC_JOB).  Without it,
+ * when GEOCCL_ELASTIC_JOB is set, the process holding the first bootstrap
+ * root serves the same records next to GEOCCL_COMM_ID (its port + 1), so
+ * that region must survive.  Every process of the job,
  * members and joiners, shares GEOCCL_COMM_SECRET; records in the store hold
  * no secret and carry a MAC under a key derived from it. */
 
@@ -392,9 +393,10 @@ ncclResult_t geocclCommJoinersWaiting(ncclComm_t comm, int *joiners);
 ncclResult_t geocclCommLeave(ncclComm_t comm);
 
 /* Every rank of comm calls it at the same point (a collective call on comm,
- * which must be healthy).  The lowest rank decides which joiners are
- * admitted (those registered when it looks, in registration order) and
- * tells the others over comm, with the ranks that called geocclCommLeave.
+ * which must be healthy).  Every rank first tells the others whether it
+ * called geocclCommLeave; then the lowest rank that stays decides which
+ * joiners are admitted (those registered when it looks, at most 64, in
+ * registration order) and tells the others over comm.
  * [out] newcomm: a communicator of comm's remaining ranks in their order,
  * then the joiners; NULL for a rank that leaves, and for every rank when
  * there was nobody to admit and nobody leaving (comm is then unchanged).
@@ -416,7 +418,7 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
  * size through ncclCommUserRank and ncclCommCount.  config: as
  * ncclCommInitRankConfig's.  Blocks.  ncclInvalidUsage when
  * GEOCCL_COMM_SECRET is not set, or neither GEOCCL_ELASTIC_ETCD nor
- * GEOCCL_COMM_ID says where the job is; ncclRemoteError when the store
+ * GEOCCL_ELASTIC_JOB with GEOCCL_COMM_ID says where the job is; ncclRemoteError when the store
  * cannot be reached or the wait times out; the init's error otherwise. */
 ncclResult_t geocclCommJoin(ncclComm_t *newcomm, ncclConfig_t *config);
 

@@ -192,8 +192,10 @@ ncclResult_t geoCommConnect(struct ncclComm *comm, const geoUniqueIdInternal *id
     }
     int enc_mode = GEO_ENCRYPT_OFF, cipher = GEO_CIPHER_NONE; /* or what encrypt_params says */
     GEO_CHECK(encrypt_params(comm, &enc_mode, &cipher));
-    if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0)
+    if ((id->flags & GEO_ID_ENV) && allow_env_root && comm->rank == 0) {
         GEO_CHECK(geoBootstrapStartRoot(id, comm->nranks, comm->timeout));
+        geoElasticStoreMaybeServe(&id->root);
+    }
     comm->net.ctx = (geoNetCtx){.rank = comm->rank,
                                 .nranks = comm->nranks,
                                 .nstreams = comm->nstreams,

@@ -221,11 +221,14 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_ELASTIC_ETCD] = {"GEOCCL_ELASTIC_ETCD", GEO_PARAM_STR, NULL,
                                 "host:port,host:port,...: the etcd members (v3 JSON gateway, "
                                 "plain HTTP) that keep the job's membership (docs/elastic.md); "
-                                "tried in order, so list the nearest first; unset: the process "
-                                "holding the first bootstrap root keeps it"},
+                                "tried in order, so list the nearest first; unset (with "
+                                "GEOCCL_ELASTIC_JOB set): the process holding the first bootstrap "
+                                "root keeps it, at GEOCCL_COMM_ID's port + 1"},
     [GEO_PARAM_ELASTIC_JOB] = {"GEOCCL_ELASTIC_JOB", GEO_PARAM_STR, "geoccl",
                                "the job's name: its records in the store are under "
-                               "/geoccl/<job>/; jobs sharing a store need names of their own"},
+                               "/geoccl/<job>/; jobs sharing a store need names of their own; "
+                               "set without GEOCCL_ELASTIC_ETCD, rank 0's process keeps the "
+                               "records (GEOCCL_ELASTIC_ETCD)"},
     [GEO_PARAM_ELASTIC_TTL] = {"GEOCCL_ELASTIC_TTL", GEO_PARAM_INT, "3",
                                "seconds a process's lease in the store lives without renewal "
                                "(renewed every third of it): a killed process leaves the "

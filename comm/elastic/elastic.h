@@ -3,10 +3,10 @@
  * (membership.c), the records and keys the store holds (records.c), and
  * the calls of geoccl.h's elastic section (grow.c, failed.c).
  *
- * The store is etcd when GEOCCL_ELASTIC_ETCD names members; otherwise the
- * process that holds the first bootstrap root serves the same requests
- * (store_root.c) at GEOCCL_COMM_ID's host, one port above, and that region
- * must survive.  Keys live under /geoccl/<job>/:
+ * The store is etcd when GEOCCL_ELASTIC_ETCD names members; otherwise, when
+ * GEOCCL_ELASTIC_JOB is set, the process that holds the first bootstrap
+ * root serves the same requests (store_root.c) at GEOCCL_COMM_ID's host,
+ * one port above, and that region must survive.  Keys live under /geoccl/<job>/:
  *   c/<comm>/m/<rank>   a member (its process's lease): rank, pid, region, host
  *   c/<comm>/ok/<rank>  a survivor after an error (its lease)
  *   c/<comm>/dead       the dead set, created once by the first survivor
@@ -39,8 +39,11 @@ typedef struct geoElastic {
     char prefix[96];                    /* "/geoccl/<job>/" */
     char comm_dir[128];                 /* prefix "c/<comm hash>/" */
     uint8_t comm_key[GEO_SHA256_BYTES]; /* MACs of c/ records */
-    int64_t lease;
+    int64_t lease;                      /* atomic: the renewal thread may replace it */
     int ttl;
+    char member_key[GEO_ELASTIC_KEY_LEN];   /* this rank's member record, written again */
+    uint8_t *member_val;                /* under a new lease if the old one lapsed */
+    size_t member_len;
     int joiners;                        /* atomic: last count seen */
     int stop;                           /* atomic: the thread ends */
     pthread_t thread;
@@ -59,9 +62,23 @@ ncclResult_t geoElasticAttach(struct ncclComm *comm);
 /* At destroy/abort: stop the thread, delete the member's records (not on
  * abort: the lease runs out), free. */
 void geoElasticDetach(struct ncclComm *comm, int abort);
-/* Open the store that GEOCCL_ELASTIC_ETCD or GEOCCL_COMM_ID names into e,
- * with prefix; ncclInvalidUsage (reported on err) when neither is set. */
+/* 1 when this process is to keep membership records: GEOCCL_ELASTIC_ETCD
+ * is set, or GEOCCL_ELASTIC_JOB is and GEOCCL_COMM_ID says where the
+ * store without etcd is. */
+int geoElasticConfigured(void);
+/* Open the store that GEOCCL_ELASTIC_ETCD or (GEOCCL_ELASTIC_JOB set)
+ * GEOCCL_COMM_ID names into e, with prefix; ncclInvalidUsage (reported on
+ * err) when there is none. */
 ncclResult_t geoElasticStoreOpen(geoEtcd *e, char prefix[96], geoErr *err);
+
+/* store_root.c */
+
+/* Where the store without etcd listens: the root's address, one port up. */
+void geoElasticStoreAddr(const geoSockAddr *root, geoSockAddr *out);
+/* Serve it in this process (a detached thread), when GEOCCL_ELASTIC_JOB is
+ * set and GEOCCL_ELASTIC_ETCD is not; called where rank 0 starts the
+ * GEOCCL_COMM_ID root.  Logged, never fatal: the store is then missing. */
+void geoElasticStoreMaybeServe(const geoSockAddr *root);
 
 /* records.c */
 

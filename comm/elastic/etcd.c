@@ -228,6 +228,7 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
     double deadline = geoNow() + e->timeout;
     int first = __atomic_load_n(&e->cur, __ATOMIC_RELAXED);
     char last[GEO_ETCD_WHY_LEN] = "no member tried";
+    char answer[GEO_ETCD_WHY_LEN] = ""; /* a member's refusal says more than a timeout */
     size_t blen = strlen(body);
     char head[512];
     *block = NULL;
@@ -237,7 +238,11 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
             double now = geoNow();
             if (now >= deadline)
                 break;
-            double end = now + ETCD_ATTEMPT_S * (pass + 1);
+            /* A member that hangs (no leader) may hold at most a share of
+             * a short deadline, so that the others get their turn. */
+            double share = e->timeout / e->n < ETCD_ATTEMPT_S ? e->timeout / e->n
+                                                               : ETCD_ATTEMPT_S;
+            double end = now + (share < 0.3 ? 0.3 : share) * (pass + 1);
             if (end > deadline)
                 end = deadline;
             int hl = snprintf(head, sizeof(head), "POST %s HTTP/1.1\r\nHost: %s\r\n"
@@ -256,6 +261,7 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
                 continue;
             char *json = http_body(ans, alen, last);
             if (json == NULL) {
+                snprintf(answer, sizeof(answer), "%s", last);
                 free(ans);
                 continue;
             }
@@ -268,7 +274,12 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
         if (geoNow() + 0.1 < deadline)
             usleep(100 * 1000);
     }
-    set_why(why, "no etcd member answered %s within %.0f s (last: %s)", path, e->timeout, last);
+    if (answer[0] != '\0')
+        set_why(why, "no etcd member took %s within %.1f s (last answer: %s)", path, e->timeout,
+                answer);
+    else
+        set_why(why, "no etcd member answered %s within %.1f s (last: %s)", path, e->timeout,
+                last);
     return NULL;
 }
 

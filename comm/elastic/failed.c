@@ -75,7 +75,9 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
         me.pid = (int32_t)getpid();
         snprintf(key, sizeof(key), "%sok/%d", el->comm_dir, comm->rank);
         v = geoElasticSeal(el->comm_key, key, &me, sizeof(me), &vn);
-        res = v ? geoEtcdPut(&el->store, key, v, vn, el->lease, why) : ncclSystemError;
+        res = v ? geoEtcdPut(&el->store, key, v, vn,
+                                 __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE), why)
+                      : ncclSystemError;
         free(v);
         if (res != ncclSuccess) {
             res = GEO_COMM_ERR(comm, ncclRemoteError, "geocclCommGetFailedRanks: cannot record "

@@ -164,7 +164,9 @@ static ncclResult_t lead(struct ncclComm *comm, int nstay, int any_leaver,
             a.joiner_nonce = js[i].nonce;
             snprintf(key, sizeof(key), "%sadmit/%s", el->prefix, js[i].id);
             uint8_t *v = geoElasticSeal(job_key, key, &a, sizeof(a), &vn);
-            res = v ? geoEtcdPut(&el->store, key, v, vn, el->lease, why) : ncclSystemError;
+            res = v ? geoEtcdPut(&el->store, key, v, vn,
+                                 __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE), why)
+                      : ncclSystemError;
             free(v);
             if (res != ncclSuccess)
                 res = GEO_COMM_ERR(comm, ncclRemoteError, "geocclCommGrow: cannot write the "

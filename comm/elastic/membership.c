@@ -20,20 +20,37 @@
 #include <time.h>
 #include <unistd.h>
 
+int geoElasticConfigured(void)
+{
+    const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
+    const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+    return (spec != NULL && spec[0] != '\0') ||
+           (geoParamIsSet(GEO_PARAM_ELASTIC_JOB) && cid != NULL && cid[0] != '\0');
+}
+
 ncclResult_t geoElasticStoreOpen(geoEtcd *e, char prefix[96], geoErr *err)
 {
     const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
     const char *job = geoParamStr(GEO_PARAM_ELASTIC_JOB);
-    char why[256];
-    if (spec == NULL || spec[0] == '\0')
-        return GEO_ERR(err, ncclInvalidUsage, "elastic: no store: set GEOCCL_ELASTIC_ETCD to "
-                       "the etcd members (host:port,...)");
+    char why[256], fallback[GEO_ADDR_STRLEN + 8];
+    if (spec == NULL || spec[0] == '\0') {
+        const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
+        geoSockAddr root, at;
+        if (!geoParamIsSet(GEO_PARAM_ELASTIC_JOB) || cid == NULL || cid[0] == '\0')
+            return GEO_ERR(err, ncclInvalidUsage, "elastic: no store: set GEOCCL_ELASTIC_ETCD to "
+                           "the etcd members (host:port,...), or GEOCCL_ELASTIC_JOB with "
+                           "GEOCCL_COMM_ID (the first root's process keeps the records)");
+        GEO_CHECK(geoAddrFromString(cid, &root));
+        geoElasticStoreAddr(&root, &at);
+        geoAddrToString(&at, fallback);
+        spec = fallback;
+    }
     if (job == NULL || job[0] == '\0' || strlen(job) > 48 || strchr(job, '/'))
         return GEO_ERR(err, ncclInvalidUsage, "elastic: GEOCCL_ELASTIC_JOB='%s' must be 1 to 48 "
                        "characters without '/'", job ? job : "");
     if (geoEtcdInit(e, spec, (double)geoParamInt(GEO_PARAM_ELASTIC_TIMEOUT), why,
                     sizeof(why)) != 0)
-        return GEO_ERR(err, ncclInvalidUsage, "elastic: GEOCCL_ELASTIC_ETCD=%s: %s", spec, why);
+        return GEO_ERR(err, ncclInvalidUsage, "elastic: store %s: %s", spec, why);
     snprintf(prefix, 96, "/geoccl/%s/", job);
     return ncclSuccess;
 }
@@ -56,9 +73,25 @@ static int nap(geoElastic *el, double sec)
     return stop;
 }
 
+/* The lease ran out (the store was unreachable, or without a leader,
+ * longer than the lease lives): take a new one and write the member record
+ * again, so that a later failure still finds this rank alive. */
+static ncclResult_t re_lease(geoElastic *el, geoEtcd *store, char *why)
+{
+    int64_t old = __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE), lease;
+    GEO_CHECK(geoEtcdLeaseGrant(store, el->ttl, &lease, why));
+    GEO_CHECK(geoEtcdPut(store, el->member_key, el->member_val, el->member_len, lease, why));
+    __atomic_store_n(&el->lease, lease, __ATOMIC_RELEASE);
+    geoWarn(GEO_LOG_INIT, "elastic: lease %" PRIx64 " had run out; %s is recorded again under "
+            "lease %" PRIx64, old, el->member_key, lease);
+    return ncclSuccess;
+}
+
 /* Renew the lease; count the joiners.  A failure is logged once per
  * change of state (the store may be down for a while), never fatal: the
- * communicator's own traffic does not depend on the store. */
+ * communicator's own traffic does not depend on the store.  Renewals get
+ * half the lease's life over all members, so one that hangs (no leader)
+ * does not let the lease run out while another could renew it. */
 static void *renew_main(void *arg)
 {
     geoElastic *el = arg;
@@ -66,6 +99,8 @@ static void *renew_main(void *arg)
     double next_renew = geoNow() + period;
     int failing = 0;
     char key[GEO_ELASTIC_KEY_LEN], why[GEO_ETCD_WHY_LEN];
+    geoEtcd quick = el->store;
+    quick.timeout = el->ttl / 2.0;
     if (poll_s < 0.05)
         poll_s = 0.05;
     snprintf(key, sizeof(key), "%sjoin/", el->prefix);
@@ -73,16 +108,14 @@ static void *renew_main(void *arg)
         ncclResult_t r = ncclSuccess;
         if (geoNow() >= next_renew) {
             int64_t ttl = 0;
-            r = geoEtcdLeaseKeepAlive(&el->store, el->lease, &ttl, why);
-            if (r == ncclSuccess && ttl <= 0) {
-                snprintf(why, sizeof(why), "lease %" PRIx64 " expired (renewed too late)",
-                         el->lease);
-                r = ncclRemoteError;
-            }
+            r = geoEtcdLeaseKeepAlive(&quick, __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE),
+                                      &ttl, why);
+            if (r == ncclSuccess && ttl <= 0)
+                r = re_lease(el, &quick, why);
             next_renew = geoNow() + (r == ncclSuccess ? period : 0.2);
         }
         geoEtcdRange range;
-        if (r == ncclSuccess && (r = geoEtcdGet(&el->store, key, 1, 1, &range, why)) ==
+        if (r == ncclSuccess && (r = geoEtcdGet(&quick, key, 1, 1, &range, why)) ==
                                     ncclSuccess) {
             __atomic_store_n(&el->joiners, (int)range.count, __ATOMIC_RELEASE);
             geoEtcdRangeFree(&range);
@@ -99,9 +132,8 @@ static void *renew_main(void *arg)
 
 ncclResult_t geoElasticAttach(struct ncclComm *comm)
 {
-    const char *spec = geoParamStr(GEO_PARAM_ELASTIC_ETCD);
     char why[GEO_ETCD_WHY_LEN], key[GEO_ELASTIC_KEY_LEN];
-    if (spec == NULL || spec[0] == '\0' || comm->nosecret)
+    if (!geoElasticConfigured() || comm->nosecret)
         return ncclSuccess;
     geoElastic *el = calloc(1, sizeof(*el));
     if (el == NULL)
@@ -110,6 +142,7 @@ ncclResult_t geoElasticAttach(struct ncclComm *comm)
     pthread_cond_init(&el->cv, NULL);
     if (geoElasticStoreOpen(&el->store, el->prefix, &comm->err) != ncclSuccess)
         goto fail;
+    const char *spec = el->store.names[0];
     /* A store request of init must not hold init for a minute. */
     el->store.timeout = comm->timeout < 10 ? comm->timeout : 10;
     snprintf(el->comm_dir, sizeof(el->comm_dir), "%sc/%016" PRIx64 "/", el->prefix,
@@ -131,11 +164,12 @@ ncclResult_t geoElasticAttach(struct ncclComm *comm)
     me.pid = (int32_t)getpid();
     snprintf(me.region, sizeof(me.region), "%s", comm->peers[comm->rank].region);
     snprintf(me.host, sizeof(me.host), "%s", comm->peers[comm->rank].net.host);
-    snprintf(key, sizeof(key), "%sm/%d", el->comm_dir, comm->rank);
-    size_t n;
-    uint8_t *v = geoElasticSeal(el->comm_key, key, &me, sizeof(me), &n);
-    ncclResult_t r = v ? geoEtcdPut(&el->store, key, v, n, el->lease, why) : ncclSystemError;
-    free(v);
+    snprintf(el->member_key, sizeof(el->member_key), "%sm/%d", el->comm_dir, comm->rank);
+    el->member_val = geoElasticSeal(el->comm_key, el->member_key, &me, sizeof(me),
+                                    &el->member_len);
+    ncclResult_t r = el->member_val ? geoEtcdPut(&el->store, el->member_key, el->member_val,
+                                                 el->member_len, el->lease, why)
+                                    : ncclSystemError;
     if (r == ncclSuccess && comm->rank == 0) {
         /* The communicator's ranks and regions, readable by anyone with the
          * store (etcdctl get --prefix /geoccl/<job>/comms/); not signed: no
@@ -172,6 +206,7 @@ fail:
     pthread_cond_destroy(&el->cv);
     pthread_mutex_destroy(&el->lock);
     geoWipe(el->comm_key, sizeof(el->comm_key));
+    free(el->member_val);
     free(el);
     return ncclSuccess;
 }
@@ -192,12 +227,14 @@ void geoElasticDetach(struct ncclComm *comm, int abort)
     /* Destroy: the lease and everything under it go now, so that nobody
      * waits for it to run out.  Abort: quickly, one try. */
     el->store.timeout = abort ? 1.0 : 5.0;
-    if (geoEtcdLeaseRevoke(&el->store, el->lease, why) != ncclSuccess)
+    if (geoEtcdLeaseRevoke(&el->store, __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE), why) !=
+        ncclSuccess)
         geoInfo(GEO_LOG_INIT, "elastic: cannot revoke lease %" PRIx64 " (%s): it runs out in "
                 "%d s", el->lease, why, el->ttl);
     pthread_cond_destroy(&el->cv);
     pthread_mutex_destroy(&el->lock);
     geoWipe(el->comm_key, sizeof(el->comm_key));
+    free(el->member_val);
     free(el);
 }
 
