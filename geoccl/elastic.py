@@ -80,7 +80,8 @@ def _default_store():
     # A joiner: the job's store, as init_process_group("env://") reaches it.
     host = os.environ["MASTER_ADDR"]
     port = int(os.environ["MASTER_PORT"])
-    tcp = dist.TCPStore(host, port, is_master=False, timeout=c10d.default_pg_timeout)
+    # a bounded wait: a job that has ended has no store any more
+    tcp = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
     return dist.PrefixStore("default_pg", tcp)
 
 
