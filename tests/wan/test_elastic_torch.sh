@@ -11,7 +11,11 @@
 #      region 2 start with --join and are admitted at a round boundary;
 #   b. the same with region 0 lost (rank 0's process, which held the torch
 #      store, and region 0's etcd member), with etcd: one member per region,
-#      GEOCCL_ELASTIC_ETCD (the membership is GeoCCL's, geoccl.h).
+#      GEOCCL_ELASTIC_ETCD (the membership is GeoCCL's, geoccl.h);
+#   c. region 1 leaves gracefully: SIGTERM to its two ranks in round 5;
+#      they leave at the next round boundary (round 5's, or round 6's when
+#      the signal came after round 5's vote), the other four see no error
+#      and end as one group with a bit-identical state.
 # Checked in a and b: no survivor restarts (each runs from start to end and
 # exits 0); the survivors' round of the loss costs at most LOSS_SLACK (1) s
 # more than their median round before it plus the detection (kill to the
@@ -285,9 +289,47 @@ lose() {
     fi
 }
 
+# leave CASE REGION PORT: SIGTERM to the region's ranks in round KILL_ROUND.
+leave() {
+    local c=$1 g=$2 port=$3 d=$WORK/$1 r a=$((2 * $2)) b=$((2 * $2 + 1)) stay=()
+    mkdir -p "$d"
+    echo "== $c. region $g leaves (SIGTERM in round $KILL_ROUND)"
+    for r in 0 1 2 3 4 5; do
+        start "$d" "rank$r" "$r" "$port" no --elastic
+        [ $((r / 2)) = "$g" ] || stay+=("rank$r")
+    done
+    if ! await "$d/rank$a.out" "^round $KILL_ROUND: outer all-reduce"; then
+        fail "$c. rank $a never reached round $KILL_ROUND"; return
+    fi
+    kill -TERM "$(cat "$d/rank$a.pid")" "$(cat "$d/rank$b.pid")"
+    if ! ended "$d" "${stay[@]}" "rank$a" "rank$b"; then
+        fail "$c. not every rank ended cleanly"; return
+    fi
+    local hashes yes errs
+    errs=$(grep -l "failed:" "$d"/rank*.out | tr '\n' ' ')
+    hashes=$(sed -nE 's/^final: rank [0-9]+ of 4,.*state hash ([0-9a-f]+),.*/\1/p' "$d"/*.out | sort -u)
+    yes=$(grep -h "^final: rank [0-9]* of 4,.*identical on every rank: yes" "$d"/*.out | wc -l)
+    # The signal lands in round KILL_ROUND; the boundary that follows it is
+    # that round's or, when the round's boundary vote had already been
+    # cast, the next one.
+    local la lb
+    la=$(sed -nE 's/^left after round ([0-9]+):.*/\1/p' "$d/rank$a.out")
+    lb=$(sed -nE 's/^left after round ([0-9]+):.*/\1/p' "$d/rank$b.out")
+    if [ -n "$la" ] && [ "$la" = "$lb" ] && [ "$la" -ge "$KILL_ROUND" ] &&
+       [ "$la" -le $((KILL_ROUND + 1)) ] && [ -z "$errs" ] &&
+       [ "$yes" = 4 ] && [ "$(echo "$hashes" | wc -l)" = 1 ]; then
+        pass "$c. region $g left after round $la, the others saw no error and ended as 4 with one state (hash $hashes)"
+    else
+        fail "$c. the leave was not clean: errors in ${errs:-none}; $yes of 4 identical; hashes $(echo "$hashes" | tr '\n' ' ')"
+    fi
+    echo "   rank 0's rounds: $(median "$d/rank0.out" 2 $((KILL_ROUND - 1))) s before (median)," \
+         "round $KILL_ROUND $(round_time "$d/rank0.out" "$KILL_ROUND") s, after" \
+         "$(median "$d/rank0.out" $((KILL_ROUND + 1)) "$ROUNDS") s"
+}
+
 echo "== 3 regions x 2 ranks, 100 Mbit/s each, 25 ms one way; DiLoCo on digits, $ROUNDS rounds"
 wan_up -r 3 --rate 100mbit --delay 25ms
-for c in ${CASES:-u a b}; do
+for c in ${CASES:-u a b c}; do
     case $c in
         u) uninterrupted ;;
         a) lose a 2 29582 no ;;
@@ -296,6 +338,7 @@ for c in ${CASES:-u a b}; do
            else
                echo "SKIP: b. needs etcd and curl (Debian: etcd-server, curl)"
            fi ;;
+        c) leave c 1 29584 ;;
     esac
 done
 finish
