@@ -63,15 +63,17 @@ thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')t
 # (pip builds it anew, without this build's flags: nothing of it would be
 # instrumented), and the multi-host recipes (launchers starting the same
 # collectives that the tests beside them check under the sanitizers, in
-# interpreters and daemons that are not instrumented), and the device
+# interpreters and daemons that are not instrumented; so does the elastic
+# DiLoCo, test_elastic_torch), and the device
 # bundle (bundle.sh builds its own library with the bundle's flags, never
 # this build's; run_dev_emu runs the same device code instrumented). All
-# ten run in the plain build.
+# eleven run in the plain build.
 # run_wan_security still runs: the encrypted frames and the emulated WAN's
 # bootstrap under the sanitizers.
 asan_skip="tests/wan/test_probe_wan.sh tests/wan/test_hier_wan.sh tests/wan/test_wan_smoke.sh \
 tests/wan/test_wan_schedule.sh tests/wan/test_faults.sh tests/wan/test_replan.sh \
-tests/wan/test_elastic.sh tests/torch/run_pip_install.sh tests/wan/test_recipes.sh tests/device/run_bundle_emu.sh"
+tests/wan/test_elastic.sh tests/torch/run_pip_install.sh tests/wan/test_recipes.sh tests/device/run_bundle_emu.sh \
+tests/wan/test_elastic_torch.sh"
 # Started first under address,undefined, the slowest there (about 160, 120,
 # 65 and 65 s), so that the two jobs of make -j2 end close together.
 asan_first="tests/device/codec_emu tests/device/run_dev_emu.sh tests/torch/run_torch.sh \

@@ -49,7 +49,9 @@ def accuracy(model, x, y):
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def init(args, rank, world):
+def setup(args, rank, world):
+    """What init does before the group forms (a process that joins a
+    running job, diloco.py --join, needs only this)."""
     # Several ranks share this host's cores: one intra-op thread each keeps
     # them from fighting over the cores (the same for both backends).
     torch.set_num_threads(args.threads)
@@ -59,6 +61,10 @@ def init(args, rank, world):
         import geoccl.torch  # noqa: F401  registers the backend
     os.environ.setdefault("GEOCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def init(args, rank, world):
+    setup(args, rank, world)
     dist.init_process_group(args.backend, init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
 

@@ -12,7 +12,21 @@ all-reduce crosses GeoCCL's WAN path, where GEOCCL_COMPRESS (e.g. int8)
 compresses the pseudo-gradients (error feedback included). Rank 0 prints
 per round the time of the H inner steps (with the wait for the slowest
 rank) and of the all-reduce, and at the
-end the test accuracy and GeoCCL's bytes between regions."""
+end the test accuracy and GeoCCL's bytes between regions.
+
+With --elastic the ranks form an elastic group (geoccl/elastic.py): when
+ranks die the others go on without them, SIGTERM makes a rank leave at the
+end of its round, and a process started with --join enters the running
+job at the next round boundary with the current weights:
+
+    python3 examples/torch/diloco.py --elastic            # under torchrun, or per rank
+    RANK=4 python3 examples/torch/diloco.py --elastic --join   # later, to join
+
+Every rank then prints one line per round (its size and time) and, at the
+end, a hash of its weights and whether every member's are bit-identical.
+--elastic-etcd (GEOCCL_ELASTIC_ETCD) lets GeoCCL keep who is in the job in
+etcd instead of the store of rank 0."""
+import os
 import time
 
 import torch
@@ -22,6 +36,8 @@ import common
 
 
 def main(args, rank, world):
+    if args.elastic:
+        return main_elastic(args, rank, world)
     common.init(args, rank, world)
     xtr, ytr, xte, yte = common.digits()
     model = common.mlp(args.hidden, args.seed)  # the same start on every rank
@@ -89,6 +105,98 @@ def main(args, rank, world):
     dist.destroy_process_group()
 
 
+def inner_steps(args, model, inner, xtr, ytr, per, g):
+    for _ in range(args.inner_steps):
+        idx = torch.randint(0, len(ytr), (per,), generator=g)
+        inner.zero_grad()
+        torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+        inner.step()
+
+
+def main_elastic(args, rank, world):
+    """The same training on an elastic group: the shared weights and the
+    outer momentum are the state a joiner receives; the inner AdamW state
+    stays each rank's own, as in DiLoCo."""
+    import geoccl.elastic as elastic
+    if args.elastic_etcd:
+        os.environ["GEOCCL_ELASTIC_ETCD"] = args.elastic_etcd
+        os.environ.setdefault("GEOCCL_ELASTIC_JOB", args.elastic_job)
+    if args.join:
+        common.setup(args, rank, world)
+    else:
+        common.init(args, rank, world)
+    xtr, ytr, xte, yte = common.digits()
+    model = common.mlp(args.hidden, args.seed)
+    shared = [p.detach().clone() for p in model.parameters()]
+    outer = torch.optim.SGD(shared, lr=args.outer_lr, momentum=0.9, nesterov=True)
+    # The momentum exists from the start (SGD's first step from a zero
+    # buffer equals its first step without one), so that a joiner has the
+    # same tensors to receive.
+    for s in shared:
+        outer.state[s]["momentum_buffer"] = torch.zeros_like(s)
+    inner = torch.optim.AdamW(model.parameters(), lr=args.inner_lr)
+
+    def state():
+        return shared + [outer.state[s]["momentum_buffer"] for s in shared]
+
+    if args.join:
+        el = elastic.Elastic.join(state, detect=args.detect)
+    else:
+        el = elastic.Elastic(state, detect=args.detect)
+    with torch.no_grad():
+        for s, p in zip(shared, model.parameters()):
+            p.copy_(s)
+    g = torch.Generator().manual_seed(args.seed + 1000 * rank + 7 * el.round)
+    per = args.batch // world
+    flat = torch.zeros(sum(p.numel() for p in shared))
+    left = False
+    while el.round < args.rounds:
+        rnd = el.round + 1
+        t0 = time.perf_counter()
+        inner_steps(args, model, inner, xtr, ytr, per, g)
+        el.barrier()
+        t1 = time.perf_counter()
+        off = 0
+        for s, p in zip(shared, model.parameters()):
+            flat[off:off + s.numel()].copy_((s - p.detach()).reshape(-1))
+            off += s.numel()
+        print("round %d: outer all-reduce at %.3f" % (rnd, time.time()), flush=True)
+        counted = el.all_reduce(flat, average=True)
+        t2 = time.perf_counter()
+        off = 0
+        for s in shared:
+            s.grad = flat[off:off + s.numel()].view_as(s).clone()
+            off += s.numel()
+        outer.step()
+        with torch.no_grad():
+            for s, p in zip(shared, model.parameters()):
+                p.copy_(s)
+        if not el.end_round():
+            left = True
+            break
+        t3 = time.perf_counter()
+        print("round %d: rank %d of %d, %d counted, %.3f s (inner %.3f, all-reduce %.3f), "
+              "ended at %.3f" % (rnd, el.rank, el.size, counted, t3 - t0, t1 - t0, t2 - t1,
+                                 time.time()), flush=True)
+        if el.rank == 0 and rnd % args.log_every == 0:
+            print("round %3d  test accuracy %.4f" % (rnd, common.accuracy(model, xte, yte)),
+                  flush=True)
+    acc = common.accuracy(model, xte, yte)
+    h = elastic.state_hash(state(), el.round)
+    if left:
+        print("left after round %d: test accuracy %.4f, state hash %016x" % (el.round, acc, h),
+              flush=True)
+    else:
+        same = el.identical()
+        print("final: rank %d of %d, round %d, test accuracy %.4f, state hash %016x, "
+              "identical on every rank: %s" % (el.rank, el.size, el.round, acc, h,
+                                                "yes" if same else "NO"), flush=True)
+        el.barrier()  # rank 0 may host the store: nobody leaves before all are done
+    el.close(finished=not left)
+    if not args.join:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     ap = common.arguments(__doc__)
     ap.add_argument("--rounds", type=int, default=30)
@@ -97,4 +205,19 @@ if __name__ == "__main__":
     ap.add_argument("--inner-lr", type=float, default=1e-3)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--elastic", action="store_true",
+                    help="an elastic group (geoccl.elastic): survive lost ranks, leave on "
+                         "SIGTERM, admit --join processes between rounds")
+    ap.add_argument("--join", action="store_true",
+                    help="with --elastic: enter a running job (RANK: this process's data seed "
+                         "and region label; MASTER_ADDR/PORT: the job's store)")
+    ap.add_argument("--elastic-etcd", default=os.environ.get("GEOCCL_ELASTIC_ETCD", ""),
+                    metavar="ENDPOINTS",
+                    help="etcd endpoints (host:port,...) where GeoCCL keeps the job's members "
+                         "(GEOCCL_ELASTIC_ETCD)")
+    ap.add_argument("--elastic-job", default=os.environ.get("GEOCCL_ELASTIC_JOB", "diloco"),
+                    help="the job's name in etcd (GEOCCL_ELASTIC_JOB)")
+    ap.add_argument("--detect", type=float, default=1.0,
+                    help="with --elastic: seconds without a beat before a silent rank is "
+                         "taken for gone")
     common.launch(main, ap.parse_args())

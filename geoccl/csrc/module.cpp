@@ -4,6 +4,7 @@
  */
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <geoccl.h>
@@ -31,6 +32,48 @@ PYBIND11_MODULE(_C, m) {
            "counts itself in the group's store).")
       .def("abort", &ProcessGroupGeoCCL::abort, py::call_guard<py::gil_scoped_release>(),
            "Makes the work in progress fail and refuses later calls.")
+      .def(
+          "shrink",
+          [](ProcessGroupGeoCCL& pg, const std::vector<int>& exclude, bool failed,
+             const c10::intrusive_ptr<::c10d::Store>& store) {
+            return pg.shrink(exclude, failed, store);
+          },
+          py::arg("exclude"), py::arg("failed"), py::arg("store") = nullptr,
+          py::call_guard<py::gil_scoped_release>(),
+          "The group of the ranks not in exclude, from this group's communicator "
+          "(ncclCommShrink; NCCL_SHRINK_ABORT when failed, the call in flight failing "
+          "first); every one of them calls it at the same point. Ends this group.")
+      .def("failed_ranks", &ProcessGroupGeoCCL::failedRanks,
+           py::call_guard<py::gil_scoped_release>(),
+           "The dead ranks of this broken group, the same list on every survivor with "
+           "GEOCCL_ELASTIC_ETCD (geocclCommGetFailedRanks; blocks on the store).")
+      .def("joiners_waiting", &ProcessGroupGeoCCL::joinersWaiting,
+           py::call_guard<py::gil_scoped_release>(),
+           "Processes waiting in join(), as this rank last saw (geocclCommJoinersWaiting).")
+      .def("leave", &ProcessGroupGeoCCL::leave, py::call_guard<py::gil_scoped_release>(),
+           "This rank leaves at the next grow() (geocclCommLeave).")
+      .def(
+          "grow",
+          [](ProcessGroupGeoCCL& pg, const c10::intrusive_ptr<::c10d::Store>& store)
+              -> py::object {
+            c10::intrusive_ptr<ProcessGroupGeoCCL> g;
+            {
+              py::gil_scoped_release nogil;
+              g = pg.grow(store);
+            }
+            if (!g) return py::none();
+            return py::cast(g);
+          },
+          py::arg("store") = nullptr,
+          "Every rank at the same point: the group of the members that stay and the joiners "
+          "(geocclCommGrow); None on a rank that leaves, and on every rank when nothing "
+          "changed.")
+      .def_static("join", &ProcessGroupGeoCCL::join, py::arg("store"), py::arg("timeout"),
+                  py::call_guard<py::gil_scoped_release>(),
+                  "A process that is not a member waits until the members grow "
+                  "(geocclCommJoin); its group.")
+      .def("quiesce", &ProcessGroupGeoCCL::quiesce, py::call_guard<py::gil_scoped_release>(),
+           "Ends this group once its queued work has run; later calls are refused.")
       .def(
           "compression",
           [](ProcessGroupGeoCCL& pg) {

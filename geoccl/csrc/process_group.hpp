@@ -138,6 +138,10 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * wait() on this group's work (kNoTimeout: none beyond GeoCCL's own). */
   ProcessGroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout);
+  /* elastic.cpp: the group of comm, a communicator already formed
+   * (ncclCommShrink's, ...), which this group owns and destroys. */
+  ProcessGroupGeoCCL(ncclComm_t comm, const c10::intrusive_ptr<::c10d::Store>& store,
+                     std::chrono::milliseconds timeout);
   ~ProcessGroupGeoCCL() override;
 
   const std::string getBackendName() const override { return "geoccl"; }
@@ -197,6 +201,37 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * (geoccl.h's queries and settings want the thread that issues the
    * collectives) and waits; throws GeoCCL's error text when it fails. */
   void callOnWorker(const char* name, std::function<ncclResult_t(ncclComm_t)> fn);
+
+  /* elastic.cpp: ends this group (later calls are refused) once the
+   * work queued on it has run; the communicator stays until destruction. */
+  void quiesce();
+  /* elastic.cpp: the group of the ranks not in exclude (this group's
+   * numbering), made by every one of them at the same point from this
+   * group's communicator with ncclCommShrink: NCCL_SHRINK_ABORT when
+   * failed (the communicator is revoked first, so that the call in flight
+   * fails), else NCCL_SHRINK_DEFAULT (the excluded ranks left at a round
+   * boundary). This group ends (quiesce). store: the new group's (null:
+   * this one's). Throws GeoCCL's error text when the survivors cannot meet. */
+  c10::intrusive_ptr<ProcessGroupGeoCCL> shrink(const std::vector<int>& exclude, bool failed,
+                                                const c10::intrusive_ptr<::c10d::Store>& store);
+
+  /* elastic.cpp, geoccl.h's elastic membership (GEOCCL_ELASTIC_ETCD):
+   * failedRanks: the dead ranks of this broken group, the same on every
+   * survivor (geocclCommGetFailedRanks; blocks on the store). joinersWaiting:
+   * processes waiting in join(), as this rank last saw (agree before grow).
+   * leave: this rank goes at the next grow. grow: every rank, at the same
+   * point, after the work queued before; the group of the members that
+   * stay and the joiners, or null for a rank that leaves and for every rank
+   * when nothing changed (this group then goes on); a new group ends this
+   * one. join: a process that is not a member waits to be admitted (blocks
+   * up to GEOCCL_ELASTIC_JOIN_TIMEOUT). All throw GeoCCL's error text. */
+  std::vector<int> failedRanks();
+  int joinersWaiting();
+  void leave();
+  bool leaving() const { return leaving_; }
+  c10::intrusive_ptr<ProcessGroupGeoCCL> grow(const c10::intrusive_ptr<::c10d::Store>& store);
+  static c10::intrusive_ptr<ProcessGroupGeoCCL> join(
+      const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout);
 
 #if TORCH_VERSION_MAJOR < 2
   /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
@@ -269,6 +304,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
   std::vector<Item> batch_;
   bool stop_ = false;
   bool aborted_ = false;
+  bool leaving_ = false;  // leave() was called (elastic.cpp)
   std::thread worker_;
 
   void* stream_ = nullptr;  // cudaStream_t of the device path, made at first use

@@ -46,4 +46,5 @@ fi
 # The build tree's geoccl/ (with _C.so) must win over any installed one.
 PYTHONPATH="$builddir${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
-exec "$python" -m pytest -q -p no:cacheprovider "$srcdir/tests/torch/test_backend.py"
+exec "$python" -m pytest -q -p no:cacheprovider "$srcdir/tests/torch/test_backend.py" \
+    "$srcdir/tests/torch/test_elastic.py"
