@@ -1,0 +1,49 @@
+# etcd_cluster.sh: a three-member etcd cluster, one member in each emulated
+# region, for the elastic tests (tests/wan/test_elastic.sh,
+# tests/wan/test_elastic_torch.sh).  Sourced; the caller defines
+#   WAN   (tools/geoccl-wan), NAME (its namespace prefix), WORK (a scratch
+#   folder), PIDS (an array: started processes are appended), addr G (the
+#   address of region G's host), and TOKEN (names this cluster's members).
+# Members listen on port 2379 (clients, the v3 JSON gateway) and 2380
+# (peers) at their region's address.
+
+# The etcd members for a process of region G: its own first.
+endpoints() {
+    local g=$1 k list="$(addr "$1"):2379"
+    for k in 0 1 2; do [ "$k" = "$g" ] || list="$list,$(addr "$k"):2379"; done
+    echo "$list"
+}
+
+ETCD_PID=()
+# etcd_up CASE: a 3-member cluster, one member per region, fresh data; up
+# when a write (which needs a quorum) succeeds through region 0's member.
+etcd_up() {
+    local c=$1 g cluster="" i
+    for g in 0 1 2; do cluster="$cluster${cluster:+,}e$g=http://$(addr "$g"):2380"; done
+    for g in 0 1 2; do
+        (
+            "$WAN" exec -n "$NAME" -i "$g" -- etcd --name "e$g" --data-dir "$WORK/etcd-$c-$g" \
+                --listen-client-urls "http://$(addr "$g"):2379" \
+                --advertise-client-urls "http://$(addr "$g"):2379" \
+                --listen-peer-urls "http://$(addr "$g"):2380" \
+                --initial-advertise-peer-urls "http://$(addr "$g"):2380" \
+                --initial-cluster "$cluster" --initial-cluster-token "$TOKEN-$c-$$" \
+                --initial-cluster-state new > "$WORK/etcd-$c-$g.log" 2>&1 &
+            echo $! > "$WORK/etcd-$c-$g.pid"
+            wait $!
+        ) 2> /dev/null &   # no "Killed" notes: the kills are the test's
+        while [ ! -s "$WORK/etcd-$c-$g.pid" ]; do sleep 0.01; done
+        ETCD_PID[$g]=$(cat "$WORK/etcd-$c-$g.pid")
+        PIDS+=("${ETCD_PID[$g]}")
+    done
+    for i in $(seq 200); do
+        ip netns exec "$NAME-r0" curl -s -m 2 -X POST "http://$(addr 0):2379/v3/kv/put" \
+            -d '{"key":"cGluZw==","value":"eA=="}' 2>/dev/null | grep -q revision && return 0
+        sleep 0.1
+    done
+    tail -n 5 "$WORK/etcd-$c-0.log"
+    echo "etcd did not come up"
+    exit 1
+}
+
+etcd_down() { local g; for g in 0 1 2; do kill -9 "${ETCD_PID[$g]}" 2>/dev/null; done; }
