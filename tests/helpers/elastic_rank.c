@@ -207,6 +207,8 @@ int main(int argc, char **argv)
                 ncclCommDestroy(comm);
                 say("left at %.3f", wall());
                 say("done calls=%d", rounds + 1);
+                free(in);
+                free(out);
                 return 0;
             }
             if (next != NULL) {
