@@ -26,12 +26,15 @@
 # Printed: the round times before and after the loss, detection, re-forming,
 # accuracy against u, and the identical-state check.
 #
-#   sudo bash tests/wan/test_elastic_torch.sh [BUILDDIR]
+#   sudo bash tests/wan/test_elastic_torch.sh [BUILDDIR]     (cases a and c:
+#        what the test suite runs, about 2.5 minutes; a's accuracy is not
+#        judged without u)
+#   CASES="u a b c" sudo -E bash ...   (every case: the results page's figures)
 #   CASES="u a" KEEP=1 sudo -E bash ...   (some cases; keep the output)
 #
 # Needs root, network namespaces, TUN, a Python 3 with torch, sklearn and
 # the build's geoccl/_C.so, and for b etcd; exit 77, skipped, with the
-# reason otherwise.  Its WAN is called "geltorch".  About 4 minutes.
+# reason otherwise.  Its WAN is called "geltorch".  About 70 s a case.
 #
 set -uo pipefail
 export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
@@ -244,7 +247,9 @@ lose() {
         fail "$c. the final states differ: $yes of 6 checked identical, hashes $(echo "$hashes" | tr '\n' ' ')"
     fi
     acc=$(accuracy "$w")
-    if [ -n "$ACC_U" ] && [ -n "$acc" ] &&
+    if [ -z "$ACC_U" ]; then
+        echo "   $c. test accuracy $acc (not judged: no case u in this run, and no ACC_U)"
+    elif [ -n "$acc" ] &&
        awk -v a="$acc" -v u="$ACC_U" 'BEGIN { d = a - u; exit !(d <= 0.01 && d >= -0.01) }'; then
         pass "$c. test accuracy $acc against $ACC_U uninterrupted (within 1 point)"
     else
@@ -292,7 +297,7 @@ leave() {
 
 echo "== 3 regions x 2 ranks, 100 Mbit/s each, 25 ms one way; DiLoCo on digits, $ROUNDS rounds"
 wan_up -r 3 --rate 100mbit --delay 25ms
-for c in ${CASES:-u a b c}; do
+for c in ${CASES:-a c}; do
     case $c in
         u) uninterrupted ;;
         a) lose a 2 29582 no ;;
