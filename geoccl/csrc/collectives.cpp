@@ -231,7 +231,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tenso
   at::Tensor buf = dense(t);
   CopyBack back;
   back.add(t, buf);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLREDUCE, "allreduce", {buf}, {t},
       [buf, op, dt](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
@@ -253,7 +253,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce_coalesced(
     bufs.push_back(dense(t));
     back.add(t, bufs.back());
   }
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", bufs, tensors,
       [bufs, ops](ncclComm_t comm, cudaStream_t s) {
         for (size_t i = 0; i < bufs.size(); i++) {
@@ -279,7 +279,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::broadcast(std::vector<at::Tenso
   at::Tensor buf = dense(t);
   CopyBack back;
   back.add(t, buf);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::BROADCAST, "broadcast", {buf}, {t},
       [buf, dt, root](ncclComm_t comm, cudaStream_t s) {
         return ncclBroadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, root, comm, s);
@@ -298,7 +298,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>&
   at::Tensor buf = dense(t);
   CopyBack back;
   if (rank_ == root) back.add(t, buf);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::REDUCE, "reduce", {buf}, {t},
       [buf, op, dt, root](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
@@ -310,7 +310,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions&) {
+    const ::c10d::AllgatherOptions& opts) {
   const at::Tensor& in = single(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1, "geoccl: allgather takes one output list per process, got ",
               outputs.size());
@@ -327,7 +327,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather(
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
   std::vector<at::Tensor> outCopy = outs;
   int64_t n = in.numel();
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLGATHER, "allgather", {src, flat}, outs,
       [src, flat, dt](ncclComm_t comm, cudaStream_t s) {
         return ncclAllGather(src.data_ptr(), flat.data_ptr(), src.numel(), dt, comm, s);
@@ -342,7 +342,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather(
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& output,
                                                                  at::Tensor& input,
-                                                                 const ::c10d::AllgatherOptions&) {
+                                                                 const ::c10d::AllgatherOptions& opts) {
   checkTensor(input, "the allgather input");
   checkLike(output, input, "the allgather output");
   TORCH_CHECK(output.numel() == input.numel() * size_, "geoccl: _allgather_base output has ",
@@ -352,7 +352,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& out
   at::Tensor dst = dense(output);
   CopyBack back;
   back.add(output, dst);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {src, dst}, {output},
       [src, dst, dt](ncclComm_t comm, cudaStream_t s) {
         return ncclAllGather(src.data_ptr(), dst.data_ptr(), src.numel(), dt, comm, s);
@@ -362,7 +362,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_allgather_base(at::Tensor& out
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions&) {
+    const ::c10d::AllgatherOptions& opts) {
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "geoccl: allgather_coalesced needs ",
               size_, " output lists (one per rank), got ", outputs.size());
   std::vector<at::Tensor> srcs, flats, outs;
@@ -384,7 +384,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_coalesced(
     }
   }
   std::vector<std::vector<at::Tensor>> outCopy = outputs;
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", srcs, outs,
       [srcs, flats](ncclComm_t comm, cudaStream_t s) {
         for (size_t i = 0; i < srcs.size(); i++) {
@@ -432,7 +432,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::gather(
   }
   std::vector<at::Tensor> ins{src};
   if (flat.defined()) ins.push_back(flat);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::GATHER, "gather", ins, outs,
       [src, flat, dt, root](ncclComm_t comm, cudaStream_t s) {
         return ncclGather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, src.numel(),
@@ -477,7 +477,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::scatter(
   std::vector<at::Tensor> ins;
   if (flat.defined()) ins.push_back(flat);
   ins.push_back(dst);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::SCATTER, "scatter", ins, {out},
       [flat, dst, dt, root](ncclComm_t comm, cudaStream_t s) {
         return ncclScatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(), dst.numel(),
@@ -506,7 +506,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter(
   at::Tensor dst = dense(out);
   CopyBack back;
   back.add(out, dst);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {flat, dst}, {out},
       [flat, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
@@ -528,7 +528,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
   at::Tensor dst = dense(output);
   CopyBack back;
   back.add(output, dst);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {src, dst}, {output},
       [src, dst, op, dt](ncclComm_t comm, cudaStream_t s) {
         return op.with(comm, dt, [&](ncclRedOp_t o) {
@@ -605,7 +605,7 @@ ncclResult_t exchange(ncclComm_t comm, cudaStream_t s, int rank, int size,
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
-    std::vector<int64_t>& inputSplits, const ::c10d::AllToAllOptions&) {
+    std::vector<int64_t>& inputSplits, const ::c10d::AllToAllOptions& opts) {
   checkTensor(input, "the alltoall input");
   checkLike(output, input, "the alltoall output");
   std::vector<int64_t> sc, so, rc, ro;
@@ -622,7 +622,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall_base(
   if (equal)
     TORCH_CHECK(input.numel() == output.numel(), "geoccl: alltoall_base input has ",
                 input.numel(), " elements and the output ", output.numel());
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLTOALL_BASE, "alltoall_base", {src, dst}, {output},
       [=](ncclComm_t comm, cudaStream_t s) {
         if (equal) return ncclAlltoAll(src.data_ptr(), dst.data_ptr(), sc[0], dt, comm, s);
@@ -638,7 +638,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall_base(
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
-                                                          const ::c10d::AllToAllOptions&) {
+                                                          const ::c10d::AllToAllOptions& opts) {
   TORCH_CHECK(static_cast<int>(inputs.size()) == size_ &&
                   static_cast<int>(outputs.size()) == size_,
               "geoccl: alltoall needs ", size_, " input and ", size_,
@@ -664,7 +664,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::alltoall(std::vector<at::Tensor
   bool device = inputs[0].device().is_cuda();
   std::vector<at::Tensor> used = srcs;
   used.insert(used.end(), dsts.begin(), dsts.end());
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLTOALL, "alltoall", used, outputs,
       [=](ncclComm_t comm, cudaStream_t s) {
         std::vector<char*> sp(size), rp(size);
@@ -712,19 +712,20 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recv(std::vector<at::Tensor>& t
 
 void ProcessGroupGeoCCL::callOnWorker(const char* name,
                                       std::function<ncclResult_t(ncclComm_t)> fn) {
+  // Not held back by a batch: its caller waits for it now.
   auto work = enqueue(::c10d::OpType::UNKNOWN, name, {}, {},
-                      [fn](ncclComm_t comm, cudaStream_t) { return fn(comm); });
+                      [fn](ncclComm_t comm, cudaStream_t) { return fn(comm); }, nullptr, false);
   work->wait(kNoTimeout);
 }
 
-c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::barrier(const ::c10d::BarrierOptions&) {
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::barrier(const ::c10d::BarrierOptions& opts) {
   // One element on the host path: it runs after everything queued before it.
   at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
-  return enqueue(::c10d::OpType::BARRIER, "barrier", {}, {},
-                 [flag](ncclComm_t comm, cudaStream_t) {
-                   return ncclAllReduce(flag.data_ptr(), flag.data_ptr(), 1, ncclInt32, ncclSum,
-                                        comm, nullptr);
-                 });
+  return enqueueColl(opts, ::c10d::OpType::BARRIER, "barrier", {}, {},
+                     [flag](ncclComm_t comm, cudaStream_t) {
+                       return ncclAllReduce(flag.data_ptr(), flag.data_ptr(), 1, ncclInt32,
+                                            ncclSum, comm, nullptr);
+                     });
 }
 
 }  // namespace geoccl_torch

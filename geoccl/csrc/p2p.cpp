@@ -17,13 +17,18 @@
  * rather than always on. Both run on the worker thread, in call order
  * with the group's other calls.
  *
- * Batches (torch 1.x's batch_isend_irecv brackets its isend and irecv
- * calls with startCoalescing and endCoalescing): the worker runs one call
- * at a time and GeoCCL's host calls return when done, so a batch that
- * receives before it sends, on every rank, would wait forever one call at
- * a time. The calls of a batch are held back and run as one GeoCCL group,
- * which posts all their sends and receives together; each call keeps its
- * own work, completed when the group is.
+ * Batches: torch brackets calls with startCoalescing and endCoalescing
+ * (torch 1.x around batch_isend_irecv's isend and irecv; torch 2.x, for a
+ * backend whose supportsCoalescing() is true, around batch_isend_irecv's
+ * and around any calls made in a _coalescing_manager block, collectives
+ * too). The worker runs one call at a time and GeoCCL's host calls return
+ * when done, so a batch that receives before it sends, on every rank,
+ * would wait forever one call at a time. The calls of a batch are held
+ * back, then run in one item of the worker: its sends and receives as one
+ * GeoCCL group, which posts them all together, then its collectives in
+ * call order, the order a GeoCCL group gives them; each call keeps its own
+ * work, completed when the batch is, and torch 2.x gets one more for the
+ * whole batch.
  */
 #include "process_group.hpp"
 
@@ -40,6 +45,20 @@ namespace geoccl_torch {
 namespace {
 
 std::string counterKey(int src, int dst) { return c10::str("geoccl_p2p/", src, "/", dst); }
+
+bool isP2p(::c10d::OpType t) {
+  return t == ::c10d::OpType::SEND || t == ::c10d::OpType::RECV ||
+         t == ::c10d::OpType::RECVANYSOURCE;
+}
+
+/* The error of the call that failed a batch; every call of the batch
+ * fails with it (the batch runs as one, and its later calls never start). */
+std::exception_ptr batchError(const std::string& what, size_t n, ncclResult_t r, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  return std::make_exception_ptr(std::runtime_error(
+      c10::str("geoccl: ", what, " (in a batch of ", n, " calls) failed: ", ncclGetErrorString(r),
+               (last && *last) ? ": " : "", last ? last : "")));
+}
 
 }  // namespace
 
@@ -115,14 +134,23 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::recvAnysource(std::vector<at::T
   return work;
 }
 
-#if TORCH_VERSION_MAJOR < 2
+#if GEOCCL_TORCH_COALESCING != 0
 void ProcessGroupGeoCCL::startCoalescing() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(!coalescing_, "geoccl: startCoalescing twice without endCoalescing");
   coalescing_ = true;
 }
+#endif
 
+#if GEOCCL_TORCH_COALESCING == 1
 void ProcessGroupGeoCCL::endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>&) {
+  flushBatch();
+}
+#elif GEOCCL_TORCH_COALESCING == 2
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::endCoalescing() { return flushBatch(); }
+#endif
+
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::flushBatch() {
   std::vector<Item> items;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -130,53 +158,96 @@ void ProcessGroupGeoCCL::endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>
     coalescing_ = false;
     items.swap(batch_);
   }
-  bool device = false;
-  for (const auto& it : items) device = device || it.device;
-  if (items.size() < 2 || device) {
-    // the device path keeps its events and stream per call
-    for (auto& it : items) push(std::move(it));
-    return;
+  if (items.empty()) {
+    auto none = c10::make_intrusive<WorkGeoCCL>(rank_, ::c10d::OpType::UNKNOWN, "batch",
+                                                std::vector<at::Tensor>(), timeout_);
+    none->complete(nullptr);
+    return none;
   }
-  // One item for the worker: its job runs the calls' jobs in one group, its
-  // post their posts, then completes each call's work; its own work has no
-  // one waiting.
+  bool device = false;
+  size_t p2p = 0;
+  for (const auto& it : items) {
+    device = device || it.device;
+    if (isP2p(it.type)) p2p++;
+  }
+  if (p2p < 2 || device) {
+    // Nothing to post together, or the device path, which keeps its events
+    // and stream per call: the worker runs the calls in order, so the last
+    // one's work completes last.
+    c10::intrusive_ptr<BaseWork> last = items.back().work;
+    for (auto& it : items) push(std::move(it));
+    return last;
+  }
+  // One item for the worker: its job runs the calls' jobs, its post their
+  // posts, then completes each call's work; its own work, the batch's,
+  // completes after them, failed with the first error among them.
   auto members = std::make_shared<std::vector<Item>>(std::move(items));
   Item all;
+  all.type = ::c10d::OpType::UNKNOWN;
   all.device = false;
   all.deviceIndex = -1;
   all.readyEvent = nullptr;
-  all.what = c10::str("batch of ", members->size(), " sends and receives");
+  all.what = c10::str("batch of ", members->size(), " calls");
   all.work = c10::make_intrusive<WorkGeoCCL>(rank_, ::c10d::OpType::UNKNOWN, "batch",
                                              std::vector<at::Tensor>(), timeout_);
   all.job = [members](ncclComm_t comm, cudaStream_t s) {
-    ncclResult_t first = ncclGroupStart();
-    for (size_t i = 0; i < members->size() && first == ncclSuccess; i++)
-      first = (*members)[i].job(comm, s);
-    ncclResult_t r = ncclGroupEnd();
-    if (first == ncclSuccess) first = r;
-    if (first != ncclSuccess) {
-      const char* last = ncclGetLastError(comm);
-      auto error = std::make_exception_ptr(std::runtime_error(
-          c10::str("geoccl: ", (*members)[0].what, " (in a batch of ", members->size(),
-                   ") failed: ", ncclGetErrorString(first), (last && *last) ? ": " : "",
-                   last ? last : "")));
-      for (auto& m : *members) m.work->complete(error);
+    const size_t n = members->size();
+    std::exception_ptr error;
+    // false once a call has failed: the later ones are not started
+    auto run = [&](Item& m) {
+      try {
+        ncclResult_t r = m.job(comm, s);
+        if (r == ncclSuccess) return true;
+        error = batchError(m.what, n, r, comm);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      return false;
+    };
+    // The sends and receives in one group. The sends' jobs first: a
+    // receive from any source waits for a peer's send to count itself,
+    // and the group posts them together whatever their order (each
+    // pair's sends, and its receives, keep theirs).
+    ncclResult_t r = ncclGroupStart();
+    bool ok = r == ncclSuccess;
+    if (!ok) error = batchError("ncclGroupStart", n, r, comm);
+    for (int pass = 0; pass < 2 && ok; pass++)
+      for (auto& m : *members)
+        if (ok && isP2p(m.type) && (m.type == ::c10d::OpType::SEND) == (pass == 0)) ok = run(m);
+    if (r == ncclSuccess) {
+      // Closed after a failure too, or every later call of the worker
+      // would be recorded into this group; the calls posted run.
+      r = ncclGroupEnd();
+      if (ok && r != ncclSuccess) {
+        ok = false;
+        error = batchError("its sends and receives", n, r, comm);
+      }
     }
-    return first;
+    // Then the collectives, in call order, as GeoCCL's groups run them
+    // (a collective's job may read what one of its own calls returned).
+    for (auto& m : *members)
+      if (ok && !isP2p(m.type)) ok = run(m);
+    if (ok) return ncclSuccess;
+    for (auto& m : *members) m.work->complete(error);
+    std::rethrow_exception(error);
   };
   all.post = [members]() {
+    std::exception_ptr first;
     for (auto& m : *members) {
       std::exception_ptr error;
       try {
         if (m.post) m.post();
       } catch (...) {
         error = std::current_exception();
+        if (!first) first = error;
       }
       m.work->complete(error);
     }
+    if (first) std::rethrow_exception(first);
   };
+  c10::intrusive_ptr<BaseWork> work = all.work;
   push(std::move(all));
+  return work;
 }
-#endif
 
 }  // namespace geoccl_torch

@@ -157,8 +157,9 @@ void ProcessGroupGeoCCL::abort() {
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, const char* name,
                                                          const std::vector<at::Tensor>& inputs,
                                                          std::vector<at::Tensor> outputs, Job job,
-                                                         std::function<void()> post) {
+                                                         std::function<void()> post, bool hold) {
   Item item;
+  item.type = type;
   item.device = false;
   item.deviceIndex = -1;
   item.readyEvent = nullptr;
@@ -208,14 +209,14 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
   item.job = std::move(job);
   item.post = std::move(post);
   auto work = item.work;
-  push(std::move(item));
+  push(std::move(item), hold);
   return work;
 }
 
-void ProcessGroupGeoCCL::push(Item item) {
+void ProcessGroupGeoCCL::push(Item item, bool hold) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (coalescing_) {
+    if (coalescing_ && hold) {
       batch_.push_back(std::move(item));
       return;
     }

@@ -39,6 +39,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/version.h>
@@ -61,6 +63,23 @@
 #endif
 #define GEOCCL_TORCH_BASE_NAME "ProcessGroup"
 #define GEOCCL_TORCH_OVERRIDE_2
+#endif
+
+/* How the torch brackets a batch of calls (startCoalescing, then the calls,
+ * then endCoalescing), chosen by its version:
+ * 1: torch 1.x: endCoalescing(reqs), around batch_isend_irecv's calls,
+ *    whose works the caller keeps;
+ * 2: torch 2.1 and later: endCoalescing() returns the batch's one work;
+ *    batch_isend_irecv and _coalescing_manager bracket any calls, p2p
+ *    and collectives, for a backend whose supportsCoalescing() is true
+ *    (2.1 to 2.5: for CUDA tensors only, whatever the backend says);
+ * 0: torch 2.0, which brackets batches for NCCL only: not implemented. */
+#if TORCH_VERSION_MAJOR < 2
+#define GEOCCL_TORCH_COALESCING 1
+#elif TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1
+#define GEOCCL_TORCH_COALESCING 2
+#else
+#define GEOCCL_TORCH_COALESCING 0
 #endif
 
 #include <nccl.h>
@@ -95,6 +114,14 @@ using BaseWork = ::c10d::Work;
 using BaseGroup = ::c10d::ProcessGroup;
 using BaseWork = ::c10d::ProcessGroup::Work;
 #endif
+
+/* Whether a call's options have asyncOp (torch 2.x's, since it tells the
+ * backend whether the caller waits at once). */
+template <typename Opts, typename = void>
+struct HasAsyncOp : std::false_type {};
+template <typename Opts>
+struct HasAsyncOp<Opts, std::void_t<decltype(std::declval<const Opts&>().asyncOp)>>
+    : std::true_type {};
 
 /* One queued collective. Completes once, from the worker thread; wait()
  * (the base class's) then returns or rethrows the error. */
@@ -233,13 +260,23 @@ class ProcessGroupGeoCCL : public BaseGroup {
   static c10::intrusive_ptr<ProcessGroupGeoCCL> join(
       const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout);
 
-#if TORCH_VERSION_MAJOR < 2
-  /* batch_isend_irecv (p2p.cpp): the calls made between the two are held
-   * back and then run as one GeoCCL group, which posts all their sends and
-   * receives at once (one by one, a receive that waits for a peer that
-   * itself first receives would wait forever). Each keeps its own work. */
+  /* Batches (p2p.cpp): the calls made between startCoalescing and
+   * endCoalescing are held back, then run in one item of the worker: the
+   * batch's sends and receives as one GeoCCL group, which posts them all
+   * at once (one by one, a receive that waits for a peer that itself first
+   * receives would wait forever), then its collectives in call order (the
+   * order GeoCCL's own groups keep). Each call keeps its own work. */
+#if GEOCCL_TORCH_COALESCING == 1
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<BaseWork>>& reqs) override;
+#elif GEOCCL_TORCH_COALESCING == 2
+  /* Declared without `override`: the releases from 2.1 until this
+   * virtual came have no such member, and there torch does not ask. */
+  bool supportsCoalescing() const { return true; }
+  void startCoalescing() override;
+  /* The batch's work: completes after every call of it, with the first
+   * error among them; a completed one for an empty batch. */
+  c10::intrusive_ptr<BaseWork> endCoalescing() override;
 #endif
 
   /* Receives without a source rank (p2p.cpp): from now on every
@@ -261,6 +298,7 @@ class ProcessGroupGeoCCL : public BaseGroup {
     Job job;
     std::function<void()> post;  // after the call: copies into the caller's tensors
     std::string what;  // "allreduce #3 (float32, 1024 elements)"
+    ::c10d::OpType type;  // SEND, RECV and RECVANYSOURCE form a batch's group
     bool device;
     int deviceIndex;
     void* readyEvent;  // cudaEvent_t recorded on the caller's stream
@@ -269,18 +307,58 @@ class ProcessGroupGeoCCL : public BaseGroup {
   /* Queues job (then post) for the worker. inputs: every tensor the call
    * reads, and every buffer it writes besides outputs (a contiguous copy,
    * a flat buffer); outputs: the caller's tensors, the work's result. All
-   * are on one device; on CUDA they are the ones recorded on the stream. */
+   * are on one device; on CUDA they are the ones recorded on the stream.
+   * hold false: to the worker even between startCoalescing and
+   * endCoalescing (a call of the backend's own that its caller waits for,
+   * not one of the caller's batch). */
   c10::intrusive_ptr<BaseWork> enqueue(::c10d::OpType type, const char* name,
                                        const std::vector<at::Tensor>& inputs,
                                        std::vector<at::Tensor> outputs, Job job,
-                                       std::function<void()> post = nullptr);
+                                       std::function<void()> post = nullptr, bool hold = true);
+
+  /* enqueue() for a collective called with opts (collectives.cpp). torch
+   * 2.x passes asyncOp false when its caller waits for the work at once,
+   * which it skips when the work is null. Between startCoalescing and
+   * endCoalescing such a call is held back until the batch runs, so it
+   * returns no work: the caller goes on, and the end of its coalescing
+   * block waits for the batch's work, as torch expects of a backend that
+   * coalesces. Otherwise, and with torch releases whose options have no
+   * asyncOp, the call's work. */
+  template <typename Opts>
+  c10::intrusive_ptr<BaseWork> enqueueColl(const Opts& opts, ::c10d::OpType type,
+                                           const char* name,
+                                           const std::vector<at::Tensor>& inputs,
+                                           std::vector<at::Tensor> outputs, Job job,
+                                           std::function<void()> post = nullptr) {
+    c10::intrusive_ptr<BaseWork> work =
+        enqueue(type, name, inputs, std::move(outputs), std::move(job), std::move(post));
+    if (callerWaits(opts)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (coalescing_) return c10::intrusive_ptr<BaseWork>();
+    }
+    return work;
+  }
+  template <typename Opts>
+  static bool callerWaits(const Opts& opts) {
+    if constexpr (HasAsyncOp<Opts>::value)
+      return !opts.asyncOp;
+    else
+      return false;
+  }
+
   void run();
-  void push(Item item);  // to the worker's queue, or to batch_ while coalescing_
+  void push(Item item, bool hold = true);  // to the worker's queue, or to batch_ while
+                                           // coalescing_ unless !hold
   void runOne(Item& item);
 
   /* sparse.cpp: allreduce of a sparse COO tensor (SUM, CPU). */
   c10::intrusive_ptr<BaseWork> allreduceSparse(at::Tensor& t,
                                                const ::c10d::AllreduceOptions& opts);
+
+  /* p2p.cpp: queues the calls held back since startCoalescing; returns
+   * the work that completes after all of them (a completed one when there
+   * were none). */
+  c10::intrusive_ptr<BaseWork> flushBatch();
 
   /* p2p.cpp; both used by the worker only. */
   void announceSend(int dst);

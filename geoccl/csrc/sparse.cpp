@@ -83,7 +83,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduceSparse(
   const int size = size_;
   const at::TensorOptions valueOpts = values.options();
   const at::TensorOptions sparseOpts = valueOpts.layout(at::kSparse);
-  return enqueue(
+  return enqueueColl(opts,
       ::c10d::OpType::ALLREDUCE, "allreduce_sparse", {values, indices, header}, {t},
       [=](ncclComm_t comm, cudaStream_t s) {
         at::Tensor headers = at::empty({size, kHeaderLen}, header.options());

@@ -4,8 +4,10 @@
 # receives from any source, batches of isend/irecv, and the gathers. Gloo
 # passes every one of them
 # (the full side-by-side run, tests/torch/dist_suite.sh, shows it), so each
-# must pass here, not be skipped. Exits 77, saying why, without PyTorch,
-# the extension, or where the suite's modules do not import.
+# must pass here, not be skipped; except where the suite itself skips a
+# test for every backend at its 3 ranks (torch 2.x's subgroup tests want 8:
+# "Skipped due to small world size."). Exits 77, saying why, without
+# PyTorch, the extension, or where the suite's modules do not import.
 set -u
 
 srcdir=${GEOCCL_TEST_SRCDIR:-${srcdir:-.}}
@@ -50,10 +52,18 @@ if [ ! -s "$work/geoccl.tsv" ]; then
 fi
 cut -f 1-3 "$work/geoccl.tsv"
 n=$(wc -l <"$work/geoccl.tsv")
-bad=$(awk -F '\t' '$2 != "pass"' "$work/geoccl.tsv")
+small="Skipped due to small world size."
+bad=$(awk -F '\t' -v small="$small" '$2 != "pass" && !($2 == "skip" && $4 == small)' \
+        "$work/geoccl.tsv")
 if [ -n "$bad" ]; then
   echo "FAIL: of $n tests, these did not pass:"
   echo "$bad"
   exit 1
 fi
-echo "PASS: $n tests of PyTorch's distributed suite pass for geoccl"
+skipped=$(awk -F '\t' '$2 == "skip"' "$work/geoccl.tsv" | wc -l)
+if [ "$skipped" -eq 0 ]; then
+  echo "PASS: $n tests of PyTorch's distributed suite pass for geoccl"
+else
+  echo "PASS: $((n - skipped)) tests of PyTorch's distributed suite pass for geoccl," \
+       "$skipped skipped by the suite for every backend (too few ranks)"
+fi

@@ -331,7 +331,9 @@ def check_invalid(rank, world, geo):
     raises(lambda: dist.all_gather([torch.ones(3)] * (world - 1), torch.ones(3), group=geo),
            "output tensors")
     raises(lambda: dist._all_gather_base(torch.ones(5), torch.ones(3), group=geo), "elements")
-    raises(lambda: dist.broadcast(torch.ones(2, 2).to_sparse(), 0, group=geo), "dense")
+    # torch 2.x's dispatcher refuses it before the backend sees it
+    raises(lambda: dist.broadcast(torch.ones(2, 2).to_sparse(), 0, group=geo),
+           "dense" if TORCH1 else "SparseCPU")
     raises(lambda: dist.all_reduce(torch.ones(2, 2).to_sparse(), op=dist.ReduceOp.MAX,
                                    group=geo), "SUM only")
     raises(lambda: dist.recv(torch.ones(1), group=geo), "source")
@@ -357,6 +359,99 @@ def scenario_ops(rank, world, init):
     geo.abort()
     with pytest.raises(RuntimeError, match="aborted"):
         dist.all_reduce(torch.ones(2), group=geo)
+    dist.destroy_process_group()
+
+
+def scenario_batches(rank, world, init):
+    """batch_isend_irecv where every rank receives before it sends, against
+    Gloo; with torch 2.x also _coalescing_manager blocks (torch brackets
+    them with startCoalescing and endCoalescing for a backend that
+    coalesces): sends and receives with collectives, sync and async calls,
+    the fast path of all_reduce, a call the backend makes for itself inside
+    one (not held back), an empty block."""
+    import geoccl.torch
+    geo, gloo = init_groups(rank, world, init)
+    n = 1000
+    right, left = (rank + 1) % world, (rank - 1) % world
+    got = {}
+    for name, g in (("geoccl", geo), ("gloo", gloo)):
+        ops, got[name] = [], {}
+        for p in range(world):
+            if p == rank:
+                continue
+            got[name][p] = torch.full((n,), -1.0)
+            ops.append(dist.P2POp(dist.irecv, got[name][p], p, group=g))
+            ops.append(dist.P2POp(dist.isend, torch.full((n,), float(rank * 10 + p)), p, group=g))
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    for p in got["gloo"]:
+        same(got["geoccl"][p], got["gloo"][p], "batch_isend_irecv from %d" % p)
+        assert torch.all(got["geoccl"][p] == p * 10 + rank)
+    # a batch of one call: 0 sends to 1
+    if rank < 2:
+        t = torch.full((n,), 5.0) if rank == 0 else torch.zeros(n)
+        op = dist.isend if rank == 0 else dist.irecv
+        for w in dist.batch_isend_irecv([dist.P2POp(op, t, 1 - rank, group=geo)]):
+            w.wait()
+        assert torch.all(t == 5)
+    if TORCH1:
+        dist.destroy_process_group()
+        return
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    cpu = torch.device("cpu")
+    assert geo._get_backend(cpu).supports_coalescing
+    # sync: the collectives return no work; the block's end waits for all
+    b = torch.full((n,), float(rank))
+    g = [torch.empty(n) for _ in range(world)]
+    r = torch.full((n,), -1.0)
+    red = torch.full((n,), float(rank + 1))
+    with _coalescing_manager(geo, cpu):
+        dist.irecv(r, left, group=geo)
+        assert dist.broadcast(b, 1, group=geo) is None
+        dist.all_gather(g, torch.full((n,), float(rank)), group=geo)
+        dist.reduce(red, 0, op=dist._make_nccl_premul_sum(2.0), group=geo)
+        dist.isend(torch.full((n,), float(rank)), right, group=geo)
+        geoccl.torch.backend(geo).stats()  # runs now, before the block's calls
+    assert torch.all(b == 1) and torch.all(r == left)
+    for p in range(world):
+        assert torch.all(g[p] == p), p
+    if rank == 0:
+        assert torch.all(red == 2 * sum(range(1, world + 1)))
+    # async: all_reduce's fast path (allreduce_coalesced inside the block),
+    # and an async collective's own work, waited for after the block
+    xs = [torch.full((n,), float(rank + i)) for i in range(3)]
+    with _coalescing_manager(geo, cpu, async_ops=True) as cm:
+        for x in xs:
+            dist.all_reduce(x, group=geo)
+    cm.wait()
+    for i, x in enumerate(xs):
+        assert torch.all(x == sum(p + i for p in range(world))), i
+    t = torch.full((n,), float(rank))
+    r = torch.full((n,), -1.0)
+    with _coalescing_manager(geo, cpu, async_ops=True) as cm:
+        w = dist.broadcast(t, 2, group=geo, async_op=True)
+        dist.irecv(r, right, group=geo)
+        dist.isend(torch.full((n,), float(rank)), left, group=geo)
+    cm.wait()
+    w.wait()
+    assert torch.all(t == 2) and torch.all(r == right)
+    # a collective whose job reads what its first call returned (sparse
+    # all_reduce: the counts, then the entries), with a send and a receive
+    sp = sparse_input(rank, world, 0, torch.float32)
+    ref = sp.clone()
+    dist.all_reduce(ref, group=gloo)
+    r = torch.full((n,), -1.0)
+    with _coalescing_manager(geo, cpu, async_ops=True) as cm:
+        dist.irecv(r, left, group=geo)
+        w = geo.allreduce([sp])
+        dist.isend(torch.full((n,), float(rank)), right, group=geo)
+    cm.wait()
+    w.wait()
+    same(sp.to_dense(), ref.coalesce().to_dense(), "sparse all_reduce in a batch")
+    assert torch.all(r == left)
+    with _coalescing_manager(geo, cpu):
+        pass
+    dist.barrier(group=geo)
     dist.destroy_process_group()
 
 
@@ -525,6 +620,10 @@ def test_every_op_and_dtype_against_gloo(tmp_path):
 
 def test_sparse_all_reduce_and_monitored_barrier(tmp_path):
     run_ranks(scenario_sparse_and_monitored, file_init(tmp_path), timeout=60)
+
+
+def test_batches_and_coalescing(tmp_path):
+    run_ranks(scenario_batches, file_init(tmp_path), timeout=60)
 
 
 def test_ddp_matches_gloo_env_init():
