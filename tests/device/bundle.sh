@@ -270,7 +270,9 @@ cmp -s "$OBJ/torch.flags.new" "$OBJ/torch.flags" 2>/dev/null || rm -f "$OBJ"/*.t
 mv "$OBJ/torch.flags.new" "$OBJ/torch.flags"
 # The files at once (each takes some 15 s).
 TOBJS=() TPIDS=()
-for f in process_group collectives p2p barrier sparse module; do
+# Every source of geoccl/csrc/, as the autotools build compiles them.
+TSRCS=$(cd "$SRC/geoccl/csrc" && ls *.cpp | sed 's/\.cpp$//')
+for f in $TSRCS; do
     o=$OBJ/$f.torch.o
     if [ ! -f "$o" ] || [ -n "$(find "$SRC/geoccl/csrc" "$SRC/include/nccl.h" "$SRC/include/geoccl.h" \
             -newer "$o" | head -n1)" ]; then
@@ -287,8 +289,8 @@ done
 $CXX -shared -pthread -o "$OUT/python/geoccl/_C.so" "${TOBJS[@]}" "$OUT/lib/libgeoccl.so.0" \
     -L"$TORCH_DIR/lib" -ltorch_python -ltorch -ltorch_cpu -lc10 -lc10_cuda "$CUDART" \
     -Wl,--enable-new-dtags -Wl,-rpath,\$ORIGIN/../../lib || die "linking geoccl/_C.so"
-for f in __init__.py torch.py __main__.py; do
-    cp "$SRC/geoccl/$f" "$OUT/python/geoccl/$f"
+for f in "$SRC"/geoccl/*.py; do
+    cp "$f" "$OUT/python/geoccl/${f##*/}"
 done
 VERSION=$(mkvar PACKAGE_VERSION)
 sed -e "s|@VERSION@|$VERSION|g" -e "s|@TORCH_VERSION@|$TORCH_VERSION|g" \
