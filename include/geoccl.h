@@ -242,6 +242,12 @@ typedef struct {
     double secRtt;         /* and its parts */
     double secBw;
     double secWait;        /* time this rank waited before that for slower peers */
+    int pairsMeasured;     /* pairs of regions whose link figures were measured */
+    int pairsInherited;    /* pairs of regions whose link figures came from the
+                              parent (or a joiner's admission).  A grow that
+                              brings a region the parent's figures lack
+                              measures only the pairs with it: then both are
+                              non-zero (docs/elastic.md) */
 } geocclTopology;
 
 /* [out] topo.  ncclInvalidArgument for a NULL/dead comm or NULL topo. */

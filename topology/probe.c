@@ -38,6 +38,7 @@ void geoTopoFree(geoTopo *t)
     free(t->wan_why);
     free(t->region_rtt);
     free(t->oneway);
+    free(t->fresh);
     memset(t, 0, sizeof(*t));
 }
 
@@ -316,6 +317,46 @@ static ncclResult_t warm_wan(geoProbeCtx *pc, geoTopo *t)
     return res;
 }
 
+/* ---- which pairs were measured ------------------------------------------ */
+
+/* The pairs of regions whose link figures were measured and those taken
+ * from the parent, counted for geocclCommGetTopology; with t->fresh, both
+ * lists said at INFO (the same on every rank). */
+static void count_pairs(const geoProbeCtx *pc, geoTopo *t, int R)
+{
+    const topoRegionMap *m = pc->regions;
+    int all = R * (R - 1) / 2;
+    t->pairs_measured = t->pairs_inherited = 0;
+    if (t->fresh == NULL) {
+        if (t->bw_measured)
+            t->pairs_measured = all;
+        else if (t->inherited)
+            t->pairs_inherited = all;
+        return;
+    }
+    char meas[512] = "", inh[512] = "";
+    int lm = 0, li = 0;
+    for (int g = 0; g < R; g++)
+        for (int h = g + 1; h < R; h++) {
+            int fresh = t->fresh[g] || t->fresh[h];
+            char *line = fresh ? meas : inh;
+            int *len = fresh ? &lm : &li;
+            if (fresh && !t->bw_measured)
+                continue;
+            if (fresh)
+                t->pairs_measured++;
+            else
+                t->pairs_inherited++;
+            if (*len < (int)sizeof(meas) - 80)
+                *len += snprintf(line + *len, sizeof(meas) - (size_t)*len, "%s%s-%s",
+                                 *len ? " " : "", m->names[g], m->names[h]);
+        }
+    geoInfo(GEO_LOG_TOPO | GEO_LOG_INIT,
+            "probe: regions new to the inherited figures: %d pair%s of regions measured (%s), "
+            "%d inherited (%s)", t->pairs_measured, t->pairs_measured == 1 ? "" : "s",
+            lm ? meas : "none", t->pairs_inherited, li ? inh : "none");
+}
+
 /* ---- the whole probe ---------------------------------------------------- */
 
 ncclResult_t geoProbeRun(geoProbeCtx *pc)
@@ -328,6 +369,11 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
 
     GEO_CHECK(find_nodes(pc, t));
     geoErrSetOp(pc->err, "init probe");
+    /* A parent's figures that leave out a region (one never seen before,
+     * joining): only the pairs with it are measured, below. */
+    if (mode == 1 && labelled && pc->inherit != NULL && probeInheritFresh(pc, t) != 0)
+        return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions",
+                       pc->regions->nregions);
     if (t->leader[t->node_of[pc->rank]] == pc->rank && geoDebugLevel() >= GEO_LEVEL_INFO) {
         topoNic nics[16];
         char line[512] = "none";
@@ -349,7 +395,7 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
      * (0.25 s is 5 round trips at 50 ms) ends in slow start and reported
      * 130-160 Mbit/s on a 1 Gbit/s link. */
     int bw_next = labelled && pc->regions->nregions > 1 && !(pc->file != NULL) &&
-                  !(pc->inherit != NULL);
+                  (!(pc->inherit != NULL) || t->fresh != NULL);
     if (t->nnodes > 1 && (mode == 2 || (mode == 1 && (!labelled || bw_next)))) {
         double t0 = geoNow();
         GEO_CHECK(probeMeasureRtt(pc, t));
@@ -416,6 +462,18 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
                 if (a != b && x >= 0 && (*y < 0 || x < *y))
                     *y = x;
             }
+    /* A fresh region (t->fresh) may share its nodes with covered ones: its
+     * round trips come from the nodes of all its ranks, not only of the
+     * nodes' leaders (0 to a region on the same node). */
+    if (t->rtt_measured && t->fresh != NULL)
+        for (int r = 0; r < pc->nranks; r++)
+            for (int q = 0; q < pc->nranks; q++) {
+                int g = pc->regions->region_of[r], h = pc->regions->region_of[q];
+                double x = t->rtt[t->node_of[r] * t->nnodes + t->node_of[q]];
+                double *y = &t->region_rtt[g * R + h];
+                if (g != h && (t->fresh[g] || t->fresh[h]) && x >= 0 && (*y < 0 || x < *y))
+                    *y = x;
+            }
     for (int g = 0; g < R; g++)
         t->region_rtt[g * R + g] = 0;
     if (t->rtt_measured)
@@ -424,6 +482,19 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
         probeApplyFile(pc, t);
     if ((pc->inherit != NULL))
         probeApplyInherit(pc, t);
+    /* The fresh regions' one-way delays, from the round trips measured and
+     * inherited together; the covered regions keep the parent's. */
+    if (t->rtt_measured && t->fresh != NULL) {
+        double *d = malloc(sizeof(double) * (size_t)R);
+        if (d == NULL)
+            return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d "
+                           "regions", R);
+        topoSolveOneWay(R, t->region_rtt, d);
+        for (int g = 0; g < R; g++)
+            if (t->fresh[g])
+                t->oneway[g] = d[g];
+        free(d);
+    }
     /* The smallest window of any rank, so that every rank computes the same
      * stream counts (apply_streams). */
     t->window_bytes = pc->window;
@@ -439,10 +510,15 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
         t->t_bw = geoNow() - t0;
         double worst = 1;
         for (int g = 0; g < R; g++) {
-            t->egress[g] = 0;
+            /* A covered region (t->fresh) keeps the parent's rate: it sent
+             * to the fresh regions only. */
+            int keep = t->fresh != NULL && !t->fresh[g];
+            if (!keep)
+                t->egress[g] = 0;
             for (int h = 0; h < R; h++)
                 if (h != g) {
-                    t->egress[g] += t->bw[g * R + h];
+                    if (!keep)
+                        t->egress[g] += t->bw[g * R + h];
                     /* Streams a pair needs when it has the link to itself. */
                     double s = (double)topoStreamsNeeded(
                         t->bw[g * R + h] * (R - 1), t->region_rtt[g * R + h], t->window_bytes,
@@ -452,8 +528,21 @@ ncclResult_t geoProbeRun(geoProbeCtx *pc)
                 }
         }
         t->streams_needed = (int)worst;
-        topoIngressFromRates(R, t->bw, t->ingress);
+        if (t->fresh == NULL) {
+            topoIngressFromRates(R, t->bw, t->ingress);
+        } else {
+            double *in = malloc(sizeof(double) * (size_t)R);
+            if (in == NULL)
+                return GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d "
+                               "regions", R);
+            topoIngressFromRates(R, t->bw, in);
+            for (int g = 0; g < R; g++)
+                if (t->fresh[g])
+                    t->ingress[g] = in[g];
+            free(in);
+        }
     }
+    count_pairs(pc, t, R);
     /* The probe's own cost starts when every leader has arrived (the
      * warm-up round trip); before that, ranks wait for slower peers. */
     if (t->t_arrived > t_start) {

@@ -74,6 +74,11 @@ typedef struct {
     double t_wait;          /* seconds waited for slower peers before that */
     int from_file;          /* link figures came from a topology file */
     int inherited;          /* ... or from the parent communicator (split, shrink) */
+    unsigned char *fresh;   /* [R] regions the inherited figures do not cover:
+                             * only the pairs with one of them were measured
+                             * (probeInheritFresh); NULL: no such partial probe */
+    int pairs_measured;     /* pairs of regions whose link figures the probe measured */
+    int pairs_inherited;    /* pairs of regions whose figures came from the parent */
     int warm_pairs;         /* pairs of regions whose connections were warmed */
     double t_warm;          /* seconds this rank's warm-up took (0: none) */
 } geoTopo;

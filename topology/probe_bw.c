@@ -246,9 +246,10 @@ static void link_stats(geoProbeCtx *pc, const int *peers, int R, int me, double 
  * as a slow downlink shows (topoIngressFromRates).  The same answer on
  * every leader: all hold the same col. */
 #define PROBE_BW_SPREAD 1.10
-static int bw_uneven(const double *col, int R)
+static int bw_uneven(const double *col, int R, const unsigned char *fresh)
 {
     double lo = 0, hi = 0, *bw = malloc(sizeof(double) * 2 * (size_t)R * (size_t)R);
+    int first = 1;
     if (bw == NULL)
         return 0;
     double *in = bw + (size_t)R * R;
@@ -258,13 +259,17 @@ static int bw_uneven(const double *col, int R)
             bw[g * R + h] = g == h ? 0 : col[h * R + g];
             e += bw[g * R + h];
         }
-        lo = g == 0 || e < lo ? e : lo;
+        /* With t->fresh, only a fresh region sent to every other. */
+        if (fresh != NULL && !fresh[g])
+            continue;
+        lo = first || e < lo ? e : lo;
+        first = 0;
         hi = e > hi ? e : hi;
     }
     topoIngressFromRates(R, bw, in);
     int uneven = !(lo > 0) || hi > PROBE_BW_SPREAD * lo;
     for (int h = 0; h < R; h++)
-        uneven |= in[h] > 0;
+        uneven |= in[h] > 0 && (fresh == NULL || fresh[h]);
     free(bw);
     return uneven;
 }
@@ -284,6 +289,36 @@ static int bw_ramping(const double *col, const double *rtt, int R)
             if (q != g && col[g * R + q] * rtt[q * R + g] > PROBE_RAMP_BYTES)
                 return 1;
     return 0;
+}
+
+/* The transfer among the region leaders (me: my region): every pair, or
+ * with t->fresh only the pairs with a fresh region, where a covered
+ * region's leader sends to and hears from the fresh regions' leaders
+ * alone.  in[q]: the rate from leaders[q]; 0 for a pair not measured. */
+static ncclResult_t leaders_transfer(geoProbeCtx *pc, const geoTopo *t, const int *leaders,
+                                     int R, int me, double dur, double from, double upto,
+                                     double *in)
+{
+    if (t->fresh == NULL)
+        return probeBwTransfer(pc, leaders, R, me, dur, from, upto, in);
+    int *sub = calloc((size_t)R, sizeof(int)), n = 0, subme = -1;
+    double *got = malloc(sizeof(double) * (size_t)R);
+    ncclResult_t res = ncclSuccess;
+    if (sub == NULL || got == NULL)
+        res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for %d regions", R);
+    for (int q = 0; res == ncclSuccess && q < R; q++)
+        if (q == me || t->fresh[me] || t->fresh[q]) {
+            if (q == me)
+                subme = n;
+            sub[n++] = leaders[q];
+        }
+    if (res == ncclSuccess)
+        res = probeBwTransfer(pc, sub, n, subme, dur, from, upto, got);
+    for (int q = 0, i = 0; res == ncclSuccess && q < R; q++)
+        in[q] = q == me || t->fresh[me] || t->fresh[q] ? got[i++] : 0;
+    free(sub);
+    free(got);
+    return res;
 }
 
 ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
@@ -324,7 +359,7 @@ ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
                           "figures of %d regions", R);
         if (res == ncclSuccess) {
             geoWanCcForProbe(pc->net, leaders, R, me);
-            res = probeBwTransfer(pc, leaders, R, me, dur, 0.3, 0.8, in);
+            res = leaders_transfer(pc, t, leaders, R, me, dur, 0.3, 0.8, in);
         }
         /* Leaders exchange what each received: col[g*R + q] = rate q -> g. */
         if (res == ncclSuccess)
@@ -342,9 +377,9 @@ ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
          * paths").  Measured again: 6-17%, and no false downlink.  A real
          * one (100 Mbit/s into a region, 1 Gbit/s elsewhere) read 92.9-93.0
          * Mbit/s in two inits, where one transfer read 69-107. */
-        if (res == ncclSuccess && bw_uneven(col, R) && bw_ramping(col, t->region_rtt, R)) {
+        if (res == ncclSuccess && bw_uneven(col, R, t->fresh) && bw_ramping(col, t->region_rtt, R)) {
             t->bw_again = 1;
-            res = probeBwTransfer(pc, leaders, R, me, dur / 2, 0.05, 1.0, in);
+            res = leaders_transfer(pc, t, leaders, R, me, dur / 2, 0.05, 1.0, in);
             if (res == ncclSuccess)
                 res = probeExchangeAmong(pc, leaders, R, me, in, sizeof(double) * (size_t)R, col);
         }
@@ -361,10 +396,12 @@ ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t)
                 for (int q = 0; q < R; q++) {
                     double sent = all[(size_t)g * 3 * R + q];
                     double got = all[(size_t)q * 3 * R + R + g];
+                    /* A pair of covered regions (t->fresh): not measured. */
+                    int skip = q == g || (t->fresh != NULL && !t->fresh[g] && !t->fresh[q]);
                     t->bw[q * R + g] = col[g * R + q];
-                    t->loss[g * R + q] = q == g || sent < 0 || got < 0 ? -1 : geoLinkLoss(sent, got);
-                    t->loss_segs[g * R + q] = q == g || sent < 0 || got < 0 ? 0 : sent;
-                    t->rttvar[g * R + q] = all[(size_t)g * 3 * R + 2 * R + q];
+                    t->loss[g * R + q] = skip || sent < 0 || got < 0 ? -1 : geoLinkLoss(sent, got);
+                    t->loss_segs[g * R + q] = skip || sent < 0 || got < 0 ? 0 : sent;
+                    t->rttvar[g * R + q] = skip && q != g ? 0 : all[(size_t)g * 3 * R + 2 * R + q];
                 }
         free(col);
         free(seen);
@@ -415,7 +452,8 @@ ncclResult_t probeMeasureIntra(geoProbeCtx *pc, geoTopo *t)
      * collective (on a host of many ranks and few cores, that is much less
      * than one pair alone gets). */
     int sender = (lr & 1) == 0;
-    if ((lr ^ 1) < m->size[g]) {
+    /* With t->fresh, a covered region keeps the parent's figures. */
+    if ((lr ^ 1) < m->size[g] && (t->fresh == NULL || t->fresh[g])) {
         int peer = m->members[g][lr ^ 1];
         double best = -1;
         geoNetRequest a, b;

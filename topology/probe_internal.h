@@ -44,21 +44,27 @@ ncclResult_t probeFanOut(geoProbeCtx *pc, int src, const int *dst, int n, void *
                          size_t len);
 
 /* probe_rtt.c: round trips between node leaders into t->rtt (and the NIC
- * rates into t->nic_gbit), every rank of a node getting its leader's. */
+ * rates into t->nic_gbit), every rank of a node getting its leader's;
+ * with t->fresh, only the pairs of nodes one of which holds a rank of a
+ * fresh region (the others stay -1). */
 ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t);
 
 /* probe_bw.c: an all-pairs transfer among peers[0..R) for dur seconds,
  * in[q] the steady rate from peers[q] (me: my index, or -1); the rates,
  * loss and RTT variation between regions (t->bw, loss, loss_segs, rttvar);
- * the figures inside regions (t->intra_Bps, intra_alpha). */
+ * the figures inside regions (t->intra_Bps, intra_alpha).  With t->fresh,
+ * only the pairs of regions with a fresh one, and inside fresh regions. */
 ncclResult_t probeBwTransfer(geoProbeCtx *pc, const int *peers, int R, int me, double dur,
                              double from, double upto, double *in);
 ncclResult_t probeMeasureBw(geoProbeCtx *pc, geoTopo *t);
 ncclResult_t probeMeasureIntra(geoProbeCtx *pc, geoTopo *t);
 
 /* probe_known.c: a topology file's figures (pc->file) and a parent's
- * (pc->inherit) for the regions in use. */
+ * (pc->inherit) for the regions in use; the regions a parent's figures
+ * leave out where they cover others (t->fresh: the probe then measures
+ * only the pairs with one of them; 0, or -1 out of memory). */
 void probeApplyFile(const geoProbeCtx *pc, geoTopo *t);
 void probeApplyInherit(const geoProbeCtx *pc, geoTopo *t);
+int probeInheritFresh(const geoProbeCtx *pc, geoTopo *t);
 
 #endif

@@ -1,6 +1,7 @@
 /* What the probe takes instead of measuring, and what it writes
  * (probe.h): a parent communicator's figures for a split or shrunk child
- * (geoTopoInheritFrom, probeApplyInherit), a topology file's
+ * (geoTopoInheritFrom, probeApplyInherit), the regions those do not
+ * cover, whose pairs alone are measured (probeInheritFresh), a topology file's
  * (probeApplyFile), and the topology file written from what is known
  * (geoTopoWrite). */
 #include "config.h"
@@ -135,13 +136,50 @@ void probeApplyInherit(const geoProbeCtx *pc, geoTopo *t)
         if (idx[g] >= 0)
             t->oneway[g] = inh->oneway[idx[g]];
     }
+    /* A fresh region's round trips (t->fresh) are the ones measured. */
     for (int a = 0; a < R; a++)
         for (int b = 0; b < R; b++)
-            if (a != b && idx[a] >= 0 && idx[b] >= 0)
+            if (a != b && idx[a] >= 0 && idx[b] >= 0 &&
+                !(t->fresh != NULL && (t->fresh[a] || t->fresh[b])))
                 t->region_rtt[a * R + b] = inh->rtt[idx[a] * inh->nregions + idx[b]];
     t->intra_Bps = inh->intra_Bps;
     t->intra_alpha = inh->intra_alpha;
     t->inherited = inh->bw_known && found == R;
+}
+
+/* Regions the parent's figures do not cover (no region of that name, or
+ * no rate for it: a region never seen before, joining), while they cover
+ * the others: then only the pairs of regions with one of them are measured
+ * (t->fresh) and the figures among the covered ones are the parent's.
+ * Covered as probeApplyInherit counts it.  Every rank holds the same
+ * figures (stayers the parent's, joiners their admission's, made from the
+ * same), so every rank decides alike.  No fresh region, or no covered one:
+ * t->fresh stays NULL (nothing to measure, or the whole probe).  0, or -1
+ * when out of memory. */
+int probeInheritFresh(const geoProbeCtx *pc, geoTopo *t)
+{
+    const geoTopoInherit *inh = pc->inherit;
+    const topoRegionMap *m = pc->regions;
+    int R = m->nregions, nfresh = 0;
+    if (inh == NULL || !inh->bw_known || pc->file != NULL || R < 2)
+        return 0;
+    unsigned char *fresh = calloc((size_t)R, 1);
+    if (fresh == NULL)
+        return -1;
+    for (int g = 0; g < R; g++) {
+        int covered = 0;
+        for (int k = 0; k < inh->nregions; k++)
+            covered |= strncmp(inh->names[k], m->names[g], TOPO_REGION_LABEL_LEN) == 0 &&
+                       inh->egress[k] > 0;
+        fresh[g] = !covered;
+        nfresh += fresh[g];
+    }
+    if (nfresh == 0 || nfresh == R) {
+        free(fresh);
+        return 0;
+    }
+    t->fresh = fresh;
+    return 0;
 }
 
 /* ---- a topology file --------------------------------------------------- */

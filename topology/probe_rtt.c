@@ -197,9 +197,14 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
         unsigned char *landmark = calloc((size_t)L, 1), *with = malloc(LL);
         double *row = malloc(sizeof(double) * (size_t)(L + 1)), *all = NULL;
         int *cnt = malloc(sizeof(int) * (size_t)L);
-        if (!landmark || !with || !row || !cnt)
+        /* Nodes holding a rank of a fresh region (t->fresh): only pairs
+         * with one of them are measured; all nodes without it. */
+        unsigned char *need = calloc((size_t)L, 1);
+        if (!landmark || !with || !row || !cnt || !need)
             res = GEO_ERR(pc->err, ncclSystemError, "init: probe: out of memory for the round "
                           "trips of %d nodes", L);
+        for (int r = 0; need && r < pc->nranks; r++)
+            need[t->node_of[r]] |= t->fresh == NULL || t->fresh[pc->regions->region_of[r]];
         for (int round = 0; res == ncclSuccess; round++) {
             int npairs = topoRttSampleRound(L, K, round, t->rtt, landmark, with);
             if (npairs < 0)
@@ -207,6 +212,19 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
                               "the pairs of round %d", round);
             if (npairs <= 0)
                 break;
+            /* The pairs between nodes of covered regions only are left
+             * unmeasured; the sampling goes on, with more landmarks each
+             * round, until it has no pair left to choose (every node is
+             * then a landmark), so it ends as without the mask. */
+            npairs = 0;
+            for (int a = 0; a < L; a++)
+                for (int j = 0; j < L; j++) {
+                    unsigned char *w = &with[(size_t)a * (size_t)L + (size_t)j];
+                    *w = *w && (need[a] || need[j]);
+                    npairs += *w;
+                }
+            if (npairs == 0)
+                continue;
             t->rtt_pairs += npairs;
             t->rtt_rounds++;
             double warm = 0;
@@ -268,6 +286,7 @@ ncclResult_t probeMeasureRtt(geoProbeCtx *pc, geoTopo *t)
         free(row);
         free(all);
         free(cnt);
+        free(need);
         memcpy(share, t->rtt, sizeof(double) * LL);
         memcpy(share + LL, t->nic_gbit, sizeof(double) * (size_t)L);
         share[LL + (size_t)L] = t->rtt_pairs;

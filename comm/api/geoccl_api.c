@@ -278,6 +278,8 @@ ncclResult_t geocclCommGetTopology(ncclComm_t comm, geocclTopology *topo)
     topo->secRtt = t->t_rtt;
     topo->secBw = t->t_bw;
     topo->secWait = t->t_wait;
+    topo->pairsMeasured = t->pairs_measured;
+    topo->pairsInherited = t->pairs_inherited;
     return ncclSuccess;
 }
 

@@ -20,11 +20,13 @@
  *
  * Lines the script reads (T: seconds since the epoch):
  *   rank R: ready n=N at T               (after init or join; joiners add
- *                                         "joined", with the probe's figures)
+ *                                         "joined", with the probe's figures;
+ *                                         members started with ELASTIC_TOPO=1 too)
  *   rank R: error in call K at T: ...    (a failed call)
  *   rank R: shrunk to N at T dead=a,b    (after the shrink)
  *   rank R: exact n=N at T               (first exact call at each new size)
- *   rank R: grown to N at T probe=P s inherited=I
+ *   rank R: grown to N at T probe=P s inherited=I bw_measured=B
+ *           pairs_measured=M pairs_inherited=H  (pairs of regions)
  *   rank R: left at T                    (after a graceful leave)
  *   rank 0: call K n=N s=S joiners=J     (rank 0 of the moment, each call)
  *   rank R: done calls=K                 (exit 0)
@@ -135,7 +137,14 @@ int main(int argc, char **argv)
             (r = ncclCommInitRank(&comm, atoi(ns), id, me)) != ncclSuccess)
             DIE(2, "init: %s: %s", ncclGetErrorString(r), ncclGetLastError(NULL));
         ncclCommCount(comm, &n);
-        say("ready n=%d at %.3f", n, wall());
+        if (getenv("ELASTIC_TOPO") != NULL) {
+            geocclTopology topo;
+            geocclCommGetTopology(comm, &topo);
+            say("ready n=%d at %.3f probe=%.3f s bw=%.3f s bw_measured=%d pairs_measured=%d",
+                n, wall(), topo.secProbe, topo.secBw, topo.bwMeasured, topo.pairsMeasured);
+        } else {
+            say("ready n=%d at %.3f", n, wall());
+        }
     } else {
         double t0 = wall();
         if ((r = geocclCommJoin(&comm, NULL)) != ncclSuccess)
@@ -144,8 +153,10 @@ int main(int argc, char **argv)
         ncclCommUserRank(comm, &me);
         ncclCommCount(comm, &n);
         geocclCommGetTopology(comm, &topo);
-        say("ready n=%d at %.3f joined after %.2f s probe=%.3f s inherited=%d bw_measured=%d", n,
-            wall(), wall() - t0, topo.secProbe, topo.inherited, topo.bwMeasured);
+        say("ready n=%d at %.3f joined after %.2f s probe=%.3f s bw=%.3f s inherited=%d "
+            "bw_measured=%d pairs_measured=%d pairs_inherited=%d", n, wall(), wall() - t0,
+            topo.secProbe, topo.secBw, topo.inherited, topo.bwMeasured, topo.pairsMeasured,
+            topo.pairsInherited);
     }
 
     float *in = malloc(count * sizeof(float)), *out = malloc(count * sizeof(float));
@@ -218,8 +229,9 @@ int main(int argc, char **argv)
                 ncclCommCount(comm, &n);
                 ncclCommUserRank(comm, &me);
                 geocclCommGetTopology(comm, &topo);
-                say("grown to %d at %.3f probe=%.3f s inherited=%d", n, wall(), topo.secProbe,
-                    topo.inherited);
+                say("grown to %d at %.3f probe=%.3f s bw=%.3f s inherited=%d bw_measured=%d "
+                    "pairs_measured=%d pairs_inherited=%d", n, wall(), topo.secProbe, topo.secBw,
+                    topo.inherited, topo.bwMeasured, topo.pairsMeasured, topo.pairsInherited);
                 calls = -1; /* the joiners count from their first call */
             }
         }

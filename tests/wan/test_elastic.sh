@@ -19,6 +19,11 @@
 #   c. region 1 leaves gracefully (SIGUSR1: geocclCommLeave, then
 #      geocclCommGrow at the next round boundary): the other four go on as a
 #      2 x 2 communicator and nobody sees an error.
+#   d. a region never seen before: a 2 x 2 job labelled r0, r1 grows with
+#      two joiners labelled r2; every rank measures only r0-r2 and r1-r2
+#      (the counts of geocclCommGetTopology and the INFO line say so), takes
+#      r0-r1 as inherited, and the 3 x 2 communicator all-reduces exactly;
+#      then the same six start fresh as 3 x 2, for the whole probe's time.
 # Printed: the time from the kill to the first exact call of a survivor, from
 # the joiners' start to the first exact 3 x 2 call, and rank 0's mean call
 # time before the joiners came and while they waited (joining must not slow
@@ -29,7 +34,7 @@
 #
 # Needs root, network namespaces, TUN and etcd (Debian's etcd-server,
 # installed by config/install-deps.sh); exit 77, skipped, with the reason
-# otherwise.  Its WAN is called "gelast".  About 2 minutes.
+# otherwise.  Its WAN is called "gelast".  About 2.5 minutes.
 #
 set -uo pipefail
 export GEOCCL_COMM_SECRET=${GEOCCL_COMM_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
@@ -244,15 +249,66 @@ leave() {
     etcd_down
 }
 
+# fresh CASE PORT: a 2 x 2 job of labelled regions r0 and r1 (namespaces 0
+# and 1); two joiners labelled r2 in namespace 2, a region never seen.  Every
+# rank of the grown communicator measures only r0-r2 and r1-r2 and takes
+# r0-r1 as inherited (geocclCommGetTopology's counts and the INFO line), and
+# all-reduces exactly.  Then the same six fresh as 3 x 2: the whole probe.
+fresh() {
+    local c=$1 port=$2 d=$WORK/$1 r tj full0 part full
+    local topo=(GEOCCL_DEBUG=INFO GEOCCL_DEBUG_SUBSYS=TOPO ELASTIC_TOPO=1)
+    mkdir -p "$d" "$d/full"
+    JOB=elastic-$c-$$
+    echo "== $c. a region never seen before joins a 2 x 2 job"
+    etcd_up "$c"
+    for r in 0 1 2 3; do
+        run_in "$d" "rank$r" $((r / 2)) RANK=$r NRANKS=4 GEOCCL_REGION=r$((r / 2)) "${topo[@]}" \
+            GEOCCL_COMM_ID="$(addr 0):$port" "$BIN" member "$BYTES" "$d"
+    done
+    if ! await "$d" "exact n=4" 4; then
+        fail "$c. the 2 x 2 communicator did not start"; etcd_down; return
+    fi
+    sleep 1
+    tj=$(now)
+    run_in "$d" joiner0 2 GEOCCL_REGION=r2 "${topo[@]}" "$BIN" join "$BYTES" "$d"
+    run_in "$d" joiner1 2 GEOCCL_REGION=r2 "${topo[@]}" "$BIN" join "$BYTES" "$d"
+    full0=$(grep -ho "ready n=4 .* probe=[0-9.]*" "$d"/rank*.out | sed 's/.*probe=//' | sort -n | tail -1)
+    if await "$d" "exact n=6 at" 6 &&
+       [ "$(lines "$d" "(grown to|joined after) .* bw_measured=1 pairs_measured=2 pairs_inherited=1")" = 6 ] &&
+       [ "$(lines "$d" "2 pairs of regions measured \(r0-r2 r1-r2\), 1 inherited \(r0-r1\)")" = 6 ]; then
+        part=$(grep -hoE "(grown to|joined after) .* probe=[0-9.]*" "$d"/*.out | sed 's/.*probe=//' | sort -n | tail -1)
+        pass "$c. region r2, never seen, joined the 2 x 2 job: every rank measured r0-r2 and r1-r2 only, took r0-r1 as inherited, exact as 3 x 2 $(since "$tj" "$(stamps "$d" "exact n=6" "$tj" | sort -n | tail -1)") s after the joiners started"
+    else
+        fail "$c. the new region's pairs were not measured alone"
+        grep -h "pairs\|probe:" "$d"/*.out | grep -v " call " | tail -n 12 | sed 's/^/   /'
+    fi
+    stop_all "$d" rank0 rank1 rank2 rank3 joiner0 joiner1 || fail "$c. not every rank ended cleanly"
+    JOB=elastic-$c-full-$$
+    touch "$d/full/stop"
+    for r in 0 1 2 3 4 5; do
+        run_in "$d/full" "rank$r" $((r / 2)) RANK=$r NRANKS=6 GEOCCL_REGION=r$((r / 2)) "${topo[@]}" \
+            GEOCCL_COMM_ID="$(addr 0):$((port + 10))" "$BIN" member "$BYTES" "$d/full"
+    done
+    if await "$d/full" "exact n=6" 6 && stop_all "$d/full" rank0 rank1 rank2 rank3 rank4 rank5 &&
+       [ "$(lines "$d/full" "ready n=6 .* bw_measured=1 pairs_measured=3")" = 6 ]; then
+        full=$(grep -ho "ready n=6 .* probe=[0-9.]*" "$d/full"/rank*.out | sed 's/.*probe=//' | sort -n | tail -1)
+        pass "$c. probe time (slowest rank): the grow with r2 ${part:-?} s (2 pairs measured), the same six fresh as 3 x 2 ${full:-?} s (3 pairs), the 2 x 2 job ${full0:-?} s (1 pair)"
+    else
+        fail "$c. the fresh 3 x 2 communicator did not measure its 3 pairs"
+    fi
+    etcd_down
+}
+
 echo "== 3 regions x 2 ranks, $RATE each, $DELAY_MS ms one way; $BYTES-byte all-reduces"
 wan_up -r 3 --rate "$RATE" --delay "${DELAY_MS}ms"
 KILL_TIMES=()
 JOIN_TIMES=()
-for c in ${CASES:-a b c}; do
+for c in ${CASES:-a b c d}; do
     case $c in
         a) lose a 2 29571 ;;
         b) lose b 0 29572 ;;
         c) leave c 1 29573 ;;
+        d) fresh d 29574 ;;
     esac
 done
 echo "== kill -> first exact survivor call: ${KILL_TIMES[*]:-none}"
