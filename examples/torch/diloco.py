@@ -56,31 +56,17 @@ def main(args, rank, world):
     t_inner = t_comm = 0.0
     for rnd in range(args.rounds):
         t0 = time.perf_counter()
-        for _ in range(args.inner_steps):
-            idx = torch.randint(0, len(ytr), (per,), generator=g)
-            inner.zero_grad()
-            torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
-            inner.step()
+        inner_steps(args, model, inner, xtr, ytr, per, g)
         # The ranks finish their inner steps at different times: meet
         # first, so that the all-reduce's time is the all-reduce's.
         dist.barrier()
         t1 = time.perf_counter()
         # pseudo-gradient, averaged over the ranks in one all-reduce
-        off = 0
-        for s, p in zip(shared, model.parameters()):
-            flat[off:off + s.numel()].copy_((s - p.detach()).reshape(-1))
-            off += s.numel()
+        pseudo_gradient(shared, model, flat)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(world)
         t2 = time.perf_counter()
-        off = 0
-        for s in shared:
-            s.grad = flat[off:off + s.numel()].view_as(s).clone()
-            off += s.numel()
-        outer.step()
-        with torch.no_grad():
-            for s, p in zip(shared, model.parameters()):
-                p.copy_(s)
+        outer_step(flat, shared, model, outer)
         t_inner += t1 - t0
         t_comm += t2 - t1
         if rank == 0 and (rnd + 1) % args.log_every == 0:
@@ -103,6 +89,27 @@ def main(args, rank, world):
     if reg is not None:
         reg.close()
     dist.destroy_process_group()
+
+
+def pseudo_gradient(shared, model, flat):
+    """flat <- the shared weights minus this rank's, the round's pseudo-gradient."""
+    off = 0
+    for s, p in zip(shared, model.parameters()):
+        flat[off:off + s.numel()].copy_((s - p.detach()).reshape(-1))
+        off += s.numel()
+
+
+def outer_step(flat, shared, model, outer):
+    """The outer optimizer's step on the averaged pseudo-gradient in flat; the
+    model starts the next round from the new shared weights."""
+    off = 0
+    for s in shared:
+        s.grad = flat[off:off + s.numel()].view_as(s).clone()
+        off += s.numel()
+    outer.step()
+    with torch.no_grad():
+        for s, p in zip(shared, model.parameters()):
+            p.copy_(s)
 
 
 def inner_steps(args, model, inner, xtr, ytr, per, g):
@@ -156,21 +163,11 @@ def main_elastic(args, rank, world):
         inner_steps(args, model, inner, xtr, ytr, per, g)
         el.barrier()
         t1 = time.perf_counter()
-        off = 0
-        for s, p in zip(shared, model.parameters()):
-            flat[off:off + s.numel()].copy_((s - p.detach()).reshape(-1))
-            off += s.numel()
+        pseudo_gradient(shared, model, flat)
         print("round %d: outer all-reduce at %.3f" % (rnd, time.time()), flush=True)
         counted = el.all_reduce(flat, average=True)
         t2 = time.perf_counter()
-        off = 0
-        for s in shared:
-            s.grad = flat[off:off + s.numel()].view_as(s).clone()
-            off += s.numel()
-        outer.step()
-        with torch.no_grad():
-            for s, p in zip(shared, model.parameters()):
-                p.copy_(s)
+        outer_step(flat, shared, model, outer)
         if not el.end_round():
             left = True
             break
