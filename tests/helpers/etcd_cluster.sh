@@ -1,11 +1,34 @@
-# etcd_cluster.sh: a three-member etcd cluster, one member in each emulated
+# etcd_cluster.sh: what the elastic tests share: their scratch set-up, and a
+# three-member etcd cluster, one member in each emulated
 # region, for the elastic tests (tests/wan/test_elastic.sh,
 # tests/wan/test_elastic_torch.sh).  Sourced; the caller defines
-#   WAN   (tools/geoccl-wan), NAME (its namespace prefix), WORK (a scratch
-#   folder), PIDS (an array: started processes are appended), addr G (the
-#   address of region G's host), and TOKEN (names this cluster's members).
+#   WAN   (tools/geoccl-wan), NAME (its namespace prefix), addr G (the
+#   address of region G's host) and TOKEN (names this cluster's members);
+#   elastic_scratch sets WORK and PIDS.
 # Members listen on port 2379 (clients, the v3 JSON gateway) and 2380
 # (peers) at their region's address.
+
+# elastic_scratch PREFIX: the environment both tests start from (no
+# GeoCCL variable of the caller's), WORK (a scratch folder under /tmp
+# named PREFIX.*), PIDS (every rank and etcd member started: killed at
+# exit, with the WAN taken down and WORK removed, or kept with KEEP=1).
+elastic_scratch() {
+    unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_TIMEOUT \
+          GEOCCL_COMPRESS GEOCCL_ELASTIC_ETCD GEOCCL_ELASTIC_JOB GEOCCL_PROBE
+    export GEOCCL_DEBUG=${GEOCCL_DEBUG:-WARN}
+    WORK=$(mktemp -d "/tmp/$1.XXXXXX") || exit 1
+    PIDS=()
+    trap elastic_cleanup EXIT
+    trap 'echo "interrupted"; exit 130' INT TERM
+}
+# shellcheck disable=SC2317  # called by the trap
+elastic_cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait
+    "$WAN" down -n "$NAME" -q > /dev/null 2>&1
+    if [ -n "${KEEP:-}" ]; then echo "== kept $WORK"; else rm -rf "$WORK"; fi
+}
 
 # The etcd members for a process of region G: its own first.
 endpoints() {

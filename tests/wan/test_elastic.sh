@@ -61,21 +61,8 @@ command -v etcd > /dev/null ||
 command -v curl > /dev/null || skip "needs curl (to see that etcd is up)"
 wan_lock
 
-unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_TIMEOUT \
-      GEOCCL_COMPRESS GEOCCL_ELASTIC_ETCD GEOCCL_ELASTIC_JOB GEOCCL_PROBE
-export GEOCCL_DEBUG=${GEOCCL_DEBUG:-WARN}
-WORK=$(mktemp -d /tmp/geoccl-elastic.XXXXXX) || exit 1
-
-PIDS=()      # everything started here: ranks and etcd members
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait
-    "$WAN" down -n "$NAME" -q > /dev/null 2>&1
-    if [ -n "${KEEP:-}" ]; then echo "== kept $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT TERM
+. "$SRC/tests/helpers/etcd_cluster.sh"   # elastic_scratch, endpoints, etcd_up, etcd_down
+elastic_scratch geoccl-elastic
 
 LIBDIR=$BUILD/lib/.libs
 if [ -n "${ELASTIC_RANK:-}" ]; then
@@ -91,7 +78,6 @@ fi
 
 addr() { echo "10.231.0.$((10 + $1))"; }
 TOKEN=geoccl
-. "$SRC/tests/helpers/etcd_cluster.sh"   # endpoints, etcd_up, etcd_down
 
 # member D CASE RANK REGION PORT / joiner D CASE NAME REGION: one process in
 # its region; D/NAME.out, D/NAME.pid, D/NAME.exit ("STATUS TIME").

@@ -61,26 +61,11 @@ LOSS_SLACK=${LOSS_SLACK:-1}
     skip "$PYTHON cannot import geoccl.elastic (torch) and sklearn"
 wan_lock
 
-unset GEOCCL_SOCKET_IFNAME GEOCCL_REGION GEOCCL_TOPO_FILE GEOCCL_ALGO GEOCCL_TIMEOUT \
-      GEOCCL_COMPRESS GEOCCL_ELASTIC_ETCD GEOCCL_ELASTIC_JOB GEOCCL_PROBE
-export GEOCCL_DEBUG=${GEOCCL_DEBUG:-WARN}
-WORK=$(mktemp -d /tmp/geoccl-eltorch.XXXXXX) || exit 1
-
-PIDS=()      # everything started here: ranks and etcd members
-# shellcheck disable=SC2317  # called by the trap
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait
-    "$WAN" down -n "$NAME" -q > /dev/null 2>&1
-    if [ -n "${KEEP:-}" ]; then echo "== kept $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT TERM
+. "$SRC/tests/helpers/etcd_cluster.sh"   # elastic_scratch, endpoints, etcd_up, etcd_down
+elastic_scratch geoccl-eltorch
 
 addr() { echo "10.231.0.$((10 + $1))"; }
 TOKEN=geltorch
-. "$SRC/tests/helpers/etcd_cluster.sh"   # endpoints, etcd_up, etcd_down
 
 # start D WHO RANK PORT ETCD ARGS...: one diloco.py in rank RANK's region
 # (RANK / 2); D/WHO.out, D/WHO.pid, D/WHO.exit ("STATUS TIME").
