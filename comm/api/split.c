@@ -9,6 +9,7 @@
 #include "comm/api/init_internal.h"
 #include "comm/base/checks.h"
 #include "comm/bootstrap/bootstrap.h"
+#include "comm/coll/coll.h"
 #include "comm/core/comm.h"
 #include "comm/device/coll_device.h"
 
@@ -126,35 +127,19 @@ static ncclResult_t shrink_id_send(struct ncclComm *comm, const uint8_t *exclude
     /* Queued device exchanges share the transport: they finish first. */
     GEO_CHECK_GOTO(geoDevDrain(comm), res, out);
     if (comm->rank == leader) {
-        geoNetRequest *req = calloc((size_t)comm->nranks, sizeof(*req));
-        if (req == NULL) {
-            res = GEO_COMM_ERR(comm, ncclSystemError, "ncclCommShrink: out of memory");
-            goto out;
-        }
         made = geoBootstrapNewRootKeyed(child, newsize, &msg.id);
         geoBootstrapSetSecret(&msg.id, NULL);
         msg.ok = made == ncclSuccess;
         /* Sent even when it failed, so that nobody waits for nothing. */
-        for (int r = 0; r < comm->nranks && res == ncclSuccess; r++)
-            if (r != comm->rank && !excluded[r])
-                res = geoNetIsend(&comm->net, r, &msg, sizeof(msg), &req[r]);
-        for (int r = 0; r < comm->nranks; r++)
-            if (req[r].size) {
-                ncclResult_t w = geoNetWait(&comm->net, &req[r]);
-                if (res == ncclSuccess)
-                    res = w;
-            }
-        free(req);
+        res = geoFanOut(comm, leader, excluded, &msg, sizeof(msg), "ncclCommShrink");
         if (made != ncclSuccess) { /* reported on this thread: carried here */
             geoErrSet(&comm->err, "ncclCommShrink: cannot start the new communicator's "
                       "bootstrap root: %s", geoThreadError());
             res = made;
         }
     } else {
-        geoNetRequest req;
-        memset(&req, 0, sizeof(req));
-        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, leader, &msg, sizeof(msg), &req), res, out);
-        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req), res, out);
+        GEO_CHECK_GOTO(geoFanOut(comm, leader, excluded, &msg, sizeof(msg), "ncclCommShrink"),
+                       res, out);
         if (!msg.ok)
             res = GEO_COMM_ERR(comm, ncclRemoteError, "ncclCommShrink: rank %d, the lowest "
                                "survivor, could not start the new communicator's bootstrap "

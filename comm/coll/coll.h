@@ -97,6 +97,11 @@ int geoHierNodeStage(struct ncclComm *comm, size_t bytes);
  * first max of them in peers; returns how many there are.  The WAN
  * stage's peers are in the exchange plan (geoHierExchangePlan). */
 int geoHierIntraPeers(const struct ncclComm *comm, int *peers, int max);
+/* fanout.c: rank from sends len bytes of buf to every rank r != from with
+ * !skip[r] (skip may be NULL), and each of those receives them into buf;
+ * what names the call in errors.  The ranks skipped call nothing. */
+ncclResult_t geoFanOut(struct ncclComm *comm, int from, const uint8_t *skip, void *buf,
+                       size_t len, const char *what);
 /* The inter-region step of the hierarchical all-reduce alone, for a caller
  * that ran the intra-region reduce-scatter itself (the device path, with the
  * real NCCL).  Local rank i of region q owns elements geoSegPadded(op->count,

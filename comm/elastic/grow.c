@@ -23,6 +23,7 @@
 #include "comm/elastic/elastic.h"
 #include "comm/base/checks.h"
 #include "comm/base/param.h"
+#include "comm/coll/coll.h"
 #include "comm/device/coll_device.h"
 #include "geoccl.h"
 
@@ -197,14 +198,18 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
                             state == ncclInProgress ? "still initialising" : "broken");
     int n = comm->nranks, leaving = __atomic_load_n(&comm->elastic_leaving, __ATOMIC_ACQUIRE);
     int32_t *flags = calloc((size_t)n, sizeof(int32_t));
+    uint8_t *gone = calloc((size_t)n, 1); /* the leavers, as geoFanOut skips them */
     uint8_t job_key[GEO_SHA256_BYTES];
     int have_key = 0;
     growDecision d;
     ncclResult_t res = ncclSuccess;
     double t0 = geoNow();
 
-    if (flags == NULL)
+    if (flags == NULL || gone == NULL) {
+        free(flags);
+        free(gone);
         return GEO_COMM_ERR(comm, ncclSystemError, "geocclCommGrow: out of memory");
+    }
     memset(&d, 0, sizeof(d));
     geoErrSetOp(&comm->err, "geocclCommGrow");
     __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
@@ -215,7 +220,7 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
     int leader = -1, nstay = 0, newrank = 0, any_leaver = 0;
     for (int r = 0; r < n; r++) {
         if (flags[r]) {
-            any_leaver = 1;
+            any_leaver = gone[r] = 1;
             continue;
         }
         if (leader < 0)
@@ -235,26 +240,11 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
         if (made == ncclSuccess)
             made = lead(comm, nstay, any_leaver, job_key, &d);
         /* Sent even when it failed, so that nobody waits for nothing. */
-        geoNetRequest *req = calloc((size_t)n, sizeof(*req));
-        if (req == NULL)
-            res = GEO_COMM_ERR(comm, ncclSystemError, "geocclCommGrow: out of memory");
-        for (int r = 0; req && r < n && res == ncclSuccess; r++)
-            if (r != comm->rank && !flags[r])
-                res = geoNetIsend(&comm->net, r, &d, sizeof(d), &req[r]);
-        for (int r = 0; req && r < n; r++)
-            if (req[r].size) {
-                ncclResult_t w = geoNetWait(&comm->net, &req[r]);
-                if (res == ncclSuccess)
-                    res = w;
-            }
-        free(req);
+        res = geoFanOut(comm, leader, gone, &d, sizeof(d), "geocclCommGrow");
         if (made != ncclSuccess)
             res = made;
     } else {
-        geoNetRequest req;
-        memset(&req, 0, sizeof(req));
-        GEO_CHECK_GOTO(geoNetIrecv(&comm->net, leader, &d, sizeof(d), &req), res, out);
-        GEO_CHECK_GOTO(geoNetWait(&comm->net, &req), res, out);
+        GEO_CHECK_GOTO(geoFanOut(comm, leader, gone, &d, sizeof(d), "geocclCommGrow"), res, out);
         if (!d.ok)
             res = GEO_COMM_ERR(comm, ncclRemoteError, "geocclCommGrow: rank %d, the lowest "
                                "staying rank, could not admit the joiners (its last error says "
@@ -288,6 +278,7 @@ out:
         geoWipe(job_key, sizeof(job_key));
     geoWipe(&d.id, sizeof(d.id));
     free(flags);
+    free(gone);
     __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
     return res;
 }
