@@ -334,11 +334,13 @@ static int parse_kv(const char *p, geoEtcdKv *kv)
     size_t klen = 0, vlen = 0;
     char *ks = NULL, *vs = NULL;
     int rc = -1;
-    if (k == NULL)
+    /* the array's last element is not checked by the scan that found it */
+    const char *kend = k ? geoJsonSkip(k) : NULL, *vend = v ? geoJsonSkip(v) : NULL;
+    if (kend == NULL || (v != NULL && vend == NULL))
         return -1;
-    klen = (size_t)(geoJsonSkip(k) - k);
+    klen = (size_t)(kend - k);
     ks = malloc(klen + 1);
-    vlen = v ? (size_t)(geoJsonSkip(v) - v) : 2;
+    vlen = v ? (size_t)(vend - v) : 2;
     vs = malloc(vlen + 1);
     kv->key = malloc(klen + 4);
     kv->value = malloc(vlen + 4);

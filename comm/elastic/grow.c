@@ -252,6 +252,12 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
     }
     if (res != ncclSuccess || (d.njoin == 0 && !any_leaver))
         goto out;
+    if (d.njoin < 0 || d.njoin > GEO_ELASTIC_MAX_JOIN || d.newsize != nstay + d.njoin) {
+        res = GEO_COMM_ERR(comm, ncclRemoteError, "geocclCommGrow: rank %d, the lowest staying "
+                           "rank, sent %d joiner(s) and a size of %d for %d staying ranks",
+                           leader, d.njoin, d.newsize, nstay);
+        goto out;
+    }
     if (!have_key)
         GEO_CHECK_GOTO(geoElasticJobKey(job_key, &comm->err), res, out);
     have_key = 1;

@@ -30,6 +30,8 @@
 #define STORE_MAX_REQUEST (1 << 20)
 #define STORE_MAX_CONNS 64
 #define STORE_MAX_KEYS 100000
+/* all values together: the job's records are a few hundred bytes each */
+#define STORE_MAX_BYTES ((size_t)64 << 20)
 #define STORE_CONN_S 5.0
 
 typedef struct {
@@ -55,6 +57,7 @@ typedef struct {
     int lfd;
     storeKv *kv;
     int nkv, capkv;
+    size_t bytes; /* of all values */
     storeLease *lease;
     int nlease, caplease;
     int64_t rev, next_lease;
@@ -68,6 +71,7 @@ static void kv_drop(storeState *s, int i)
 {
     free(s->kv[i].key);
     free(s->kv[i].val);
+    s->bytes -= s->kv[i].vlen;
     s->kv[i] = s->kv[--s->nkv];
 }
 
@@ -118,6 +122,8 @@ static int kv_put(storeState *s, const char *key, const uint8_t *val, size_t vle
     if (lease != 0 && lease_find(s, lease) == NULL)
         return -1;
     int i = kv_find(s, key);
+    if (s->bytes - (i >= 0 ? s->kv[i].vlen : 0) + vlen > STORE_MAX_BYTES)
+        return -1;
     uint8_t *v = malloc(vlen + 1);
     if (v == NULL)
         return -1;
@@ -125,19 +131,22 @@ static int kv_put(storeState *s, const char *key, const uint8_t *val, size_t vle
     s->rev++;
     if (i >= 0) {
         free(s->kv[i].val);
+        s->bytes += vlen - s->kv[i].vlen;
         s->kv[i].val = v;
         s->kv[i].vlen = vlen;
         s->kv[i].mod_rev = s->rev;
         s->kv[i].lease = lease;
         return 0;
     }
-    if (s->nkv == STORE_MAX_KEYS ||
-        (s->nkv == s->capkv &&
-         (s->kv = realloc(s->kv, sizeof(*s->kv) * (size_t)(s->capkv = 2 * s->capkv + 16))) ==
-             NULL)) {
+    if (s->nkv == s->capkv && s->nkv < STORE_MAX_KEYS) {
+        storeKv *grown = realloc(s->kv, sizeof(*s->kv) * (size_t)(2 * s->capkv + 16));
+        if (grown != NULL) {
+            s->kv = grown;
+            s->capkv = 2 * s->capkv + 16;
+        }
+    }
+    if (s->nkv == STORE_MAX_KEYS || s->nkv == s->capkv) {
         free(v);
-        if (s->kv == NULL)
-            s->nkv = s->capkv = 0;
         return -1;
     }
     storeKv *k = &s->kv[s->nkv];
@@ -147,6 +156,7 @@ static int kv_put(storeState *s, const char *key, const uint8_t *val, size_t vle
     }
     k->val = v;
     k->vlen = vlen;
+    s->bytes += vlen;
     k->create_rev = k->mod_rev = s->rev;
     k->lease = lease;
     s->nkv++;
@@ -418,7 +428,8 @@ static void *store_main(void *arg)
     struct pollfd pfd[STORE_MAX_CONNS + 1];
     for (;;) {
         expire(s);
-        pfd[0] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        /* full: the listener waits (asking would wake the loop at once) */
+        pfd[0] = (struct pollfd){.fd = s->lfd, .events = s->nconn < STORE_MAX_CONNS ? POLLIN : 0};
         for (int i = 0; i < s->nconn; i++)
             pfd[1 + i] = (struct pollfd){.fd = s->conn[i].fd, .events = POLLIN};
         int rc = poll(pfd, (nfds_t)(1 + s->nconn), 200);
