@@ -20,6 +20,7 @@
 #include "comm/core/comm.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,7 @@ static void make_token(const struct ncclComm *comm, uint8_t out[32])
 typedef struct {
     int64_t pid;
     int64_t fd;                 /* -1: rank 0 has no segment to offer */
+    uint64_t pidns;             /* rank 0's pid namespace: pid means nothing in another */
 } hsOffer;
 
 /* Rank 0: a sealed memfd with the header written; fd and mapping kept. */
@@ -120,14 +122,20 @@ static int attach_segment(struct ncclComm *comm, geoHostSeg *hs, const hsOffer *
     char path[64];
     struct stat sb;
     uint8_t token[32];
+    /* pid and descriptor come from rank 0: in this pid namespace, in range,
+     * and what they name a plain file (no tty or device opened by mistake) */
+    if (o->pidns != hs->pidns || o->pid <= 0 || o->pid > INT32_MAX || o->fd < 0 ||
+        o->fd > INT32_MAX) {
+        errno = ESRCH;
+        return -1;
+    }
     snprintf(path, sizeof(path), "/proc/%lld/fd/%lld", (long long)o->pid, (long long)o->fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
         return -1;
     /* The size must not change under the mapping (a SIGBUS otherwise). */
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & HS_SEALS) != HS_SEALS || fstat(fd, &sb) != 0 ||
-        (uint64_t)sb.st_size != hs->size) {
+    int seals = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? fcntl(fd, F_GET_SEALS) : -1;
+    if (seals < 0 || (seals & HS_SEALS) != HS_SEALS || (uint64_t)sb.st_size != hs->size) {
         close(fd);
         errno = EINVAL;
         return -1;
@@ -233,19 +241,23 @@ ncclResult_t geoHostSegSetup(struct ncclComm *comm)
     hs->pidns = pidns_inode();
 
     int fd = -1, why = 0;
-    hsOffer offer = {.pid = getpid(), .fd = -1};
-    if (comm->rank == 0) {
+    hsOffer offer = {.pid = getpid(), .fd = -1, .pidns = hs->pidns};
+    /* The vote is this rank's GEOCCL_HOST_COLL (0 off, 1 auto, 2 always),
+     * 0 where it cannot map the segment; the least of the votes holds, so
+     * rank 0 voting 0 makes no segment. */
+    int64_t mode = geoParamInt(GEO_PARAM_HOST_COLL);
+    if (comm->rank == 0 && mode > 0) {
         if (create_segment(comm, hs, &fd) == 0)
             offer.fd = fd;
         else
             why = errno;
     }
     ncclResult_t res = tree(comm, &offer, sizeof(offer), 1);
-    if (res != ncclSuccess)
+    if (res != ncclSuccess) {
+        if (fd >= 0)
+            close(fd);
         goto fail;
-    /* The vote is this rank's GEOCCL_HOST_COLL (0 off, 1 auto, 2 always),
-     * 0 where it cannot map the segment; the least of the votes holds. */
-    int64_t mode = geoParamInt(GEO_PARAM_HOST_COLL);
+    }
     int64_t vote = offer.fd < 0 ? 0 : mode < 0 ? 0 : mode > 2 ? 2 : mode;
     if (vote && comm->rank != 0 && attach_segment(comm, hs, &offer) != 0) {
         why = errno;
@@ -266,8 +278,9 @@ ncclResult_t geoHostSegSetup(struct ncclComm *comm)
     if (!vote) {
         if (why != 0)
             geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "host segment: not used: %s rank 0's memfd "
-                    "failed here (%s)", comm->rank == 0 ? "creating" : "opening /proc/<pid>/fd of",
-                    strerror(why));
+                    "(pid %lld, descriptor %lld) failed here (%s)",
+                    comm->rank == 0 ? "creating" : "opening", (long long)offer.pid,
+                    (long long)offer.fd, strerror(why));
         else
             geoInfo(GEO_LOG_INIT | GEO_LOG_NET, "host segment: not used (GEOCCL_HOST_COLL=0 "
                     "here, or another rank could not map it: its log says why)");

@@ -154,6 +154,8 @@ static ncclResult_t check_wait(struct ncclComm *comm, geoHostSeg *hs, uint64_t p
         }
     if (geoNow() - since > comm->timeout) {
         int j = laggard(hs, p, rank);
+        if (j < 0)
+            return ncclSuccess; /* all arrived since the last look */
         hsBreak(hs, j, HS_LATE);
         return GEO_COMM_ERR(comm, ncclRemoteError, "%s: rank %d (pid %d, this host) did not "
                             "arrive in the host segment within %.0f s (GEOCCL_TIMEOUT): stopped, "
