@@ -91,7 +91,8 @@ int topoModelFromFile(const topoFile *tf, topoModel *out, char *err, size_t errl
     m.node_Bps = tf->node_bw_bytes > 0 ? tf->node_bw_bytes : m.intra_Bps;
     for (int q = 0; q < m.nregions; q++) {
         int g = tf->regions[q].node_ranks > 0 ? tf->regions[q].node_ranks : tf->node_ranks;
-        if (g > 1 && m.ranks[q] % g != 0) {
+        /* a region smaller than a node is one node of its own ranks */
+        if (g > 1 && g < m.ranks[q] && m.ranks[q] % g != 0) {
             snprintf(err, errlen, "region '%s' has %d ranks, not a whole number of nodes of %d",
                      m.names[q], m.ranks[q], g);
             return -1;
