@@ -185,8 +185,8 @@ class Elastic:
                 call(store.add, "%d/beat/%d" % (e, r), 1)
                 if r == 0:
                     self._tickets = call(store.add, "join/tickets", 0)
-            except Exception:  # the store's host is gone: the failure path says so
-                pass
+            except Exception:  # the store's host is gone: the failure path says so;
+                own = None      # or this connection broke: the next beat opens another
 
     def close(self, finished=False):
         """Stops the beats (before the process or the store goes).
@@ -339,21 +339,25 @@ class Elastic:
         self._st(st.add, self._key("broken"), 1)
         self._st(st.add, self._key("here"), 1 << me)
         seen = {}  # rank -> (beat count, when it last moved)
+        deadline = time.monotonic() + self.timeout.total_seconds()
         while True:
             try:
                 decided = self._st(st.add, self._key("decided"), 0)
                 here = self._st(st.add, self._key("here"), 0)
+                beats = {r: self._st(st.add, self._key("beat", r), 0)
+                         for r in range(n) if not here >> r & 1}
             except Exception as ex:
                 raise MembershipError("geoccl.elastic: the store is gone (%s): the survivors "
                                       "cannot agree without it" % ex)
             if decided:
                 break
             now = time.monotonic()
+            if now > deadline:
+                raise MembershipError("geoccl.elastic: rank %d: no agreement on the ranks gone "
+                                      "within %s; still unsure of ranks %s" % (
+                                          me, self.timeout, sorted(beats)))
             gone, unsure = [], False
-            for r in range(n):
-                if here >> r & 1:
-                    continue
-                b = self._st(st.add, self._key("beat", r), 0)
+            for r, b in beats.items():
                 if r not in seen or seen[r][0] != b:
                     seen[r] = (b, now)
                 if now - seen[r][1] >= self.detect:
@@ -368,6 +372,9 @@ class Elastic:
             time.sleep(0.01)
         raw = self._st(st.get, self._key("dead")).decode()
         dead = [int(x) for x in raw.split(",") if x]
+        if any(r < 0 or r >= n for r in dead):
+            raise MembershipError("geoccl.elastic: the store names ranks %s gone in a group of %d"
+                                  % (dead, n))
         if me in dead:
             raise MembershipError("geoccl.elastic: rank %d was taken for gone by the others "
                                   "(it did not beat for %.1f s); it must stop" % (me, self.detect))

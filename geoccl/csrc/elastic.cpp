@@ -96,7 +96,10 @@ std::vector<int> ProcessGroupGeoCCL::failedRanks() {
   int count = 0;
   ncclResult_t r = geocclCommGetFailedRanks(comm_, ranks.data(), size_, &count);
   if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommGetFailedRanks");
-  ranks.resize((size_t)std::min(count, size_));
+  ranks.resize((size_t)std::max(0, std::min(count, size_)));
+  for (int x : ranks)
+    TORCH_CHECK(x >= 0 && x < size_, "geoccl: failed_ranks: rank ", x, " outside this group of ",
+                size_);
   return ranks;
 }
 
