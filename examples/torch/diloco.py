@@ -166,6 +166,7 @@ def main_elastic(args, rank, world):
         pseudo_gradient(shared, model, flat)
         print("round %d: outer all-reduce at %.3f" % (rnd, time.time()), flush=True)
         counted = el.all_reduce(flat, average=True)
+        rank_in, size_in = el.rank, el.size  # the group that ran it (end_round may grow it)
         t2 = time.perf_counter()
         outer_step(flat, shared, model, outer)
         if not el.end_round():
@@ -173,7 +174,7 @@ def main_elastic(args, rank, world):
             break
         t3 = time.perf_counter()
         print("round %d: rank %d of %d, %d counted, %.3f s (inner %.3f, all-reduce %.3f), "
-              "ended at %.3f" % (rnd, el.rank, el.size, counted, t3 - t0, t1 - t0, t2 - t1,
+              "ended at %.3f" % (rnd, rank_in, size_in, counted, t3 - t0, t1 - t0, t2 - t1,
                                  time.time()), flush=True)
         if el.rank == 0 and rnd % args.log_every == 0:
             print("round %3d  test accuracy %.4f" % (rnd, common.accuracy(model, xte, yte)),

@@ -20,7 +20,8 @@
 # exits 0); the survivors' round of the loss costs at most LOSS_SLACK (1) s
 # more than their median round before it plus the detection (kill to the
 # dead set agreed); each joiner's admission round is followed by a round
-# whose all-reduce counted 6 ranks; the final accuracy is within 1 point of
+# whose all-reduce counted every member of its group (joiners that came
+# apart are admitted at different boundaries); the final accuracy is within 1 point of
 # u's; every one of the 6 final members holds a bit-identical state (the
 # same hash printed by each, and the helper's all-reduced hash check).
 # Printed: the round times before and after the loss, detection, re-forming,
