@@ -354,7 +354,10 @@ static int stranger_body(int rank, int nranks, const ncclUniqueId *id, void *arg
     sh->ready = 1;
   }
   for (double t0 = harness_now(); !sh->phase; usleep(1000))
-    if (harness_now() - t0 > 60 * harness_time_scale()) bad = 1;
+    if (harness_now() - t0 > 60 * harness_time_scale()) {
+      bad = 1;
+      break;
+    }
   if (!bad && (rank == 0 || rank == as) &&
       exchange(comm, rank, rank ? 0 : as, rank ? 0 : as, &bad) != ncclSuccess) {
     fprintf(stderr, "rank %d: first use after the stranger failed: %s\n", rank,
