@@ -24,9 +24,9 @@ static int settled(const topoReplanState *s, int g, double band)
     return hi <= lo * (1 + band);
 }
 
-int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
-                      const double *busy, double band, int calls, char names[][32],
-                      double *next, char *why, int whylen)
+int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *known,
+                      const double *obs, const double *busy, double band, int calls,
+                      char names[][32], double *next, char *why, int whylen)
 {
     int fire = 0, need[TOPO_REPLAN_MAX_REGIONS];
     if (R > TOPO_REPLAN_MAX_REGIONS)
@@ -47,6 +47,7 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         if (d == 0 || d != s->dir[g]) {
             s->run[g] = 0;
             s->sum[g] = 0;
+            s->busy[g] = 0;
         }
         s->dir[g] = d;
         if (informative) {
@@ -60,6 +61,7 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         if (d != 0) {
             s->run[g]++;
             s->sum[g] += obs[g];
+            s->busy[g] += busy[g];
             /* A link that has not settled since the last re-plan (its
              * readings spread wider than the band, or too few to say) must
              * hold the new rate twice as long: a flapping link's calls
@@ -78,15 +80,25 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         next[g] = plan[g];
         if (s->dir[g] != 0 && s->run[g] >= need[g]) {
             next[g] = s->sum[g] / s->run[g];
+            /* faster while not limiting the calls: a floor, not the rate */
+            int floor = s->dir[g] > 0 && s->busy[g] / s->run[g] < TOPO_REPLAN_BUSY_FULL;
+            double read = next[g];
+            if (floor && known != NULL && known[g] > next[g])
+                next[g] = known[g];
+            char taken[48] = "";
+            if (next[g] > read)
+                snprintf(taken, sizeof(taken), ", so the probe's %.1f", next[g] * 8e-6);
             if (o < whylen - 1)
-                o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %.1f Mbit/s over %d "
-                              "calls, planned %.1f", o ? "; " : "", names[g], next[g] * 8e-6,
-                              s->run[g], plan[g] * 8e-6);
+                o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %s%.1f Mbit/s over "
+                              "%d calls at %.0f%% busy%s, planned %.1f", o ? "; " : "", names[g],
+                              floor ? "at least " : "", read * 8e-6, s->run[g],
+                              100 * s->busy[g] / s->run[g], taken, plan[g] * 8e-6);
         }
     }
     for (int g = 0; g < R; g++) {
         s->run[g] = 0;
         s->sum[g] = 0;
+        s->busy[g] = 0;
         s->dir[g] = 0;
         s->nhist[g] = 0;
     }

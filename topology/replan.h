@@ -31,7 +31,20 @@
  *    pairs, and the plain rule made the plan again 8 times in a minute
  *    (tests/wan/test_replan.sh SCENARIO=flap).  A link that dropped and
  *    stayed reads the same each call: settled, so its return is followed
- *    after `calls` calls. */
+ *    after `calls` calls;
+ *  - a faster reading from a region whose uplink was not busy most of the
+ *    call (under TOPO_REPLAN_BUSY_FULL) says the link is at least that fast,
+ *    not how fast: its data came in bursts, each starting slowly again.  A
+ *    region given no share while its link was cut sends only its own data
+ *    once when the link returns, finishes first and read 70-77 Mbit/s of a
+ *    100 Mbit/s link at 77-83% busy; planned at that, it got a share of
+ *    0.155 where 0.33 was right, and its later readings (83-87 Mbit/s)
+ *    stayed inside the band: calls at 1.21x the bound for the rest of the
+ *    job.  So an upward re-plan on such readings takes the larger of their
+ *    mean and the figure last measured for the region with its uplink
+ *    full (`known`: the probe's at init).  Where that is too high, the
+ *    region now limits the calls, reads with its uplink busy, and a
+ *    slower reading outside the band corrects it. */
 #ifndef GEOCCL_TOPO_REPLAN_H_
 #define GEOCCL_TOPO_REPLAN_H_
 
@@ -47,6 +60,7 @@ typedef struct {
     int run[TOPO_REPLAN_MAX_REGIONS];      /* observed calls in a row outside the band */
     int dir[TOPO_REPLAN_MAX_REGIONS];      /* their direction: -1 slower, +1 faster */
     double sum[TOPO_REPLAN_MAX_REGIONS];   /* sum of their rates (bytes/s) */
+    double busy[TOPO_REPLAN_MAX_REGIONS];  /* sum of their busy shares */
     double hist[TOPO_REPLAN_MAX_REGIONS][TOPO_REPLAN_HIST]; /* readings since the last
                                             * re-plan, oldest first */
     int nhist[TOPO_REPLAN_MAX_REGIONS];
@@ -57,18 +71,25 @@ typedef struct {
  * limit it: its rate is a lower bound (its data came in bursts, each ending
  * with a round trip's wait), no evidence of a slower link. */
 #define TOPO_REPLAN_BUSY_MIN 0.7
+/* Busy at least this share of the call: the region limited it, and its
+ * rate is what its uplink gives; under it, a faster reading is a floor. */
+#define TOPO_REPLAN_BUSY_FULL 0.9
 
 /* One observed call: obs[g] the achieved uplink rate of region g (bytes/s;
  * <= 0: not observed this call, which ends its run), busy[g] the share of
- * the call its uplink was busy, plan[g] the figure the current plan uses.
+ * the call its uplink was busy, plan[g] the figure the current plan uses,
+ * known[g] a figure measured for it with its uplink full (the probe's at
+ * init; NULL: none).
  * A rate over the band counts whatever busy says; one under it only where
- * busy >= TOPO_REPLAN_BUSY_MIN.  When some region's run reaches `calls`, writes the
- * new figures into next[] (the others copied from plan), resets every run
+ * busy >= TOPO_REPLAN_BUSY_MIN.  When some region's run reaches `calls`,
+ * writes the new figures into next[] (the others copied from plan): the
+ * run's mean, or for a faster run whose mean busy share is under
+ * TOPO_REPLAN_BUSY_FULL the larger of that and known[g]; resets every run
  * and returns 1, with why (size whylen) naming the regions and rates;
  * else 0.  Deterministic: same inputs, same answer on every rank. */
-int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *obs,
-                      const double *busy, double band, int calls, char names[][32], double *next, char *why,
-                      int whylen);
+int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *known,
+                      const double *obs, const double *busy, double band, int calls,
+                      char names[][32], double *next, char *why, int whylen);
 
 /* This rank's counters over its connections to each rank of another
  * region, at the start of a call (per peer: bytes acknowledged, and the

@@ -131,10 +131,13 @@ static ncclResult_t decide(struct ncclComm *comm)
     const double gp = geoTuningGoodput(comm);
     double plan[TOPO_REPLAN_MAX_REGIONS], next[TOPO_REPLAN_MAX_REGIONS];
     double obs[TOPO_REPLAN_MAX_REGIONS], busy[TOPO_REPLAN_MAX_REGIONS];
+    double known[TOPO_REPLAN_MAX_REGIONS];
     char seen[512];
     int o = 0;
     for (int g = 0; g < R; g++) {
         plan[g] = comm->topo.egress[g] * gp;
+        /* the probe measured each uplink full, at init */
+        known[g] = (rp->probe != NULL ? rp->probe[g] : comm->topo.egress[g]) * gp;
         obs[g] = rp->agg[2 * g];
         busy[g] = rp->agg[2 * g + 1];
         if (o < (int)sizeof(seen) - 64)
@@ -146,7 +149,7 @@ static ncclResult_t decide(struct ncclComm *comm)
         geoInfo(GEO_LOG_TUNING, "replan: the last observed call's uplinks: %s", seen);
     double band = (double)geoParamInt(GEO_PARAM_REPLAN_BAND) / 100.0;
     char why[sizeof(rp->why) - 64];
-    if (!topoReplanObserve(&rp->rule, R, plan, obs, busy, band,
+    if (!topoReplanObserve(&rp->rule, R, plan, known, obs, busy, band,
                            (int)geoParamInt(GEO_PARAM_REPLAN), comm->regions.names, next, why,
                            (int)sizeof(why)))
         return ncclSuccess;

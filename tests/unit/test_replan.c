@@ -25,7 +25,7 @@ static int observe(topoReplanState *s, double o0, double *next)
     double plan[3] = {100 * MBIT, 100 * MBIT, 100 * MBIT};
     double obs[3] = {o0, 97 * MBIT, 99 * MBIT}, busy[3] = {0.95, 0.9, 0.9};
     char why[256];
-    return topoReplanObserve(s, 3, plan, obs, busy, 0.25, 2, names, next, why, sizeof(why));
+    return topoReplanObserve(s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, sizeof(why));
 }
 
 static void test_steady(void)
@@ -83,7 +83,7 @@ static void test_flapping_pairs(void)
     memset(&s, 0, sizeof(s));
     for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
         obs[0] = seq[i] * MBIT;
-        if (topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256)) {
+        if (topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256)) {
             if (nf < 8)
                 fired_at[nf] = (int)i;
             nf++;
@@ -125,9 +125,9 @@ static void test_not_limiting(void)
     double calm[3] = {990 * MBIT, 400 * MBIT, 400 * MBIT};
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, calm, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, calm, busy, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 250 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 1000 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 1000 * MBIT, 1);
@@ -141,18 +141,56 @@ static void test_rise(void)
     double plan[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT};
     double obs[3] = {900 * MBIT, 950 * MBIT, 100 * MBIT}, busy[3] = {0.2, 0.3, 1};
     double calm[3] = {300 * MBIT, 310 * MBIT, 100 * MBIT};
+    double known[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT}; /* a probe that misread */
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, calm, busy, 0.25, 2, names, next, why, 256), 0);
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, busy, 0.25, 2, names, next, why, 256), 0);
     /* faster: counted however little the region was busy */
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, obs, busy, 0.25, 2, names, next, why, 256), 1);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 900 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 950 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 100 * MBIT, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "r0"));
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "r1"));
     CU_ASSERT_PTR_NULL(strstr(why, "r2"));
+}
+
+/* A link cut and back: the region planned at 23 Mbit/s with no share sends
+ * only its own data, finishes first and reads 77 at 80% busy.  That is a
+ * floor: the plan takes the probe's figure (96) again.  Read with its
+ * uplink full (95% busy), a faster figure is taken as it is. */
+static void test_return_floor(void)
+{
+    topoReplanState s;
+    double next[3];
+    char why[256] = "";
+    double plan[3] = {23.3 * MBIT, 97 * MBIT, 92 * MBIT};
+    double known[3] = {96 * MBIT, 97 * MBIT, 92 * MBIT};
+    double calm[3] = {23.3 * MBIT, 97 * MBIT, 92 * MBIT}, cbusy[3] = {1, 0.4, 0.4};
+    double obs[3] = {77 * MBIT, 92 * MBIT, 92 * MBIT}, busy[3] = {0.8, 1, 1};
+    memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, cbusy, 0.25, 2, names, next,
+                                          why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why,
+                                      256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why,
+                                      256), 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[0], 96 * MBIT, 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "at least 77.0"));
+    /* the same readings with the uplink full: the link gives 77 */
+    memset(&s, 0, sizeof(s));
+    busy[0] = 0.95;
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, cbusy, 0.25, 2, names, next,
+                                          why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why,
+                                      256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why,
+                                      256), 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[0], 77 * MBIT, 1);
+    CU_ASSERT_PTR_NULL(strstr(why, "at least"));
 }
 
 /* 3 regions x 2 ranks, 25 ms one way, region 0's uplink at `r0` Mbit/s,
@@ -208,6 +246,8 @@ int main(void)
     CU_add_test(s, "not settled before: twice the run", test_unsettled);
     CU_add_test(s, "flapping in pairs: once for it, once when it settles", test_flapping_pairs);
     CU_add_test(s, "faster links: only those regions", test_rise);
+    CU_add_test(s, "faster while not limiting: a floor under the probe's figure",
+                test_return_floor);
     CU_add_test(s, "slower only where the region limited the call", test_not_limiting);
     CU_add_test(s, "the model on the new links", test_model_after_drop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
