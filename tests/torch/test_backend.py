@@ -42,6 +42,24 @@ def _child(fn, rank, world, init, env, q):
         sys.exit(1)
 
 
+def _stacks(rank, pid):
+    """Where a hung rank is: every thread's native stack (gdb, where the
+    machine has it and may attach), so that a hang seen once says where."""
+    import shutil
+    import subprocess
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return ""
+    try:
+        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex",
+                              "thread apply all bt 30"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return "\nrank %d: no stacks (%s)" % (rank, e)
+    keep = [ln for ln in out.splitlines() if ln.startswith(("Thread ", "#"))]
+    return "\nrank %d (pid %d), its threads:\n%s" % (rank, pid, "\n".join(keep[:400]))
+
+
 def run_ranks(fn, init, env=None, timeout=90, expect_exit=None):
     """Runs fn(rank, world, init) in WORLD spawned processes; fails with the
     tracebacks of the ranks that failed. expect_exit: {rank: exit code} of
@@ -68,11 +86,12 @@ def run_ranks(fn, init, env=None, timeout=90, expect_exit=None):
     for p in procs:
         p.join(max(1, deadline - time.time()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    stacks = "".join(_stacks(r, procs[r].pid) for r in hung)
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
-    assert not hung, "ranks %s still ran after %d s (hang)" % (hung, timeout)
+    assert not hung, "ranks %s still ran after %d s (hang)%s" % (hung, timeout, stacks)
     failed = {r: e for r, e in reports.items() if e}
     assert not failed, "\n".join("rank %d:\n%s" % kv for kv in sorted(failed.items()))
     for r, code in expect_exit.items():
