@@ -21,7 +21,8 @@ Contracts (docs/pytorch.md, "Elastic training", says more):
   result counted every rank), that result is sent to the others; otherwise
   it is run again over the survivors, with the inputs it had. No process
   restarts; the call returns, and `size` tells how many ranks its result
-  counted.
+  counted. A rank that dies while the survivors re-form starts the re-form
+  again from where it got to.
 - Round boundary. end_round() is one small all-reduce over the group: it
   checks that every member is at the same round, tells who leaves (a rank
   that got SIGTERM, or called leave()) and whether joiners wait. Leavers
@@ -97,14 +98,12 @@ class MembershipError(RuntimeError):
 
 
 class _Op:
-    """One collective of the helper: its number in the group's stream, how
-    to run it on a group, its input kept for a rerun and its output kept
-    for the survivors that did not complete it."""
+    """One collective of the helper: its number in the group's stream and
+    how to run it on a group (run restores its inputs first)."""
 
-    def __init__(self, seq, run, keep):
+    def __init__(self, seq, run):
         self.seq = seq
         self.run = run      # run(pg) -> result, on the current group
-        self.keep = keep    # tensors whose values survive a rerun
 
 
 class Elastic:
@@ -252,16 +251,31 @@ class Elastic:
 
     def _do(self, run, outputs, counted=None):
         self.seq += 1
-        op = _Op(self.seq, run, outputs)
+        op = _Op(self.seq, run)
+        err = None
         while True:
-            try:
-                op.run(self.pg)
-                self._last = (op, [t.detach().clone() for t in outputs],
-                              counted[0] if counted else None)
-                return
-            except Exception as e:  # a failure: re-form, then finish op there
-                if self._recover(op, e, outputs, counted):
+            if err is None:
+                try:
+                    op.run(self.pg)
+                    self._last = (op, [t.detach().clone() for t in outputs],
+                                  counted[0] if counted else None)
                     return
+                except Exception as e:  # a failure: re-form, then finish op there
+                    err = e
+            try:
+                if self._recover(op, err, outputs, counted):
+                    return
+                err = None  # run op again on the group re-formed
+            except MembershipError:
+                raise
+            except Exception as e:
+                # Another rank died while the survivors re-formed (in the
+                # shrink, or in a call on the group just made): re-form
+                # again from wherever this got to; the agreement and the
+                # shrink start afresh (_recover keeps them apart).
+                _log("rank %d: re-forming failed: %s" % (self.rank,
+                                                         str(e).splitlines()[0][:200]))
+                err = e
 
     # ---- loss ---------------------------------------------------------------------
 
@@ -282,7 +296,15 @@ class Elastic:
             dead = self._agree_dead()
         t1 = time.time()
         old_rank, old_size = self.rank, self.size
-        self.pg = self.pg.shrink(dead, True, None)
+        try:
+            self.pg = self.pg.shrink(dead, True, None)
+        except Exception:
+            # A survivor died in the shrink: it failed on every survivor.
+            # The next agreement is on this group again, under a new epoch
+            # (the same on all: each counted this attempt), so that it
+            # starts from nothing; the beats follow self.epoch.
+            self.epoch += 1
+            raise
         self.epoch += 1
         self.seq = op.seq  # this op keeps its number in the new stream
         t2 = time.time()

@@ -380,6 +380,9 @@ ncclResult_t geocclSimulate(const char *topoFile, int json, FILE *out);
  * see that records the dead set; every survivor then gets that same set.
  * Without a store: the ranks this rank's transport found dead, and those
  * whose death the others' errors named, which survivors can disagree on.
+ * Called again on the same comm after its ncclCommShrink failed (a
+ * survivor died during the shrink), it agrees afresh: the agreement is per
+ * shrink attempt.
  * Blocks (store round trips); any thread.  ncclInvalidArgument for a bad
  * comm or count NULL (ranks may be NULL when maxRanks is 0);
  * ncclRemoteError when the store cannot be reached or the survivors do not

@@ -14,9 +14,15 @@
 #      parent's figures (inherited, no probe);
 #   c. region b leaves (SIGUSR1: geocclCommLeave, then geocclCommGrow at
 #      the next round boundary): no rank sees an error, the other four go
-#      on as 2 x 2 and every process ends cleanly.
+#      on as 2 x 2;
+#   d. a second loss while the survivors re-form: one of region c's two
+#      ranks is SIGKILLed and the other dies once the dead set is agreed,
+#      before its shrink; the shrink fails on ranks 0 and 1 (after
+#      GEOCCL_TIMEOUT), they agree again on the same communicator, now
+#      with both gone, and all-reduce exactly as 1 x 2;
+#   e. every process still running ends cleanly.
 # The emulated-WAN version, with etcd and region 0 lost too, is
-# tests/wan/test_elastic.sh.  About 20 seconds.
+# tests/wan/test_elastic.sh.  About 35 seconds.
 #
 #   bash tests/test_elastic_local.sh [BUILDDIR]
 #
@@ -52,7 +58,8 @@ fi
 unset GEOCCL_ELASTIC_ETCD GEOCCL_SOCKET_IFNAME GEOCCL_TOPO_FILE GEOCCL_PROBE
 PORT=$((20000 + RANDOM % 8000))
 export GEOCCL_COMM_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-export GEOCCL_COMM_ID=127.0.0.1:$PORT GEOCCL_ELASTIC_JOB=local-$$ GEOCCL_TIMEOUT=30
+# GEOCCL_TIMEOUT: also how long d's shrink waits for the rank that died in it
+export GEOCCL_COMM_ID=127.0.0.1:$PORT GEOCCL_ELASTIC_JOB=local-$$ GEOCCL_TIMEOUT=15
 export GEOCCL_DEBUG=${GEOCCL_DEBUG:-WARN} ELASTIC_BOUNDARY=4
 REGION=(a a b b c c)
 
@@ -107,13 +114,22 @@ if await "left at" 2 && await "exact n=4" 8 && [ "$(lines "error in call")" = "$
 else
     fail "c. the leave did not go cleanly"; show
 fi
+# The 2 x 2 is rank0 rank1 (region a) and joiner0 joiner1 (region c).
+cat "$WORK/joiner0.pid" > "$WORK/die_in_shrink"
+kill -9 "$(cat "$WORK/joiner1.pid")"
+if await "dies in the shrink" 1 && await "shrink failed" 2 && await "exact n=2" 2 &&
+   [ "$(grep -ho "shrunk to 2 at [0-9.]* dead=[0-9,]*" "$WORK"/rank[01].out | sed 's/.*dead=//' | sort -u)" = "2,3" ]; then
+    pass "d. a second rank died in the re-form: the survivors' shrink failed, they agreed again (ranks 2,3), exact as 1 x 2"
+else
+    fail "d. the survivors did not re-form after the second loss"; show
+fi
 touch "$WORK/stop"
 bad=0
-for w in rank0 rank1 rank2 rank3 joiner0 joiner1; do
+for w in rank0 rank1 rank2 rank3; do
     t0=$SECONDS
     while [ ! -s "$WORK/$w.exit" ] && [ $((SECONDS - t0)) -lt 30 ]; do sleep 0.1; done
     [ "$(cat "$WORK/$w.exit" 2>/dev/null)" = 0 ] || { bad=1; echo "   $w: status $(cat "$WORK/$w.exit" 2>/dev/null)"; }
 done
-if [ "$bad" = 0 ]; then pass "d. every process still running ended cleanly"; else fail "d. not every process ended cleanly"; show; fi
+if [ "$bad" = 0 ]; then pass "e. every process still running ended cleanly"; else fail "e. not every process ended cleanly"; show; fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

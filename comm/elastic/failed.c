@@ -10,7 +10,11 @@
  * its process stopped renewing).  The first survivor that sees every rank
  * accounted for creates c/<comm>/dead, once (an etcd transaction), with
  * the ranks that never said they live; everyone else reads that record.
- * So a slow survivor delays the answer (within GEOCCL_ELASTIC_TIMEOUT)
+ * Both are per attempt (c/<comm>/ok/<attempt>/<rank>, c/<comm>/dead/<attempt>,
+ * the attempt being the shrinks started on this communicator, the same on
+ * every survivor): a survivor that dies while the others shrink makes that
+ * shrink fail on all of them, and the next agreement on this communicator
+ * must start from nothing to see it.  So a slow survivor delays the answer (within GEOCCL_ELASTIC_TIMEOUT)
  * and is never declared dead while its lease lives.  Without a store the
  * answer is this rank's transport's, which survivors may not share. */
 #include "config.h"
@@ -65,7 +69,8 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
         res = GEO_COMM_ERR(comm, ncclSystemError, "geocclCommGetFailedRanks: out of memory");
         goto out;
     }
-    snprintf(dkey, sizeof(dkey), "%sdead", el->comm_dir);
+    const unsigned attempt = comm->shrink_count;
+    snprintf(dkey, sizeof(dkey), "%sdead/%u", el->comm_dir, attempt);
     {
         geoElasticMember me;
         memset(&me, 0, sizeof(me));
@@ -73,7 +78,7 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
         me.rank = comm->rank;
         me.nranks = n;
         me.pid = (int32_t)getpid();
-        snprintf(key, sizeof(key), "%sok/%d", el->comm_dir, comm->rank);
+        snprintf(key, sizeof(key), "%sok/%u/%d", el->comm_dir, attempt, comm->rank);
         v = geoElasticSeal(el->comm_key, key, &me, sizeof(me), &vn);
         res = v ? geoEtcdPut(&el->store, key, v, vn,
                                  __atomic_load_n(&el->lease, __ATOMIC_ACQUIRE), why)
@@ -101,7 +106,8 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
             const geoEtcdKv *kv = &range.kvs[i];
             const char *rest = kv->key + (strncmp(kv->key, el->comm_dir, dl) == 0 ? dl : 0);
             int r = -1, is_ok = 0;
-            if (strcmp(rest, "dead") == 0) {
+            unsigned a = 0;
+            if (strcmp(rest, dkey + dl) == 0) {
                 if (read_dead(el, kv->key, kv, n, dead) == 0)
                     decided = 1;
                 else
@@ -109,7 +115,8 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
                             kv->key);
                 continue;
             }
-            if (sscanf(rest, "m/%d", &r) != 1 && (is_ok = sscanf(rest, "ok/%d", &r) == 1) == 0)
+            if (sscanf(rest, "m/%d", &r) != 1 &&
+                (is_ok = sscanf(rest, "ok/%u/%d", &a, &r) == 2 && a == attempt) == 0)
                 continue;
             if (r < 0 || r >= n ||
                 geoElasticOpen(el->comm_key, kv->key, kv->value, kv->vlen,

@@ -16,13 +16,18 @@
  * every rank ends after the same round.
  *
  * A failed call: geocclCommGetFailedRanks, ncclCommShrink(NCCL_SHRINK_ABORT)
- * without them, ncclCommAbort of the old one, and on with the new one.
+ * without them, ncclCommAbort of the old one, and on with the new one.  A
+ * shrink that fails (a survivor died in it) is tried again from the
+ * agreement, on the same communicator, up to three times.  A process whose
+ * pid is in the file CTRL/die_in_shrink exits (status 3) once the dead set
+ * is agreed, before its shrink: the second loss of such a test.
  *
  * Lines the script reads (T: seconds since the epoch):
  *   rank R: ready n=N at T               (after init or join; joiners add
  *                                         "joined", with the probe's figures;
  *                                         members started with ELASTIC_TOPO=1 too)
  *   rank R: error in call K at T: ...    (a failed call)
+ *   rank R: shrink failed at T: ...      (then it agrees and shrinks again)
  *   rank R: shrunk to N at T dead=a,b    (after the shrink)
  *   rank R: exact n=N at T               (first exact call at each new size)
  *   rank R: grown to N at T probe=P s inherited=I bw_measured=B
@@ -86,19 +91,48 @@ static void say(const char *fmt, ...)
     fflush(stdout);
 }
 
-/* After a failed call: agree on the dead, shrink without them. */
+static char ctrl[4000]; /* the script's control directory */
+
+/* The test's second loss: this process dies here when CTRL/die_in_shrink
+ * names its pid. */
+static void maybe_die_in_shrink(void)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/die_in_shrink", ctrl);
+    FILE *f = fopen(path, "r");
+    long pid = 0;
+    if (f == NULL)
+        return;
+    if (fscanf(f, "%ld", &pid) == 1 && pid == (long)getpid()) {
+        say("dies in the shrink at %.3f", wall());
+        _exit(3);
+    }
+    fclose(f);
+}
+
+/* After a failed call: agree on the dead, shrink without them; where the
+ * shrink fails, agree again (the agreement on a communicator is per shrink
+ * attempt, so it sees a survivor that died in the shrink). */
 static ncclComm_t recover(ncclComm_t comm)
 {
     int dead[64], count = 0, n;
     ncclComm_t next = NULL;
-    ncclResult_t r = geocclCommGetFailedRanks(comm, dead, 64, &count);
-    if (r != ncclSuccess)
-        DIE(2, "geocclCommGetFailedRanks: %s: %s", ncclGetErrorString(r), ncclGetLastError(comm));
-    if (count == 0 || count > 64)
-        DIE(2, "geocclCommGetFailedRanks found %d dead ranks", count);
-    r = ncclCommShrink(comm, dead, count, &next, NULL, NCCL_SHRINK_ABORT);
-    if (r != ncclSuccess)
-        DIE(2, "ncclCommShrink: %s: %s", ncclGetErrorString(r), ncclGetLastError(comm));
+    for (int attempt = 0;; attempt++) {
+        ncclResult_t r = geocclCommGetFailedRanks(comm, dead, 64, &count);
+        if (r != ncclSuccess)
+            DIE(2, "geocclCommGetFailedRanks: %s: %s", ncclGetErrorString(r),
+                ncclGetLastError(comm));
+        if (count == 0 || count > 64)
+            DIE(2, "geocclCommGetFailedRanks found %d dead ranks", count);
+        maybe_die_in_shrink();
+        r = ncclCommShrink(comm, dead, count, &next, NULL, NCCL_SHRINK_ABORT);
+        if (r == ncclSuccess)
+            break;
+        if (attempt == 2)
+            DIE(2, "ncclCommShrink: %s: %s", ncclGetErrorString(r), ncclGetLastError(comm));
+        say("shrink failed at %.3f: %s: %s", wall(), ncclGetErrorString(r),
+            ncclGetLastError(comm));
+    }
     ncclCommAbort(comm);
     char list[256] = "";
     size_t len = 0;
@@ -119,6 +153,7 @@ int main(int argc, char **argv)
     size_t count = (size_t)strtoull(argv[2], NULL, 10) / sizeof(float);
     char stopfile[4096];
     snprintf(stopfile, sizeof(stopfile), "%s/stop", argv[3]);
+    snprintf(ctrl, sizeof(ctrl), "%s", argv[3]);
     const char *b = getenv("ELASTIC_BOUNDARY");
     int boundary = b != NULL && atoi(b) > 0 ? atoi(b) : 1;
     signal(SIGUSR1, on_usr1);

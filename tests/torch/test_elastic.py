@@ -6,7 +6,10 @@
 - a rank that gets SIGTERM leaves at the end of its round, nobody errs;
 - a process started with Elastic.join is admitted at a round boundary and
   receives the state (checked by the helper's all-reduced hash);
-- every rank that ends holds the same state and round.
+- every rank that ends holds the same state and round;
+- a second rank dying while the survivors re-form after the first loss (in
+  the shrink, or in the first call on the group it made): they re-form
+  again and go on as a group of 2.
 
 Each rank is this file run as a script (`worker`), so that a rank can die
 without taking pytest with it.
@@ -18,11 +21,40 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROUNDS = 12  # at least; then until the joiner is in (the size is agreed)
 KILL_ROUND, TERM_ROUND, JOIN_AFTER = 3, 6, 4
 
 
-def worker(rank, join):
+def _die_while_reforming(el, stage):
+    """This rank dies in the re-form that another rank's loss starts:
+    "agreed" once the dead set is agreed (the others' shrink then fails),
+    "shrunk" once the group of the survivors is made (their first call on
+    it fails)."""
+    if stage == "agreed":
+        agree = el._agree_dead
+
+        def agreed():
+            agree()
+            os.kill(os.getpid(), signal.SIGKILL)
+        el._agree_dead = agreed
+        return
+
+    class Dying:
+        def __init__(self, pg):
+            self._pg = pg
+
+        def __getattr__(self, name):
+            return getattr(self._pg, name)
+
+        def shrink(self, *a):
+            self._pg.shrink(*a)
+            os.kill(os.getpid(), signal.SIGKILL)
+    el.pg = Dying(el.pg)
+
+
+def worker(rank, join, second=None):
     import torch
     import torch.distributed as dist
     import geoccl.torch  # noqa: F401
@@ -34,11 +66,13 @@ def worker(rank, join):
     state = [torch.zeros(1000), torch.zeros(3)]
     fn = lambda: state  # noqa: E731
     el = elastic.Elastic.join(fn, detect=0.5) if join else elastic.Elastic(fn, detect=0.5)
-    while el.round < ROUNDS or (el.size < 3 and el.round < 400):
+    if second and rank == 2:
+        _die_while_reforming(el, second)
+    while el.round < ROUNDS or (not second and el.size < 3 and el.round < 400):
         rnd = el.round + 1
         if rank == 3 and not join and rnd == KILL_ROUND:
             os.kill(os.getpid(), signal.SIGKILL)
-        if rank == 2 and not join and rnd == TERM_ROUND:
+        if rank == 2 and not join and not second and rnd == TERM_ROUND:
             os.kill(os.getpid(), signal.SIGTERM)  # leave at the end of this round
         time.sleep(0.05)  # a round's local work
         g = torch.full((1000,), 1.0)
@@ -58,31 +92,36 @@ def worker(rank, join):
     el.close(finished=True)
 
 
-def _run(tmp_path):
+def _run(tmp_path, second=None):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                GEOCCL_SOCKET_IFNAME="lo", GEOCCL_ELASTIC_QUIET="0")
+    if second:
+        # the shrink that waits for the rank that died in it gives up after this
+        env["GEOCCL_TIMEOUT"] = "5"
     env.pop("GEOCCL_ELASTIC_ETCD", None)
     procs = {}
 
     def start(name, rank, join=False):
         out = open(tmp_path / (name + ".out"), "w")
         procs[name] = subprocess.Popen(
-            [sys.executable, __file__, "worker", str(rank)] + (["join"] if join else []),
+            [sys.executable, __file__, "worker", str(rank)] + (["join"] if join else []) +
+            (["second=" + second] if second else []),
             env=env, stdout=out, stderr=subprocess.STDOUT)
 
     for r in range(4):
         start("rank%d" % r, r)
     t0 = time.time()
-    while time.time() - t0 < 120:
+    while not second and time.time() - t0 < 120:
         text = (tmp_path / "rank0.out").read_text()
         if "round %d " % JOIN_AFTER in text:
             break
         time.sleep(0.05)
-    start("joiner", 3, join=True)
+    if not second:
+        start("joiner", 3, join=True)
     codes = {}
     for name, p in procs.items():
         try:
@@ -110,5 +149,21 @@ def test_loss_leave_join(tmp_path):
     assert "joined as rank 2 of 3" in outs["joiner"], why
 
 
+@pytest.mark.parametrize("stage", ["agreed", "shrunk"])
+def test_second_loss_while_reforming(tmp_path, stage):
+    codes, outs = _run(tmp_path, second=stage)
+    why = "\n".join("== %s (%s)\n%s" % (n, codes[n], outs[n][-2500:]) for n in outs)
+    assert codes["rank3"] == -signal.SIGKILL and codes["rank2"] == -signal.SIGKILL, why
+    assert codes["rank0"] == 0 and codes["rank1"] == 0, why
+    # the round of the first loss counted the two ranks left at its end
+    assert "round %d size 2 counted 2" % KILL_ROUND in outs["rank0"], why
+    assert "re-forming failed" in outs["rank0"], why
+    finals = [outs[n].splitlines()[-1] for n in ("rank0", "rank1")]
+    assert finals[0] == finals[1] and finals[0].endswith("identical True"), why
+    assert " size 2 " in finals[0], why
+
+
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "worker":
-    worker(int(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "join")
+    extra = sys.argv[3:]
+    worker(int(sys.argv[2]), "join" in extra,
+           next((a.split("=", 1)[1] for a in extra if a.startswith("second=")), None))
