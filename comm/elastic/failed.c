@@ -90,7 +90,7 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
             goto out;
         }
     }
-    for (int round = 0;; round++) {
+    for (;;) {
         geoEtcdRange range;
         res = geoEtcdGet(&el->store, el->comm_dir, 1, 0, &range, why);
         if (res != ncclSuccess) {
@@ -187,7 +187,11 @@ static ncclResult_t agree(struct ncclComm *comm, uint8_t *dead)
                 goto out;
             }
         }
-        usleep(round < 20 ? 50000 : 200000);
+        /* Every survivor reads the whole directory each look: 50 ms
+         * apart (a survivor that sees the record late makes the shrink's
+         * bootstrap wait for it), slower in proportion past 64 ranks, so
+         * that the store answers at most about 1,300 of these a second. */
+        usleep((useconds_t)(n <= 64 ? 50000 : 50000 * ((n + 63) / 64)));
     }
 out:
     free(member);
