@@ -40,9 +40,13 @@ int geoTcpInfoAdd(int fd, geoLinkStats *acc)
     if (len >= offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
         acc->bytes_acked += ti.tcpi_bytes_acked;
     if (len >= offsetof(struct tcp_info, tcpi_sndbuf_limited) + sizeof(ti.tcpi_sndbuf_limited)) {
-        /* Not the time limited by the receiver's window: that is the
-         * receiving rank not reading yet (its call is behind), not the path. */
-        double busy = (double)(ti.tcpi_busy_time + ti.tcpi_sndbuf_limited) * 1e-6;
+        /* The kernel's busy time is the sum of its three states: sending,
+         * limited by the receiver's window, limited by the send buffer.
+         * The receiver's window is the receiving rank not reading yet (its
+         * call is behind), not the path: that part is taken out. */
+        uint64_t t = ti.tcpi_busy_time > ti.tcpi_rwnd_limited
+                         ? ti.tcpi_busy_time - ti.tcpi_rwnd_limited : 0;
+        double busy = (double)t * 1e-6;
         if (busy > acc->busy)
             acc->busy = busy;
     }

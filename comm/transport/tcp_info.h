@@ -17,8 +17,9 @@ typedef struct {
     uint64_t bytes_acked; /* bytes the peer acknowledged (tcpi_bytes_acked; 0 before 4.1) */
     double busy;        /* seconds: the longest time one of the connections had
                          * data in flight, not held by the receiver's window
-                         * (tcpi_busy_time + tcpi_sndbuf_limited, Linux 4.10;
-                         * 0 before) */
+                         * (tcpi_busy_time, which counts all three of the
+                         * kernel's busy states, less tcpi_rwnd_limited;
+                         * Linux 4.10, 0 before) */
     int conns;          /* connections counted */
 } geoLinkStats;
 

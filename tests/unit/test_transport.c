@@ -7,6 +7,7 @@
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/core/comm.h"
 #include "comm/base/param.h"
+#include "comm/transport/tcp_info.h"
 #include "comm/transport/transport.h"
 #include "geoccl.h"
 
@@ -16,6 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -523,6 +529,47 @@ static void test_silent_peer_named(void)
     geoParamReload();
 }
 
+static double now_s(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + tv.tv_usec * 1e-6;
+}
+
+/* The busy time the re-plan reads leaves out the time the receiver's
+ * window held the sender (the receiving rank not reading: it is behind,
+ * the link is not slow).  The kernel's tcpi_busy_time counts that time
+ * too; here a receiver that never reads holds a loopback sender for
+ * 400 ms, of which the link was busy a fraction. */
+static void test_busy_leaves_out_the_receivers_window(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    int rcv = 4096, l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    CU_ASSERT_FATAL(l >= 0 && c >= 0);
+    CU_ASSERT_FATAL(bind(l, (struct sockaddr *)&a, sizeof(a)) == 0);
+    CU_ASSERT_FATAL(getsockname(l, (struct sockaddr *)&a, &al) == 0 && listen(l, 1) == 0);
+    CU_ASSERT_FATAL(connect(c, (struct sockaddr *)&a, sizeof(a)) == 0);
+    int s = accept(l, NULL, NULL);
+    CU_ASSERT_FATAL(s >= 0);
+    setsockopt(s, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+    fcntl(c, F_SETFL, O_NONBLOCK);
+    static char buf[65536];
+    double t0 = now_s();
+    while (send(c, buf, sizeof(buf), 0) > 0 && now_s() - t0 < 5)
+        ;
+    usleep(400000);
+    geoLinkStats st;
+    memset(&st, 0, sizeof(st));
+    CU_ASSERT_EQUAL_FATAL(geoTcpInfoAdd(c, &st), 0);
+    double held = now_s() - t0;
+    printf("\n    held %.3f s, busy read %.3f s", held, st.busy);
+    CU_ASSERT(st.busy < 0.6 * held);
+    close(s);
+    close(c);
+    close(l);
+}
+
 int main(void)
 {
     setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
@@ -539,6 +586,8 @@ int main(void)
                 test_stranger_at_data_listener);
     CU_add_test(s, "8 ranks with 2, 4 and 8 streams", test_8_ranks_many_streams);
     CU_add_test(s, "a silent peer times out, named", test_silent_peer_named);
+    CU_add_test(s, "busy time leaves out the receiver's window",
+                test_busy_leaves_out_the_receivers_window);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
