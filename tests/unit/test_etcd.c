@@ -80,6 +80,16 @@ static void test_json(void)
     CU_ASSERT_PTR_NULL(geoJsonGet(range_answer, "absent"));
     CU_ASSERT_PTR_NULL(geoJsonFirst("[]"));
     CU_ASSERT_EQUAL(geoJsonInt("\"12x\"", &v), -1);
+    /* Past int64, quoted or bare, of any length: an error, never clamped. */
+    v = 5;
+    CU_ASSERT_EQUAL(geoJsonInt("\"9223372036854775808\"", &v), -1);
+    CU_ASSERT_EQUAL(geoJsonInt("-9223372036854775809", &v), -1);
+    CU_ASSERT_EQUAL(geoJsonInt("99999999999999999999999999999999999999999", &v), -1);
+    CU_ASSERT_EQUAL(v, 5);
+    CU_ASSERT_EQUAL(geoJsonInt("\"9223372036854775807\"", &v), 0);
+    CU_ASSERT_EQUAL(v, INT64_MAX);
+    CU_ASSERT_EQUAL(geoJsonInt("-9223372036854775808", &v), 0);
+    CU_ASSERT_EQUAL(v, INT64_MIN);
     /* Every truncation and a corrupted byte at every place: whatever the
      * scanners make of it, they stay inside the text (run under the
      * sanitizers by tests/run-sanitizers.sh). */
