@@ -100,30 +100,6 @@ static int dial(const geoSockAddr *addr, double deadline, char *why)
     return fd;
 }
 
-/* Send all of buf on the non-blocking fd by deadline. */
-static int send_all(int fd, const char *buf, size_t len, double deadline, char *why)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = send(fd, buf + done, len - done, MSG_NOSIGNAL);
-        if (n > 0) {
-            done += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            set_why(why, "send: %s", strerror(errno));
-            return -1;
-        }
-        double left = deadline - geoNow();
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        if (left <= 0 || poll(&pfd, 1, (int)(left * 1000) + 1) == 0) {
-            set_why(why, "send: timed out");
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* Read until the peer closes (or the deadline); malloc'ed, NUL-ended. */
 static char *recv_all(int fd, double deadline, size_t *len, char *why)
 {
@@ -253,9 +229,12 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
                 continue;
             size_t alen = 0;
             char *ans = NULL;
-            if (send_all(fd, head, (size_t)hl, end, last) == 0 &&
-                send_all(fd, body, blen, end, last) == 0)
+            const char *cause = NULL;
+            if (geoSocketSendAll(fd, head, (size_t)hl, end, &cause) == ncclSuccess &&
+                geoSocketSendAll(fd, body, blen, end, &cause) == ncclSuccess)
                 ans = recv_all(fd, end, &alen, last);
+            else
+                set_why(last, "send: %s", cause);
             close(fd);
             if (ans == NULL)
                 continue;
