@@ -262,14 +262,6 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
     return NULL;
 }
 
-static char *b64(const void *p, size_t n)
-{
-    char *s = malloc(4 * ((n + 2) / 3) + 1);
-    if (s)
-        geoB64Encode(p, n, s);
-    return s;
-}
-
 /* The base64 end of the range of every key that starts with key. */
 static char *prefix_end(const char *key)
 {
@@ -285,7 +277,7 @@ static char *prefix_end(const char *key)
         s = strdup("AA=="); /* "\0": every key */
     } else {
         k[n - 1]++;
-        s = b64(k, n);
+        s = geoB64EncodeAlloc(k, n);
     }
     free(k);
     return s;
@@ -294,7 +286,8 @@ static char *prefix_end(const char *key)
 ncclResult_t geoEtcdPut(geoEtcd *e, const char *key, const void *val, size_t vlen,
                         int64_t lease, char *why)
 {
-    char *k = b64(key, strlen(key)), *v = b64(val, vlen), *block = NULL, *body = NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *v = geoB64EncodeAlloc(val, vlen);
+    char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (k && v && asprintf(&body, "{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%" PRId64 "\"}",
                            k, v, lease) >= 0 &&
@@ -397,7 +390,7 @@ static int parse_range(const char *p, geoEtcdRange *out, char *why)
 ncclResult_t geoEtcdGet(geoEtcd *e, const char *key, int prefix, int count_only,
                         geoEtcdRange *out, char *why)
 {
-    char *k = b64(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
     char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     memset(out, 0, sizeof(*out));
@@ -417,7 +410,8 @@ ncclResult_t geoEtcdGet(geoEtcd *e, const char *key, int prefix, int count_only,
 ncclResult_t geoEtcdCreate(geoEtcd *e, const char *key, const void *val, size_t vlen,
                            int64_t lease, int *created, geoEtcdKv *existing, char *why)
 {
-    char *k = b64(key, strlen(key)), *v = b64(val, vlen), *block = NULL, *body = NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *v = geoB64EncodeAlloc(val, vlen);
+    char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (existing)
         memset(existing, 0, sizeof(*existing));
@@ -455,7 +449,7 @@ ncclResult_t geoEtcdCreate(geoEtcd *e, const char *key, const void *val, size_t 
 
 ncclResult_t geoEtcdDelete(geoEtcd *e, const char *key, int prefix, char *why)
 {
-    char *k = b64(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
     char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (k == NULL || (prefix && end == NULL))

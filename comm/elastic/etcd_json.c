@@ -33,6 +33,14 @@ void geoB64Encode(const void *in, size_t n, char *out)
     out[o] = '\0';
 }
 
+char *geoB64EncodeAlloc(const void *in, size_t n)
+{
+    char *s = malloc(4 * ((n + 2) / 3) + 1);
+    if (s != NULL)
+        geoB64Encode(in, n, s);
+    return s;
+}
+
 static int b64_value(char c)
 {
     if (c >= 'A' && c <= 'Z')

@@ -250,12 +250,11 @@ static void add(text *t, const char *fmt, ...)
 
 static void add_b64(text *t, const void *p, size_t n)
 {
-    char *b = malloc(4 * ((n + 2) / 3) + 1);
+    char *b = geoB64EncodeAlloc(p, n);
     if (b == NULL) {
         t->bad = 1;
         return;
     }
-    geoB64Encode(p, n, b);
     add(t, "%s", b);
     free(b);
 }
