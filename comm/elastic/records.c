@@ -32,6 +32,23 @@ ncclResult_t geoElasticJobKey(uint8_t key[GEO_SHA256_BYTES], geoErr *err)
     return ncclSuccess;
 }
 
+ncclResult_t geoElasticCommJobKey(struct ncclComm *comm, uint8_t key[GEO_SHA256_BYTES],
+                                  geoErr *err)
+{
+    if (!comm->job_key_set) {
+        GEO_CHECK(geoElasticJobKey(comm->job_key, err));
+        comm->job_key_set = 1;
+    }
+    memcpy(key, comm->job_key, GEO_SHA256_BYTES);
+    return ncclSuccess;
+}
+
+void geoElasticKeepJobKey(struct ncclComm *comm, const uint8_t key[GEO_SHA256_BYTES])
+{
+    memcpy(comm->job_key, key, GEO_SHA256_BYTES);
+    comm->job_key_set = 1;
+}
+
 void geoElasticCommKey(const uint8_t *comm_secret, uint8_t key[GEO_SHA256_BYTES])
 {
     geoHmacSha256(comm_secret, GEO_SHA256_BYTES, "geoccl/v2/elastic-records", 25, key);
