@@ -97,14 +97,14 @@ class MembershipError(RuntimeError):
 
 
 class _Op:
-    """One collective of the helper: its number in the group's stream, how
-    to run it on a group, its input kept for a rerun and its output kept
-    for the survivors that did not complete it."""
+    """One collective of the helper: its number in the group's stream and
+    how to run it on a group (again, on the re-formed group, after a
+    failure). The output kept for survivors that did not complete it is
+    Elastic._last's."""
 
-    def __init__(self, seq, run, keep):
+    def __init__(self, seq, run):
         self.seq = seq
         self.run = run      # run(pg) -> result, on the current group
-        self.keep = keep    # tensors whose values survive a rerun
 
 
 class Elastic:
@@ -252,7 +252,7 @@ class Elastic:
 
     def _do(self, run, outputs, counted=None):
         self.seq += 1
-        op = _Op(self.seq, run, outputs)
+        op = _Op(self.seq, run)
         while True:
             try:
                 op.run(self.pg)

@@ -115,7 +115,6 @@ void ProcessGroupGeoCCL::leave() {
   TORCH_CHECK(comm_, "geoccl: leave: this group has no communicator");
   ncclResult_t r = geocclCommLeave(comm_);
   if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommLeave");
-  leaving_ = true;
 }
 
 c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::grow(
