@@ -325,12 +325,13 @@ static int parse_kv(const char *p, geoEtcdKv *kv)
     kv->key[n] = '\0';
     if (geoB64Decode(vs, (size_t)vn, kv->value, &kv->vlen) != 0)
         goto out;
-    if ((x = geoJsonGet(p, "create_revision")) != NULL)
-        geoJsonInt(x, &kv->create_rev);
-    if ((x = geoJsonGet(p, "mod_revision")) != NULL)
-        geoJsonInt(x, &kv->mod_rev);
-    if ((x = geoJsonGet(p, "lease")) != NULL)
-        geoJsonInt(x, &kv->lease);
+    /* a number that is there but no int64 makes the record malformed */
+    if ((x = geoJsonGet(p, "create_revision")) != NULL && geoJsonInt(x, &kv->create_rev) != 0)
+        goto out;
+    if ((x = geoJsonGet(p, "mod_revision")) != NULL && geoJsonInt(x, &kv->mod_rev) != 0)
+        goto out;
+    if ((x = geoJsonGet(p, "lease")) != NULL && geoJsonInt(x, &kv->lease) != 0)
+        goto out;
     rc = 0;
 out:
     free(ks);
@@ -360,11 +361,13 @@ static int parse_range(const char *p, geoEtcdRange *out, char *why)
 {
     const char *x;
     memset(out, 0, sizeof(*out));
-    if ((x = geoJsonGet(p, "count")) != NULL)
-        geoJsonInt(x, &out->count);
-    const char *h = geoJsonGet(p, "header");
-    if (h && (x = geoJsonGet(h, "revision")) != NULL)
-        geoJsonInt(x, &out->revision);
+    const char *h = geoJsonGet(p, "header"), *c = geoJsonGet(p, "count");
+    const char *rev = h ? geoJsonGet(h, "revision") : NULL;
+    if ((c != NULL && geoJsonInt(c, &out->count) != 0) ||
+        (rev != NULL && geoJsonInt(rev, &out->revision) != 0)) {
+        set_why(why, "a count or revision in the answer is no 64-bit integer");
+        return -1;
+    }
     const char *arr = geoJsonGet(p, "kvs");
     int n = 0;
     for (x = arr ? geoJsonFirst(arr) : NULL; x; x = geoJsonNext(x))
@@ -488,8 +491,11 @@ ncclResult_t geoEtcdLeaseKeepAlive(geoEtcd *e, int64_t id, int64_t *ttl, char *w
      * comes back without a TTL. */
     const char *r = geoJsonGet(json, "result"), *x = r ? geoJsonGet(r, "TTL") : NULL;
     *ttl = 0;
-    if (x != NULL)
-        geoJsonInt(x, ttl);
+    if (x != NULL && geoJsonInt(x, ttl) != 0) {
+        set_why(why, "keepalive answered with a TTL that is no 64-bit integer");
+        free(block);
+        return ncclRemoteError;
+    }
     free(block);
     return ncclSuccess;
 }

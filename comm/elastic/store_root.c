@@ -206,14 +206,16 @@ static uint8_t *b64_member(const char *obj, const char *name, size_t *n)
     return out;
 }
 
+/* A number member of obj: 0 when absent, 1 for true, -1 when it is no
+ * int64 (no TTL, lease or ID is negative, so the request is refused). */
 static int64_t int_member(const char *obj, const char *name)
 {
     int64_t v = 0;
     const char *x = geoJsonGet(obj, name);
     if (x != NULL && strncmp(x, "true", 4) == 0)
         return 1;
-    if (x != NULL)
-        geoJsonInt(x, &v);
+    if (x != NULL && geoJsonInt(x, &v) != 0)
+        return -1;
     return v;
 }
 
@@ -364,7 +366,7 @@ static int handle(storeState *s, const char *path, const char *body, text *t)
         if (geoJsonGet(body, "range_end") != NULL && end == NULL) {
             status = 400;
         } else if (path[7] == 'r') {
-            add_range(s, t, (char *)key, hi, (int)int_member(body, "count_only"));
+            add_range(s, t, (char *)key, hi, int_member(body, "count_only") > 0);
         } else {
             int gone = 0;
             for (int i = 0; i < s->nkv;)

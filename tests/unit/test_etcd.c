@@ -156,6 +156,10 @@ static void *gateway_main(void *arg)
             ans = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                   "a\r\n{\"result\":\r\n"
                   "1d\r\n{\"ID\":\"5\",\"TTL\":\"3\"},\"x\":1}\r\n0\r\n\r\n";
+        } else if (strstr(req, "POST /v3/kv/range") && strstr(req, "L2h1Z2U=")) {
+            /* "/huge": a revision past int64 */
+            ans = "HTTP/1.1 200 OK\r\n\r\n{\"header\":{\"revision\":\"99999999999999999999\"},"
+                  "\"count\":\"0\"}";
         } else if (strstr(req, "POST /v3/kv/range")) {
             snprintf(buf, sizeof(buf), "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(range_answer), range_answer);
@@ -210,6 +214,10 @@ static void test_requests(void)
     CU_ASSERT_EQUAL(range.kvs[0].lease, 7);
     CU_ASSERT_STRING_EQUAL(range.kvs[1].key, "/a/c");
     CU_ASSERT_EQUAL(range.kvs[1].vlen, 0);
+    geoEtcdRangeFree(&range);
+    /* A revision past int64 makes the answer an error, not a clamped one. */
+    CU_ASSERT_EQUAL(geoEtcdGet(&e, "/huge", 0, 0, &range, why), ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "64-bit"));
     geoEtcdRangeFree(&range);
 
     int64_t ttl = 0;
