@@ -99,7 +99,9 @@ class MembershipError(RuntimeError):
 
 class _Op:
     """One collective of the helper: its number in the group's stream and
-    how to run it on a group (run restores its inputs first)."""
+    how to run it on a group (again, on the re-formed group, after a
+    failure; run restores its inputs first). The output kept for survivors
+    that did not complete it is Elastic._last's."""
 
     def __init__(self, seq, run):
         self.seq = seq

@@ -19,7 +19,9 @@
  *                                      declared again: later attributes win.
  *                                      node_ranks: ranks per node (host)
  *                                      in this region, overriding the
- *                                      `node ranks=` line's
+ *                                      `node ranks=` line's (read by
+ *                                      geoccl-probe --simulate only, as
+ *                                      the node line's ranks=)
  *   rank N NAME                        global rank N is in region NAME
  *   host ADDR-OR-NAME NAME             ranks whose address (or hostname) is
  *                                      ADDR-OR-NAME are in region NAME
@@ -36,7 +38,12 @@
  *                                      link between two ranks of one node
  *                                      (bandwidth per rank, latency per
  *                                      message); absent: no node level,
- *                                      `intra` joins every pair
+ *                                      `intra` joins every pair.  ranks=
+ *                                      is read by geoccl-probe --simulate
+ *                                      only: a communicator groups its
+ *                                      ranks by host name and boot id, or
+ *                                      GEOCCL_NODE_RANKS; bw= and delay=
+ *                                      price its node link as well
  *   streams N                          TCP streams per peer pair to connect
  *                                      (1..1024): what the probe found the
  *                                      WAN needs, or the streams it kept in
@@ -67,7 +74,7 @@ typedef struct {
     double in_bytes;  /* in=: ingress limit, bytes/s; 0 none known */
     double delay_ms;  /* one-way; < 0 unknown */
     int ranks;        /* ranks=; 0 unknown */
-    int node_ranks;   /* node_ranks=: ranks per node; 0 unknown */
+    int node_ranks;   /* node_ranks=: ranks per node; 0 unknown (--simulate only) */
 } topoFileRegion;
 
 typedef struct {
@@ -100,7 +107,7 @@ typedef struct {
     double intra_bw_bytes;  /* intra bw=, bytes/s; 0 unknown */
     double intra_delay_ms;  /* intra delay=; < 0 unknown */
     int streams;            /* streams N; 0 unknown */
-    int node_ranks;         /* node ranks=: ranks per node; 0 unknown */
+    int node_ranks;         /* node ranks=: ranks per node; 0 unknown (--simulate only) */
     double node_bw_bytes;   /* node bw=, bytes/s; 0 unknown */
     double node_delay_ms;   /* node delay=; < 0 unknown */
 } topoFile;

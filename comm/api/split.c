@@ -24,6 +24,16 @@ static ncclResult_t allgather_bytes(struct ncclComm *comm, const void *send, voi
     return geoRunCommOps(comm, NULL, &op);
 }
 
+/* A child is of the parent's elastic job: it keeps the job key the parent
+ * derived, so that growing it runs no scrypt again (comm.h). */
+static void hand_down_job_key(const struct ncclComm *parent, struct ncclComm *child)
+{
+    if (child == NULL || !parent->job_key_set)
+        return;
+    memcpy(child->job_key, parent->job_key, sizeof(child->job_key));
+    child->job_key_set = 1;
+}
+
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t *config)
 {
@@ -89,6 +99,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     geoInitParent = NULL;
     if (res == ncclInProgress)
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
+    if (res == ncclSuccess)
+        hand_down_job_key(comm, *newcomm);
 out:
     free(all);
     if (ids != NULL)
@@ -286,6 +298,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
     else if (res != ncclSuccess) /* the child's init reported why */
         geoErrSet(&comm->err, "ncclCommShrink: %s", geoThreadError());
+    if (res == ncclSuccess)
+        hand_down_job_key(comm, *newcomm);
 out:
     free(excluded);
     return res;

@@ -59,6 +59,7 @@ static void comm_release(struct ncclComm *comm, int abort)
     free(comm->encrypt);
     free(comm->connect_want);
     geoWipe(comm->secret, sizeof(comm->secret));
+    geoWipe(comm->job_key, sizeof(comm->job_key));
     free(comm->net.ctx.peers);
     free(comm->net.ctx.failed);
     comm->magic = 0;

@@ -82,6 +82,13 @@ ncclResult_t geoBootstrapNewRoot(int nranks, ncclUniqueId *id);
  * geoBootstrapChildSecret). */
 ncclResult_t geoBootstrapNewRootKeyed(const uint8_t secret[GEO_SHA256_BYTES], int nranks,
                                       ncclUniqueId *id);
+/* A 256-bit key for the one use that salt names, from the non-empty value
+ * of GEOCCL_COMM_SECRET: 64 hex digits are a key already and give
+ * HMAC(that key, salt); anything else is a passphrase, stretched with
+ * scrypt (GEO_SCRYPT_*).  Every process with the same secret and salt gets
+ * the same key.  0, or -1 when scrypt fails (out of memory). */
+int geoBootstrapSecretKey(const char *secret, const char *salt,
+                          uint8_t out[GEO_SHA256_BYTES]);
 /* The secret of a child of the communicator whose secret and hash are
  * given: HMAC(parent secret, label | parent hash | counter | tag).  Every
  * member computes it alone, so a child's id can cross the network without

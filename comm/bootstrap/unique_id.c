@@ -34,11 +34,22 @@ static int parse_hex_key(const char *s, uint8_t out[GEO_SHA256_BYTES])
     return 1;
 }
 
+int geoBootstrapSecretKey(const char *secret, const char *salt, uint8_t out[GEO_SHA256_BYTES])
+{
+    uint8_t key[GEO_SHA256_BYTES];
+    if (parse_hex_key(secret, key)) {
+        geoHmacSha256(key, sizeof(key), salt, strlen(salt), out);
+        geoWipe(key, sizeof(key));
+        return 0;
+    }
+    return geoScrypt(secret, strlen(secret), salt, strlen(salt), GEO_SCRYPT_N, GEO_SCRYPT_R,
+                     GEO_SCRYPT_P, out, GEO_SHA256_BYTES);
+}
+
 static ncclResult_t id_from_env(geoUniqueIdInternal *id)
 {
     const char *cid = geoParamStrLive(GEO_PARAM_COMM_ID);
     const char *secret = geoParamStrLive(GEO_PARAM_COMM_SECRET);
-    uint8_t key[GEO_SHA256_BYTES];
     char salt[300];
 
     memset(id, 0, sizeof(id[0]));
@@ -50,15 +61,11 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
      * with the same string (ranks must spell it alike, or they derive
      * different secrets and are refused as strangers). */
     snprintf(salt, sizeof(salt), "geoccl/v2/env:%s", cid);
-    if (secret != NULL && parse_hex_key(secret, key)) {
-        geoHmacSha256(key, sizeof(key), salt, strlen(salt), id->secret);
-    } else if (secret != NULL) {
+    if (secret != NULL) {
         GEO_RETURN_IF(secret[0] == '\0', ncclInvalidArgument,
                       "GEOCCL_COMM_SECRET is set but empty");
-        GEO_RETURN_IF(geoScrypt(secret, strlen(secret), salt, strlen(salt), GEO_SCRYPT_N,
-                                GEO_SCRYPT_R, GEO_SCRYPT_P, id->secret, sizeof(id->secret)) != 0,
-                      ncclSystemError, "cannot stretch GEOCCL_COMM_SECRET with scrypt (out of "
-                      "memory?)");
+        GEO_RETURN_IF(geoBootstrapSecretKey(secret, salt, id->secret) != 0, ncclSystemError,
+                      "cannot stretch GEOCCL_COMM_SECRET with scrypt (out of memory?)");
     } else {
         /* No secret: every rank would derive the same key from the
          * address, which anyone can know, so anyone who can reach it could
@@ -83,7 +90,6 @@ static ncclResult_t id_from_env(geoUniqueIdInternal *id)
         id->flags |= GEO_ID_NOSECRET;
         geoHmacSha256(salt, strlen(salt), "geoccl/v2/no-secret", 19, id->secret);
     }
-    geoWipe(key, sizeof(key));
     id->nonce = 0;
     return ncclSuccess;
 }

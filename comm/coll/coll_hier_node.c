@@ -72,7 +72,13 @@ static int same_node(const struct ncclComm *comm, int a, int b)
                    sizeof(x->net.local.boot_id)) == 0;
 }
 
-/* A ring over n ranks, position i holding ranks[i] and segment i. */
+/* A ring over n ranks, position i holding ranks[i] (the caller fills
+ * them) and segment i.  pos_of stays NULL: it serves the rooted chains
+ * (geoChainBcast, geoChainReduce), which run on the full ring only; the
+ * node and rail rings carry the two stages, which need no root.  The
+ * grouping itself is not topoRegionMapBuild's: that one groups by a
+ * 32-byte label, a node is a host name and boot id (or a run of
+ * GEOCCL_NODE_RANKS ranks of the region). */
 static int ring_make(geoRing *r, int n, int me)
 {
     r->n = n;

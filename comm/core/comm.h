@@ -190,6 +190,11 @@ struct ncclComm {
                                  * one */
     int elastic_leaving;        /* geocclCommLeave was called (atomic) */
     uint32_t grow_count;        /* geocclCommGrow calls past validation (all ranks call) */
+    /* The elastic job's key (geoElasticJobKey), once derived: scrypt runs
+     * once per chain of grown, joined and shrunk communicators, each
+     * handed the key of the one it came from; wiped at destroy. */
+    uint8_t job_key[GEO_SHA256_BYTES];
+    int job_key_set;
     uint32_t shrink_count;      /* ncclCommShrink calls past validation: every
                                  * survivor of a shrink has made the same ones */
 };

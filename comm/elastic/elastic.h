@@ -85,6 +85,13 @@ void geoElasticStoreMaybeServe(const geoSockAddr *root);
 /* The job key (from GEOCCL_COMM_SECRET, stretched as the bootstrap does,
  * salted with the job's name): ncclInvalidUsage when the secret is unset. */
 ncclResult_t geoElasticJobKey(uint8_t key[GEO_SHA256_BYTES], geoErr *err);
+/* The job key comm keeps (ncclComm.job_key), derived by geoElasticJobKey
+ * only when comm has none yet; errors as geoElasticJobKey's.
+ * geoElasticKeepJobKey: give comm (a communicator just made from one that
+ * had it, or by a join) the key, so that its grows need no scrypt. */
+ncclResult_t geoElasticCommJobKey(struct ncclComm *comm, uint8_t key[GEO_SHA256_BYTES],
+                                  geoErr *err);
+void geoElasticKeepJobKey(struct ncclComm *comm, const uint8_t key[GEO_SHA256_BYTES]);
 /* The key of a communicator's records, from its secret. */
 void geoElasticCommKey(const uint8_t *comm_secret, uint8_t key[GEO_SHA256_BYTES]);
 /* Seal body (n bytes) for key name: a malloc'ed body | HMAC, *out_n long. */

@@ -100,30 +100,6 @@ static int dial(const geoSockAddr *addr, double deadline, char *why)
     return fd;
 }
 
-/* Send all of buf on the non-blocking fd by deadline. */
-static int send_all(int fd, const char *buf, size_t len, double deadline, char *why)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = send(fd, buf + done, len - done, MSG_NOSIGNAL);
-        if (n > 0) {
-            done += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            set_why(why, "send: %s", strerror(errno));
-            return -1;
-        }
-        double left = deadline - geoNow();
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        if (left <= 0 || poll(&pfd, 1, (int)(left * 1000) + 1) == 0) {
-            set_why(why, "send: timed out");
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* Read until the peer closes (or the deadline); malloc'ed, NUL-ended. */
 static char *recv_all(int fd, double deadline, size_t *len, char *why)
 {
@@ -253,9 +229,12 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
                 continue;
             size_t alen = 0;
             char *ans = NULL;
-            if (send_all(fd, head, (size_t)hl, end, last) == 0 &&
-                send_all(fd, body, blen, end, last) == 0)
+            const char *cause = NULL;
+            if (geoSocketSendAll(fd, head, (size_t)hl, end, &cause) == ncclSuccess &&
+                geoSocketSendAll(fd, body, blen, end, &cause) == ncclSuccess)
                 ans = recv_all(fd, end, &alen, last);
+            else
+                set_why(last, "send: %s", cause);
             close(fd);
             if (ans == NULL)
                 continue;
@@ -283,14 +262,6 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
     return NULL;
 }
 
-static char *b64(const void *p, size_t n)
-{
-    char *s = malloc(4 * ((n + 2) / 3) + 1);
-    if (s)
-        geoB64Encode(p, n, s);
-    return s;
-}
-
 /* The base64 end of the range of every key that starts with key. */
 static char *prefix_end(const char *key)
 {
@@ -306,7 +277,7 @@ static char *prefix_end(const char *key)
         s = strdup("AA=="); /* "\0": every key */
     } else {
         k[n - 1]++;
-        s = b64(k, n);
+        s = geoB64EncodeAlloc(k, n);
     }
     free(k);
     return s;
@@ -315,7 +286,8 @@ static char *prefix_end(const char *key)
 ncclResult_t geoEtcdPut(geoEtcd *e, const char *key, const void *val, size_t vlen,
                         int64_t lease, char *why)
 {
-    char *k = b64(key, strlen(key)), *v = b64(val, vlen), *block = NULL, *body = NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *v = geoB64EncodeAlloc(val, vlen);
+    char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (k && v && asprintf(&body, "{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%" PRId64 "\"}",
                            k, v, lease) >= 0 &&
@@ -353,12 +325,13 @@ static int parse_kv(const char *p, geoEtcdKv *kv)
     kv->key[n] = '\0';
     if (geoB64Decode(vs, (size_t)vn, kv->value, &kv->vlen) != 0)
         goto out;
-    if ((x = geoJsonGet(p, "create_revision")) != NULL)
-        geoJsonInt(x, &kv->create_rev);
-    if ((x = geoJsonGet(p, "mod_revision")) != NULL)
-        geoJsonInt(x, &kv->mod_rev);
-    if ((x = geoJsonGet(p, "lease")) != NULL)
-        geoJsonInt(x, &kv->lease);
+    /* a number that is there but no int64 makes the record malformed */
+    if ((x = geoJsonGet(p, "create_revision")) != NULL && geoJsonInt(x, &kv->create_rev) != 0)
+        goto out;
+    if ((x = geoJsonGet(p, "mod_revision")) != NULL && geoJsonInt(x, &kv->mod_rev) != 0)
+        goto out;
+    if ((x = geoJsonGet(p, "lease")) != NULL && geoJsonInt(x, &kv->lease) != 0)
+        goto out;
     rc = 0;
 out:
     free(ks);
@@ -388,11 +361,13 @@ static int parse_range(const char *p, geoEtcdRange *out, char *why)
 {
     const char *x;
     memset(out, 0, sizeof(*out));
-    if ((x = geoJsonGet(p, "count")) != NULL)
-        geoJsonInt(x, &out->count);
-    const char *h = geoJsonGet(p, "header");
-    if (h && (x = geoJsonGet(h, "revision")) != NULL)
-        geoJsonInt(x, &out->revision);
+    const char *h = geoJsonGet(p, "header"), *c = geoJsonGet(p, "count");
+    const char *rev = h ? geoJsonGet(h, "revision") : NULL;
+    if ((c != NULL && geoJsonInt(c, &out->count) != 0) ||
+        (rev != NULL && geoJsonInt(rev, &out->revision) != 0)) {
+        set_why(why, "a count or revision in the answer is no 64-bit integer");
+        return -1;
+    }
     const char *arr = geoJsonGet(p, "kvs");
     int n = 0;
     for (x = arr ? geoJsonFirst(arr) : NULL; x; x = geoJsonNext(x))
@@ -418,7 +393,7 @@ static int parse_range(const char *p, geoEtcdRange *out, char *why)
 ncclResult_t geoEtcdGet(geoEtcd *e, const char *key, int prefix, int count_only,
                         geoEtcdRange *out, char *why)
 {
-    char *k = b64(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
     char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     memset(out, 0, sizeof(*out));
@@ -438,7 +413,8 @@ ncclResult_t geoEtcdGet(geoEtcd *e, const char *key, int prefix, int count_only,
 ncclResult_t geoEtcdCreate(geoEtcd *e, const char *key, const void *val, size_t vlen,
                            int64_t lease, int *created, geoEtcdKv *existing, char *why)
 {
-    char *k = b64(key, strlen(key)), *v = b64(val, vlen), *block = NULL, *body = NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *v = geoB64EncodeAlloc(val, vlen);
+    char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (existing)
         memset(existing, 0, sizeof(*existing));
@@ -476,7 +452,7 @@ ncclResult_t geoEtcdCreate(geoEtcd *e, const char *key, const void *val, size_t 
 
 ncclResult_t geoEtcdDelete(geoEtcd *e, const char *key, int prefix, char *why)
 {
-    char *k = b64(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
+    char *k = geoB64EncodeAlloc(key, strlen(key)), *end = prefix ? prefix_end(key) : NULL;
     char *block = NULL, *body = NULL;
     ncclResult_t res = ncclRemoteError;
     if (k == NULL || (prefix && end == NULL))
@@ -515,8 +491,11 @@ ncclResult_t geoEtcdLeaseKeepAlive(geoEtcd *e, int64_t id, int64_t *ttl, char *w
      * comes back without a TTL. */
     const char *r = geoJsonGet(json, "result"), *x = r ? geoJsonGet(r, "TTL") : NULL;
     *ttl = 0;
-    if (x != NULL)
-        geoJsonInt(x, ttl);
+    if (x != NULL && geoJsonInt(x, ttl) != 0) {
+        set_why(why, "keepalive answered with a TTL that is no 64-bit integer");
+        free(block);
+        return ncclRemoteError;
+    }
     free(block);
     return ncclSuccess;
 }

@@ -73,6 +73,8 @@ void geoEtcdKvFree(geoEtcdKv *kv);
 
 /* Standard base64 with padding; out has room for 4 * ceil(n / 3) + 1. */
 void geoB64Encode(const void *in, size_t n, char *out);
+/* The same into a malloc'ed string; NULL when out of memory. */
+char *geoB64EncodeAlloc(const void *in, size_t n);
 /* Decode len characters (padding optional, no white space); [out] n.
  * 0, or -1 on a character outside the alphabet or a bad length.  out has
  * room for 3 * len / 4 + 3. */

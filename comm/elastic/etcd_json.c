@@ -5,6 +5,7 @@
 #include "config.h"
 #include "comm/elastic/etcd.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,14 @@ void geoB64Encode(const void *in, size_t n, char *out)
         out[o++] = '=';
     }
     out[o] = '\0';
+}
+
+char *geoB64EncodeAlloc(const void *in, size_t n)
+{
+    char *s = malloc(4 * ((n + 2) / 3) + 1);
+    if (s != NULL)
+        geoB64Encode(in, n, s);
+    return s;
 }
 
 static int b64_value(char c)
@@ -242,13 +251,18 @@ int geoJsonInt(const char *p, int64_t *out)
             buf[i] = p[i];
             i++;
         }
+        /* A number longer than buf is out of range, not cut short. */
+        if (p[i] == '-' || (p[i] >= '0' && p[i] <= '9'))
+            return -1;
         buf[i] = '\0';
     }
     char *end;
     if (buf[0] == '\0')
         return -1;
+    /* A value past int64 from the wire is an error, not LLONG_MAX. */
+    errno = 0;
     long long v = strtoll(buf, &end, 10);
-    if (*end != '\0')
+    if (*end != '\0' || errno == ERANGE)
         return -1;
     *out = v;
     return 0;

@@ -235,7 +235,7 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
         goto out;
     }
     if (comm->rank == leader) {
-        ncclResult_t made = geoElasticJobKey(job_key, &comm->err);
+        ncclResult_t made = geoElasticCommJobKey(comm, job_key, &comm->err);
         have_key = made == ncclSuccess;
         if (made == ncclSuccess)
             made = lead(comm, nstay, any_leaver, job_key, &d);
@@ -259,7 +259,7 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
         goto out;
     }
     if (!have_key)
-        GEO_CHECK_GOTO(geoElasticJobKey(job_key, &comm->err), res, out);
+        GEO_CHECK_GOTO(geoElasticCommJobKey(comm, job_key, &comm->err), res, out);
     have_key = 1;
     uint8_t secret[GEO_SHA256_BYTES];
     geoElasticGrowSecret(job_key, d.grow_nonce, secret);
@@ -279,6 +279,8 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
     else if (res != ncclSuccess) /* the child's init reported why */
         geoErrSet(&comm->err, "geocclCommGrow: %s", geoThreadError());
+    if (res == ncclSuccess && *newcomm != NULL)
+        geoElasticKeepJobKey(*newcomm, job_key);
 out:
     if (have_key)
         geoWipe(job_key, sizeof(job_key));
@@ -411,6 +413,8 @@ ncclResult_t geocclCommJoin(ncclComm_t *newcomm, ncclConfig_t *config)
     geoInitInherit = NULL;
     if (res == ncclInProgress)
         res = ncclSuccess;
+    if (res == ncclSuccess && *newcomm != NULL)
+        geoElasticKeepJobKey(*newcomm, job_key);
     if (geoEtcdDelete(&store, akey, 0, why) != ncclSuccess)
         geoInfo(GEO_LOG_INIT, "elastic: cannot remove %s (%s): it goes with the admitting "
                 "rank's lease", akey, why);

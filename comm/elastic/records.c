@@ -7,33 +7,18 @@
 #include "config.h"
 #include "comm/elastic/elastic.h"
 #include "comm/base/checks.h"
+#include "comm/bootstrap/bootstrap.h"
 #include "comm/base/param.h"
 
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int hex_key(const char *s, uint8_t out[GEO_SHA256_BYTES])
-{
-    if (strlen(s) != 2 * GEO_SHA256_BYTES)
-        return 0;
-    for (int i = 0; i < GEO_SHA256_BYTES; i++) {
-        unsigned v;
-        if (!isxdigit((unsigned char)s[2 * i]) || !isxdigit((unsigned char)s[2 * i + 1]) ||
-            sscanf(s + 2 * i, "%2x", &v) != 1)
-            return 0;
-        out[i] = (uint8_t)v;
-    }
-    return 1;
-}
 
 ncclResult_t geoElasticJobKey(uint8_t key[GEO_SHA256_BYTES], geoErr *err)
 {
     const char *secret = geoParamStrLive(GEO_PARAM_COMM_SECRET);
     const char *job = geoParamStr(GEO_PARAM_ELASTIC_JOB);
     char salt[160];
-    uint8_t raw[GEO_SHA256_BYTES];
     if (secret == NULL || secret[0] == '\0')
         return GEO_ERR(err, ncclInvalidUsage, "elastic: GEOCCL_COMM_SECRET is not set: members "
                        "and joiners derive the new communicator's secret and the records' "
@@ -41,16 +26,27 @@ ncclResult_t geoElasticJobKey(uint8_t key[GEO_SHA256_BYTES], geoErr *err)
     /* Salted apart from the bootstrap's own derivation (unique_id.c), so
      * the two keys never coincide. */
     snprintf(salt, sizeof(salt), "geoccl/v2/elastic:%s", job ? job : "");
-    if (hex_key(secret, raw)) {
-        geoHmacSha256(raw, sizeof(raw), salt, strlen(salt), key);
-        geoWipe(raw, sizeof(raw));
-        return ncclSuccess;
-    }
-    if (geoScrypt(secret, strlen(secret), salt, strlen(salt), GEO_SCRYPT_N, GEO_SCRYPT_R,
-                  GEO_SCRYPT_P, key, GEO_SHA256_BYTES) != 0)
+    if (geoBootstrapSecretKey(secret, salt, key) != 0)
         return GEO_ERR(err, ncclSystemError, "elastic: cannot stretch GEOCCL_COMM_SECRET with "
                        "scrypt (out of memory?)");
     return ncclSuccess;
+}
+
+ncclResult_t geoElasticCommJobKey(struct ncclComm *comm, uint8_t key[GEO_SHA256_BYTES],
+                                  geoErr *err)
+{
+    if (!comm->job_key_set) {
+        GEO_CHECK(geoElasticJobKey(comm->job_key, err));
+        comm->job_key_set = 1;
+    }
+    memcpy(key, comm->job_key, GEO_SHA256_BYTES);
+    return ncclSuccess;
+}
+
+void geoElasticKeepJobKey(struct ncclComm *comm, const uint8_t key[GEO_SHA256_BYTES])
+{
+    memcpy(comm->job_key, key, GEO_SHA256_BYTES);
+    comm->job_key_set = 1;
 }
 
 void geoElasticCommKey(const uint8_t *comm_secret, uint8_t key[GEO_SHA256_BYTES])

@@ -10,7 +10,9 @@
  * an etcd without TLS): the records they carry are sealed (records.c), so
  * a stranger can delete or delay, never forge.  What one stranger can hold
  * is bounded: requests of at most 1 MiB, 64 connections at once, each with
- * a deadline, 100000 keys. */
+ * a deadline, 100000 keys.  The one thread never blocks on a client: answers
+ * are sent as the client takes them, under a deadline, so a client that
+ * stops reading is dropped and costs the others nothing. */
 #include "config.h"
 #include "comm/elastic/elastic.h"
 #include "comm/base/checks.h"
@@ -33,6 +35,11 @@
 /* all values together: the job's records are a few hundred bytes each */
 #define STORE_MAX_BYTES ((size_t)64 << 20)
 #define STORE_CONN_S 5.0
+/* an answer's time to leave once made */
+#define STORE_SEND_S 5.0
+/* answers waiting to be sent, all connections together: one answer holding
+ * every value (base64 and the JSON around it) always fits */
+#define STORE_MAX_OUT (3 * STORE_MAX_BYTES)
 
 typedef struct {
     char *key;
@@ -51,6 +58,8 @@ typedef struct {
     double deadline;
     char *buf;
     size_t len, cap;
+    char *out; /* the answer being sent; NULL while the request is read */
+    size_t olen, osent;
 } storeConn;
 
 typedef struct {
@@ -63,6 +72,7 @@ typedef struct {
     int64_t rev, next_lease;
     storeConn conn[STORE_MAX_CONNS];
     int nconn;
+    size_t out_bytes; /* of all answers not yet sent */
 } storeState;
 
 /* ---- the data ------------------------------------------------------- */
@@ -196,14 +206,16 @@ static uint8_t *b64_member(const char *obj, const char *name, size_t *n)
     return out;
 }
 
+/* A number member of obj: 0 when absent, 1 for true, -1 when it is no
+ * int64 (no TTL, lease or ID is negative, so the request is refused). */
 static int64_t int_member(const char *obj, const char *name)
 {
     int64_t v = 0;
     const char *x = geoJsonGet(obj, name);
     if (x != NULL && strncmp(x, "true", 4) == 0)
         return 1;
-    if (x != NULL)
-        geoJsonInt(x, &v);
+    if (x != NULL && geoJsonInt(x, &v) != 0)
+        return -1;
     return v;
 }
 
@@ -240,12 +252,11 @@ static void add(text *t, const char *fmt, ...)
 
 static void add_b64(text *t, const void *p, size_t n)
 {
-    char *b = malloc(4 * ((n + 2) / 3) + 1);
+    char *b = geoB64EncodeAlloc(p, n);
     if (b == NULL) {
         t->bad = 1;
         return;
     }
-    geoB64Encode(p, n, b);
     add(t, "%s", b);
     free(b);
 }
@@ -355,7 +366,7 @@ static int handle(storeState *s, const char *path, const char *body, text *t)
         if (geoJsonGet(body, "range_end") != NULL && end == NULL) {
             status = 400;
         } else if (path[7] == 'r') {
-            add_range(s, t, (char *)key, hi, (int)int_member(body, "count_only"));
+            add_range(s, t, (char *)key, hi, int_member(body, "count_only") > 0);
         } else {
             int gone = 0;
             for (int i = 0; i < s->nkv;)
@@ -374,7 +385,9 @@ static int handle(storeState *s, const char *path, const char *body, text *t)
     return status;
 }
 
-/* A whole request in c->buf: answer it; 1 when the connection is done. */
+/* A whole request in c->buf: make its answer c->out, to be sent by
+ * flush; 1 when the connection is done, 0 when it waits for more of the
+ * request or for the answer to leave. */
 static int serve(storeState *s, storeConn *c)
 {
     char *head_end = strstr(c->buf, "\r\n\r\n"), *cl, path[64];
@@ -397,6 +410,8 @@ static int serve(storeState *s, storeConn *c)
         status = handle(s, path, head_end + 4, &t);
     if (t.bad)
         status = 500;
+    if (status == 200 && s->out_bytes + t.len > STORE_MAX_OUT)
+        status = 503;
     if (status != 200) {
         t.len = 0;
         add(&t, "{\"error\":\"request refused\",\"code\":%d}", status);
@@ -405,20 +420,37 @@ static int serve(storeState *s, storeConn *c)
     int hl = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n", status,
                       status == 200 ? "OK" : "Error", t.bad ? 0 : t.len);
-    /* Answers are small: a blocking send with a timeout, then close. */
-    struct timeval tv = {.tv_sec = 2};
-    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    geoSocketSetNonBlocking(c->fd, 0);
-    if (send(c->fd, head, (size_t)hl, MSG_NOSIGNAL) == hl && !t.bad)
-        send(c->fd, t.s, t.len, MSG_NOSIGNAL);
+    size_t blen_out = t.bad ? 0 : t.len;
+    c->out = malloc((size_t)hl + blen_out);
+    if (c->out == NULL) {
+        free(t.s);
+        return 1;
+    }
+    memcpy(c->out, head, (size_t)hl);
+    if (blen_out > 0)
+        memcpy(c->out + hl, t.s, blen_out);
     free(t.s);
-    return 1;
+    c->olen = (size_t)hl + blen_out;
+    c->osent = 0;
+    s->out_bytes += c->olen;
+    c->deadline = geoNow() + STORE_SEND_S;
+    return 0;
+}
+
+/* Send what of c's answer the socket takes now, never waiting: 1 when
+ * the connection is done (all sent, or the client went away). */
+static int flush(storeConn *c)
+{
+    const char *why;
+    return geoSocketStep(c->fd, c->out, c->olen, &c->osent, 1, &why) != 0;
 }
 
 static void conn_close(storeState *s, int i)
 {
     close(s->conn[i].fd);
     free(s->conn[i].buf);
+    free(s->conn[i].out);
+    s->out_bytes -= s->conn[i].olen;
     s->conn[i] = s->conn[--s->nconn];
 }
 
@@ -431,7 +463,8 @@ static void *store_main(void *arg)
         /* full: the listener waits (asking would wake the loop at once) */
         pfd[0] = (struct pollfd){.fd = s->lfd, .events = s->nconn < STORE_MAX_CONNS ? POLLIN : 0};
         for (int i = 0; i < s->nconn; i++)
-            pfd[1 + i] = (struct pollfd){.fd = s->conn[i].fd, .events = POLLIN};
+            pfd[1 + i] = (struct pollfd){.fd = s->conn[i].fd,
+                                         .events = s->conn[i].out ? POLLOUT : POLLIN};
         int rc = poll(pfd, (nfds_t)(1 + s->nconn), 200);
         if (rc < 0 && errno != EINTR)
             break;
@@ -439,7 +472,9 @@ static void *store_main(void *arg)
         for (int i = s->nconn - 1; i >= 0; i--) {
             storeConn *c = &s->conn[i];
             int done = 0;
-            if (pfd[1 + i].revents) {
+            if (pfd[1 + i].revents && c->out != NULL) {
+                done = flush(c);
+            } else if (pfd[1 + i].revents) {
                 if (c->cap - c->len < 4096) {
                     size_t cap = c->cap * 2 + 8192;
                     char *b = cap <= STORE_MAX_REQUEST + 8192 ? realloc(c->buf, cap) : NULL;
@@ -457,6 +492,8 @@ static void *store_main(void *arg)
                     c->len += (size_t)r;
                     c->buf[c->len] = '\0';
                     done = serve(s, c);
+                    if (!done && c->out != NULL)
+                        done = flush(c);
                 }
             }
             if (done || now > c->deadline)

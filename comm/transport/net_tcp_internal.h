@@ -530,6 +530,12 @@ void tcpConnResumed(tcpState *st, int p, int s, uint64_t n);
 /* Our resume dial of connection s of peer p failed (why: tcpHsOutStep's
  * text): dial again, or report it and break. */
 void tcpDialFailed(tcpState *st, int p, int s, const char *why);
+/* The peer's listener refused c's dial.  Its process is taken for gone
+ * once refusals have lasted GEO_GONE_CONFIRM_S: one refusal may be a
+ * path's (a middlebox, a route coming back) and not the peer's.  1: gone.
+ * Starts the count at the first refusal; the caller resets refused_since
+ * when a dial fails otherwise or succeeds. */
+int tcpRefusedForGood(tcpConn *c, double now);
 /* A connection that is down: give up after the reconnect timeout, drive
  * our dial, or probe the peer's listener; adds its poll entries from n on
  * and returns the entries used. */

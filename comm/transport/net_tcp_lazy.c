@@ -44,6 +44,13 @@ static void lazy_fail(tcpState *st, int p, const char *why)
                                tcpPeerStr(st, p, pa), st->ctx->peers[p].host, why));
 }
 
+/* The pair's first connection is due GEOCCL_TIMEOUT after its first
+ * message: the dial's deadline and the check that fails the pair. */
+static double lazy_deadline(const tcpState *st, int p)
+{
+    return st->peers[p].first_use + st->ctx->timeout;
+}
+
 /* Start our dials of every stream of peer p not connected yet. */
 static int lazy_start(tcpState *st, int p, double now)
 {
@@ -95,7 +102,7 @@ void tcpLazyStep(tcpState *st, int p, int s, double now)
 {
     tcpConn *c = &st->peers[p].conns[s];
     char fail[GEO_ERR_TEXT_LEN];
-    int r = tcpHsOutStep(st, c->dial, now, st->peers[p].first_use + st->ctx->timeout, fail);
+    int r = tcpHsOutStep(st, c->dial, now, lazy_deadline(st, p), fail);
     if (r > 0)
         tcpLazyUp(st, p, s);
     else if (r < 0)
@@ -119,7 +126,7 @@ int tcpLazyPoll(tcpState *st, int p, double now, struct pollfd *pfd, tcpPollRef 
         tcpHs *h = c->dial;
         if (!c->unopened || h == NULL)
             continue;
-        if (now - peer->first_use > st->ctx->timeout) {
+        if (now > lazy_deadline(st, p)) {
             snprintf(why, sizeof(why), "not connected within %.0f s (GEOCCL_TIMEOUT): stream "
                      "%d is %s", st->ctx->timeout, s,
                      h->state <= HS_CONNECT ? "still connecting" : "in its handshake");
@@ -128,9 +135,7 @@ int tcpLazyPoll(tcpState *st, int p, double now, struct pollfd *pfd, tcpPollRef 
         }
         if (h->state == HS_RETRY) {
             if (h->err == ECONNREFUSED) {
-                if (c->refused_since <= 0)
-                    c->refused_since = now;
-                if (now - c->refused_since >= GEO_GONE_CONFIRM_S) {
+                if (tcpRefusedForGood(c, now)) {
                     lazy_fail(st, p, "its listener refuses connections (its process is gone)");
                     return n;
                 }

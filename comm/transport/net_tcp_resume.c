@@ -277,10 +277,7 @@ static void peer_gone(tcpState *st, int p, int s, const char *what)
     peer->gone = 1;
 }
 
-/* The peer's listener refused us.  Its process is taken for gone once
- * refusals have lasted GEO_GONE_CONFIRM_S: one refusal may be a path's
- * (a middlebox, a route coming back) and not the peer's.  1: gone. */
-static int refused_for_good(tcpConn *c, double now)
+int tcpRefusedForGood(tcpConn *c, double now)
 {
     if (c->refused_since <= 0)
         c->refused_since = now;
@@ -291,7 +288,7 @@ static int refused_for_good(tcpConn *c, double now)
 void tcpDialFailed(tcpState *st, int p, int s, const char *why)
 {
     tcpConn *c = &st->peers[p].conns[s];
-    if (c->dial->err == ECONNREFUSED && refused_for_good(c, geoNow())) {
+    if (c->dial->err == ECONNREFUSED && tcpRefusedForGood(c, geoNow())) {
         peer_gone(st, p, s, "reset the connection, and its listener refuses a new one (its "
                   "process is gone)");
         return;
@@ -353,7 +350,7 @@ int tcpPollDown(tcpState *st, int p, int s, double now, struct pollfd *pfd,
     if (c->probe_fd < 0 && now >= c->probe_when &&
         geoSocketConnectStart(&ctx->peers[p].addr, &c->probe_fd) != 0) {
         c->probe_fd = -1;
-        if (errno == ECONNREFUSED && refused_for_good(c, now)) {
+        if (errno == ECONNREFUSED && tcpRefusedForGood(c, now)) {
             peer_gone(st, p, s, "reset the connection, and its listener refuses connections "
                       "(its process is gone)");
             return n;
@@ -373,7 +370,7 @@ void tcpProbeDone(tcpState *st, int p, int s, double now)
     int err = geoSocketConnectResult(c->probe_fd);
     close(c->probe_fd);
     c->probe_fd = -1;
-    if (err == ECONNREFUSED && refused_for_good(c, now)) {
+    if (err == ECONNREFUSED && tcpRefusedForGood(c, now)) {
         peer_gone(st, p, s, "reset the connection, and its listener refuses connections (its "
                   "process is gone)");
         return;

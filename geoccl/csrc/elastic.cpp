@@ -77,7 +77,11 @@ c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::shrink(
   TORCH_CHECK(comm_, "geoccl: shrink: this group has no communicator");
   // After a failure the call in flight may wait on a dead peer: revoke the
   // communicator first, so that it fails and the worker can be joined.
-  if (failed) ncclCommRevoke(comm_, 0);
+  if (failed) {
+    // Unrevoked, the worker may never be joined: fail here, not hang.
+    ncclResult_t rv = ncclCommRevoke(comm_, 0);
+    if (rv != ncclSuccess) elasticFail(rv, comm_, "ncclCommRevoke (before the shrink)");
+  }
   quiesce();
   std::vector<int> ex(exclude);
   ncclComm_t child = nullptr;
@@ -115,7 +119,6 @@ void ProcessGroupGeoCCL::leave() {
   TORCH_CHECK(comm_, "geoccl: leave: this group has no communicator");
   ncclResult_t r = geocclCommLeave(comm_);
   if (r != ncclSuccess) elasticFail(r, comm_, "geocclCommLeave");
-  leaving_ = true;
 }
 
 c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::grow(

@@ -255,7 +255,6 @@ class ProcessGroupGeoCCL : public BaseGroup {
   std::vector<int> failedRanks();
   int joinersWaiting();
   void leave();
-  bool leaving() const { return leaving_; }
   c10::intrusive_ptr<ProcessGroupGeoCCL> grow(const c10::intrusive_ptr<::c10d::Store>& store);
   static c10::intrusive_ptr<ProcessGroupGeoCCL> join(
       const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout);
@@ -382,7 +381,6 @@ class ProcessGroupGeoCCL : public BaseGroup {
   std::vector<Item> batch_;
   bool stop_ = false;
   bool aborted_ = false;
-  bool leaving_ = false;  // leave() was called (elastic.cpp)
   std::thread worker_;
 
   void* stream_ = nullptr;  // cudaStream_t of the device path, made at first use

@@ -46,6 +46,27 @@ static void run_ranks(rankArgs *a, int n)
         pthread_join(t[i], NULL);
 }
 
+/* The key from GEOCCL_COMM_SECRET: 64 hex digits are the key (HMAC of the
+ * salt under it), anything else is stretched with scrypt; the salt keeps
+ * uses apart. */
+static void test_secret_key(void)
+{
+    const char *hex = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    uint8_t raw[GEO_SHA256_BYTES], want[GEO_SHA256_BYTES], got[GEO_SHA256_BYTES];
+    for (int i = 0; i < GEO_SHA256_BYTES; i++)
+        raw[i] = (uint8_t)i;
+    geoHmacSha256(raw, sizeof(raw), "salt/a", 6, want);
+    CU_ASSERT_EQUAL(geoBootstrapSecretKey(hex, "salt/a", got), 0);
+    CU_ASSERT(memcmp(got, want, sizeof(got)) == 0);
+    /* one digit short of 64: a passphrase */
+    CU_ASSERT_EQUAL(geoScrypt(hex + 1, strlen(hex + 1), "salt/a", 6, GEO_SCRYPT_N, GEO_SCRYPT_R,
+                              GEO_SCRYPT_P, want, sizeof(want)), 0);
+    CU_ASSERT_EQUAL(geoBootstrapSecretKey(hex + 1, "salt/a", got), 0);
+    CU_ASSERT(memcmp(got, want, sizeof(got)) == 0);
+    CU_ASSERT_EQUAL(geoBootstrapSecretKey(hex + 1, "salt/b", want), 0);
+    CU_ASSERT(memcmp(got, want, sizeof(got)) != 0);
+}
+
 static void test_id_decode(void)
 {
     ncclUniqueId id;
@@ -335,6 +356,7 @@ int main(void)
     setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("bootstrap", NULL, NULL);
+    CU_add_test(s, "the key from GEOCCL_COMM_SECRET: hex or passphrase", test_secret_key);
     CU_add_test(s, "unique id encode/decode", test_id_decode);
     CU_add_test(s, "stranger at the root is dropped", test_stranger_is_dropped);
     CU_add_test(s, "strangers connecting all the time do not make init fail",

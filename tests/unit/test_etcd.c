@@ -4,8 +4,12 @@
  * them (an error, never a read past the text); and the requests against a
  * stand-in gateway on loopback: a member that refuses is passed over, a
  * chunked answer is put back together, a range's keys and values come back
- * decoded, a transaction that finds the key reports it. */
+ * decoded, a transaction that finds the key reports it; and the store
+ * without etcd (store_root.c): a client that asks for a large answer and
+ * never reads it neither delays the next client nor keeps its connection
+ * past the answer's deadline. */
 #include "config.h"
+#include "comm/elastic/elastic.h"
 #include "comm/elastic/etcd.h"
 
 #include <CUnit/Basic.h>
@@ -16,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static void test_base64(void)
@@ -80,6 +85,16 @@ static void test_json(void)
     CU_ASSERT_PTR_NULL(geoJsonGet(range_answer, "absent"));
     CU_ASSERT_PTR_NULL(geoJsonFirst("[]"));
     CU_ASSERT_EQUAL(geoJsonInt("\"12x\"", &v), -1);
+    /* Past int64, quoted or bare, of any length: an error, never clamped. */
+    v = 5;
+    CU_ASSERT_EQUAL(geoJsonInt("\"9223372036854775808\"", &v), -1);
+    CU_ASSERT_EQUAL(geoJsonInt("-9223372036854775809", &v), -1);
+    CU_ASSERT_EQUAL(geoJsonInt("99999999999999999999999999999999999999999", &v), -1);
+    CU_ASSERT_EQUAL(v, 5);
+    CU_ASSERT_EQUAL(geoJsonInt("\"9223372036854775807\"", &v), 0);
+    CU_ASSERT_EQUAL(v, INT64_MAX);
+    CU_ASSERT_EQUAL(geoJsonInt("-9223372036854775808", &v), 0);
+    CU_ASSERT_EQUAL(v, INT64_MIN);
     /* Every truncation and a corrupted byte at every place: whatever the
      * scanners make of it, they stay inside the text (run under the
      * sanitizers by tests/run-sanitizers.sh). */
@@ -141,6 +156,10 @@ static void *gateway_main(void *arg)
             ans = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                   "a\r\n{\"result\":\r\n"
                   "1d\r\n{\"ID\":\"5\",\"TTL\":\"3\"},\"x\":1}\r\n0\r\n\r\n";
+        } else if (strstr(req, "POST /v3/kv/range") && strstr(req, "L2h1Z2U=")) {
+            /* "/huge": a revision past int64 */
+            ans = "HTTP/1.1 200 OK\r\n\r\n{\"header\":{\"revision\":\"99999999999999999999\"},"
+                  "\"count\":\"0\"}";
         } else if (strstr(req, "POST /v3/kv/range")) {
             snprintf(buf, sizeof(buf), "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(range_answer), range_answer);
@@ -196,6 +215,10 @@ static void test_requests(void)
     CU_ASSERT_STRING_EQUAL(range.kvs[1].key, "/a/c");
     CU_ASSERT_EQUAL(range.kvs[1].vlen, 0);
     geoEtcdRangeFree(&range);
+    /* A revision past int64 makes the answer an error, not a clamped one. */
+    CU_ASSERT_EQUAL(geoEtcdGet(&e, "/huge", 0, 0, &range, why), ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "64-bit"));
+    geoEtcdRangeFree(&range);
 
     int64_t ttl = 0;
     CU_ASSERT_EQUAL(geoEtcdLeaseKeepAlive(&e, 5, &ttl, why), ncclSuccess);
@@ -223,14 +246,82 @@ static void test_requests(void)
     pthread_join(t, NULL);
 }
 
+/* The store's thread serves every connection in turn: one that stops
+ * reading its answer must not hold it.  The answer here (16 values of
+ * 600 KiB, 13 MiB in base64) is far more than the socket buffers take. */
+static void test_store_slow_reader(void)
+{
+    char spec[64], why[GEO_ETCD_WHY_LEN], a[GEO_ADDR_STRLEN];
+    geoSockAddr root = {0}, at;
+    root.sin.sin_family = AF_INET;
+    root.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* a port free now for the store, one above the root's */
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    socklen_t pl = sizeof(root.sin);
+    CU_ASSERT_FATAL(bind(probe, &root.sa, sizeof(root.sin)) == 0);
+    getsockname(probe, &root.sa, &pl);
+    close(probe);
+    root.sin.sin_port = htons((uint16_t)(ntohs(root.sin.sin_port) - 1));
+    geoElasticStoreMaybeServe(&root);
+    geoElasticStoreAddr(&root, &at);
+    snprintf(spec, sizeof(spec), "%s", geoAddrToString(&at, a));
+    geoEtcd e;
+    CU_ASSERT_EQUAL_FATAL(geoEtcdInit(&e, spec, 5.0, why, sizeof(why)), 0);
+    size_t vlen = 600 << 10;
+    char *val = malloc(vlen);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(val);
+    memset(val, 'v', vlen);
+    for (int i = 0; i < 16; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "/s/%02d", i);
+        CU_ASSERT_EQUAL_FATAL(geoEtcdPut(&e, key, val, vlen, 0, why), ncclSuccess);
+    }
+    free(val);
+
+    int slow = socket(AF_INET, SOCK_STREAM, 0), small = 4096;
+    setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    CU_ASSERT_FATAL(connect(slow, &at.sa, sizeof(at.sin)) == 0);
+    const char body[] = "{\"key\":\"L3Mv\",\"range_end\":\"L3Mw\"}"; /* "/s/" to "/s0" */
+    char req[256];
+    int rl = snprintf(req, sizeof(req), "POST /v3/kv/range HTTP/1.1\r\nContent-Length: %zu\r\n"
+                      "\r\n%s", strlen(body), body);
+    CU_ASSERT_EQUAL(send(slow, req, (size_t)rl, MSG_NOSIGNAL), rl);
+    struct timespec pause = {0, 300 * 1000 * 1000};
+    nanosleep(&pause, NULL); /* the store has the request and is answering */
+
+    geoEtcdRange range;
+    double t0 = geoNow();
+    CU_ASSERT_EQUAL(geoEtcdGet(&e, "/s/00", 0, 1, &range, why), ncclSuccess);
+    CU_ASSERT(geoNow() - t0 < 1.0);
+    CU_ASSERT_EQUAL(range.count, 1);
+    geoEtcdRangeFree(&range);
+
+    /* Past the answer's deadline the store has dropped the slow client:
+     * reading now ends well short of the whole answer. */
+    struct timespec wait = {6, 0};
+    nanosleep(&wait, NULL);
+    size_t got = 0;
+    char buf[65536];
+    ssize_t r;
+    while ((r = recv(slow, buf, sizeof(buf), 0)) > 0)
+        got += (size_t)r;
+    CU_ASSERT(got < 16 * vlen);
+    close(slow);
+}
+
 int main(void)
 {
+    /* the store without etcd serves only for a job and without an etcd */
+    setenv("GEOCCL_ELASTIC_JOB", "test-etcd", 1);
+    unsetenv("GEOCCL_ELASTIC_ETCD");
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("etcd", NULL, NULL);
     CU_add_test(s, "base64: the standard's vectors, round trips, bad input", test_base64);
     CU_add_test(s, "JSON: a range answer, escapes, every truncation and corruption", test_json);
     CU_add_test(s, "requests: fail-over, chunked answers, range, keepalive, txn, 503",
                 test_requests);
+    CU_add_test(s, "store without etcd: a client that stops reading holds no one up",
+                test_store_slow_reader);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     int failed = (int)CU_get_number_of_failures();
