@@ -233,7 +233,7 @@ run_sbatch() {
     [ "$labels" = yes ] || torch=0
     [ "$torch" = 1 ] || sed -i '/^# torch:/,$d' "$job"
     t0=$(now)
-    on eu-1 timeout 180 sbatch --wait -o "$out" "$job" > "$WORK/sbatch-$labels.log" 2>&1
+    on eu-1 timeout 300 sbatch --wait -o "$out" "$job" > "$WORK/sbatch-$labels.log" 2>&1
     rc=$?
     if [ "$rc" = 0 ] && [ "$(grep -c 'rank [0-5] of 6: all-reduce of .* ok' "$out")" = 6 ] &&
        check_regions $(($(regions "$labels") * (torch ? 2 : 1))) "$out" &&
