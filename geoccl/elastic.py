@@ -472,8 +472,9 @@ class Elastic:
         epoch = self.epoch + 1
         if self.rank == 0:
             for i in range(k):
-                self._st(self._store.set, "join/admit/%d" % (self.admitted + 1 + i),
-                         "%d %d %d" % (epoch, n + i, n + k))
+                key = "join/admit/%d" % (self.admitted + 1 + i)
+                self._st(self._store.set, key, "%d %d %d" % (epoch, n + i, n + k))
+                self._st(self._store.add, key + "/ready", 1)  # what the joiner polls
         grown = self._form(epoch, self.rank, n + k)
         self.pg.quiesce()
         self.pg = grown
@@ -538,18 +539,20 @@ class Elastic:
         t0 = time.time()
         _log("waiting to join (ticket %d)" % ticket)
         # The members admit at their next round boundary; a job that ends
-        # first says so (close(finished=True) on its rank 0).
-        while True:
-            try:
-                st.wait(["join/admit/%d" % ticket], datetime.timedelta(seconds=1))
-                break
-            except RuntimeError:
-                if st.add("done", 0):
-                    raise MembershipError("geoccl.elastic: the job ended before it admitted "
-                                          "this process")
-                if time.time() - t0 > timeout.total_seconds():
-                    raise MembershipError("geoccl.elastic: not admitted within %s" % timeout)
-        epoch, rank, size = (int(x) for x in st.get("join/admit/%d" % ticket).decode().split())
+        # first says so (close(finished=True) on its rank 0).  Polled with
+        # add(key, 0), not a wait with a timeout: torch's TCPStore leaves a
+        # timed-out wait's answer on the connection and its short timeout
+        # on the socket, and the next request then reads that (a joiner's
+        # get of its admission failed so with "Socket Timeout").
+        key = "join/admit/%d" % ticket
+        while not st.add(key + "/ready", 0):
+            if st.add("done", 0):
+                raise MembershipError("geoccl.elastic: the job ended before it admitted "
+                                      "this process")
+            if time.time() - t0 > timeout.total_seconds():
+                raise MembershipError("geoccl.elastic: not admitted within %s" % timeout)
+            time.sleep(0.05)
+        epoch, rank, size = (int(x) for x in st.get(key).decode().split())
         pg = _C.ProcessGroupGeoCCL(dist.PrefixStore("%s%d/grow/" % (PREFIX, epoch), base),
                                    rank, size, timeout)
         el = cls(state_fn, store=base, timeout=timeout, _pg=pg, _epoch=epoch, **kw)

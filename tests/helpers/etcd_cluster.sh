@@ -69,4 +69,4 @@ etcd_up() {
     exit 1
 }
 
-etcd_down() { local g; for g in 0 1 2; do kill -9 "${ETCD_PID[$g]}" 2>/dev/null; done; }
+etcd_down() { local g; for g in 0 1 2; do [ -n "${ETCD_PID[$g]:-}" ] && kill -9 "${ETCD_PID[$g]}" 2>/dev/null; done; }
