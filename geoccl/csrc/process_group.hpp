@@ -82,6 +82,17 @@
 #define GEOCCL_TORCH_COALESCING 0
 #endif
 
+/* torch 2.1 and later: the Backend's collectives over lists of flat
+ * tensors, allgather_into_tensor_coalesced and
+ * reduce_scatter_tensor_coalesced (since 2.15 the deprecated names of
+ * all_gather_single_coalesced and reduce_scatter_single_coalesced, which
+ * forward to them). */
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define GEOCCL_TORCH_TENSOR_COALESCED 1
+#else
+#define GEOCCL_TORCH_TENSOR_COALESCED 0
+#endif
+
 #include <nccl.h>
 
 namespace geoccl_torch {
@@ -190,6 +201,14 @@ class ProcessGroupGeoCCL : public BaseGroup {
   c10::intrusive_ptr<BaseWork> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const ::c10d::AllgatherOptions& opts) override;
+#if GEOCCL_TORCH_TENSOR_COALESCED
+  /* outputs[i] gets input i of every rank, in rank order (what
+   * _allgather_base gives for that pair); one all-gather per pair, all in
+   * one GeoCCL group. */
+  c10::intrusive_ptr<BaseWork> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+#endif
   c10::intrusive_ptr<BaseWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const ::c10d::GatherOptions& opts) override;
@@ -201,6 +220,14 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                               const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<BaseWork> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+#if GEOCCL_TORCH_TENSOR_COALESCED
+  /* outputs[i] gets this rank's part of the reduction of inputs[i] (what
+   * _reduce_scatter_base gives for that pair); one reduce-scatter per
+   * pair, all in one GeoCCL group. */
+  c10::intrusive_ptr<BaseWork> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+#endif
   c10::intrusive_ptr<BaseWork> alltoall_base(at::Tensor& output, at::Tensor& input,
                                              std::vector<int64_t>& outputSplits,
                                              std::vector<int64_t>& inputSplits,

@@ -474,6 +474,101 @@ def scenario_batches(rank, world, init):
     dist.destroy_process_group()
 
 
+def scenario_tensor_coalesced(rank, world, init):
+    """torch 2.x's allgather_into_tensor_coalesced and
+    reduce_scatter_tensor_coalesced against Gloo's, bit for bit: lists of
+    tensors of odd sizes (one empty), every dtype, contiguous and strided,
+    one list of mixed dtypes; then through the calls a _coalescing_manager
+    block of all_gather_into_tensor or reduce_scatter_tensor becomes (with
+    and without a device: held in a batch or not)."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    geo, gloo = init_groups(rank, world, init)
+    sizes = [1, 13, 0, 37]
+
+    def gathered(dtypes, strided):
+        """geoccl's outputs, and Gloo's (in int64 where Gloo lacks the dtype)."""
+        ins = [data(rank, n, d, strided, salt=i) for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        outs = [empty(world * n, d, strided) for n, d in zip(sizes, dtypes)]
+        geo.allgather_into_tensor_coalesced(outs, ins).wait()
+        refs = [torch.full((world * n,), 99, dtype=d) for n, d in zip(sizes, dtypes)]
+        gins = [data(rank, n, d, False, salt=i) for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        if not gloo_takes(lambda: gloo.allgather_into_tensor_coalesced(refs, gins).wait()):
+            refs = [torch.zeros(world * n, dtype=torch.int64) for n in sizes]
+            gins = [g.to(torch.int64) for g in gins]
+            gloo.allgather_into_tensor_coalesced(refs, gins).wait()
+        return outs, [r.to(d) for r, d in zip(refs, dtypes)]
+
+    def scattered(dtypes, strided, op):
+        ins = [data(rank, world * n, d, strided, salt=i)
+               for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        outs = [empty(n, d, strided) for n, d in zip(sizes, dtypes)]
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = op
+        geo.reduce_scatter_tensor_coalesced(outs, ins, opts).wait()
+        refs = [torch.full((n,), 99, dtype=d) for n, d in zip(sizes, dtypes)]
+        gins = [data(rank, world * n, d, False, salt=i)
+                for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        if not gloo_takes(lambda: gloo.reduce_scatter_tensor_coalesced(refs, gins, opts).wait()):
+            refs = [torch.zeros(n, dtype=torch.int64) for n in sizes]
+            gins = [g.to(torch.int64) for g in gins]
+            gloo.reduce_scatter_tensor_coalesced(refs, gins, opts).wait()
+        return outs, [r.to(d) for r, d in zip(refs, dtypes)]
+
+    mixed = [torch.float32, torch.int64, torch.float16, torch.uint8]
+    for dtypes in [[d] * len(sizes) for d in DTYPES] + [mixed]:
+        for strided in (False, True):
+            outs, refs = gathered(dtypes, strided)
+            for i, (a, b) in enumerate(zip(outs, refs)):
+                same(a, b, "allgather_into_tensor_coalesced %s strided=%s tensor %d"
+                     % (dtypes[i], strided, i))
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+                outs, refs = scattered(dtypes, strided, op)
+                for i, (a, b) in enumerate(zip(outs, refs)):
+                    same(a, b, "reduce_scatter_tensor_coalesced %s %s strided=%s tensor %d"
+                         % (op, dtypes[i], strided, i))
+    # float32 of every bit pattern a normal float has: gathered as they are
+    g = torch.Generator().manual_seed(rank)
+    ins = [torch.randn(n, generator=g) for n in sizes]
+    outs = [torch.empty(world * n) for n in sizes]
+    refs = [torch.empty(world * n) for n in sizes]
+    geo.allgather_into_tensor_coalesced(outs, ins).wait()
+    gloo.allgather_into_tensor_coalesced(refs, ins).wait()
+    for i, (a, b) in enumerate(zip(outs, refs)):
+        same(a, b, "allgather_into_tensor_coalesced randn tensor %d" % i)
+    # the public calls, which a _coalescing_manager block gathers into one
+    # of these (without a device), or holds in the backend's batch (with a
+    # device; Gloo does not coalesce so)
+    cpu = torch.device("cpu")
+
+    def block(grp, device):
+        ins = [data(rank, n, torch.float32, False, salt=i) for i, n in enumerate(sizes)]
+        outs = [empty(world * n, torch.float32, False) for n in sizes]
+        with _coalescing_manager(grp, device, async_ops=True) as cm:
+            for o, x in zip(outs, ins):
+                dist.all_gather_into_tensor(o, x, group=grp)
+        cm.wait()
+        rins = [data(rank, world * n, torch.int32, False, salt=i) for i, n in enumerate(sizes)]
+        routs = [empty(n, torch.int32, False) for n in sizes]
+        with _coalescing_manager(grp, device):
+            for o, x in zip(routs, rins):
+                dist.reduce_scatter_tensor(o, x, op=dist.ReduceOp.MAX, group=grp)
+        return outs + routs
+
+    want = block(gloo, None)
+    for device in (None, cpu):
+        for i, (a, b) in enumerate(zip(block(geo, device), want)):
+            same(a, b, "_coalescing_manager, device %s, tensor %d" % (device, i))
+    # wrong sizes are refused before anything is queued; the group goes on
+    with pytest.raises(RuntimeError, match="needs 4 x 3"):
+        geo.allgather_into_tensor_coalesced([torch.empty(11)], [torch.ones(3)])
+    with pytest.raises(RuntimeError, match="outputs for"):
+        geo.reduce_scatter_tensor_coalesced([torch.empty(1)], [torch.ones(4), torch.ones(4)])
+    t = torch.ones(4)
+    dist.all_reduce(t, group=geo)
+    assert torch.all(t == world)
+    dist.destroy_process_group()
+
+
 def sparse_input(rank, world, dense_dims, dtype):
     """Entries that overlap between ranks, duplicated (not coalesced), none
     on rank 2."""
@@ -643,6 +738,12 @@ def test_sparse_all_reduce_and_monitored_barrier(tmp_path):
 
 def test_batches_and_coalescing(tmp_path):
     run_ranks(scenario_batches, file_init(tmp_path), timeout=60)
+
+
+@pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced or "
+                    "reduce_scatter_tensor_coalesced")
+def test_tensor_coalesced_against_gloo(tmp_path):
+    run_ranks(scenario_tensor_coalesced, file_init(tmp_path), timeout=90)
 
 
 def test_ddp_matches_gloo_env_init():
