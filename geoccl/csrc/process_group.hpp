@@ -247,6 +247,24 @@ class ProcessGroupGeoCCL : public BaseGroup {
    * the ranks that miss opts.timeout, the others fail when it does. */
   void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
 
+#if TORCH_VERSION_MAJOR >= 2
+  /* dist.set_timeout: the group's timeout (init_process_group's) for the
+   * works made from now on, and for the waits of receives from any source
+   * and of monitoredBarrier that start from now on. Declared without
+   * `override`: the 2.x releases before Backend had it have no such
+   * virtual, and there torch does not ask. */
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_.store(timeout); }
+#endif
+
+  /* The group's sequence number, which torch reads (subgroups'
+   * all_gather_into_tensor, the checks of TORCH_DISTRIBUTED_DEBUG=DETAIL):
+   * the calls queued so far by its user (collectives, sends, receives), the
+   * same count on every rank that made the same calls; the backend's own
+   * calls (callOnWorker) are not counted. It starts at 0 on every rank, so
+   * setting it needs nothing. */
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}
+
   /* Stops the work in progress (it fails) and every later call on this
    * group; any thread. With torch 2.x it overrides Backend::abort, which
    * the ProcessGroup's abort() calls. */
@@ -396,8 +414,11 @@ class ProcessGroupGeoCCL : public BaseGroup {
   bool anySource_ = false;
   std::vector<uint64_t> received_;  // messages taken from each peer (worker only)
   int lastAnySource_ = 0;            // where the next look for a sender starts
-  std::chrono::milliseconds timeout_;
+  // the default of wait() on new works; setTimeout may change it while the
+  // worker reads it (receives from any source)
+  std::atomic<std::chrono::milliseconds> timeout_;
   uint64_t seq_ = 0;
+  uint64_t userCalls_ = 0;  // getSequenceNumberForGroup
   // monitoredBarrier (barrier.cpp): calls made; on rank 0, the last
   // passed and failed numbers it wrote to the store
   int64_t mbCalls_ = 0, mbPassed_ = 0, mbFailed_ = 0;

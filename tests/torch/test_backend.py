@@ -373,6 +373,17 @@ def scenario_ops(rank, world, init):
     dist.all_reduce(b, group=geo)          # bool SUM: logical or
     same(b, torch.tensor([True, False, True]), "bool all_reduce")
     check_async_order(rank, world, geo)
+    # the sequence number: the calls made on the group, the same on every
+    # rank (a call of the backend's own, made on one rank, is not counted)
+    import geoccl.torch
+    if rank == 0:
+        geoccl.torch.backend(geo).stats()
+    s = geo._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(1), group=geo)
+    assert geo._get_sequence_number_for_group() == s + 1
+    seqs = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(seqs, torch.tensor([s], dtype=torch.int64), group=gloo)
+    assert all(int(x) == s for x in seqs), seqs
     dist.barrier(group=geo)
     # abort: later calls are refused with a clear error, destroy still works
     geo.abort()
@@ -480,7 +491,7 @@ def scenario_tensor_coalesced(rank, world, init):
     tensors of odd sizes (one empty), every dtype, contiguous and strided,
     one list of mixed dtypes; then through the calls a _coalescing_manager
     block of all_gather_into_tensor or reduce_scatter_tensor becomes (with
-    and without a device: held in a batch or not)."""
+    and without a device: held in a batch or not); dist.set_timeout."""
     from torch.distributed.distributed_c10d import _coalescing_manager
     geo, gloo = init_groups(rank, world, init)
     sizes = [1, 13, 0, 37]
@@ -558,6 +569,20 @@ def scenario_tensor_coalesced(rank, world, init):
     for device in (None, cpu):
         for i, (a, b) in enumerate(zip(block(geo, device), want)):
             same(a, b, "_coalescing_manager, device %s, tensor %d" % (device, i))
+    # dist.set_timeout: the works made after it wait so long at most
+    dist.set_timeout(datetime.timedelta(seconds=1), group=geo)
+    if rank == 0:
+        got = torch.zeros(1)
+        w = dist.irecv(got, src=1, group=geo)
+        with pytest.raises(RuntimeError, match="within 1000 ms"):
+            w.wait()
+    dist.barrier(group=gloo)
+    if rank == 1:
+        dist.send(torch.ones(1), 0, group=geo)
+    dist.set_timeout(datetime.timedelta(seconds=60), group=geo)
+    if rank == 0:
+        w.wait()
+        assert got.item() == 1
     # wrong sizes are refused before anything is queued; the group goes on
     with pytest.raises(RuntimeError, match="needs 4 x 3"):
         geo.allgather_into_tensor_coalesced([torch.empty(11)], [torch.ones(3)])
@@ -740,9 +765,9 @@ def test_batches_and_coalescing(tmp_path):
     run_ranks(scenario_batches, file_init(tmp_path), timeout=60)
 
 
-@pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced or "
-                    "reduce_scatter_tensor_coalesced")
-def test_tensor_coalesced_against_gloo(tmp_path):
+@pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced, "
+                    "reduce_scatter_tensor_coalesced or set_timeout")
+def test_tensor_coalesced_and_set_timeout(tmp_path):
     run_ranks(scenario_tensor_coalesced, file_init(tmp_path), timeout=90)
 
 
