@@ -77,7 +77,7 @@ std::string joinRanks(const std::vector<int>& ranks) {
 }  // namespace
 
 void ProcessGroupGeoCCL::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {
-  const auto timeout = opts.timeout == ::c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  const auto timeout = opts.timeout == ::c10d::kUnsetTimeout ? timeout_.load() : opts.timeout;
   const int64_t k = ++mbCalls_;
   const auto start = std::chrono::steady_clock::now();
   auto checkAbort = [this]() {
@@ -89,7 +89,7 @@ void ProcessGroupGeoCCL::monitoredBarrier(const ::c10d::BarrierOptions& opts, bo
     store_->add(reachedKey(rank_), 1);
     // The group's timeout, or the barrier's when that is longer: rank 0
     // may enter later than this rank and still be in time.
-    auto limit = std::max(timeout_, timeout);
+    auto limit = std::max(timeout_.load(), timeout);
     if (limit <= std::chrono::milliseconds(0)) limit = std::chrono::milliseconds(1800000);
     const auto deadline = start + limit;
     auto pause = std::chrono::milliseconds(1);

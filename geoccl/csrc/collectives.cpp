@@ -217,7 +217,39 @@ struct CopyBack {
 };
 
 
+#if GEOCCL_TORCH_TENSOR_COALESCED
+/* call(i) for every i < n as one GeoCCL group, which runs them in call
+ * order when it ends; the first error of a call, else the group's. The
+ * group is closed after a failed call too (the calls posted run). */
+template <typename F>
+ncclResult_t inOneGroup(size_t n, F call) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (size_t i = 0; i < n && first == ncclSuccess; i++) first = call(i);
+  r = ncclGroupEnd();
+  return first != ncclSuccess ? first : r;
+}
 
+/* The checks both tensor-coalesced calls share: as many outputs as
+ * inputs, each pair alike (dtype, device), all on the first input's
+ * device, and output i bigOut ? size x : 1 / size of input i. */
+void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                int size, bool bigOut, const char* op) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "geoccl: ", op, " has ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); i++) {
+    checkTensor(inputs[i], "an input");
+    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "geoccl: ", op, " input ", i,
+                " is on ", inputs[i].device(), " but input 0 is on ", inputs[0].device());
+    checkLike(outputs[i], inputs[i], "an output");
+    const int64_t small = bigOut ? inputs[i].numel() : outputs[i].numel();
+    const int64_t big = bigOut ? outputs[i].numel() : inputs[i].numel();
+    TORCH_CHECK(big == small * size, "geoccl: ", op, " ", bigOut ? "output " : "input ", i,
+                " has ", big, " elements; it needs ", size, " x ", small);
+  }
+}
+#endif
 
 }  // namespace
 
@@ -404,6 +436,32 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_coalesced(
       });
 }
 
+#if GEOCCL_TORCH_TENSOR_COALESCED
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  checkPairs(outputs, inputs, size_, true, "allgather_into_tensor_coalesced");
+  std::vector<at::Tensor> srcs, dsts;
+  CopyBack back;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    srcs.push_back(dense(inputs[i]));
+    dsts.push_back(dense(outputs[i]));
+    back.add(outputs[i], dsts.back());
+  }
+  std::vector<at::Tensor> used = srcs;
+  used.insert(used.end(), dsts.begin(), dsts.end());
+  return enqueueColl(opts,
+      ::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", used, outputs,
+      [srcs, dsts](ncclComm_t comm, cudaStream_t s) {
+        return inOneGroup(srcs.size(), [&](size_t i) {
+          return ncclAllGather(srcs[i].data_ptr(), dsts[i].data_ptr(), srcs[i].numel(),
+                               ncclType(srcs[i]), comm, s);
+        });
+      },
+      back);
+}
+#endif
+
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::GatherOptions& opts) {
@@ -537,6 +595,47 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::_reduce_scatter_base(
       },
       back);
 }
+
+#if GEOCCL_TORCH_TENSOR_COALESCED
+c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  checkPairs(outputs, inputs, size_, false, "reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> srcs, dsts;
+  std::vector<RedOp> ops;
+  CopyBack back;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    ops.push_back(ncclOp(opts.reduceOp, inputs[i]));
+    srcs.push_back(dense(inputs[i]));
+    dsts.push_back(dense(outputs[i]));
+    back.add(outputs[i], dsts.back());
+  }
+  std::vector<at::Tensor> used = srcs;
+  used.insert(used.end(), dsts.begin(), dsts.end());
+  return enqueueColl(opts,
+      ::c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", used, outputs,
+      [srcs, dsts, ops](ncclComm_t comm, cudaStream_t s) {
+        // PREMUL_SUM's ops must outlive the group, which runs at its end
+        const size_t n = srcs.size();
+        std::vector<ncclRedOp_t> made(n);
+        size_t nmade = 0;
+        ncclResult_t r = ncclSuccess;
+        for (; nmade < n; nmade++) {
+          r = ops[nmade].make(comm, ncclType(srcs[nmade]), &made[nmade]);
+          if (r != ncclSuccess) break;
+        }
+        if (r == ncclSuccess)
+          r = inOneGroup(n, [&](size_t i) {
+            return ncclReduceScatter(srcs[i].data_ptr(), dsts[i].data_ptr(), dsts[i].numel(),
+                                     ncclType(srcs[i]), made[i], comm, s);
+          });
+        for (size_t i = 0; i < nmade; i++)
+          if (ops[i].premul) ncclRedOpDestroy(made[i], comm);
+        return r;
+      },
+      back);
+}
+#endif
 
 namespace {
 

@@ -91,7 +91,7 @@ c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::shrink(
   if (r != ncclSuccess)
     elasticFail(r, comm_, c10::str("ncclCommShrink (rank ", rank_, " of ", size_, ", ",
                                    ex.size(), " excluded)"));
-  return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_);
+  return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_.load());
 }
 
 std::vector<int> ProcessGroupGeoCCL::failedRanks() {
@@ -129,7 +129,7 @@ c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::grow(
                [&child](ncclComm_t comm) { return geocclCommGrow(comm, &child, nullptr); });
   if (!child) return {};  // this rank left, or nothing changed
   quiesce();
-  return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_);
+  return c10::make_intrusive<ProcessGroupGeoCCL>(child, store ? store : store_, timeout_.load());
 }
 
 c10::intrusive_ptr<ProcessGroupGeoCCL> ProcessGroupGeoCCL::join(

@@ -71,8 +71,9 @@ void ProcessGroupGeoCCL::announceSend(int dst) { store_->add(counterKey(rank_, d
 
 int ProcessGroupGeoCCL::waitAnySource() {
   // How long to look: the group's timeout, as every other wait of it.
-  const auto limit = timeout_ > std::chrono::milliseconds(0) ? timeout_
-                                                             : std::chrono::milliseconds(1800000);
+  const auto timeout = timeout_.load();
+  const auto limit = timeout > std::chrono::milliseconds(0) ? timeout
+                                                            : std::chrono::milliseconds(1800000);
   const auto deadline = std::chrono::steady_clock::now() + limit;
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
@@ -160,7 +161,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::flushBatch() {
   }
   if (items.empty()) {
     auto none = c10::make_intrusive<WorkGeoCCL>(rank_, ::c10d::OpType::UNKNOWN, "batch",
-                                                std::vector<at::Tensor>(), timeout_);
+                                                std::vector<at::Tensor>(), timeout_.load());
     none->complete(nullptr);
     return none;
   }
@@ -189,7 +190,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::flushBatch() {
   all.readyEvent = nullptr;
   all.what = c10::str("batch of ", members->size(), " calls");
   all.work = c10::make_intrusive<WorkGeoCCL>(rank_, ::c10d::OpType::UNKNOWN, "batch",
-                                             std::vector<at::Tensor>(), timeout_);
+                                             std::vector<at::Tensor>(), timeout_.load());
   all.job = [members](ncclComm_t comm, cudaStream_t s) {
     const size_t n = members->size();
     std::exception_ptr error;

@@ -4,6 +4,9 @@
  * destruction (process_group.hpp).  The collectives themselves, with their
  * argument checks on the caller's thread, are in collectives.cpp.
  */
+// first, as Python asks of its header
+#include <Python.h>
+
 #include "process_group.hpp"
 
 #include <cstring>
@@ -139,7 +142,16 @@ ProcessGroupGeoCCL::~ProcessGroupGeoCCL() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  if (worker_.joinable()) {
+    // Python drops its last reference to the group holding the GIL, and
+    // the worker may then be dropping the last reference to a call's
+    // tensor that Python also holds, or completing a future with Python
+    // callbacks: both take the GIL. So the GIL is let go while it waits.
+    PyThreadState* saved =
+        Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+    worker_.join();
+    if (saved) PyEval_RestoreThread(saved);
+  }
 #ifdef GEOCCL_TORCH_CUDA
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 #endif
@@ -152,6 +164,11 @@ void ProcessGroupGeoCCL::abort() {
     aborted_ = true;
   }
   if (comm_) ncclCommRevoke(comm_, 0);
+}
+
+uint64_t ProcessGroupGeoCCL::getSequenceNumberForGroup() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return userCalls_;
 }
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, const char* name,
@@ -180,6 +197,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!aborted_, "geoccl: the process group was aborted");
     seq = ++seq_;
+    if (hold) ++userCalls_;
   }
   item.what = first ? describe(name, seq, *first) : c10::str(name, " #", seq);
 
@@ -205,7 +223,8 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::enqueue(::c10d::OpType type, co
   item.tensors = inputs;
   item.tensors.insert(item.tensors.end(), outputs.begin(), outputs.end());
 
-  item.work = c10::make_intrusive<WorkGeoCCL>(rank_, type, name, std::move(outputs), timeout_);
+  item.work =
+      c10::make_intrusive<WorkGeoCCL>(rank_, type, name, std::move(outputs), timeout_.load());
   item.job = std::move(job);
   item.post = std::move(post);
   auto work = item.work;

@@ -82,6 +82,17 @@
 #define GEOCCL_TORCH_COALESCING 0
 #endif
 
+/* torch 2.1 and later: the Backend's collectives over lists of flat
+ * tensors, allgather_into_tensor_coalesced and
+ * reduce_scatter_tensor_coalesced (since 2.15 the deprecated names of
+ * all_gather_single_coalesced and reduce_scatter_single_coalesced, which
+ * forward to them). */
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define GEOCCL_TORCH_TENSOR_COALESCED 1
+#else
+#define GEOCCL_TORCH_TENSOR_COALESCED 0
+#endif
+
 #include <nccl.h>
 
 namespace geoccl_torch {
@@ -190,6 +201,14 @@ class ProcessGroupGeoCCL : public BaseGroup {
   c10::intrusive_ptr<BaseWork> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const ::c10d::AllgatherOptions& opts) override;
+#if GEOCCL_TORCH_TENSOR_COALESCED
+  /* outputs[i] gets input i of every rank, in rank order (what
+   * _allgather_base gives for that pair); one all-gather per pair, all in
+   * one GeoCCL group. */
+  c10::intrusive_ptr<BaseWork> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+#endif
   c10::intrusive_ptr<BaseWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const ::c10d::GatherOptions& opts) override;
@@ -201,6 +220,14 @@ class ProcessGroupGeoCCL : public BaseGroup {
                                               const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<BaseWork> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+#if GEOCCL_TORCH_TENSOR_COALESCED
+  /* outputs[i] gets this rank's part of the reduction of inputs[i] (what
+   * _reduce_scatter_base gives for that pair); one reduce-scatter per
+   * pair, all in one GeoCCL group. */
+  c10::intrusive_ptr<BaseWork> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+#endif
   c10::intrusive_ptr<BaseWork> alltoall_base(at::Tensor& output, at::Tensor& input,
                                              std::vector<int64_t>& outputSplits,
                                              std::vector<int64_t>& inputSplits,
@@ -219,6 +246,24 @@ class ProcessGroupGeoCCL : public BaseGroup {
   /* barrier.cpp: on the calling thread, through the store; rank 0 names
    * the ranks that miss opts.timeout, the others fail when it does. */
   void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
+
+#if TORCH_VERSION_MAJOR >= 2
+  /* dist.set_timeout: the group's timeout (init_process_group's) for the
+   * works made from now on, and for the waits of receives from any source
+   * and of monitoredBarrier that start from now on. Declared without
+   * `override`: the 2.x releases before Backend had it have no such
+   * virtual, and there torch does not ask. */
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_.store(timeout); }
+#endif
+
+  /* The group's sequence number, which torch reads (subgroups'
+   * all_gather_into_tensor, the checks of TORCH_DISTRIBUTED_DEBUG=DETAIL):
+   * the calls queued so far by its user (collectives, sends, receives), the
+   * same count on every rank that made the same calls; the backend's own
+   * calls (callOnWorker) are not counted. It starts at 0 on every rank, so
+   * setting it needs nothing. */
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}
 
   /* Stops the work in progress (it fails) and every later call on this
    * group; any thread. With torch 2.x it overrides Backend::abort, which
@@ -368,8 +413,11 @@ class ProcessGroupGeoCCL : public BaseGroup {
   bool anySource_ = false;
   std::vector<uint64_t> received_;  // messages taken from each peer (worker only)
   int lastAnySource_ = 0;            // where the next look for a sender starts
-  std::chrono::milliseconds timeout_;
+  // the default of wait() on new works; setTimeout may change it while the
+  // worker reads it (receives from any source)
+  std::atomic<std::chrono::milliseconds> timeout_;
   uint64_t seq_ = 0;
+  uint64_t userCalls_ = 0;  // getSequenceNumberForGroup
   // monitoredBarrier (barrier.cpp): calls made; on rank 0, the last
   // passed and failed numbers it wrote to the store
   int64_t mbCalls_ = 0, mbPassed_ = 0, mbFailed_ = 0;

@@ -373,6 +373,17 @@ def scenario_ops(rank, world, init):
     dist.all_reduce(b, group=geo)          # bool SUM: logical or
     same(b, torch.tensor([True, False, True]), "bool all_reduce")
     check_async_order(rank, world, geo)
+    # the sequence number: the calls made on the group, the same on every
+    # rank (a call of the backend's own, made on one rank, is not counted)
+    import geoccl.torch
+    if rank == 0:
+        geoccl.torch.backend(geo).stats()
+    s = geo._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(1), group=geo)
+    assert geo._get_sequence_number_for_group() == s + 1
+    seqs = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(seqs, torch.tensor([s], dtype=torch.int64), group=gloo)
+    assert all(int(x) == s for x in seqs), seqs
     dist.barrier(group=geo)
     # abort: later calls are refused with a clear error, destroy still works
     geo.abort()
@@ -471,6 +482,115 @@ def scenario_batches(rank, world, init):
     with _coalescing_manager(geo, cpu):
         pass
     dist.barrier(group=geo)
+    dist.destroy_process_group()
+
+
+def scenario_tensor_coalesced(rank, world, init):
+    """torch 2.x's allgather_into_tensor_coalesced and
+    reduce_scatter_tensor_coalesced against Gloo's, bit for bit: lists of
+    tensors of odd sizes (one empty), every dtype, contiguous and strided,
+    one list of mixed dtypes; then through the calls a _coalescing_manager
+    block of all_gather_into_tensor or reduce_scatter_tensor becomes (with
+    and without a device: held in a batch or not); dist.set_timeout."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    geo, gloo = init_groups(rank, world, init)
+    sizes = [1, 13, 0, 37]
+
+    def gathered(dtypes, strided):
+        """geoccl's outputs, and Gloo's (in int64 where Gloo lacks the dtype)."""
+        ins = [data(rank, n, d, strided, salt=i) for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        outs = [empty(world * n, d, strided) for n, d in zip(sizes, dtypes)]
+        geo.allgather_into_tensor_coalesced(outs, ins).wait()
+        refs = [torch.full((world * n,), 99, dtype=d) for n, d in zip(sizes, dtypes)]
+        gins = [data(rank, n, d, False, salt=i) for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        if not gloo_takes(lambda: gloo.allgather_into_tensor_coalesced(refs, gins).wait()):
+            refs = [torch.zeros(world * n, dtype=torch.int64) for n in sizes]
+            gins = [g.to(torch.int64) for g in gins]
+            gloo.allgather_into_tensor_coalesced(refs, gins).wait()
+        return outs, [r.to(d) for r, d in zip(refs, dtypes)]
+
+    def scattered(dtypes, strided, op):
+        ins = [data(rank, world * n, d, strided, salt=i)
+               for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        outs = [empty(n, d, strided) for n, d in zip(sizes, dtypes)]
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = op
+        geo.reduce_scatter_tensor_coalesced(outs, ins, opts).wait()
+        refs = [torch.full((n,), 99, dtype=d) for n, d in zip(sizes, dtypes)]
+        gins = [data(rank, world * n, d, False, salt=i)
+                for i, (n, d) in enumerate(zip(sizes, dtypes))]
+        if not gloo_takes(lambda: gloo.reduce_scatter_tensor_coalesced(refs, gins, opts).wait()):
+            refs = [torch.zeros(n, dtype=torch.int64) for n in sizes]
+            gins = [g.to(torch.int64) for g in gins]
+            gloo.reduce_scatter_tensor_coalesced(refs, gins, opts).wait()
+        return outs, [r.to(d) for r, d in zip(refs, dtypes)]
+
+    mixed = [torch.float32, torch.int64, torch.float16, torch.uint8]
+    for dtypes in [[d] * len(sizes) for d in DTYPES] + [mixed]:
+        for strided in (False, True):
+            outs, refs = gathered(dtypes, strided)
+            for i, (a, b) in enumerate(zip(outs, refs)):
+                same(a, b, "allgather_into_tensor_coalesced %s strided=%s tensor %d"
+                     % (dtypes[i], strided, i))
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+                outs, refs = scattered(dtypes, strided, op)
+                for i, (a, b) in enumerate(zip(outs, refs)):
+                    same(a, b, "reduce_scatter_tensor_coalesced %s %s strided=%s tensor %d"
+                         % (op, dtypes[i], strided, i))
+    # float32 of every bit pattern a normal float has: gathered as they are
+    g = torch.Generator().manual_seed(rank)
+    ins = [torch.randn(n, generator=g) for n in sizes]
+    outs = [torch.empty(world * n) for n in sizes]
+    refs = [torch.empty(world * n) for n in sizes]
+    geo.allgather_into_tensor_coalesced(outs, ins).wait()
+    gloo.allgather_into_tensor_coalesced(refs, ins).wait()
+    for i, (a, b) in enumerate(zip(outs, refs)):
+        same(a, b, "allgather_into_tensor_coalesced randn tensor %d" % i)
+    # the public calls, which a _coalescing_manager block gathers into one
+    # of these (without a device), or holds in the backend's batch (with a
+    # device; Gloo does not coalesce so)
+    cpu = torch.device("cpu")
+
+    def block(grp, device):
+        ins = [data(rank, n, torch.float32, False, salt=i) for i, n in enumerate(sizes)]
+        outs = [empty(world * n, torch.float32, False) for n in sizes]
+        with _coalescing_manager(grp, device, async_ops=True) as cm:
+            for o, x in zip(outs, ins):
+                dist.all_gather_into_tensor(o, x, group=grp)
+        cm.wait()
+        rins = [data(rank, world * n, torch.int32, False, salt=i) for i, n in enumerate(sizes)]
+        routs = [empty(n, torch.int32, False) for n in sizes]
+        with _coalescing_manager(grp, device):
+            for o, x in zip(routs, rins):
+                dist.reduce_scatter_tensor(o, x, op=dist.ReduceOp.MAX, group=grp)
+        return outs + routs
+
+    want = block(gloo, None)
+    for device in (None, cpu):
+        for i, (a, b) in enumerate(zip(block(geo, device), want)):
+            same(a, b, "_coalescing_manager, device %s, tensor %d" % (device, i))
+    # dist.set_timeout: the works made after it wait so long at most
+    dist.set_timeout(datetime.timedelta(seconds=1), group=geo)
+    if rank == 0:
+        got = torch.zeros(1)
+        w = dist.irecv(got, src=1, group=geo)
+        with pytest.raises(RuntimeError, match="within 1000 ms"):
+            w.wait()
+    dist.barrier(group=gloo)
+    if rank == 1:
+        dist.send(torch.ones(1), 0, group=geo)
+    dist.set_timeout(datetime.timedelta(seconds=60), group=geo)
+    if rank == 0:
+        w.wait()
+        assert got.item() == 1
+    # wrong sizes are refused before anything is queued; the group goes on
+    with pytest.raises(RuntimeError, match="needs 4 x 3"):
+        geo.allgather_into_tensor_coalesced([torch.empty(11)], [torch.ones(3)])
+    with pytest.raises(RuntimeError, match="outputs for"):
+        geo.reduce_scatter_tensor_coalesced([torch.empty(1)], [torch.ones(4), torch.ones(4)])
+    t = torch.ones(4)
+    dist.all_reduce(t, group=geo)
+    assert torch.all(t == world)
     dist.destroy_process_group()
 
 
@@ -643,6 +763,12 @@ def test_sparse_all_reduce_and_monitored_barrier(tmp_path):
 
 def test_batches_and_coalescing(tmp_path):
     run_ranks(scenario_batches, file_init(tmp_path), timeout=60)
+
+
+@pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced, "
+                    "reduce_scatter_tensor_coalesced or set_timeout")
+def test_tensor_coalesced_and_set_timeout(tmp_path):
+    run_ranks(scenario_tensor_coalesced, file_init(tmp_path), timeout=90)
 
 
 def test_ddp_matches_gloo_env_init():
