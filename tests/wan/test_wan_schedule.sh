@@ -232,11 +232,14 @@ ra=$(awk -v a="$ta" -v b="$alone" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
 rb=$(awk -v a="$tb" -v b="$alone" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
 # What the emulator must get right is the sum (the link) and that each set
 # is measured; how cubic splits a tail-drop queue over 5 s is TCP's: a set
-# that started first held 0.67 to 0.80 of the link in these runs.
+# that started first held 0.67 to 0.80 of the link in these runs.  The
+# two sets start one command after the other, so the first one's window
+# can hold a moment alone on the link: the sum read 1.10 so at load 11
+# (two sets each taking the whole link would read 2).
 rs=$(awk -v a="$ra" -v b="$rb" 'BEGIN { printf "%.2f", a + b }')
-if within "$ra" 0.15 0.85 && within "$rb" 0.15 0.85 && within "$rs" 0.85 1.05; then
+if within "$ra" 0.15 0.85 && within "$rb" 0.15 0.85 && within "$rs" 0.85 1.15; then
     pass "beside each other the two sets share the link: $ta and $tb Mbit/s ($ra and $rb of $alone alone, $rs together)"
-else fail "beside each other: $ta and $tb Mbit/s (${ra:-?} and ${rb:-?} of ${alone:-?} alone; want 0.15..0.85 each, 0.85..1.05 together)"; fi
+else fail "beside each other: $ta and $tb Mbit/s (${ra:-?} and ${rb:-?} of ${alone:-?} alone; want 0.15..0.85 each, 0.85..1.15 together)"; fi
 
 echo "== cross stop: 2 flows without --seconds, stopped after 3 s"
 "$WAN" cross start c -n "$NAME" --from 0 --to 1 --flows 2 --cc bbr --omit 1 -q
