@@ -193,14 +193,19 @@ watch() {
     d=$WORK/$step
     GEOCCL_DEBUG=TRACE GEOCCL_DEBUG_SUBSYS=NET start "$d" "$port" 60 "0 0 1 1 2 2" loop 40 174080
     finish_ranks "$d" "$(awk -v a="$(now)" 'BEGIN { printf "%.6f", a + 110 }')"
-    MOVED=""
+    MOVED="" THIN=0
     loop_bad "$d"
     bad=$?
     for ((r = 0; r < NR; r++)); do
         n=$(grep -c "cubic from now on" "$d/rank$r.out")
         MOVED="$MOVED r$r:$n"
-        [ "$step" = clean ] && [ "$n" != 2 ] &&
-            grep -h "bbr still" "$d/rank$r.out" | tail -n 1 | sed "s/.*TRACE /      rank $r: /"
+        if [ "$step" = clean ] && [ "$n" != 2 ]; then
+            local last segs
+            last=$(grep -h "bbr still" "$d/rank$r.out" | tail -n 1)
+            sed "s/.*TRACE /      rank $r: /" <<< "$last"
+            segs=$(sed -nE 's/.*\(loss [^(]*\([0-9]+ of ([0-9]+) segments.*/\1/p' <<< "$last")
+            [ "$n" = 1 ] && [ -n "$segs" ] && [ "$segs" -lt 5000 ] && THIN=$((THIN + 1))
+        fi
     done
     RANK_PIDS=()
     grep -h "cubic from now on" "$d/rank0.out" | head -1 | sed 's/.*INFO /   rank 0: /'
@@ -208,10 +213,17 @@ watch() {
 }
 echo "== w. 3 regions, 100 Mbit/s, 25 ms one-way, 170 KB all-reduces: clean, then 1% loss"
 wan_up -r 3 --rate 100mbit --delay 25ms
-if watch clean 29530 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':2$')" = 6 ]; then
-    pass "w. clean links: every rank moved its pairs from bbr to cubic after init ($MOVED)"
+# A pair a rank barely sends on (in some runs rank 5's connections to
+# region 0 counted 932 segments in the 40 s, where the others' counted
+# thousands a second) gives the rule too little to bound the loss: it stays
+# on bbr for want of evidence, which is right.  So: every rank moved at
+# least one pair, and a rank that kept one on bbr had counted under 5000
+# segments on it (THIN counts those).
+if watch clean 29530 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':[12]$')" = 6 ] &&
+   [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':2$')" = "$((6 - THIN))" ]; then
+    pass "w. clean links: every rank moved its pairs from bbr to cubic after init, but for $THIN pair(s) with too few segments to judge ($MOVED)"
 else
-    fail "w. clean links: ranks' pairs moved to cubic:$MOVED (every rank should say 2)"
+    fail "w. clean links: ranks' pairs moved to cubic:$MOVED (every rank should say 2, or 1 where the other pair counted under 5000 segments)"
 fi
 wan_up -r 3 --rate 100mbit --delay 25ms --loss 1 --seed 5
 if watch lossy 29531 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':0$')" = 6 ]; then
