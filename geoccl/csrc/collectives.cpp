@@ -1,18 +1,17 @@
 /*
  * The geoccl process group's collectives: each checks its tensors on the
  * caller's thread and queues the GeoCCL calls that the group's worker
- * thread runs (process_group.cpp); the tensor and reduction-op helpers
- * they share.
+ * thread runs (process_group.cpp); the helpers they share are in
+ * tensor_ops.{hpp,cpp}.
  */
 #include "process_group.hpp"
+#include "tensor_ops.hpp"
 
 #include <cstring>
 #include <stdexcept>
 
 #include <ATen/core/ivalue.h>
-#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 
 #ifdef GEOCCL_TORCH_CUDA
 #include <cuda_runtime.h>
@@ -22,236 +21,6 @@
 #endif
 
 namespace geoccl_torch {
-
-namespace {
-
-
-/* GeoCCL's datatype for t; throws for the types the NCCL API lacks. Bool
- * travels as uint8 (its reductions are remapped by ncclOp). */
-ncclDataType_t ncclType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    case at::kChar: return ncclInt8;
-    case at::kBool: return ncclUint8;
-    default:
-      TORCH_CHECK(false, "geoccl: tensors of dtype ", dtypeName(t),
-                  " are not supported (float32, float64, float16, bfloat16, int32, int64, "
-                  "uint8, int8, bool are)");
-  }
-  return ncclFloat32;  // not reached
-}
-
-const char* opName(const ::c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case ::c10d::ReduceOp::SUM: return "SUM";
-    case ::c10d::ReduceOp::AVG: return "AVG";
-    case ::c10d::ReduceOp::PRODUCT: return "PRODUCT";
-    case ::c10d::ReduceOp::MIN: return "MIN";
-    case ::c10d::ReduceOp::MAX: return "MAX";
-    case ::c10d::ReduceOp::BAND: return "BAND";
-    case ::c10d::ReduceOp::BOR: return "BOR";
-    case ::c10d::ReduceOp::BXOR: return "BXOR";
-    case ::c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "UNUSED";
-  }
-}
-
-/* GeoCCL's reduction for op on t: a built-in one, or PREMUL_SUM's factor
- * (torch's _make_nccl_premul_sum: a double, or a one-element tensor per
- * input), which becomes an ncclRedOpCreatePreMulSum op on the worker thread
- * for the call and is destroyed after it (the op needs the communicator).
- * Throws, before anything is queued, for the ones NCCL's API lacks. */
-struct RedOp {
-  ncclRedOp_t op = ncclSum;
-  bool premul = false;
-  double factor = 0;
-
-  /* The op for one call on comm with elements of dt into *out. */
-  ncclResult_t make(ncclComm_t comm, ncclDataType_t dt, ncclRedOp_t* out) const {
-    if (!premul) {
-      *out = op;
-      return ncclSuccess;
-    }
-    union {
-      float f;
-      double d;
-      uint16_t h;
-    } v;
-    memset(&v, 0, sizeof(v));
-    switch (dt) {
-      case ncclFloat32: v.f = static_cast<float>(factor); break;
-      case ncclFloat64: v.d = factor; break;
-      case ncclFloat16: v.h = c10::Half(static_cast<float>(factor)).x; break;
-      case ncclBfloat16: v.h = c10::BFloat16(static_cast<float>(factor)).x; break;
-      default: return ncclInvalidArgument;
-    }
-    return ncclRedOpCreatePreMulSum(out, &v, dt, ncclScalarHostImmediate, comm);
-  }
-  /* call(op) with the op made for comm and dt, destroyed after it. */
-  template <typename F>
-  ncclResult_t with(ncclComm_t comm, ncclDataType_t dt, F call) const {
-    ncclRedOp_t o;
-    ncclResult_t r = make(comm, dt, &o);
-    if (r != ncclSuccess) return r;
-    r = call(o);
-    if (premul) ncclRedOpDestroy(o, comm);
-    return r;
-  }
-};
-
-/* The factor tensor of a PREMUL_SUM, undefined when the factor is a
- * double: torch 1.13 keeps a list of them (tensor_factors), 2.x one
- * (tensor_factor). */
-template <typename S>
-auto premulFactor(const S& s, int) -> decltype(s.tensor_factors, at::Tensor()) {
-  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
-}
-template <typename S>
-auto premulFactor(const S& s, long) -> decltype(s.tensor_factor, at::Tensor()) {
-  return s.tensor_factor;
-}
-
-RedOp ncclOp(const ::c10d::ReduceOp& op, const at::Tensor& t) {
-  const bool isBool = t.scalar_type() == at::kBool;
-  RedOp r;
-  switch (op.op_) {
-    case ::c10d::ReduceOp::SUM: r.op = isBool ? ncclMax : ncclSum; return r;       // logical or
-    case ::c10d::ReduceOp::PRODUCT: r.op = isBool ? ncclMin : ncclProd; return r;  // logical and
-    case ::c10d::ReduceOp::MIN: r.op = ncclMin; return r;
-    case ::c10d::ReduceOp::MAX: r.op = ncclMax; return r;
-    case ::c10d::ReduceOp::AVG:
-      TORCH_CHECK(!isBool, "geoccl: ReduceOp.AVG is not defined on bool tensors");
-      r.op = ncclAvg;
-      return r;
-    case ::c10d::ReduceOp::PREMUL_SUM: {
-      // as NCCL's PyTorch backend: a factor that is not an integer has no
-      // meaning in an integer sum (a cast would turn 0.5 into 0)
-      TORCH_CHECK(at::isFloatingType(t.scalar_type()),
-                  "geoccl: ReduceOp.PREMUL_SUM needs a floating-point tensor (float32, "
-                  "float64, float16, bfloat16), got ", dtypeName(t));
-      auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      TORCH_CHECK(sup != nullptr,
-                  "geoccl: ReduceOp.PREMUL_SUM needs its factor (make the op with "
-                  "torch.distributed._make_nccl_premul_sum(factor))");
-      const at::Tensor f = premulFactor(*sup, 0);
-      if (!f.defined()) {
-        r.factor = sup->double_factor;
-      } else {
-        TORCH_CHECK(f.numel() == 1, "geoccl: PREMUL_SUM's factor tensor has ", f.numel(),
-                    " elements; it needs 1");
-        r.factor = f.item<double>();
-      }
-      r.premul = true;
-      return r;
-    }
-    default:
-      TORCH_CHECK(false, "geoccl: ReduceOp.", opName(op),
-                  " is not supported (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM are)");
-  }
-  return r;  // not reached
-}
-
-void checkTensor(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.defined(), "geoccl: ", what, " is an undefined tensor");
-  TORCH_CHECK(t.layout() == at::kStrided, "geoccl: ", what, " must be a dense tensor, not ",
-              t.layout(), " (of sparse tensors, geoccl has all_reduce with SUM only)");
-#if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
-  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "geoccl: ", what,
-              " is on device ", t.device(), "; CPU and CUDA tensors are supported");
-#elif defined(GEOCCL_TORCH_CUDA)
-  TORCH_CHECK(t.device().is_cpu(), "geoccl: ", what, " is on device ", t.device(), "; ",
-              kNoC10Cuda);
-#else
-  TORCH_CHECK(t.device().is_cpu(), "geoccl: ", what, " is on device ", t.device(),
-              "; this build of geoccl supports CPU tensors only (built without CUDA)");
-#endif
-  (void)ncclType(t);
-}
-
-const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
-  TORCH_CHECK(tensors.size() == 1, "geoccl: ", op, " takes exactly one tensor per process, got ",
-              tensors.size());
-  checkTensor(tensors[0], "the tensor");
-  return tensors[0];
-}
-
-void checkLike(const at::Tensor& t, const at::Tensor& ref, const char* what) {
-  checkTensor(t, what);
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "geoccl: ", what, " has dtype ",
-              dtypeName(t), " but the input has ", dtypeName(ref));
-  TORCH_CHECK(t.device() == ref.device(), "geoccl: ", what, " is on ", t.device(),
-              " but the input is on ", ref.device());
-}
-
-void checkRoot(int64_t root, int size, const char* op) {
-  TORCH_CHECK(root >= 0 && root < size, "geoccl: ", op, " root rank ", root,
-              " is out of range for a group of ", size, " ranks");
-}
-
-/* A contiguous tensor with t's data (t itself when it already is). */
-at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-
-char* bytesAt(const at::Tensor& t, int64_t elements) {
-  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.element_size());
-}
-
-/* What the post step must do for an output that was not contiguous:
- * copy the contiguous buffer the call wrote back into it. */
-struct CopyBack {
-  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;  // (destination, source)
-  void add(const at::Tensor& dst, const at::Tensor& src) {
-    if (!dst.is_same(src)) pairs.emplace_back(dst, src);
-  }
-  void operator()() const {
-    for (const auto& p : pairs) {
-      auto dst = p.first;
-      dst.copy_(p.second.view(dst.sizes()));
-    }
-  }
-};
-
-
-#if GEOCCL_TORCH_TENSOR_COALESCED
-/* call(i) for every i < n as one GeoCCL group, which runs them in call
- * order when it ends; the first error of a call, else the group's. The
- * group is closed after a failed call too (the calls posted run). */
-template <typename F>
-ncclResult_t inOneGroup(size_t n, F call) {
-  ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) return r;
-  ncclResult_t first = ncclSuccess;
-  for (size_t i = 0; i < n && first == ncclSuccess; i++) first = call(i);
-  r = ncclGroupEnd();
-  return first != ncclSuccess ? first : r;
-}
-
-/* The checks both tensor-coalesced calls share: as many outputs as
- * inputs, each pair alike (dtype, device), all on the first input's
- * device, and output i bigOut ? size x : 1 / size of input i. */
-void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
-                int size, bool bigOut, const char* op) {
-  TORCH_CHECK(outputs.size() == inputs.size(), "geoccl: ", op, " has ", outputs.size(),
-              " outputs for ", inputs.size(), " inputs");
-  for (size_t i = 0; i < inputs.size(); i++) {
-    checkTensor(inputs[i], "an input");
-    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "geoccl: ", op, " input ", i,
-                " is on ", inputs[i].device(), " but input 0 is on ", inputs[0].device());
-    checkLike(outputs[i], inputs[i], "an output");
-    const int64_t small = bigOut ? inputs[i].numel() : outputs[i].numel();
-    const int64_t big = bigOut ? outputs[i].numel() : inputs[i].numel();
-    TORCH_CHECK(big == small * size, "geoccl: ", op, " ", bigOut ? "output " : "input ", i,
-                " has ", big, " elements; it needs ", size, " x ", small);
-  }
-}
-#endif
-
-}  // namespace
 
 c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const ::c10d::AllreduceOptions& opts) {
@@ -441,24 +210,16 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::allgather_into_tensor_coalesced
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& opts) {
   checkPairs(outputs, inputs, size_, true, "allgather_into_tensor_coalesced");
-  std::vector<at::Tensor> srcs, dsts;
-  CopyBack back;
-  for (size_t i = 0; i < inputs.size(); i++) {
-    srcs.push_back(dense(inputs[i]));
-    dsts.push_back(dense(outputs[i]));
-    back.add(outputs[i], dsts.back());
-  }
-  std::vector<at::Tensor> used = srcs;
-  used.insert(used.end(), dsts.begin(), dsts.end());
+  const DensePairs b(outputs, inputs);
   return enqueueColl(opts,
-      ::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", used, outputs,
-      [srcs, dsts](ncclComm_t comm, cudaStream_t s) {
+      ::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", b.used, outputs,
+      [srcs = b.srcs, dsts = b.dsts](ncclComm_t comm, cudaStream_t s) {
         return inOneGroup(srcs.size(), [&](size_t i) {
           return ncclAllGather(srcs[i].data_ptr(), dsts[i].data_ptr(), srcs[i].numel(),
                                ncclType(srcs[i]), comm, s);
         });
       },
-      back);
+      b.back);
 }
 #endif
 
@@ -601,20 +362,12 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter_tensor_coalesced
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::ReduceScatterOptions& opts) {
   checkPairs(outputs, inputs, size_, false, "reduce_scatter_tensor_coalesced");
-  std::vector<at::Tensor> srcs, dsts;
   std::vector<RedOp> ops;
-  CopyBack back;
-  for (size_t i = 0; i < inputs.size(); i++) {
-    ops.push_back(ncclOp(opts.reduceOp, inputs[i]));
-    srcs.push_back(dense(inputs[i]));
-    dsts.push_back(dense(outputs[i]));
-    back.add(outputs[i], dsts.back());
-  }
-  std::vector<at::Tensor> used = srcs;
-  used.insert(used.end(), dsts.begin(), dsts.end());
+  for (const auto& t : inputs) ops.push_back(ncclOp(opts.reduceOp, t));
+  const DensePairs b(outputs, inputs);
   return enqueueColl(opts,
-      ::c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", used, outputs,
-      [srcs, dsts, ops](ncclComm_t comm, cudaStream_t s) {
+      ::c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", b.used, outputs,
+      [srcs = b.srcs, dsts = b.dsts, ops](ncclComm_t comm, cudaStream_t s) {
         // PREMUL_SUM's ops must outlive the group, which runs at its end
         const size_t n = srcs.size();
         std::vector<ncclRedOp_t> made(n);
@@ -633,7 +386,7 @@ c10::intrusive_ptr<BaseWork> ProcessGroupGeoCCL::reduce_scatter_tensor_coalesced
           if (ops[i].premul) ncclRedOpDestroy(made[i], comm);
         return r;
       },
-      back);
+      b.back);
 }
 #endif
 
