@@ -172,9 +172,11 @@ static void test_silent_stranger_does_not_delay(void)
     printf("\n    init of 3 ranks: %.3f s alone, %.3f s with 2 and %.3f s with 600 idle "
            "strangers at the root\n", plain, two, many);
     /* The root used to give each stranger its 5 s handshake limit in turn,
-     * then to serve 64 at a time while the rest waited in the backlog. */
-    CU_ASSERT_TRUE(two - plain < 1.0);
-    CU_ASSERT_TRUE(many - plain < 1.0);
+     * then to serve 64 at a time while the rest waited in the backlog: a
+     * delay of 5 s or more.  Under half of it passes; a thread-sanitized
+     * build beside the whole suite took 1.14 s more with 2 strangers. */
+    CU_ASSERT_TRUE(two - plain < 2.5);
+    CU_ASSERT_TRUE(many - plain < 2.5);
     unsetenv("GEOCCL_PROBE");
     geoParamReload();
 }
