@@ -25,21 +25,27 @@ static int settled(const topoReplanState *s, int g, double band)
 }
 
 int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *known,
-                      const double *obs, const double *busy, double band, int calls,
-                      char names[][32], double *next, char *why, int whylen)
+                      const double *obs, const double *busy, const double *full, double band,
+                      int calls, char names[][32], double *next, char *why, int whylen)
 {
     int fire = 0, need[TOPO_REPLAN_MAX_REGIONS];
     if (R > TOPO_REPLAN_MAX_REGIONS)
         R = TOPO_REPLAN_MAX_REGIONS;
     if (calls < 1)
         calls = 1;
+    double fullest = 0;
+    for (int g = 0; full != NULL && g < R; g++)
+        if (obs[g] > 0 && full[g] > fullest)
+            fullest = full[g];
     for (int g = 0; g < R; g++) {
         int d = 0, informative = 0;
         if (obs[g] > 0 && plan[g] > 0) {
             double ratio = obs[g] / plan[g];
             d = ratio < 1 - band ? -1 : ratio > 1 + band ? 1 : 0;
             informative = 1;
-            if (ratio < 1 && !(busy[g] >= TOPO_REPLAN_BUSY_MIN)) {
+            if (ratio < 1 && (!(busy[g] >= TOPO_REPLAN_BUSY_MIN) ||
+                              (fullest >= TOPO_REPLAN_FULL_MIN &&
+                               full[g] < TOPO_REPLAN_FULL_SHARE * fullest))) {
                 d = 0;
                 informative = 0;
             }
@@ -61,7 +67,12 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
         if (d != 0) {
             s->run[g]++;
             s->sum[g] += obs[g];
-            s->busy[g] += busy[g];
+            /* how much of the call the region's uplink was saturated:
+             * busy, and where the transport counts it, full */
+            double sat = busy[g];
+            if (full != NULL && full[g] < sat)
+                sat = full[g];
+            s->busy[g] += sat;
             /* A link that has not settled since the last re-plan (its
              * readings spread wider than the band, or too few to say) must
              * hold the new rate twice as long: a flapping link's calls
@@ -90,9 +101,10 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
                 snprintf(taken, sizeof(taken), ", so the probe's %.1f", next[g] * 8e-6);
             if (o < whylen - 1)
                 o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %s%.1f Mbit/s over "
-                              "%d calls at %.0f%% busy%s, planned %.1f", o ? "; " : "", names[g],
+                              "%d calls at %.0f%% %s%s, planned %.1f", o ? "; " : "", names[g],
                               floor ? "at least " : "", read * 8e-6, s->run[g],
-                              100 * s->busy[g] / s->run[g], taken, plan[g] * 8e-6);
+                              100 * s->busy[g] / s->run[g], full != NULL ? "full" : "busy",
+                              taken, plan[g] * 8e-6);
         }
     }
     for (int g = 0; g < R; g++) {
@@ -113,7 +125,8 @@ int topoReplanSnapshot(const geoNet *net, const topoRegionMap *m, int rank, int 
         topoReplanSnapFree(snap);
         snap->acked = calloc((size_t)nranks, sizeof(*snap->acked));
         snap->busy = calloc((size_t)nranks, sizeof(*snap->busy));
-        if (snap->acked == NULL || snap->busy == NULL) {
+        snap->full = calloc((size_t)nranks, sizeof(*snap->full));
+        if (snap->acked == NULL || snap->busy == NULL || snap->full == NULL) {
             topoReplanSnapFree(snap);
             return -1;
         }
@@ -125,11 +138,13 @@ int topoReplanSnapshot(const geoNet *net, const topoRegionMap *m, int rank, int 
         geoLinkStats ls;
         snap->acked[r] = 0;
         snap->busy[r] = 0;
+        snap->full[r] = 0;
         if (!snap->valid || r == rank || m->region_of[r] == me ||
             net->ops->linkStats(net->state, r, &ls) != 0)
             continue;
         snap->acked[r] = ls.bytes_acked;
         snap->busy[r] = ls.busy;
+        snap->full[r] = ls.full;
     }
     return 0;
 }
@@ -138,15 +153,18 @@ void topoReplanSnapFree(topoReplanSnap *snap)
 {
     free(snap->acked);
     free(snap->busy);
+    free(snap->full);
     memset(snap, 0, sizeof(*snap));
 }
 
-double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b, double *busy_out)
+double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b, double *busy_out,
+                      double *full_out)
 {
     *busy_out = 0;
+    *full_out = 0;
     if (!a->valid || !b->valid || a->n != b->n)
         return 0;
-    double bytes = 0, busy = 0;
+    double bytes = 0, busy = 0, full = 0;
     for (int r = 0; r < a->n; r++) {
         if (b->acked[r] <= a->acked[r])
             continue;
@@ -154,7 +172,11 @@ double topoReplanRate(const topoReplanSnap *a, const topoReplanSnap *b, double *
         double t = b->busy[r] - a->busy[r];
         if (t > busy)
             busy = t;
+        t = b->full[r] - a->full[r];
+        if (t > full)
+            full = t;
     }
     *busy_out = busy;
+    *full_out = full;
     return bytes > 0 && busy > 1e-3 ? bytes / busy : 0;
 }

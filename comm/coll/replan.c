@@ -44,6 +44,8 @@ void geoReplanFree(struct ncclComm *comm)
     memset(rp, 0, sizeof(*rp));
 }
 
+#define F TOPO_REPLAN_FIG
+
 static int leader_of(const struct ncclComm *comm, int g)
 {
     return comm->regions.members[g][0];
@@ -68,8 +70,8 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
         rp->wan_per_byte * (double)bytes * 1e3 < (double)geoParamInt(GEO_PARAM_REPLAN_MIN_MS))
         return ncclSuccess;
     if (rp->agg == NULL) {
-        rp->agg = calloc((size_t)R * 2, sizeof(*rp->agg));
-        rp->from = calloc((size_t)comm->nranks * 2, sizeof(*rp->from));
+        rp->agg = calloc((size_t)R * TOPO_REPLAN_FIG, sizeof(*rp->agg));
+        rp->from = calloc((size_t)comm->nranks * TOPO_REPLAN_FIG, sizeof(*rp->from));
         rp->req = calloc((size_t)(comm->nranks + R), sizeof(*rp->req));
         if (rp->agg == NULL || rp->from == NULL || rp->req == NULL)
             return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory re-planning",
@@ -95,28 +97,31 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
         return ncclSuccess;
     }
     for (int i = 1; i < m->size[g]; i++)
-        GEO_CHECK(geoNetIrecv(&comm->net, m->members[g][i], &rp->from[2 * i],
-                              2 * sizeof(double), &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIrecv(&comm->net, m->members[g][i], &rp->from[F * i],
+                              F * sizeof(double), &rp->req[rp->nreq++]));
     GEO_CHECK(wait_all(comm, 0, rp->nreq));
     /* The region's rate: its ranks' rates added (they send at once); how
-     * busy its uplink was: its busiest rank's share of its call. */
-    rp->from[0] = rp->mine[0];
-    rp->from[1] = rp->mine[1];
-    double sum = 0, busy = 0;
+     * busy and how full its uplink was: its busiest rank's share of its
+     * call, and its fullest rank's. */
+    memcpy(rp->from, rp->mine, sizeof(rp->mine));
+    double sum = 0, busy = 0, full = 0;
     for (int i = 0; i < m->size[g]; i++) {
-        sum += rp->from[2 * i] > 0 ? rp->from[2 * i] : 0;
-        busy = rp->from[2 * i + 1] > busy ? rp->from[2 * i + 1] : busy;
+        const double *f = &rp->from[F * i];
+        sum += f[0] > 0 ? f[0] : 0;
+        busy = f[1] > busy ? f[1] : busy;
+        full = f[2] > full ? f[2] : full;
     }
-    rp->agg[2 * g] = sum;
-    rp->agg[2 * g + 1] = busy;
+    rp->agg[F * g] = sum;
+    rp->agg[F * g + 1] = busy;
+    rp->agg[F * g + 2] = full;
     rp->nreq = 0;
     for (int h = 0; h < R; h++) {
         if (h == g)
             continue;
-        GEO_CHECK(geoNetIsendCtl(&comm->net, leader_of(comm, h), &rp->agg[2 * g],
-                                 2 * sizeof(double), &rp->req[rp->nreq++]));
-        GEO_CHECK(geoNetIrecv(&comm->net, leader_of(comm, h), &rp->agg[2 * h],
-                              2 * sizeof(double), &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIsendCtl(&comm->net, leader_of(comm, h), &rp->agg[F * g],
+                                 F * sizeof(double), &rp->req[rp->nreq++]));
+        GEO_CHECK(geoNetIrecv(&comm->net, leader_of(comm, h), &rp->agg[F * h],
+                              F * sizeof(double), &rp->req[rp->nreq++]));
     }
     rp->inflight = 1;
     return ncclSuccess;
@@ -131,25 +136,26 @@ static ncclResult_t decide(struct ncclComm *comm)
     const double gp = geoTuningGoodput(comm);
     double plan[TOPO_REPLAN_MAX_REGIONS], next[TOPO_REPLAN_MAX_REGIONS];
     double obs[TOPO_REPLAN_MAX_REGIONS], busy[TOPO_REPLAN_MAX_REGIONS];
-    double known[TOPO_REPLAN_MAX_REGIONS];
+    double full[TOPO_REPLAN_MAX_REGIONS], known[TOPO_REPLAN_MAX_REGIONS];
     char seen[512];
     int o = 0;
     for (int g = 0; g < R; g++) {
         plan[g] = comm->topo.egress[g] * gp;
         /* the probe measured each uplink full, at init */
         known[g] = (rp->probe != NULL ? rp->probe[g] : comm->topo.egress[g]) * gp;
-        obs[g] = rp->agg[2 * g];
-        busy[g] = rp->agg[2 * g + 1];
-        if (o < (int)sizeof(seen) - 64)
+        obs[g] = rp->agg[F * g];
+        busy[g] = rp->agg[F * g + 1];
+        full[g] = rp->agg[F * g + 2];
+        if (o < (int)sizeof(seen) - 80)
             o += snprintf(seen + o, sizeof(seen) - (size_t)o, "%s%s %.1f Mbit/s (plan %.1f, "
-                          "busy %.0f%%)", g ? ", " : "", comm->regions.names[g], obs[g] * 8e-6,
-                          plan[g] * 8e-6, busy[g] * 100);
+                          "busy %.0f%%, full %.0f%%)", g ? ", " : "", comm->regions.names[g],
+                          obs[g] * 8e-6, plan[g] * 8e-6, busy[g] * 100, full[g] * 100);
     }
     if (comm->rank == 0)
         geoInfo(GEO_LOG_TUNING, "replan: the last observed call's uplinks: %s", seen);
     double band = (double)geoParamInt(GEO_PARAM_REPLAN_BAND) / 100.0;
     char why[sizeof(rp->why) - 64];
-    if (!topoReplanObserve(&rp->rule, R, plan, known, obs, busy, band,
+    if (!topoReplanObserve(&rp->rule, R, plan, known, obs, busy, full, band,
                            (int)geoParamInt(GEO_PARAM_REPLAN), comm->regions.names, next, why,
                            (int)sizeof(why)))
         return ncclSuccess;
@@ -180,12 +186,11 @@ ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res)
     if (topoReplanSnapshot(&comm->net, m, comm->rank, comm->nranks, &rp->end) != 0)
         return GEO_COMM_ERR(comm, ncclSystemError, "%s: out of memory re-planning",
                             geoErrOp(&comm->err));
-    double busy = 0, took = geoNow() - rp->t0;
-    double now = topoReplanRate(&rp->start, &rp->end, &busy);
-    double frac = took > 0 ? busy / took : 0;
+    double busy = 0, full = 0, took = geoNow() - rp->t0;
+    double now = topoReplanRate(&rp->start, &rp->end, &busy, &full);
+    double mine[F] = {now, took > 0 ? busy / took : 0, took > 0 ? full / took : 0};
     if (!rp->inflight) {
-        rp->mine[0] = now;
-        rp->mine[1] = frac;
+        memcpy(rp->mine, mine, sizeof(mine));
         rp->pending = 1;
         return ncclSuccess;
     }
@@ -196,13 +201,12 @@ ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res)
     if (comm->rank == L) {
         for (int i = 1; i < m->size[g]; i++)
             GEO_CHECK(geoNetIsendCtl(&comm->net, m->members[g][i], rp->agg,
-                                     2 * sizeof(double) * (size_t)R, &rp->req[rp->nreq++]));
+                                     F * sizeof(double) * (size_t)R, &rp->req[rp->nreq++]));
     } else {
-        GEO_CHECK(geoNetIrecv(&comm->net, L, rp->agg, 2 * sizeof(double) * (size_t)R,
+        GEO_CHECK(geoNetIrecv(&comm->net, L, rp->agg, F * sizeof(double) * (size_t)R,
                               &rp->req[rp->nreq++]));
     }
     GEO_CHECK(wait_all(comm, 0, rp->nreq));
-    rp->mine[0] = now;
-    rp->mine[1] = frac;
+    memcpy(rp->mine, mine, sizeof(mine));
     return decide(comm);
 }

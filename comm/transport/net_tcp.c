@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -365,6 +367,22 @@ static int tcp_peer_pid(void *state, int peer)
     return pid;
 }
 
+void tcpConnSampleQueued(tcpConn *c, double now)
+{
+    if (c->fd < 0 || c->local || c->ring || c->closed || c->down ||
+        (c->q_at > 0 && now - c->q_at < GEO_TCP_QUEUED_EVERY))
+        return;
+    int unsent = 0;
+    if (ioctl(c->fd, SIOCOUTQNSD, &unsent) != 0)
+        return;
+    int full = unsent > GEO_TCP_QUEUED_FULL;
+    /* between two looks, half the time for each end that saw it full */
+    if (c->q_at > 0 && now > c->q_at)
+        c->full_total += (now - c->q_at) * 0.5 * (c->q_full + full);
+    c->q_at = now;
+    c->q_full = full;
+}
+
 static int tcp_link_stats(void *state, int peer, geoLinkStats *out)
 {
     tcpState *st = state;
@@ -373,10 +391,14 @@ static int tcp_link_stats(void *state, int peer, geoLinkStats *out)
         st->peers[peer].conns == NULL)
         return -1;
     pthread_mutex_lock(&st->lock);
+    double now = geoNow();
     for (int s = 0; s < st->nstreams; s++) {
         tcpConn *c = &st->peers[peer].conns[s];
-        if (c->fd >= 0 && !c->local)
-            geoTcpInfoAdd(c->fd, out);
+        if (c->fd < 0 || c->local || geoTcpInfoAdd(c->fd, out) != 0)
+            continue;
+        tcpConnSampleQueued(c, now);
+        if (c->full_total > out->full)
+            out->full = c->full_total;
     }
     pthread_mutex_unlock(&st->lock);
     return out->conns > 0 ? 0 : -1;

@@ -330,6 +330,11 @@ typedef struct {
                             * last restart or skipped one; 0: not known (a new
                             * connection, a change of congestion control) */
     int bbr_restarts;      /* restartBbr: restarts in a row, since one was skipped */
+    double q_at;           /* tcpConnSampleQueued: when it last looked (0: never) */
+    int q_full;            /* what it saw then: more than GEO_TCP_QUEUED_FULL unsent */
+    double full_total;     /* seconds the socket held more than that: data this rank
+                            * had handed over that the path had not taken yet
+                            * (linkStats' `full`) */
     int unopened;          /* never connected: set-up skipped the pair (ctx->want) or has
                             * not reached it; after set-up a fresh hello may take it, and
                             * the higher rank dials it on first use (net_tcp_lazy.c) */
@@ -586,6 +591,15 @@ ncclResult_t tcpMail(void *state, int peer, void *buf, size_t len, int send);
 /* Pace connection c at its part of bytes_per_s over active streams; 0 lifts
  * it.  setsockopt's result. */
 int tcpConnPace(tcpConn *c, uint64_t bytes_per_s, int active);
+/* Bytes not yet sent in a connection's socket above which its path, not
+ * the data this rank has to send, holds the sender back: more than one
+ * frame waiting.  Sampled at most every GEO_TCP_QUEUED_EVERY seconds. */
+#define GEO_TCP_QUEUED_FULL GEO_TCP_FRAME
+#define GEO_TCP_QUEUED_EVERY 0.002
+/* Sample the unsent bytes of TCP connection c (the progress thread, lock
+ * held) into its full_total. */
+void tcpConnSampleQueued(tcpConn *c, double now);
+
 /* The table's limitQueued and setStreams (transport.h); they take the lock. */
 void tcpLimitQueued(void *state, int bytes);
 void tcpSetStreams(void *state, int peer, int n);

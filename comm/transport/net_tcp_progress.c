@@ -54,8 +54,10 @@ void *tcpProgressMain(void *arg)
                 }
                 if (c->fd < 0)
                     continue;
-                if (!c->closed)
+                if (!c->closed) {
                     tcpProgressSend(st, p, s, now);
+                    tcpConnSampleQueued(c, now);
+                }
                 if (st->broken)
                     break;
                 /* A closed connection may still hold data sent before the

@@ -20,6 +20,12 @@ typedef struct {
                          * (tcpi_busy_time, which counts all three of the
                          * kernel's busy states, less tcpi_rwnd_limited;
                          * Linux 4.10, 0 before) */
+    double full;        /* seconds: the longest time one of the connections had
+                         * data waiting that its socket would not take (the
+                         * transport's own count; 0 where it keeps none).  A
+                         * sender whose data arrives no faster than the path
+                         * takes it (forwarding what a slower region sends)
+                         * is busy all the time and full almost never. */
     int conns;          /* connections counted */
 } geoLinkStats;
 

@@ -13,6 +13,8 @@ cleanup() {
     for p in "${RANK_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     wait   # the per-rank wrappers
     "$WAN" down -n "$NAME" -q >/dev/null 2>&1
+    # KEEP_LOGS=DIR: the ranks' own output kept there (what they said at INFO)
+    [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp -r "$WORK"/. "$KEEP_LOGS"/ 2>/dev/null
     rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -25,7 +25,7 @@ static int observe(topoReplanState *s, double o0, double *next)
     double plan[3] = {100 * MBIT, 100 * MBIT, 100 * MBIT};
     double obs[3] = {o0, 97 * MBIT, 99 * MBIT}, busy[3] = {0.95, 0.9, 0.9};
     char why[256];
-    return topoReplanObserve(s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, sizeof(why));
+    return topoReplanObserve(s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, sizeof(why));
 }
 
 static void test_steady(void)
@@ -83,7 +83,7 @@ static void test_flapping_pairs(void)
     memset(&s, 0, sizeof(s));
     for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
         obs[0] = seq[i] * MBIT;
-        if (topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256)) {
+        if (topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256)) {
             if (nf < 8)
                 fired_at[nf] = (int)i;
             nf++;
@@ -125,9 +125,9 @@ static void test_not_limiting(void)
     double calm[3] = {990 * MBIT, 400 * MBIT, 400 * MBIT};
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, calm, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, 0.25, 2, names, next, why, 256), 1);
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, calm, busy, NULL, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 250 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 1000 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 1000 * MBIT, 1);
@@ -144,10 +144,10 @@ static void test_rise(void)
     double known[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT}; /* a probe that misread */
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, busy, 0.25, 2, names, next, why, 256), 0);
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, busy, NULL, 0.25, 2, names, next, why, 256), 0);
     /* faster: counted however little the region was busy */
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why, 256), 1);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 900 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 950 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 100 * MBIT, 1);
@@ -172,11 +172,11 @@ static double return_after_cut(double busy0, char *why)
     double obs[3] = {77 * MBIT, 92 * MBIT, 92 * MBIT}, busy[3] = {busy0, 1, 1};
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, cbusy, 0.25, 2, names, next,
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, cbusy, NULL, 0.25, 2, names, next,
                                           why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why,
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why,
                                       256), 0);
-    if (topoReplanObserve(&s, 3, plan, known, obs, busy, 0.25, 2, names, next, why, 256) != 1)
+    if (topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256) != 1)
         return 0;
     return next[0];
 }
@@ -189,6 +189,75 @@ static void test_return_floor(void)
     /* the same readings with the uplink full: the link gives 77 */
     CU_ASSERT_DOUBLE_EQUAL(return_after_cut(0.95, why), 77 * MBIT, 1);
     CU_ASSERT_PTR_NULL(strstr(why, "at least"));
+}
+
+/* 1 Gbit/s each, region 0's uplink cut to 250: the two fast regions forward
+ * region 0's data as it comes, so every region reads 230-260 Mbit/s with
+ * its uplink busy the whole call; only region 0's sockets were full
+ * (100% of the call against 15%).  Only region 0 is planned slower.
+ * Without the full shares, all three were (equal shares again, 1.49x the
+ * bound on the emulated WAN). */
+static void test_drop_forwarded(void)
+{
+    topoReplanState s;
+    double next[3];
+    char why[256] = "";
+    double plan[3] = {963 * MBIT, 962 * MBIT, 961 * MBIT};
+    double obs[3] = {232 * MBIT, 253 * MBIT, 233 * MBIT}, busy[3] = {1, 0.99, 1};
+    double full[3] = {1, 0.15, 0.16};
+    memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, plan, busy, full, 0.25, 2, names,
+                                          next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, obs, busy, full, 0.25, 2, names, next,
+                                      why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, obs, busy, full, 0.25, 2, names, next,
+                                      why, 256), 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[0], 232 * MBIT, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[1], 962 * MBIT, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[2], 961 * MBIT, 1);
+    CU_ASSERT_PTR_NULL(strstr(why, "r1"));
+    /* every region full alike (a route change): all three count (with no
+     * settled readings before, after four calls) */
+    double full_all[3] = {0.95, 0.9, 0.92};
+    memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 4; i++)
+        topoReplanObserve(&s, 3, plan, plan, obs, busy, full_all, 0.25, 2, names, next, why, 256);
+    CU_ASSERT_EQUAL(s.replans, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[1], 253 * MBIT, 1);
+    /* nobody's sockets full (the transport counts none): busy decides alone */
+    double none[3] = {0, 0, 0};
+    memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 4; i++)
+        topoReplanObserve(&s, 3, plan, plan, obs, busy, none, 0.25, 2, names, next, why, 256);
+    CU_ASSERT_EQUAL(s.replans, 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[2], 233 * MBIT, 1);
+}
+
+/* The return of that link: region 0, given no share, reads 584 Mbit/s busy
+ * the whole call but full only 60% of it (it sends its own data once, in
+ * the stages the region's reduction yields it).  A floor: the probe's 963
+ * is taken again. */
+static void test_return_full_floor(void)
+{
+    topoReplanState s;
+    double next[3];
+    char why[256] = "";
+    double plan[3] = {242 * MBIT, 962 * MBIT, 961 * MBIT};
+    double known[3] = {963 * MBIT, 962 * MBIT, 961 * MBIT};
+    double obs[3] = {584 * MBIT, 888 * MBIT, 880 * MBIT}, busy[3] = {1, 1, 1};
+    double full[3] = {0.6, 0.99, 0.92};
+    memset(&s, 0, sizeof(s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, plan, busy, full, 0.25, 2, names,
+                                          next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
+                                      why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
+                                      why, 256), 1);
+    CU_ASSERT_DOUBLE_EQUAL(next[0], 963 * MBIT, 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "at least 584.0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "60% full"));
 }
 
 /* 3 regions x 2 ranks, 25 ms one way, region 0's uplink at `r0` Mbit/s,
@@ -247,6 +316,9 @@ int main(void)
     CU_add_test(s, "faster while not limiting: a floor under the probe's figure",
                 test_return_floor);
     CU_add_test(s, "slower only where the region limited the call", test_not_limiting);
+    CU_add_test(s, "slower where busy alike: only the region whose sockets were full",
+                test_drop_forwarded);
+    CU_add_test(s, "faster while not full: a floor", test_return_full_floor);
     CU_add_test(s, "the model on the new links", test_model_after_drop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
