@@ -3,8 +3,8 @@
  * proof of the secret bound to its rank and peer info, and takes the
  * table only if its MAC proves the root holds the secret too.  A rank
  * whose connection is reset joins again with the same token and takes its
- * place back; for a shrunk communicator's id it tries the candidate roots
- * in turn until one answers as ours. */
+ * place back; for a shrunk communicator's id it dials every candidate
+ * root at once and tries those that answer until one is ours. */
 #include "config.h"
 #include "comm/bootstrap/bootstrap.h"
 #include "comm/bootstrap/bootstrap_internal.h"
@@ -143,6 +143,67 @@ static int connect_quiet(const geoSockAddr *addr, double limit)
     return s;
 }
 
+/* Dial every candidate not ruled out (skip[k]) at once, quietly (refusals
+ * are expected), and wait until each has answered or refused, at most
+ * limit seconds: fds[k] the connected ones, -1 the others; how many
+ * connected.  At once, because a candidate that refuses costs a round trip:
+ * tried in turn, the 31 other ports cost 1.5 s at 25 ms one way whenever a
+ * survivor reached candidate 0 before the leader's root listened there. */
+static int connect_candidates(const geoUniqueIdInternal *id, const int *skip, double limit,
+                              int fds[GEO_SHRINK_PORTS])
+{
+    struct pollfd p[GEO_SHRINK_PORTS];
+    int at[GEO_SHRINK_PORTS], n = 0, got = 0;
+    for (int k = 0; k < GEO_SHRINK_PORTS; k++) {
+        geoSockAddr cand;
+        fds[k] = -1;
+        if (skip[k])
+            continue;
+        geoBootstrapCandidate(id, k, &cand);
+        int s = socket(cand.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (s < 0)
+            continue;
+        if (connect(s, &cand.sa, geoAddrLen(&cand)) == 0) {
+            fds[k] = s;
+            got++;
+        } else if (errno == EINPROGRESS) {
+            p[n] = (struct pollfd){.fd = s, .events = POLLOUT};
+            at[n++] = k;
+        } else {
+            close(s);
+        }
+    }
+    double end = geoNow() + limit;
+    while (n > 0) {
+        double left = end - geoNow();
+        int rc = left > 0 ? poll(p, (nfds_t)n, (int)(left * 1000) + 1) : 0;
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0)
+            break;
+        int keep = 0;
+        for (int i = 0; i < n; i++) {
+            int err = 0;
+            socklen_t len = sizeof(err);
+            if (p[i].revents == 0) {
+                p[keep] = p[i];
+                at[keep++] = at[i];
+                continue;
+            }
+            if (getsockopt(p[i].fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+                fds[at[i]] = p[i].fd;
+                got++;
+            } else {
+                close(p[i].fd);
+            }
+        }
+        n = keep;
+    }
+    for (int i = 0; i < n; i++) /* no answer within the limit */
+        close(p[i].fd);
+    return got;
+}
+
 /* A GEO_ID_SHRINK id: the survivors agreed on the candidates but not on
  * which one the leader could bind, so try each in turn until one answers
  * as our root: it sends a challenge within a few seconds and does not
@@ -160,15 +221,20 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
         return GEO_ERR(self->err, ncclSystemError, "shrink: no randomness for the join");
 
     while (geoNow() < deadline) {
-        for (int k = 0; k < GEO_SHRINK_PORTS && geoNow() < deadline; k++) {
+        int fds[GEO_SHRINK_PORTS];
+        connect_candidates(id, refused, 1.0, fds);
+        for (int k = 0; k < GEO_SHRINK_PORTS; k++) {
             geoSockAddr cand;
             uint32_t magic = 0;
-            int proved = 0, fd;
-            if (refused[k])
+            int proved = 0, fd = fds[k];
+            if (fd < 0)
                 continue;
+            fds[k] = -1;
+            if (geoNow() >= deadline) {
+                close(fd);
+                continue;
+            }
             geoBootstrapCandidate(id, k, &cand);
-            if ((fd = connect_quiet(&cand, 1.0)) < 0)
-                continue;
             tried++;
             double hs = geoNow() + 5.0 < deadline ? geoNow() + 5.0 : deadline;
             ncclResult_t r = join_over_fd(self, id, fd, token, mine, all, hs, deadline, &magic,
@@ -177,12 +243,18 @@ static ncclResult_t join_candidates(const geoBootSelf *self, const geoUniqueIdIn
             if (r == ncclSuccess) {
                 geoInfo(GEO_LOG_INIT, "shrink: joined the root at %s (candidate %d)",
                         geoAddrToString(&cand, ra), k);
+                for (int j = k + 1; j < GEO_SHRINK_PORTS; j++)
+                    if (fds[j] >= 0)
+                        close(fds[j]);
                 return ncclSuccess;
             }
             if (magic == GEO_EXPIRED_MAGIC || (proved && magic != GEO_REFUSED_MAGIC &&
                                                magic != GEO_IMPOSTOR_MAGIC &&
                                                strcmp(why, "connection closed by peer") != 0 &&
                                                strcmp(why, strerror(ECONNRESET)) != 0)) {
+                for (int j = k + 1; j < GEO_SHRINK_PORTS; j++)
+                    if (fds[j] >= 0)
+                        close(fds[j]);
                 return GEO_ERR(self->err, ncclRemoteError, "shrink: the bootstrap root at %s "
                                "gave up or stopped answering (%s): not all %d survivors joined "
                                "within %.0f s", geoAddrToString(&cand, ra),
