@@ -14,6 +14,8 @@ static int log_level = -1; /* -1: not read yet */
 static unsigned log_generation; /* geoParamGeneration the settings came from */
 static unsigned log_subsys = GEO_LOG_ALL;
 static char log_host[64];
+static char log_tsfmt[128];     /* GEOCCL_DEBUG_TIMESTAMP_FORMAT; "": none */
+static unsigned log_tslevels;   /* GEOCCL_DEBUG_TIMESTAMP_LEVELS: bit 1 << level */
 static __thread int log_rank = -1;
 static __thread char thread_error[1024];
 
@@ -46,6 +48,66 @@ static unsigned parse_subsys(const char *s)
             if (strcasecmp(tok, subsys_names[i].name) == 0)
                 mask |= subsys_names[i].bit;
     return invert ? ~mask : mask;
+}
+
+/* GEOCCL_DEBUG_TIMESTAMP_LEVELS: comma list of WARN, INFO, TRACE, ALL (and
+ * NCCL's VERSION and ABORT); a leading ^ inverts the whole list. */
+static unsigned parse_levels(const char *s)
+{
+    int invert = 0;
+    unsigned mask = 0;
+    char buf[128], *tok, *save = NULL;
+
+    if (s == NULL || *s == '\0')
+        return ~0U;
+    if (*s == '^') {
+        invert = 1;
+        s++;
+    }
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (strcasecmp(tok, "WARN") == 0 || strcasecmp(tok, "VERSION") == 0)
+            mask |= 1U << GEO_LEVEL_WARN;
+        else if (strcasecmp(tok, "INFO") == 0 || strcasecmp(tok, "ABORT") == 0)
+            mask |= 1U << GEO_LEVEL_INFO;
+        else if (strcasecmp(tok, "TRACE") == 0)
+            mask |= 1U << GEO_LEVEL_TRACE;
+        else if (strcasecmp(tok, "ALL") == 0)
+            mask = ~0U;
+    }
+    return invert ? ~mask : mask;
+}
+
+/* The time a log line opens with: fmt through strftime (local time), each
+ * %1f .. %9f first replaced by that many digits of the second's fraction.
+ * "" where the result does not fit. */
+static void format_time(const char *fmt, char *out, size_t len)
+{
+    struct timespec ts;
+    struct tm tm;
+    char f[256];
+    size_t o = 0;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    localtime_r(&ts.tv_sec, &tm);
+    for (const char *p = fmt; *p != '\0' && o + 10 < sizeof(f); p++) {
+        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' && p[2] == 'f') {
+            int digits = p[1] - '0';
+            long frac = ts.tv_nsec;
+            for (int i = digits; i < 9; i++)
+                frac /= 10;
+            o += (size_t)snprintf(f + o, sizeof(f) - o, "%0*ld", digits, frac);
+            p += 2;
+        } else if (p[0] == '%' && p[1] != '\0') { /* any other conversion, %% too, whole */
+            f[o++] = *p++;
+            f[o++] = *p;
+        } else {
+            f[o++] = *p;
+        }
+    }
+    f[o] = '\0';
+    if (strftime(out, len, f, &tm) == 0)
+        out[0] = '\0';
 }
 
 /* The NCCL variables set that are no parameter's twin: those accepted,
@@ -96,6 +158,10 @@ void geoDebugInit(void)
     pthread_mutex_lock(&log_lock);
     gethostname(log_host, sizeof(log_host) - 1);
     log_subsys = parse_subsys(ss);
+    snprintf(log_tsfmt, sizeof(log_tsfmt), "%s",
+             geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_FORMAT) ? geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_FORMAT)
+                                                           : "");
+    log_tslevels = parse_levels(geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_LEVELS));
     int fresh = __atomic_exchange_n(&log_generation, gen, __ATOMIC_ACQ_REL) != gen;
     __atomic_store_n(&log_level, level, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&log_lock);
@@ -152,11 +218,14 @@ void geoLog(int level, unsigned subsys, const char *file, int line, const char *
     while (strncmp(file, "../", 3) == 0 || strncmp(file, "./", 2) == 0)
         file += file[1] == '.' ? 3 : 2;
     pthread_mutex_lock(&log_lock);
+    char when[160] = "";
+    if (log_tsfmt[0] != '\0' && (log_tslevels & (1U << level)))
+        format_time(log_tsfmt, when, sizeof(when));
     if (level != GEO_LEVEL_INFO)
-        fprintf(stderr, "%s:%d:%d [geoccl] %s %s:%d %s\n", log_host, (int)getpid(), log_rank,
-                level_name(level), file, line, msg);
+        fprintf(stderr, "%s%s:%d:%d [geoccl] %s %s:%d %s\n", when, log_host, (int)getpid(),
+                log_rank, level_name(level), file, line, msg);
     else
-        fprintf(stderr, "%s:%d:%d [geoccl] %s %s\n", log_host, (int)getpid(), log_rank,
+        fprintf(stderr, "%s%s:%d:%d [geoccl] %s %s\n", when, log_host, (int)getpid(), log_rank,
                 level_name(level), msg);
     pthread_mutex_unlock(&log_lock);
 }

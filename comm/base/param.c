@@ -29,6 +29,21 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                 "and ALL as they are; others (CALL, PROFILE, RAS, ...) are left "
                                 "out, said at INFO; ^ in front excludes, as in NCCL (unset, "
                                 "GeoCCL shows ALL, not NCCL's INIT,BOOTSTRAP,ENV)"},
+    [GEO_PARAM_DEBUG_TIMESTAMP_FORMAT] = {"GEOCCL_DEBUG_TIMESTAMP_FORMAT", GEO_PARAM_STR, "",
+                                          "strftime format of the time that opens a log "
+                                          "line of the levels GEOCCL_DEBUG_TIMESTAMP_LEVELS "
+                                          "names, local time; %1f to %9f add that many "
+                                          "digits of the second's fraction; empty: no time",
+                                          TWINS("NCCL_DEBUG_TIMESTAMP_FORMAT"),
+                                          "the same format (NCCL's default, \"[%F %T] \", is "
+                                          "not GeoCCL's: unset, no time)"},
+    [GEO_PARAM_DEBUG_TIMESTAMP_LEVELS] = {"GEOCCL_DEBUG_TIMESTAMP_LEVELS", GEO_PARAM_STR,
+                                          "ALL", "levels whose lines get the time of "
+                                          "GEOCCL_DEBUG_TIMESTAMP_FORMAT: WARN,INFO,TRACE or "
+                                          "ALL; ^ in front excludes",
+                                          TWINS("NCCL_DEBUG_TIMESTAMP_LEVELS"),
+                                          "the same names (VERSION is WARN, ABORT is INFO; "
+                                          "unset, NCCL stamps WARN lines only, GeoCCL all)"},
     [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
                            "seconds an operation may wait without progress before it fails"},
     [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",

@@ -114,7 +114,9 @@ static const char *const nccl_vars[] = {
     "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_COMM_ID",
     "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_SNDBUF", "NCCL_SOCKET_RCVBUF",
     "NCCL_ALGO", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_FOO",
+    "NCCL_DEBUG_TIMESTAMP_FORMAT", "NCCL_DEBUG_TIMESTAMP_LEVELS",
     "GEOCCL_DEBUG", "GEOCCL_DEBUG_SUBSYS", "GEOCCL_SOCKET_IFNAME", "GEOCCL_COMM_ID",
+    "GEOCCL_DEBUG_TIMESTAMP_FORMAT", "GEOCCL_DEBUG_TIMESTAMP_LEVELS",
     "GEOCCL_NSTREAMS", "GEOCCL_SOCKET_BUFSIZE", "GEOCCL_ALGO", "GEOCCL_SHM",
 };
 static char *saved_ifname;
@@ -324,6 +326,45 @@ static void test_ignored_at_info(void)
     CU_ASSERT_EQUAL(geoDebugLevel(), GEO_LEVEL_WARN);
 }
 
+/* NCCL_DEBUG_TIMESTAMP_FORMAT through its twin: the lines of the levels
+ * named open with the time in that format, %3f the milliseconds; the
+ * others, and every line when no format is set, do not. */
+static void test_timestamps(void)
+{
+    static char log[16384];
+    clear_twins();
+    setenv("GEOCCL_DEBUG", "INFO", 1);
+    setenv("NCCL_DEBUG_TIMESTAMP_FORMAT", "<%Y-%m-%d %H:%M:%S.%3f %%> ", 1);
+    capture_env_log(log, sizeof(log));
+    /* every INFO line is stamped: "<YYYY-MM-DD HH:MM:SS.mmm %> host:..." */
+    int stamped = 0, lines = 0;
+    for (const char *at = log; *at != '\0'; lines++) {
+        int y, mo, d, h, mi, sec, ms;
+        char pct;
+        if (sscanf(at, "<%4d-%2d-%2d %2d:%2d:%2d.%3d %c> ", &y, &mo, &d, &h, &mi, &sec, &ms,
+                   &pct) == 8 && pct == '%' && at[25] == '%' && at[21] != ' ')
+            stamped++;
+        const char *eol = strchr(at, '\n');
+        if (eol == NULL)
+            break;
+        at = eol + 1;
+    }
+    CU_ASSERT_TRUE(lines > 0);
+    CU_ASSERT_EQUAL(stamped, lines);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, "GEOCCL_DEBUG_TIMESTAMP_FORMAT set by environment to"));
+    /* WARN lines only: the INFO lines are not stamped */
+    setenv("NCCL_DEBUG_TIMESTAMP_LEVELS", "WARN", 1);
+    capture_env_log(log, sizeof(log));
+    CU_ASSERT_TRUE(log[0] != '\0' && log[0] != '<');
+    CU_ASSERT_PTR_NULL(strstr(log, "\n<"));
+    /* no format: no time */
+    unsetenv("NCCL_DEBUG_TIMESTAMP_FORMAT");
+    unsetenv("NCCL_DEBUG_TIMESTAMP_LEVELS");
+    capture_env_log(log, sizeof(log));
+    CU_ASSERT_TRUE(log[0] != '\0' && log[0] != '<');
+    restore_env();
+}
+
 int main(void)
 {
     if (getenv("GEOCCL_SOCKET_IFNAME") != NULL)
@@ -339,6 +380,7 @@ int main(void)
     CU_add_test(s, "NCCL twins: fallback, GEOCCL_ wins", test_twin_fallback_and_precedence);
     CU_add_test(s, "NCCL twins: values mapped", test_twin_values);
     CU_add_test(s, "NCCL variables ignored, said at INFO", test_ignored_at_info);
+    CU_add_test(s, "NCCL_DEBUG_TIMESTAMP_FORMAT and _LEVELS", test_timestamps);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
