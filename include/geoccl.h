@@ -203,6 +203,12 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
  *   registration of the same memory starts from zero residuals.  Any other
  *   compressed call is encoded without error feedback (said once at INFO).
  *
+ * A communicator made from comm by ncclCommShrink or geocclCommGrow (the
+ * survivors, or the grown group: the same training buffers) starts with
+ * comm's registrations under the same handles, their residuals from zero;
+ * deregister on it what it should no longer keep.  Other communicators,
+ * ncclCommSplit's included, start with none.
+ *
  * Register memory that holds the same tensor from call to call (DDP's
  * gradient buckets, an optimiser's flat gradient, DiLoCo's pseudo-
  * gradient), and deregister it before that memory holds anything else.

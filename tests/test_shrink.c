@@ -152,6 +152,13 @@ static int shrink_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
       want_sum += (float)q;
     }
   }
+  /* an error-feedback registration, carried over to the shrunk one */
+  static float ef_buf[64];
+  void *ef = NULL;
+  if (geocclCommRegisterErrorFeedback(comm, ef_buf, sizeof(ef_buf), &ef) != ncclSuccess) {
+    fprintf(stderr, "[rank %d] geocclCommRegisterErrorFeedback failed\n", rank);
+    fails++;
+  }
   double t0 = harness_now();
   r = ncclCommShrink(comm, (int *)c->exclude, c->count, &sub, NULL, c->flags);
   c->shrink_s[rank] = harness_now() - t0;
@@ -183,6 +190,17 @@ static int shrink_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     geocclCommResetStats(sub);
   }
   fails += allreduce_check(sub, (float)rank, want_sum, rank, "shrunk communicator");
+  /* the parent's registration is the shrunk one's, under the same handle:
+   * the memory cannot be registered twice, the handle deregisters it */
+  void *again = NULL;
+  if (geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(ef_buf), &again) !=
+          ncclInvalidArgument ||
+      geocclCommDeregisterErrorFeedback(sub, ef) != ncclSuccess ||
+      geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(ef_buf), &again) != ncclSuccess) {
+    fprintf(stderr, "[rank %d] shrunk: the parent's error-feedback registration was not "
+                    "carried over\n", rank);
+    fails++;
+  }
   if (c->labels) {
     geocclStats st;
     memset(&st, 0, sizeof(st));

@@ -298,8 +298,12 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
     else if (res != ncclSuccess) /* the child's init reported why */
         geoErrSet(&comm->err, "ncclCommShrink: %s", geoThreadError());
-    if (res == ncclSuccess)
+    if (res == ncclSuccess) {
         hand_down_job_key(comm, *newcomm);
+        if (*newcomm != NULL && geoCommEfInherit(comm, *newcomm) != ncclSuccess)
+            geoWarn(GEO_LOG_INIT, "ncclCommShrink: out of memory carrying the error-feedback "
+                    "registrations over: the new communicator has none");
+    }
 out:
     free(excluded);
     return res;

@@ -54,6 +54,41 @@ ncclResult_t geoCommEfRegister(struct ncclComm *comm, const void *base, size_t b
     return ncclSuccess;
 }
 
+ncclResult_t geoCommEfInherit(struct ncclComm *parent, struct ncclComm *child)
+{
+    ncclResult_t res = ncclSuccess;
+    geoEfReg *copies = NULL, **tail = &copies;
+    pthread_mutex_lock(&parent->ef_lock);
+    for (geoEfReg *x = parent->ef_regs; x; x = x->next) {
+        geoEfReg *r = malloc(sizeof(*r));
+        if (r == NULL) {
+            res = ncclSystemError;
+            break;
+        }
+        *r = *x;
+        r->next = NULL;
+        *tail = r;
+        tail = &r->next;
+    }
+    uint64_t next = parent->ef_next_tag;
+    pthread_mutex_unlock(&parent->ef_lock);
+    if (res != ncclSuccess) {
+        while (copies) {
+            geoEfReg *x = copies;
+            copies = x->next;
+            free(x);
+        }
+        return res;
+    }
+    pthread_mutex_lock(&child->ef_lock);
+    *tail = child->ef_regs; /* none yet: the child was just made */
+    child->ef_regs = copies;
+    if (next > child->ef_next_tag)
+        child->ef_next_tag = next;
+    pthread_mutex_unlock(&child->ef_lock);
+    return ncclSuccess;
+}
+
 int geoCommEfUnregister(struct ncclComm *comm, uint64_t tag)
 {
     geoEfReg *gone = NULL;

@@ -236,6 +236,11 @@ typedef struct geoEfReg {
  * registered, ncclSystemError without memory. */
 ncclResult_t geoCommEfRegister(struct ncclComm *comm, const void *base, size_t bytes,
                                uint64_t *tag);
+/* A communicator made from parent by ncclCommShrink or geocclCommGrow
+ * starts with parent's registrations, under the same tags (the handles the
+ * program holds), their residuals from zero (the new communicator's shards
+ * differ); ncclSystemError without memory (child then has none). */
+ncclResult_t geoCommEfInherit(struct ncclComm *parent, struct ncclComm *child);
 /* Removes the registration of tag: 0, or -1 if there is none. */
 int geoCommEfUnregister(struct ncclComm *comm, uint64_t tag);
 /* The tag for a compressed all-reduce into [addr, addr + bytes): the

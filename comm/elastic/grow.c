@@ -279,8 +279,12 @@ ncclResult_t geocclCommGrow(ncclComm_t comm, ncclComm_t *newcomm, ncclConfig_t *
         res = ncclSuccess; /* non-blocking: the caller polls the new comm */
     else if (res != ncclSuccess) /* the child's init reported why */
         geoErrSet(&comm->err, "geocclCommGrow: %s", geoThreadError());
-    if (res == ncclSuccess && *newcomm != NULL)
+    if (res == ncclSuccess && *newcomm != NULL) {
         geoElasticKeepJobKey(*newcomm, job_key);
+        if (geoCommEfInherit(comm, *newcomm) != ncclSuccess)
+            geoWarn(GEO_LOG_INIT, "geocclCommGrow: out of memory carrying the error-feedback "
+                    "registrations over: the new communicator has none");
+    }
 out:
     if (have_key)
         geoWipe(job_key, sizeof(job_key));

@@ -110,6 +110,23 @@ static void maybe_die_in_shrink(void)
     fclose(f);
 }
 
+/* Every rank keeps one error-feedback registration of ef_buf: made at
+ * its first communicator, carried over by each shrink and grow (the same
+ * handle), checked there: the memory cannot be registered twice, and the
+ * handle deregisters it (then it is registered again). */
+static float ef_buf[64];
+static void *ef_handle;
+
+static void ef_carried(ncclComm_t next, const char *how)
+{
+    void *again = NULL;
+    if (geocclCommRegisterErrorFeedback(next, ef_buf, sizeof(ef_buf), &again) !=
+            ncclInvalidArgument ||
+        geocclCommDeregisterErrorFeedback(next, ef_handle) != ncclSuccess ||
+        geocclCommRegisterErrorFeedback(next, ef_buf, sizeof(ef_buf), &ef_handle) != ncclSuccess)
+        DIE(2, "%s: the error-feedback registration was not carried over", how);
+}
+
 /* After a failed call: agree on the dead, shrink without them; where the
  * shrink fails, agree again (the agreement on a communicator is per shrink
  * attempt, so it sees a survivor that died in the shrink). */
@@ -133,6 +150,7 @@ static ncclComm_t recover(ncclComm_t comm)
         say("shrink failed at %.3f: %s: %s", wall(), ncclGetErrorString(r),
             ncclGetLastError(comm));
     }
+    ef_carried(next, "ncclCommShrink");
     ncclCommAbort(comm);
     char list[256] = "";
     size_t len = 0;
@@ -194,6 +212,9 @@ int main(int argc, char **argv)
             topo.pairsInherited);
     }
 
+    if ((r = geocclCommRegisterErrorFeedback(comm, ef_buf, sizeof(ef_buf), &ef_handle)) !=
+        ncclSuccess)
+        DIE(2, "geocclCommRegisterErrorFeedback: %s", ncclGetErrorString(r));
     float *in = malloc(count * sizeof(float)), *out = malloc(count * sizeof(float));
     if (in == NULL || out == NULL)
         DIE(2, "out of memory");
@@ -259,6 +280,7 @@ int main(int argc, char **argv)
             }
             if (next != NULL) {
                 geocclTopology topo;
+                ef_carried(next, "geocclCommGrow");
                 ncclCommDestroy(comm);
                 comm = next;
                 ncclCommCount(comm, &n);
