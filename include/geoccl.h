@@ -207,7 +207,9 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
  * survivors, or the grown group: the same training buffers) starts with
  * comm's registrations under the same handles, their residuals from zero;
  * deregister on it what it should no longer keep.  Other communicators,
- * ncclCommSplit's included, start with none.
+ * ncclCommSplit's included, start with none.  Registering exactly the
+ * memory of a registration comm has returns that registration's handle
+ * (one registration: a single deregistration drops it).
  *
  * Register memory that holds the same tensor from call to call (DDP's
  * gradient buckets, an optimiser's flat gradient, DiLoCo's pseudo-
@@ -218,7 +220,7 @@ ncclResult_t geocclCommResetErrorFeedback(ncclComm_t comm);
  * all-reduce only persistent buffers (with the risk above).
  *
  * Register: [in] buff, bytes (> 0) the memory, host or device; it must not
- * overlap another registration of comm.  [out] handle.  Returns
+ * overlap another registration of comm, unless it is exactly its memory.  [out] handle.  Returns
  * ncclSuccess, ncclInvalidArgument (NULL or dead comm, NULL buff or handle,
  * bytes 0, an overlap) or ncclSystemError (no memory).  Deregister: frees
  * the registration's residuals after the device all-reduces already issued

@@ -191,11 +191,15 @@ static int shrink_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
   }
   fails += allreduce_check(sub, (float)rank, want_sum, rank, "shrunk communicator");
   /* the parent's registration is the shrunk one's, under the same handle:
-   * the memory cannot be registered twice, the handle deregisters it */
-  void *again = NULL;
-  if (geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(ef_buf), &again) !=
+   * the same memory registered again is it, part of it overlaps it, and
+   * the handle deregisters it */
+  void *again = NULL, *part = NULL;
+  if (geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(ef_buf), &again) != ncclSuccess ||
+      again != ef ||
+      geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(float), &part) !=
           ncclInvalidArgument ||
       geocclCommDeregisterErrorFeedback(sub, ef) != ncclSuccess ||
+      geocclCommDeregisterErrorFeedback(sub, ef) != ncclInvalidArgument ||
       geocclCommRegisterErrorFeedback(sub, ef_buf, sizeof(ef_buf), &again) != ncclSuccess) {
     fprintf(stderr, "[rank %d] shrunk: the parent's error-feedback registration was not "
                     "carried over\n", rank);

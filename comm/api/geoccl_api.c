@@ -236,7 +236,7 @@ ncclResult_t geocclCommRegisterErrorFeedback(ncclComm_t comm, void *buff, size_t
     uint64_t tag = 0;
     ncclResult_t r = geoCommEfRegister(comm, buff, bytes, &tag);
     GEO_RETURN_IF(r == ncclInvalidArgument, r, "geocclCommRegisterErrorFeedback: [%p, +%zu) "
-                  "overlaps memory already registered on this communicator", buff, bytes);
+                  "overlaps other memory already registered on this communicator", buff, bytes);
     GEO_RETURN_IF(r != ncclSuccess, r, "geocclCommRegisterErrorFeedback: out of memory");
     *handle = (void *)(uintptr_t)tag;
     return ncclSuccess;

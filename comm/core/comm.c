@@ -39,9 +39,15 @@ ncclResult_t geoCommEfRegister(struct ncclComm *comm, const void *base, size_t b
     pthread_mutex_lock(&comm->ef_lock);
     for (geoEfReg *x = comm->ef_regs; x; x = x->next)
         if (b < x->base + x->bytes && x->base < b + bytes) {
+            /* exactly that memory again (a registration carried over from
+             * the parent, registered again as before a shrink): the same
+             * registration, its handle */
+            int same = x->base == b && x->bytes == bytes;
+            if (same)
+                *tag = x->tag;
             pthread_mutex_unlock(&comm->ef_lock);
             free(r);
-            return ncclInvalidArgument;
+            return same ? ncclSuccess : ncclInvalidArgument;
         }
     r->base = b;
     r->bytes = bytes;

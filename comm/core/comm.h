@@ -233,7 +233,8 @@ typedef struct geoEfReg {
     struct geoEfReg *next;
 } geoEfReg;
 /* Adds [base, base + bytes): ncclInvalidArgument if it overlaps one already
- * registered, ncclSystemError without memory. */
+ * registered (exactly the same memory: that registration's tag, success),
+ * ncclSystemError without memory. */
 ncclResult_t geoCommEfRegister(struct ncclComm *comm, const void *base, size_t bytes,
                                uint64_t *tag);
 /* A communicator made from parent by ncclCommShrink or geocclCommGrow

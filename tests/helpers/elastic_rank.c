@@ -112,7 +112,7 @@ static void maybe_die_in_shrink(void)
 
 /* Every rank keeps one error-feedback registration of ef_buf: made at
  * its first communicator, carried over by each shrink and grow (the same
- * handle), checked there: the memory cannot be registered twice, and the
+ * handle), checked there: the same memory registered again is it, and the
  * handle deregisters it (then it is registered again). */
 static float ef_buf[64];
 static void *ef_handle;
@@ -120,8 +120,8 @@ static void *ef_handle;
 static void ef_carried(ncclComm_t next, const char *how)
 {
     void *again = NULL;
-    if (geocclCommRegisterErrorFeedback(next, ef_buf, sizeof(ef_buf), &again) !=
-            ncclInvalidArgument ||
+    if (geocclCommRegisterErrorFeedback(next, ef_buf, sizeof(ef_buf), &again) != ncclSuccess ||
+        again != ef_handle ||
         geocclCommDeregisterErrorFeedback(next, ef_handle) != ncclSuccess ||
         geocclCommRegisterErrorFeedback(next, ef_buf, sizeof(ef_buf), &ef_handle) != ncclSuccess)
         DIE(2, "%s: the error-feedback registration was not carried over", how);
