@@ -2,9 +2,11 @@
 #include "comm/base/debug.h"
 #include "comm/base/param.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +18,8 @@ static unsigned log_subsys = GEO_LOG_ALL;
 static char log_host[64];
 static char log_tsfmt[128];     /* GEOCCL_DEBUG_TIMESTAMP_FORMAT; "": none */
 static unsigned log_tslevels;   /* GEOCCL_DEBUG_TIMESTAMP_LEVELS: bit 1 << level */
+static FILE *log_file;          /* GEOCCL_DEBUG_FILE's; NULL: standard error */
+static char log_file_name[4096]; /* its name as expanded */
 static __thread int log_rank = -1;
 static __thread char thread_error[1024];
 
@@ -110,6 +114,76 @@ static void format_time(const char *fmt, char *out, size_t len)
         out[0] = '\0';
 }
 
+/* GEOCCL_DEBUG_FILE: %h the host name, %p the process id, %% a percent
+ * sign; any other character as it is.  The name goes to out (len bytes);
+ * 0, or -1 when it does not fit. */
+static int expand_file_name(const char *pattern, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const char *p = pattern; *p != '\0'; p++) {
+        char piece[80];
+        if (p[0] == '%' && (p[1] == 'h' || p[1] == 'p' || p[1] == '%')) {
+            if (p[1] == 'h')
+                snprintf(piece, sizeof(piece), "%s", log_host);
+            else if (p[1] == 'p')
+                snprintf(piece, sizeof(piece), "%d", (int)getpid());
+            else
+                snprintf(piece, sizeof(piece), "%%");
+            p++;
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t l = strlen(piece);
+        if (o + l + 1 > len)
+            return -1;
+        memcpy(out + o, piece, l);
+        o += l;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* Opens GEOCCL_DEBUG_FILE where it names another file than the one open
+ * (log_lock held); where it cannot, the log stays on standard error and
+ * says why there. */
+static void close_log_file(void)
+{
+    if (log_file != NULL)
+        fclose(log_file);
+    log_file = NULL;
+    log_file_name[0] = '\0';
+}
+
+static void open_log_file(void)
+{
+    const char *pattern = geoParamStr(GEO_PARAM_DEBUG_FILE);
+    char name[sizeof(log_file_name)];
+    if (pattern == NULL || pattern[0] == '\0') {
+        close_log_file();
+        return;
+    }
+    if (expand_file_name(pattern, name, sizeof(name)) != 0) {
+        close_log_file();
+        fprintf(stderr, "%s:%d:%d [geoccl] WARN GEOCCL_DEBUG_FILE=%s: the name is too long; "
+                "logging to standard error\n", log_host, (int)getpid(), log_rank, pattern);
+        return;
+    }
+    if (log_file != NULL && strcmp(name, log_file_name) == 0)
+        return;
+    close_log_file();
+    FILE *f = fopen(name, "w");
+    if (f == NULL) {
+        fprintf(stderr, "%s:%d:%d [geoccl] WARN GEOCCL_DEBUG_FILE=%s: cannot open %s: %s; "
+                "logging to standard error\n", log_host, (int)getpid(), log_rank, pattern, name,
+                strerror(errno));
+        return;
+    }
+    setvbuf(f, NULL, _IOLBF, 0);
+    log_file = f;
+    snprintf(log_file_name, sizeof(log_file_name), "%s", name);
+}
+
 /* The NCCL variables set that are no parameter's twin: those accepted,
  * each with what GeoCCL makes of it, and the others in one line. */
 static void log_nccl_others(void)
@@ -158,10 +232,10 @@ void geoDebugInit(void)
     pthread_mutex_lock(&log_lock);
     gethostname(log_host, sizeof(log_host) - 1);
     log_subsys = parse_subsys(ss);
-    snprintf(log_tsfmt, sizeof(log_tsfmt), "%s",
-             geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_FORMAT) ? geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_FORMAT)
-                                                           : "");
+    const char *tsfmt = geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_FORMAT);
+    snprintf(log_tsfmt, sizeof(log_tsfmt), "%s", tsfmt != NULL ? tsfmt : "");
     log_tslevels = parse_levels(geoParamStr(GEO_PARAM_DEBUG_TIMESTAMP_LEVELS));
+    open_log_file();
     int fresh = __atomic_exchange_n(&log_generation, gen, __ATOMIC_ACQ_REL) != gen;
     __atomic_store_n(&log_level, level, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&log_lock);
@@ -221,11 +295,12 @@ void geoLog(int level, unsigned subsys, const char *file, int line, const char *
     char when[160] = "";
     if (log_tsfmt[0] != '\0' && (log_tslevels & (1U << level)))
         format_time(log_tsfmt, when, sizeof(when));
+    FILE *out = log_file != NULL ? log_file : stderr;
     if (level != GEO_LEVEL_INFO)
-        fprintf(stderr, "%s%s:%d:%d [geoccl] %s %s:%d %s\n", when, log_host, (int)getpid(),
+        fprintf(out, "%s%s:%d:%d [geoccl] %s %s:%d %s\n", when, log_host, (int)getpid(),
                 log_rank, level_name(level), file, line, msg);
     else
-        fprintf(stderr, "%s%s:%d:%d [geoccl] %s %s\n", when, log_host, (int)getpid(), log_rank,
+        fprintf(out, "%s%s:%d:%d [geoccl] %s %s\n", when, log_host, (int)getpid(), log_rank,
                 level_name(level), msg);
     pthread_mutex_unlock(&log_lock);
 }

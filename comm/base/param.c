@@ -44,6 +44,12 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
                                           TWINS("NCCL_DEBUG_TIMESTAMP_LEVELS"),
                                           "the same names (VERSION is WARN, ABORT is INFO; "
                                           "unset, NCCL stamps WARN lines only, GeoCCL all)"},
+    [GEO_PARAM_DEBUG_FILE] = {"GEOCCL_DEBUG_FILE", GEO_PARAM_STR, "",
+                              "file the log goes to instead of standard error, %h the host "
+                              "name and %p the process id in its name (truncated when "
+                              "opened); empty, or a file that cannot be opened (said on "
+                              "standard error): standard error",
+                              TWINS("NCCL_DEBUG_FILE"), "the same name pattern"},
     [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
                            "seconds an operation may wait without progress before it fails"},
     [GEO_PARAM_NSTREAMS] = {"GEOCCL_NSTREAMS", GEO_PARAM_INT, "2",

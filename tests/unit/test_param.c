@@ -114,9 +114,9 @@ static const char *const nccl_vars[] = {
     "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_COMM_ID",
     "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_SNDBUF", "NCCL_SOCKET_RCVBUF",
     "NCCL_ALGO", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_FOO",
-    "NCCL_DEBUG_TIMESTAMP_FORMAT", "NCCL_DEBUG_TIMESTAMP_LEVELS",
+    "NCCL_DEBUG_TIMESTAMP_FORMAT", "NCCL_DEBUG_TIMESTAMP_LEVELS", "NCCL_DEBUG_FILE",
     "GEOCCL_DEBUG", "GEOCCL_DEBUG_SUBSYS", "GEOCCL_SOCKET_IFNAME", "GEOCCL_COMM_ID",
-    "GEOCCL_DEBUG_TIMESTAMP_FORMAT", "GEOCCL_DEBUG_TIMESTAMP_LEVELS",
+    "GEOCCL_DEBUG_TIMESTAMP_FORMAT", "GEOCCL_DEBUG_TIMESTAMP_LEVELS", "GEOCCL_DEBUG_FILE",
     "GEOCCL_NSTREAMS", "GEOCCL_SOCKET_BUFSIZE", "GEOCCL_ALGO", "GEOCCL_SHM",
 };
 static char *saved_ifname;
@@ -365,6 +365,46 @@ static void test_timestamps(void)
     restore_env();
 }
 
+/* NCCL_DEBUG_FILE through its twin: the log goes to the file named, %h
+ * and %p expanded; standard error keeps nothing of it.  A file that cannot
+ * be opened leaves the log on standard error, saying so there. */
+static void test_debug_file(void)
+{
+    static char log[16384];
+    char dir[] = "/tmp/geoccl-test-logfile.XXXXXX", pattern[128], want[256], host[64] = "";
+    if (mkdtemp(dir) == NULL) {
+        CU_FAIL("mkdtemp");
+        return;
+    }
+    gethostname(host, sizeof(host) - 1);
+    snprintf(pattern, sizeof(pattern), "%s/geo.%%h.%%p.log", dir);
+    snprintf(want, sizeof(want), "%s/geo.%s.%d.log", dir, host, (int)getpid());
+    clear_twins();
+    setenv("GEOCCL_DEBUG", "INFO", 1);
+    setenv("NCCL_DEBUG_FILE", pattern, 1);
+    capture_env_log(log, sizeof(log));
+    CU_ASSERT_PTR_NULL(strstr(log, "[geoccl]"));
+    FILE *f = fopen(want, "r");
+    CU_ASSERT_PTR_NOT_NULL(f);
+    if (f != NULL) {
+        size_t n = fread(log, 1, sizeof(log) - 1, f);
+        log[n] = '\0';
+        fclose(f);
+        CU_ASSERT_PTR_NOT_NULL(strstr(log, "GEOCCL_DEBUG_FILE set by environment to"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(log, "(from NCCL_DEBUG_FILE="));
+    }
+    /* a directory that does not exist: standard error, and why */
+    snprintf(pattern, sizeof(pattern), "%s/no/such/dir/%%p.log", dir);
+    setenv("NCCL_DEBUG_FILE", pattern, 1);
+    capture_env_log(log, sizeof(log));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, "cannot open"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, "[geoccl] INFO"));
+    unsetenv("NCCL_DEBUG_FILE");
+    restore_env();
+    unlink(want);
+    rmdir(dir);
+}
+
 int main(void)
 {
     if (getenv("GEOCCL_SOCKET_IFNAME") != NULL)
@@ -381,6 +421,7 @@ int main(void)
     CU_add_test(s, "NCCL twins: values mapped", test_twin_values);
     CU_add_test(s, "NCCL variables ignored, said at INFO", test_ignored_at_info);
     CU_add_test(s, "NCCL_DEBUG_TIMESTAMP_FORMAT and _LEVELS", test_timestamps);
+    CU_add_test(s, "NCCL_DEBUG_FILE", test_debug_file);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
