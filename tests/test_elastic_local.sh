@@ -20,7 +20,12 @@
 #      before its shrink; the shrink fails on ranks 0 and 1 (after
 #      GEOCCL_TIMEOUT), they agree again on the same communicator, now
 #      with both gone, and all-reduce exactly as 1 x 2;
-#   e. every process still running ends cleanly.
+#   e. a member lost as the others grow: two joiners in region c wait, and
+#      rank 1 dies at the round boundary where the members would admit
+#      them; rank 0's geocclCommGrow fails, it agrees that rank 1 is dead,
+#      shrinks to 1, and admits the joiners at the next boundary: exact as
+#      1 + 2;
+#   f. every process still running ends cleanly.
 # The emulated-WAN version, with etcd and region 0 lost too, is
 # tests/wan/test_elastic.sh.  About 35 seconds.
 #
@@ -123,13 +128,23 @@ if await "dies in the shrink" 1 && await "shrink failed" 2 && await "exact n=2" 
 else
     fail "d. the survivors did not re-form after the second loss"; show
 fi
+# The 1 x 2 is rank0 rank1 (region a).
+cat "$WORK/rank1.pid" > "$WORK/die_in_grow"
+run joiner2 c "$BIN" join 262144 "$WORK"
+run joiner3 c "$BIN" join 262144 "$WORK"
+if await "dies in the grow" 1 && await "grow failed" 1 && await "exact n=3" 3 &&
+   [ "$(grep -ho "shrunk to 1 at [0-9.]* dead=[0-9,]*" "$WORK/rank0.out" | sed 's/.*dead=//')" = "1" ]; then
+    pass "e. a member died as the others grew: the grow failed, rank 0 agreed rank 1 is dead, shrank, then admitted both joiners, exact as 3"
+else
+    fail "e. the member's loss in the grow was not recovered"; show
+fi
 touch "$WORK/stop"
 bad=0
-for w in rank0 rank1 rank2 rank3; do
+for w in rank0 rank2 rank3 joiner2 joiner3; do
     t0=$SECONDS
     while [ ! -s "$WORK/$w.exit" ] && [ $((SECONDS - t0)) -lt 30 ]; do sleep 0.1; done
     [ "$(cat "$WORK/$w.exit" 2>/dev/null)" = 0 ] || { bad=1; echo "   $w: status $(cat "$WORK/$w.exit" 2>/dev/null)"; }
 done
-if [ "$bad" = 0 ]; then pass "e. every process still running ended cleanly"; else fail "e. not every process ended cleanly"; show; fi
+if [ "$bad" = 0 ]; then pass "f. every process still running ended cleanly"; else fail "f. not every process ended cleanly"; show; fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -20,7 +20,11 @@
  * shrink that fails (a survivor died in it) is tried again from the
  * agreement, on the same communicator, up to three times.  A process whose
  * pid is in the file CTRL/die_in_shrink exits (status 3) once the dead set
- * is agreed, before its shrink: the second loss of such a test.
+ * is agreed, before its shrink: the second loss of such a test.  A
+ * geocclCommGrow that fails (a member died as the others grew) is a failed
+ * call: agree, shrink, and admit the joiners at the next round boundary.
+ * A process whose pid is in CTRL/die_in_grow exits (status 3) at the
+ * boundary where it would grow.
  *
  * Lines the script reads (T: seconds since the epoch):
  *   rank R: ready n=N at T               (after init or join; joiners add
@@ -29,6 +33,7 @@
  *   rank R: error in call K at T: ...    (a failed call)
  *   rank R: shrink failed at T: ...      (then it agrees and shrinks again)
  *   rank R: shrunk to N at T dead=a,b    (after the shrink)
+ *   rank R: grow failed at T: ...        (then it agrees and shrinks)
  *   rank R: exact n=N at T               (first exact call at each new size)
  *   rank R: grown to N at T probe=P s inherited=I bw_measured=B
  *           pairs_measured=M pairs_inherited=H  (pairs of regions)
@@ -93,18 +98,18 @@ static void say(const char *fmt, ...)
 
 static char ctrl[4000]; /* the script's control directory */
 
-/* The test's second loss: this process dies here when CTRL/die_in_shrink
- * names its pid. */
-static void maybe_die_in_shrink(void)
+/* This process dies here when CTRL/<file> names its pid: the test's
+ * loss in the middle of a re-form (die_in_shrink) or a grow (die_in_grow). */
+static void maybe_die(const char *file, const char *where)
 {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/die_in_shrink", ctrl);
+    snprintf(path, sizeof(path), "%s/%s", ctrl, file);
     FILE *f = fopen(path, "r");
     long pid = 0;
     if (f == NULL)
         return;
     if (fscanf(f, "%ld", &pid) == 1 && pid == (long)getpid()) {
-        say("dies in the shrink at %.3f", wall());
+        say("dies in the %s at %.3f", where, wall());
         _exit(3);
     }
     fclose(f);
@@ -141,7 +146,7 @@ static ncclComm_t recover(ncclComm_t comm)
                 ncclGetLastError(comm));
         if (count == 0 || count > 64)
             DIE(2, "geocclCommGetFailedRanks found %d dead ranks", count);
-        maybe_die_in_shrink();
+        maybe_die("die_in_shrink", "shrink");
         r = ncclCommShrink(comm, dead, count, &next, NULL, NCCL_SHRINK_ABORT);
         if (r == ncclSuccess)
             break;
@@ -267,9 +272,15 @@ int main(int argc, char **argv)
             ncclComm_t next = NULL;
             if (leave_asked)
                 geocclCommLeave(comm);
+            maybe_die("die_in_grow", "grow");
             r = geocclCommGrow(comm, &next, NULL);
-            if (r != ncclSuccess)
-                DIE(2, "geocclCommGrow: %s: %s", ncclGetErrorString(r), ncclGetLastError(comm));
+            if (r != ncclSuccess) {
+                say("grow failed at %.3f: %s: %s", wall(), ncclGetErrorString(r),
+                    ncclGetLastError(comm));
+                comm = recover(comm);
+                calls = -1;
+                continue;
+            }
             if (leave_asked) {
                 ncclCommDestroy(comm);
                 say("left at %.3f", wall());
