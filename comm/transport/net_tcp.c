@@ -375,10 +375,13 @@ void tcpConnSampleQueued(tcpConn *c, double now)
     int unsent = 0;
     if (ioctl(c->fd, SIOCOUTQNSD, &unsent) != 0)
         return;
+    /* Between two looks the socket is taken to have stayed as the first
+     * saw it: the progress thread looks every GEO_TCP_QUEUED_EVERY while
+     * the connection sends or is full, and stops looking only after a look
+     * that saw it not full with nothing more to send. */
+    if (c->q_at > 0 && now > c->q_at && c->q_full)
+        c->full_total += now - c->q_at;
     int full = unsent > GEO_TCP_QUEUED_FULL;
-    /* between two looks, half the time for each end that saw it full */
-    if (c->q_at > 0 && now > c->q_at)
-        c->full_total += (now - c->q_at) * 0.5 * (c->q_full + full);
     c->q_at = now;
     c->q_full = full;
 }

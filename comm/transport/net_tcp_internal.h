@@ -596,8 +596,9 @@ int tcpConnPace(tcpConn *c, uint64_t bytes_per_s, int active);
  * frame waiting.  Sampled at most every GEO_TCP_QUEUED_EVERY seconds. */
 #define GEO_TCP_QUEUED_FULL GEO_TCP_FRAME
 #define GEO_TCP_QUEUED_EVERY 0.002
-/* Sample the unsent bytes of TCP connection c (the progress thread, lock
- * held) into its full_total. */
+/* Sample the unsent bytes of TCP connection c (lock held) into its
+ * full_total: the progress thread while c sends or was full, linkStats
+ * when asked. */
 void tcpConnSampleQueued(tcpConn *c, double now);
 
 /* The table's limitQueued and setStreams (transport.h); they take the lock. */

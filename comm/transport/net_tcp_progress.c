@@ -56,7 +56,10 @@ void *tcpProgressMain(void *arg)
                     continue;
                 if (!c->closed) {
                     tcpProgressSend(st, p, s, now);
-                    tcpConnSampleQueued(c, now);
+                    /* only while it sends, or its socket held data unsent
+                     * at the last look: an idle connection costs nothing */
+                    if (c->s_active || c->q_full || st->peers[p].q[GEO_NET_SEND] != NULL)
+                        tcpConnSampleQueued(c, now);
                 }
                 if (st->broken)
                     break;

@@ -570,6 +570,100 @@ static void test_busy_leaves_out_the_receivers_window(void)
     close(l);
 }
 
+/* The full time the re-plan reads: how long a connection's socket held
+ * data the path had not taken.  Two ranks over TCP on loopback (GEOCCL_SHM
+ * 0), 64 MiB from rank 0: where rank 1 posts its receive 400 ms late, the
+ * socket is full most of that; where rank 0 sends 64 KiB messages 10 ms
+ * apart (its own data coming no faster: a rank forwarding a slower
+ * region's), never. */
+typedef struct {
+    ncclUniqueId id;
+    int rank, late;
+    double full, took;
+    int fails;
+} fullArgs;
+
+static void *full_rank(void *p)
+{
+    fullArgs *a = p;
+    ncclComm_t c;
+    if (ncclCommInitRank(&c, 2, a->id, a->rank) != ncclSuccess) {
+        a->fails++;
+        return NULL;
+    }
+    const size_t big = 64u << 20, small = 64u << 10;
+    const int nsmall = 32;
+    char *buf = calloc(1, big);
+    geoNetRequest req[32];
+    geoLinkStats st0, st1;
+    memset(&st0, 0, sizeof(st0));
+    memset(&st1, 0, sizeof(st1));
+    if (a->rank == 0)
+        c->net.ops->linkStats(c->net.state, 1, &st0);
+    double t0 = now_s();
+    if (a->late) {
+        if (a->rank == 0) {
+            CU_ASSERT_EQUAL(geoNetIsend(&c->net, 1, buf, big, &req[0]), ncclSuccess);
+        } else {
+            usleep(400000);
+            CU_ASSERT_EQUAL(geoNetIrecv(&c->net, 0, buf, big, &req[0]), ncclSuccess);
+        }
+        if (geoNetWait(&c->net, &req[0]) != ncclSuccess)
+            a->fails++;
+    } else {
+        for (int i = 0; i < nsmall; i++) {
+            if (a->rank == 0) {
+                usleep(10000);
+                CU_ASSERT_EQUAL(geoNetIsend(&c->net, 1, buf + i * small, small, &req[i]),
+                                ncclSuccess);
+            } else {
+                CU_ASSERT_EQUAL(geoNetIrecv(&c->net, 0, buf + i * small, small, &req[i]),
+                                ncclSuccess);
+            }
+        }
+        for (int i = 0; i < nsmall; i++)
+            if (geoNetWait(&c->net, &req[i]) != ncclSuccess)
+                a->fails++;
+    }
+    a->took = now_s() - t0;
+    if (a->rank == 0) {
+        c->net.ops->linkStats(c->net.state, 1, &st1);
+        a->full = st1.full - st0.full;
+    }
+    free(buf);
+    ncclCommDestroy(c);
+    return NULL;
+}
+
+static void test_full_time(void)
+{
+    setenv("GEOCCL_SHM", "0", 1);
+    setenv("GEOCCL_PROBE", "0", 1);
+    geoParamReload();
+    for (int late = 1; late >= 0; late--) {
+        fullArgs a[2];
+        pthread_t t[2];
+        CU_ASSERT_EQUAL_FATAL(ncclGetUniqueId(&a[0].id), ncclSuccess);
+        for (int r = 0; r < 2; r++) {
+            a[r] = (fullArgs){.id = a[0].id, .rank = r, .late = late};
+            pthread_create(&t[r], NULL, full_rank, &a[r]);
+        }
+        for (int r = 0; r < 2; r++)
+            pthread_join(t[r], NULL);
+        CU_ASSERT_EQUAL(a[0].fails + a[1].fails, 0);
+        printf("\n    %s: full %.3f s of %.3f s", late ? "receiver 400 ms late" : "paced sender",
+               a[0].full, a[0].took);
+        if (late) {
+            CU_ASSERT(a[0].full > 0.2);
+        } else {
+            CU_ASSERT(a[0].full < 0.1 * a[0].took);
+        }
+    }
+    unsetenv("GEOCCL_SHM");
+    unsetenv("GEOCCL_PROBE");
+    geoParamReload();
+}
+
 int main(void)
 {
     setenv("GEOCCL_SOCKET_IFNAME", "lo", 0);
@@ -588,6 +682,8 @@ int main(void)
     CU_add_test(s, "a silent peer times out, named", test_silent_peer_named);
     CU_add_test(s, "busy time leaves out the receiver's window",
                 test_busy_leaves_out_the_receivers_window);
+    CU_add_test(s, "full time: a sender held back, not one whose data comes slowly",
+                test_full_time);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned f = CU_get_number_of_failures();
