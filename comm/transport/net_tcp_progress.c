@@ -55,10 +55,13 @@ void *tcpProgressMain(void *arg)
                 if (c->fd < 0)
                     continue;
                 if (!c->closed) {
-                    tcpProgressSend(st, p, s, now);
-                    /* only while it sends, or its socket held data unsent
-                     * at the last look: an idle connection costs nothing */
-                    if (c->s_active || c->q_full || st->peers[p].q[GEO_NET_SEND] != NULL)
+                    int wrote = tcpProgressSend(st, p, s, now);
+                    /* only while it sends (a socket with room takes a whole
+                     * message at once: nothing is left queued here), or its
+                     * socket held data unsent at the last look: an idle
+                     * connection costs nothing */
+                    if (wrote || c->s_active || c->q_full ||
+                        st->peers[p].q[GEO_NET_SEND] != NULL)
                         tcpConnSampleQueued(c, now);
                 }
                 if (st->broken)
