@@ -97,6 +97,10 @@ def _create(store, rank, world_size, timeout):
     pg = _C.ProcessGroupGeoCCL(store, rank, world_size, timeout)
     if _any_source():
         pg.enable_any_source()
+    if _C.torch_api == "Backend":
+        # torch 2.x takes a ProcessGroup from the creator as the group: this
+        # one names itself "geoccl" (torch's own would say "custom").
+        return _C.GroupGeoCCL(store, rank, world_size, pg)
     return pg
 
 
