@@ -97,11 +97,21 @@ def _create(store, rank, world_size, timeout):
     pg = _C.ProcessGroupGeoCCL(store, rank, world_size, timeout)
     if _any_source():
         pg.enable_any_source()
-    if _C.torch_api == "Backend":
-        # torch 2.x takes a ProcessGroup from the creator as the group: this
-        # one names itself "geoccl" (torch's own would say "custom").
-        return _C.GroupGeoCCL(store, rank, world_size, pg)
     return pg
+
+
+def _create_group(opts, _options=None):
+    """torch 2.x's creator (extended_api): torch takes a ProcessGroup from
+    it as the group, in place of the one it made (opts.process_group),
+    which would name every plugin "custom"; this one names itself "geoccl"
+    and keeps the device that group was bound to (init_process_group's
+    device_id)."""
+    b = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    g = _C.GroupGeoCCL(opts.store, opts.group_rank, opts.group_size, b)
+    made = getattr(opts, "process_group", None)
+    if made is not None and made.bound_device_id is not None:
+        g.bound_device_id = made.bound_device_id
+    return g
 
 
 # torch's own, also when this module is imported a second time
@@ -137,7 +147,7 @@ def _register():
     if _C.torch_api == "Backend":
         # torch 2.x: the plugin makes a c10d Backend for these devices.
         try:
-            _dist.Backend.register_backend(BACKEND, _create,
+            _dist.Backend.register_backend(BACKEND, _create_group, extended_api=True,
                                            devices=["cpu", "cuda"] if _C.cuda else ["cpu"])
         except TypeError:  # 2.0 has no devices argument
             _dist.Backend.register_backend(BACKEND, _create)
