@@ -44,8 +44,8 @@ BACKEND = "geoccl"
 def backend(group=None):
     """The ProcessGroupGeoCCL behind group (default: the default group),
     whose compression(), set_compression() and stats() are GeoCCL's own.
-    With torch 1.x that is the group itself; with 2.x the group is torch's
-    ProcessGroup and this is the c10d Backend it dispatches to."""
+    With torch 1.x that is the group itself; with 2.x the group is a
+    ProcessGroup (GroupGeoCCL) and this is the c10d Backend it dispatches to."""
     pg = _dist.group.WORLD if group is None else group
     if isinstance(pg, ProcessGroupGeoCCL):
         return pg
