@@ -119,8 +119,9 @@ def init_groups(rank, world, init):
     """The default group is geoccl; returns (geoccl group, gloo group)."""
     if init["kind"] == "file":
         store = dist.FileStore(init["path"], world)
+        kw = {"device_id": torch.device(init["device"])} if init.get("device") else {}
         dist.init_process_group("geoccl", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+                                timeout=datetime.timedelta(seconds=60), **kw)
     else:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(init["port"]),
                           RANK=str(rank), WORLD_SIZE=str(world))
@@ -494,6 +495,10 @@ def scenario_tensor_coalesced(rank, world, init):
     and without a device: held in a batch or not); dist.set_timeout."""
     from torch.distributed.distributed_c10d import _coalescing_manager
     geo, gloo = init_groups(rank, world, init)
+    # the group torch 2.x uses is geoccl's own: it names itself, and keeps
+    # the device init_process_group bound it to
+    assert type(geo).__name__ == "GroupGeoCCL" and geo.name() == "geoccl"
+    assert geo.bound_device_id == torch.device("cpu:0"), geo.bound_device_id
     sizes = [1, 13, 0, 37]
 
     def gathered(dtypes, strided):
@@ -772,7 +777,7 @@ def test_batches_and_coalescing(tmp_path):
 @pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced, "
                     "reduce_scatter_tensor_coalesced or set_timeout")
 def test_tensor_coalesced_and_set_timeout(tmp_path):
-    run_ranks(scenario_tensor_coalesced, file_init(tmp_path), timeout=90)
+    run_ranks(scenario_tensor_coalesced, dict(file_init(tmp_path), device="cpu:0"), timeout=90)
 
 
 def test_ddp_matches_gloo_env_init():
