@@ -1,6 +1,7 @@
 /*
  * geoccl._C: the Python face of the process group (geoccl/torch.py
- * registers it with torch.distributed).
+ * registers it with torch.distributed), and under torch 2.x the group
+ * object torch.distributed hands out for it.
  */
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
@@ -11,12 +12,14 @@
 
 #include "process_group.hpp"
 
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
 namespace py = pybind11;
 using geoccl_torch::ProcessGroupGeoCCL;
 
 #if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 namespace {
 /* torch 2.x: the process group torch.distributed hands out for a geoccl
  * group. torch makes a plain c10d::ProcessGroup for a plugin's Backend, and
