@@ -77,13 +77,47 @@ def _log(msg):
 def _default_store():
     c10d = dist.distributed_c10d
     if dist.is_initialized():
-        return c10d._get_default_store()
-    # A joiner: the job's store, as init_process_group("env://") reaches it.
-    host = os.environ["MASTER_ADDR"]
-    port = int(os.environ["MASTER_PORT"])
-    # a bounded wait: a job that has ended has no store any more
-    tcp = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60))
+        return _job_store(c10d._get_default_store())
+    # A joiner; a bounded wait: a job that has ended has no store any more
+    return _connect_env_store(60)
+
+
+def _connect_env_store(timeout_s):
+    """A connection of its own to the job's env:// store, under the prefix
+    init_process_group("env://") gives it."""
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                        is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.PrefixStore("default_pg", tcp)
+
+
+def _job_store(store):
+    """The store init_process_group made (env://: the TCPStore under
+    "default_pg") or was given, from the default group's store. torch 2.x
+    keeps each group's store under one more prefix, the group's name (the
+    default group's "0/"), and a joiner, which is in no group yet, reaches
+    the job's store without it: the members' keys (admissions, the job's
+    end) must be where it looks, and where the beats' own connection puts
+    theirs. Whether store is that prefix over its underlying store is
+    asked of the store itself (a key added through one, read through the
+    other), so that no torch release's wrapping is assumed."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)  # torch 2.x
+    inner = getattr(store, "underlying_store", None)
+    if world is None or inner is None:
+        return store
+    name = world.pg_names.get(c10d._get_default_group())
+    if not name:
+        return store
+    probe = "%sprobe/%d/%s" % (PREFIX, os.getpid(), os.urandom(8).hex())
+    store.add(probe, 1)
+    # PrefixStore(p, s) keeps key k as s's "p/k"
+    wrapped = inner.add("%s//%s" % (name, probe), 0) == 1
+    for st, key in ((store, probe), (inner, "%s//%s" % (name, probe))):
+        try:
+            st.delete_key(key)
+        except Exception:  # a store without delete: the key stays, unused
+            pass
+    return inner if wrapped else store
 
 
 def _membership():
@@ -177,9 +211,7 @@ class Elastic:
         while not self._stop.wait(self.beat):
             try:
                 if own is None and self._env_store:
-                    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                        is_master=False, timeout=datetime.timedelta(seconds=30))
-                    own = dist.PrefixStore(PREFIX, dist.PrefixStore("default_pg", tcp))
+                    own = dist.PrefixStore(PREFIX, _connect_env_store(30))
                     st = lambda fn, *a: fn(*a)  # noqa: E731
                 store, call = (own, st) if own is not None else (self._store, self._st)
                 e, r = self.epoch, self.rank

@@ -44,8 +44,8 @@ BACKEND = "geoccl"
 def backend(group=None):
     """The ProcessGroupGeoCCL behind group (default: the default group),
     whose compression(), set_compression() and stats() are GeoCCL's own.
-    With torch 1.x that is the group itself; with 2.x the group is torch's
-    ProcessGroup and this is the c10d Backend it dispatches to."""
+    With torch 1.x that is the group itself; with 2.x the group is a
+    ProcessGroup (GroupGeoCCL) and this is the c10d Backend it dispatches to."""
     pg = _dist.group.WORLD if group is None else group
     if isinstance(pg, ProcessGroupGeoCCL):
         return pg
@@ -100,6 +100,20 @@ def _create(store, rank, world_size, timeout):
     return pg
 
 
+def _create_group(opts, _options=None):
+    """torch 2.x's creator (extended_api): torch takes a ProcessGroup from
+    it as the group, in place of the one it made (opts.process_group),
+    which would name every plugin "custom"; this one names itself "geoccl"
+    and keeps the device that group was bound to (init_process_group's
+    device_id)."""
+    b = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    g = _C.GroupGeoCCL(opts.store, opts.group_rank, opts.group_size, b)
+    made = getattr(opts, "process_group", None)
+    if made is not None and made.bound_device_id is not None:
+        g.bound_device_id = made.bound_device_id
+    return g
+
+
 # torch's own, also when this module is imported a second time
 _torch_monitored_barrier = getattr(_dist.monitored_barrier, "_geoccl_wraps",
                                    _dist.monitored_barrier)
@@ -133,7 +147,7 @@ def _register():
     if _C.torch_api == "Backend":
         # torch 2.x: the plugin makes a c10d Backend for these devices.
         try:
-            _dist.Backend.register_backend(BACKEND, _create,
+            _dist.Backend.register_backend(BACKEND, _create_group, extended_api=True,
                                            devices=["cpu", "cuda"] if _C.cuda else ["cpu"])
         except TypeError:  # 2.0 has no devices argument
             _dist.Backend.register_backend(BACKEND, _create)

@@ -1,6 +1,7 @@
 /*
  * geoccl._C: the Python face of the process group (geoccl/torch.py
- * registers it with torch.distributed).
+ * registers it with torch.distributed), and under torch 2.x the group
+ * object torch.distributed hands out for it.
  */
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
@@ -11,8 +12,39 @@
 
 #include "process_group.hpp"
 
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
 namespace py = pybind11;
 using geoccl_torch::ProcessGroupGeoCCL;
+
+#if TORCH_VERSION_MAJOR >= 2
+namespace {
+/* torch 2.x: the process group torch.distributed hands out for a geoccl
+ * group. torch makes a plain c10d::ProcessGroup for a plugin's Backend, and
+ * that group names its backend by type: "custom" for every plugin, which is
+ * what DDP's logging data and ProcessGroup.name() report. A plugin whose
+ * creator returns a ProcessGroup has that group used as it is, so the
+ * creator (geoccl/torch.py) returns this one: it names itself "geoccl" and
+ * dispatches every call to the Backend it was given, for the CPU (and,
+ * when compiled for it, CUDA) devices. */
+class GroupGeoCCL : public ::c10d::ProcessGroup {
+ public:
+  GroupGeoCCL(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+              const c10::intrusive_ptr<ProcessGroupGeoCCL>& backend)
+      : ::c10d::ProcessGroup(store, rank, size) {
+    setDefaultBackend(BackendType::CUSTOM);
+    setBackend(c10::DeviceType::CPU, BackendType::CUSTOM, backend);
+#if defined(GEOCCL_TORCH_CUDA) && defined(GEOCCL_TORCH_C10_CUDA)
+    setBackend(c10::DeviceType::CUDA, BackendType::CUSTOM, backend);
+#endif
+  }
+
+  const std::string getBackendName() const override { return "geoccl"; }
+};
+}  // namespace
+#endif
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "GeoCCL's torch.distributed backend (see geoccl.torch)";
@@ -139,6 +171,15 @@ PYBIND11_MODULE(_C, m) {
             return d;
           },
           "GeoCCL's counters of this group's communicator (geocclCommGetStats).");
+
+#if TORCH_VERSION_MAJOR >= 2
+  py::class_<GroupGeoCCL, c10::intrusive_ptr<GroupGeoCCL>>(
+      m, "GroupGeoCCL", py::module::import("torch._C._distributed_c10d").attr("ProcessGroup"))
+      .def(py::init<const c10::intrusive_ptr<::c10d::Store>&, int, int,
+                    const c10::intrusive_ptr<ProcessGroupGeoCCL>&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend"),
+           "The process group of backend, named \"geoccl\" (torch 2.x).");
+#endif
 
   m.def("version", [] { return std::string(geocclVersionString()); });
   m.attr("torch_api") = GEOCCL_TORCH_BASE_NAME;

@@ -1,8 +1,13 @@
 #!/bin/sh
 # `pip install` of GeoCCL's source tree as a PyTorch user does it, then the
 # installed package from outside the tree:
-#  - a fresh virtual environment that sees the system's torch
-#    (python3 -m venv --system-site-packages);
+#  - a fresh virtual environment that sees the interpreter's torch: for a
+#    system interpreter, python3 -m venv --system-site-packages; for one
+#    that is itself in a virtual environment (GEOCCL_PYTHON=/opt/torch2/bin/python),
+#    a venv made from it is one of the base interpreter's and would not see
+#    that environment's packages, so the new one gets a .pth file naming
+#    that environment's site-packages (after its own, so that what pip
+#    installs wins), and the system's only where that environment has them;
 #  - pip install --no-build-isolation --no-index <source>: no network, so
 #    setuptools and wheel come from the system; setup.py drives GeoCCL's
 #    autotools build (in a scratch folder, GEOCCL_BUILD_DIR: nothing is
@@ -43,21 +48,50 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/geoccl-pip.XXXXXX") || exit 99
 trap 'rm -rf "$tmp"' EXIT
 venv=$tmp/venv
 vpy=$venv/bin/python
+# The interpreter's own virtual environment, if it is in one: whether it
+# sees the system's packages, then its site-packages, one a line.
+"$python" - > "$tmp/layer.txt" <<'EOF'
+import os, site, sys
+if sys.prefix != sys.base_prefix:
+    system = False
+    for line in open(os.path.join(sys.prefix, "pyvenv.cfg")):
+        k, _, v = line.partition("=")
+        if k.strip() == "include-system-site-packages":
+            system = v.strip().lower() == "true"
+    print("system" if system else "isolated")
+    print("\n".join(site.getsitepackages()))
+else:
+    print("system")
+EOF
+system=
+[ "$(head -n 1 "$tmp/layer.txt")" = system ] && system=--system-site-packages
 # A venv with its own pip needs ensurepip (python3-venv); without it the
-# system's pip, visible through --system-site-packages, installs into it.
-if ! "$python" -m venv --system-site-packages "$venv" > "$tmp/venv.log" 2>&1; then
+# pip it sees (the system's, or the layered environment's) installs into it.
+if ! "$python" -m venv $system "$venv" > "$tmp/venv.log" 2>&1; then
   rm -rf "$venv"
-  if ! "$python" -m venv --system-site-packages --without-pip "$venv" >> "$tmp/venv.log" 2>&1; then
+  if ! "$python" -m venv $system --without-pip "$venv" >> "$tmp/venv.log" 2>&1; then
     echo "$python -m venv fails (python3-venv):"
     tail -n 5 "$tmp/venv.log"
     echo "skipping"
     exit 77
   fi
 fi
+if [ "$(wc -l < "$tmp/layer.txt")" -gt 1 ]; then
+  sp=$("$vpy" -c 'import site; print(site.getsitepackages()[0])') || exit 99
+  tail -n +2 "$tmp/layer.txt" > "$sp/geoccl-test-layer.pth"
+  echo "the new environment also sees: $(tail -n +2 "$tmp/layer.txt" | tr '\n' ' ')"
+fi
 if ! "$vpy" -m pip --version > /dev/null 2>&1; then
   echo "the virtual environment has no pip (python3-pip or python3-venv); skipping"
   exit 77
 fi
+want=$("$python" -c 'import torch; print(torch.__version__)')
+got=$("$vpy" -c 'import torch; print(torch.__version__)' 2>&1 | tail -n 1)
+if [ "$got" != "$want" ]; then
+  echo "FAIL: the new environment's torch is $got, not $python's $want"
+  exit 1
+fi
+echo "torch $got in the new environment"
 for m in setuptools wheel pytest; do
   if ! "$vpy" -c "import $m" 2>/dev/null; then
     echo "$python has no $m (python3-$m), which this offline build and test need; skipping"

@@ -119,8 +119,9 @@ def init_groups(rank, world, init):
     """The default group is geoccl; returns (geoccl group, gloo group)."""
     if init["kind"] == "file":
         store = dist.FileStore(init["path"], world)
+        kw = {"device_id": torch.device(init["device"])} if init.get("device") else {}
         dist.init_process_group("geoccl", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+                                timeout=datetime.timedelta(seconds=60), **kw)
     else:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(init["port"]),
                           RANK=str(rank), WORLD_SIZE=str(world))
@@ -494,6 +495,10 @@ def scenario_tensor_coalesced(rank, world, init):
     and without a device: held in a batch or not); dist.set_timeout."""
     from torch.distributed.distributed_c10d import _coalescing_manager
     geo, gloo = init_groups(rank, world, init)
+    # the group torch 2.x uses is geoccl's own: it names itself, and keeps
+    # the device init_process_group bound it to
+    assert type(geo).__name__ == "GroupGeoCCL" and geo.name() == "geoccl"
+    assert geo.bound_device_id == torch.device("cpu:0"), geo.bound_device_id
     sizes = [1, 13, 0, 37]
 
     def gathered(dtypes, strided):
@@ -663,6 +668,10 @@ def scenario_ddp(rank, world, init):
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
         nets[name] = [p.detach().clone() for p in m.parameters()]
+        # DDP's logging data names the group's backend as get_backend does
+        # (under torch 2.x a plugin's group says "custom" unless it names itself)
+        assert ddp._get_ddp_logging_data().get("backend_name") == name
+        assert dist.get_backend(group) == name
     for a, b in zip(nets["geoccl"], nets["gloo"]):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
     # every rank holds the same model
@@ -768,7 +777,7 @@ def test_batches_and_coalescing(tmp_path):
 @pytest.mark.skipif(TORCH1, reason="torch 1.x has no allgather_into_tensor_coalesced, "
                     "reduce_scatter_tensor_coalesced or set_timeout")
 def test_tensor_coalesced_and_set_timeout(tmp_path):
-    run_ranks(scenario_tensor_coalesced, file_init(tmp_path), timeout=90)
+    run_ranks(scenario_tensor_coalesced, dict(file_init(tmp_path), device="cpu:0"), timeout=90)
 
 
 def test_ddp_matches_gloo_env_init():

@@ -9,7 +9,9 @@
 - every rank that ends holds the same state and round;
 - a second rank dying while the survivors re-form after the first loss (in
   the shrink, or in the first call on the group it made): they re-form
-  again and go on as a group of 2.
+  again and go on as a group of 2;
+- the members' store keys are where a joiner reads them (torch 2.x gives
+  the default group its store under one more prefix).
 
 Each rank is this file run as a script (`worker`), so that a rank can die
 without taking pytest with it.
@@ -149,6 +151,31 @@ def test_loss_leave_join(tmp_path):
     assert "joined as rank 2 of 3" in outs["joiner"], why
 
 
+def store_keys(port):
+    """One rank of an env:// job: a key the members put in their store must
+    be where a joiner's (and the beats') own connection reads it."""
+    import torch.distributed as dist
+    import geoccl.elastic as elastic
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("geoccl", rank=0, world_size=1)
+    elastic._default_store().add("shared", 5)
+    print("joiner reads %d" % elastic._connect_env_store(10).add("shared", 0), flush=True)
+    dist.destroy_process_group()
+
+
+def test_members_share_joiners_keys():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = dict(os.environ, GEOCCL_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, __file__, "store_keys", str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    text = out.stdout.decode(errors="replace")
+    assert out.returncode == 0 and "joiner reads 5" in text, text
+
+
 @pytest.mark.parametrize("stage", ["agreed", "shrunk"])
 def test_second_loss_while_reforming(tmp_path, stage):
     codes, outs = _run(tmp_path, second=stage)
@@ -163,7 +190,9 @@ def test_second_loss_while_reforming(tmp_path, stage):
     assert " size 2 " in finals[0], why
 
 
-if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "worker":
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "store_keys":
+    store_keys(int(sys.argv[2]))
+elif __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "worker":
     extra = sys.argv[3:]
     worker(int(sys.argv[2]), "join" in extra,
            next((a.split("=", 1)[1] for a in extra if a.startswith("second=")), None))
