@@ -1,9 +1,13 @@
 /* The etcd requests (etcd.h): one HTTP/1.1 POST per request on a fresh
  * connection ("Connection: close", so an answer ends where the stream
  * does, chunked or not), to the member that answered last and then to the
- * others.  A member that refuses, times out, or answers anything but 200
- * (no leader, no quorum) is left for the next one; the request fails only
- * when every member failed within the deadline.  Bodies are built with
+ * others.  A member that refuses the connection, times out, or answers a
+ * server error (no leader, no quorum) is left for the next one; the request
+ * fails when every member failed within the deadline, or at once when one
+ * answers a client error (4xx: a lease or key that is not there; not 408
+ * or 429, which are about the moment), which every member would (a joiner's revoke of a lease that had run out was
+ * tried on every member for the whole 60 s deadline, and the new
+ * communicator's first call waited for it).  Bodies are built with
  * snprintf from base64 and decimal numbers, so nothing needs escaping. */
 #include "config.h"
 #include "comm/elastic/etcd.h"
@@ -151,10 +155,12 @@ static char *recv_all(int fd, double deadline, size_t *len, char *why)
 }
 
 /* The body of an HTTP answer in place (de-chunked): pointer into ans, or
- * NULL when it is not a 200 answer (why says what it was). */
-static char *http_body(char *ans, size_t len, char *why)
+ * NULL when it is not a 200 answer (why says what it was, *status_out its
+ * status; 0: not HTTP). */
+static char *http_body(char *ans, size_t len, char *why, int *status_out)
 {
     int status = 0;
+    *status_out = 0;
     if (sscanf(ans, "HTTP/1.%*d %d", &status) != 1) {
         set_why(why, "not an HTTP answer");
         return NULL;
@@ -189,6 +195,7 @@ static char *http_body(char *ans, size_t len, char *why)
         }
         *out = '\0';
     }
+    *status_out = status;
     if (status != 200) {
         set_why(why, "HTTP %d: %.160s", status, body);
         return NULL;
@@ -198,9 +205,11 @@ static char *http_body(char *ans, size_t len, char *why)
 
 /* POST body to path on one member after another; the answer's JSON
  * (malloc'ed block: free *block) or NULL. */
-static const char *request(geoEtcd *e, const char *path, const char *body, char **block,
-                           char *why)
+static const char *request_st(geoEtcd *e, const char *path, const char *body, char **block,
+                              char *why, int *refused)
 {
+    if (refused != NULL)
+        *refused = 0;
     double deadline = geoNow() + e->timeout;
     int first = __atomic_load_n(&e->cur, __ATOMIC_RELAXED);
     char last[GEO_ETCD_WHY_LEN] = "no member tried";
@@ -238,7 +247,22 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
             close(fd);
             if (ans == NULL)
                 continue;
-            char *json = http_body(ans, alen, last);
+            int status = 0;
+            char *json = http_body(ans, alen, last, &status);
+            if (json == NULL && status >= 400 && status < 500 && status != 408 &&
+                status != 429) {
+                /* The cluster refused the request itself (a lease or key
+                 * that is not there, a bad request): every member would
+                 * answer the same, so this is the answer, at once.  Only a
+                 * member that is not serving (no leader, no quorum: 5xx)
+                 * leaves the request to the next one. */
+                __atomic_store_n(&e->cur, m, __ATOMIC_RELAXED);
+                free(ans);
+                set_why(why, "etcd refused %s: %s", path, last);
+                if (refused != NULL)
+                    *refused = status;
+                return NULL;
+            }
             if (json == NULL) {
                 snprintf(answer, sizeof(answer), "%s", last);
                 free(ans);
@@ -260,6 +284,12 @@ static const char *request(geoEtcd *e, const char *path, const char *body, char 
         set_why(why, "no etcd member answered %s within %.1f s (last: %s)", path, e->timeout,
                 last);
     return NULL;
+}
+
+static const char *request(geoEtcd *e, const char *path, const char *body, char **block,
+                           char *why)
+{
+    return request_st(e, path, body, block, why, NULL);
 }
 
 /* The base64 end of the range of every key that starts with key. */
@@ -504,7 +534,11 @@ ncclResult_t geoEtcdLeaseRevoke(geoEtcd *e, int64_t id, char *why)
 {
     char body[64], *block = NULL;
     snprintf(body, sizeof(body), "{\"ID\":\"%" PRId64 "\"}", id);
-    const char *json = request(e, "/v3/lease/revoke", body, &block, why);
+    int refused = 0;
+    const char *json = request_st(e, "/v3/lease/revoke", body, &block, why, &refused);
     free(block);
+    /* a lease that ran out first is revoked all the same */
+    if (json == NULL && refused == 404 && why != NULL && strstr(why, "lease not found"))
+        return ncclSuccess;
     return json ? ncclSuccess : ncclRemoteError;
 }

@@ -125,6 +125,13 @@ static void test_json(void)
     CU_ASSERT_PTR_NULL(geoJsonSkip(deep));
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* ---- a stand-in gateway --------------------------------------------- */
 
 static int gw_fd;
@@ -168,6 +175,14 @@ static void *gateway_main(void *arg)
             ans = "HTTP/1.1 200 OK\r\n\r\n{\"header\":{},\"succeeded\":false,\"responses\":"
                   "[{\"response_range\":{\"kvs\":[{\"key\":\"L2EvYg==\",\"value\":\"aGVsbG8=\","
                   "\"create_revision\":\"2\"}],\"count\":\"1\"}}]}";
+        } else if (strstr(req, "POST /v3/lease/revoke")) {
+            /* a lease that has run out, as etcd's gateway says it */
+            ans = "HTTP/1.1 404 Not Found\r\n\r\n{\"error\":\"etcdserver: requested lease "
+                  "not found\",\"code\":5,\"message\":\"etcdserver: requested lease not "
+                  "found\"}";
+        } else if (strstr(req, "POST /v3/kv/deleterange")) {
+            ans = "HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"etcdserver: key is not "
+                  "provided\",\"code\":3}";
         } else {
             ans = "HTTP/1.1 503 Service Unavailable\r\n\r\n{\"error\":\"etcdserver: no leader\"}";
         }
@@ -231,6 +246,17 @@ static void test_requests(void)
     CU_ASSERT_STRING_EQUAL(kv.key, "/a/b");
     CU_ASSERT_EQUAL(kv.create_rev, 2);
     geoEtcdKvFree(&kv);
+
+    /* A client error is the cluster's answer: at once, not after every
+     * member and the whole deadline (60 s in a joiner's revoke of a lease
+     * that had run out); a lease already gone counts as revoked. */
+    geoEtcd slow;
+    CU_ASSERT_EQUAL_FATAL(geoEtcdInit(&slow, spec, 30.0, why, sizeof(why)), 0);
+    double t0 = now_s();
+    CU_ASSERT_EQUAL(geoEtcdLeaseRevoke(&slow, 5, why), ncclSuccess);
+    CU_ASSERT_EQUAL(geoEtcdDelete(&slow, "/a/b", 0, why), ncclRemoteError);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "400"));
+    CU_ASSERT(now_s() - t0 < 2.0);
 
     /* A member without a leader answers 503: an error naming it. */
     snprintf(spec, sizeof(spec), "127.0.0.1:%d", ntohs(a.sin_port));
