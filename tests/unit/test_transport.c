@@ -405,8 +405,10 @@ static void test_stranger_at_data_listener(void)
            "data listeners\n", plain, with);
     CU_ASSERT_EQUAL(fails, 0);
     /* Before concurrent set-up each stranger stalled its acceptor for the
-     * 5 s handshake limit. */
-    CU_ASSERT_TRUE(with - plain < 1.0);
+     * 5 s handshake limit (at least 10 s here).  Half of one such stall
+     * is the bound: the thread-sanitized build beside the whole suite took
+     * over 1 s more with the strangers, a stall not of the set-up. */
+    CU_ASSERT_TRUE(with - plain < 2.5);
     unsetenv("GEOCCL_PROBE");
     geoParamReload();
 }
