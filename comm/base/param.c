@@ -47,8 +47,9 @@ static const geoParamDesc table[GEO_PARAM_COUNT] = {
     [GEO_PARAM_DEBUG_FILE] = {"GEOCCL_DEBUG_FILE", GEO_PARAM_STR, "",
                               "file the log goes to instead of standard error, %h the host "
                               "name and %p the process id in its name (truncated when "
-                              "opened); empty, or a file that cannot be opened (said on "
-                              "standard error): standard error",
+                              "opened; a process forked after its parent logged keeps "
+                              "the parent's file); empty, or a file that cannot be "
+                              "opened (said on standard error): standard error",
                               TWINS("NCCL_DEBUG_FILE"), "the same name pattern"},
     [GEO_PARAM_TIMEOUT] = {"GEOCCL_TIMEOUT", GEO_PARAM_INT, "300",
                            "seconds an operation may wait without progress before it fails"},
