@@ -471,11 +471,16 @@ static int mode_loop(double seconds, size_t bytes, int all_ops)
   harness_fill_input(send, ncclFloat32, ncclSum, g_nranks, g_rank, 0, count, seed);
   harness_fill_expected(exp, ncclFloat32, ncclSum, g_nranks, 0, count, seed);
 
+  const double i0 = harness_now();
   ncclComm_t comm = init_comm();
   if (comm == NULL) {
     rc = 1;
     goto out;
   }
+  /* A test that breaks something mid-call waits for this line from every
+   * rank (tests/wan/test_hier_wan.sh, the cut-off). */
+  printf("rank %d: in the all-reduce loop, init took %.2f s\n", g_rank, harness_now() - i0);
+  fflush(stdout);
   const double t0 = harness_now();
   for (;;) {
     double start = harness_now();

@@ -39,10 +39,27 @@ wan_lock() {
     done
     rm -f "$marker"
     [ $((SECONDS - t0)) -lt 2 ] || echo "== waited $((SECONDS - t0)) s for another emulated-WAN test ($lock)"
+    stale_wan_down
     # Before the tests that compute beside this one: what the ranks measure
     # and are held to (rates, delays, seconds to notice a fault) must not be
     # the CPU's.  The delay lines run SCHED_FIFO (geoccl-wan up).
     renice -n -10 -p $$ > /dev/null 2>&1 || true
+}
+
+# stale_wan_down: with the lock held no other emulated-WAN test runs, so a
+# WAN that is up now is a person's or one left by a run that was killed
+# (its delay lines killed with it; namespaces outlive their processes).
+# One whose delay lines all are gone carries no traffic between regions:
+# take it down rather than wait for it (a suite once waited 600 s for
+# such a one, and skipped).  A WAN whose delay lines run is left alone.
+stale_wan_down() {
+    local ifc other
+    ifc=$(ip -o -4 addr show to 10.231.0.1/32 2>/dev/null | awk '{ print $2 }' | head -1)
+    other=${ifc%-br}
+    [ -n "$ifc" ] && [ "$other" != "$ifc" ] && [ -x "${WAN:-}" ] || return 0
+    "$WAN" status -n "$other" 2>/dev/null | grep -q 'delay line pid [0-9]* running' && return 0
+    echo "== taking down the emulated WAN '$other': up, but none of its delay lines runs (left by a killed run)"
+    "$WAN" down -n "$other" -q > /dev/null 2>&1
 }
 
 # wan_up ARGS...: takes a leftover of ours down and brings ours up with ARGS;

@@ -30,8 +30,8 @@
 #      maximum pacing rates adding up to 1.1-2.45x its uplink's figure at
 #      init, none is seen in BBR's PROBE_RTT, results exact.
 #   d. cut-off: 3 regions x 2 ranks, 100 Mbit/s, 25 ms, GEOCCL_TIMEOUT=10;
-#      every rank loops on 16 MiB all-reduces; 4 s after the start region 2's
-#      link goes down (inside its namespace, so peers see a dead link: no
+#      every rank loops on 16 MiB all-reduces; 2 s after every rank said it
+#      entered the loop region 2's link goes down (inside its namespace, so peers see a dead link: no
 #      FIN, no RST). Every rank must fail its call and exit 2 (after
 #      ncclCommAbort returned) within GEOCCL_TIMEOUT + 5 s of the cut.
 #      Ranks still running 60 s after the cut are killed and fail the step.
@@ -95,9 +95,15 @@ matrix() {
     finish_ranks "$d" "$(awk -v a="$t0" -v l=$MATRIX_LIMIT 'BEGIN { printf "%.6f", a + l }')"
     killed=$?
     echo "   $what: $NR ranks in regions ($layout), $(since "$t0" "$(now)") s"
+    # Rank 0's summary; every rank's, with the first lines of its output,
+    # where one failed (a short log keeps a later step's failure in view).
     for ((r = 0; r < NR; r++)); do
         read -r st _ < "$d/rank$r.exit"
         [ "$st" = 0 ] && grep -q "^rank $r: matrix ok" "$d/rank$r.out" || bad=$((bad + 1))
+    done
+    for ((r = 0; r < NR; r++)); do
+        [ "$r" = 0 ] || [ "$bad" != 0 ] || [ "$killed" != 0 ] || continue
+        read -r st _ < "$d/rank$r.exit"
         echo "   [r${REGION_OF[$r]}] status $st: $(grep "^rank $r: matrix" "$d/rank$r.out" || echo "(no summary)")"
         if [ "$st" != 0 ]; then sed -n '1,15p' "$d/rank$r.out" | grep -v "^rank $r: matrix" | sed 's/^/      /'; fi
     done
@@ -330,14 +336,28 @@ fi
 
 # ---- d: region 2 cut off mid-all-reduce -----------------------------------------
 
-echo "== 3 regions, 100 Mbit/s, 25 ms one-way; GEOCCL_TIMEOUT=$TIMEOUT_CUT; region 2 cut off after $((4 * ${GEOCCL_TEST_TIME_SCALE:-1})) s"
+echo "== 3 regions, 100 Mbit/s, 25 ms one-way; GEOCCL_TIMEOUT=$TIMEOUT_CUT; region 2 cut off 2 s into the all-reduce loop"
 wan_up -r 3 --rate 100mbit --delay 25ms
 d=$WORK/cut
 t0=$(now)
 start "$d" 29505 "$TIMEOUT_CUT" "0 0 1 1 2 2" loop 120 16777216
-# The cut must fall in the all-reduce loop, after init: a sanitizer build
-# takes several times longer to get there.
-sleep $((4 * ${GEOCCL_TEST_TIME_SCALE:-1}))
+# The cut must fall in the all-reduce loop, after init: wait until every
+# rank says it is there (init, the probe included, took 1.4 s here alone,
+# and longer beside a loaded suite: a fixed 4 s could cut the init), then
+# 2 s more, inside a call (a 16 MiB call takes about 1.8 s on these links).
+wait_until=$(awk -v a="$(now)" -v s="${GEOCCL_TEST_TIME_SCALE:-1}" 'BEGIN { printf "%.6f", a + 60 * s }')
+while :; do
+    in=0 early=0
+    for ((r = 0; r < NR; r++)); do
+        grep -q "^rank $r: in the all-reduce loop" "$d/rank$r.out" 2>/dev/null && in=$((in + 1))
+        [ -s "$d/rank$r.exit" ] && early=$((early + 1))
+    done
+    [ "$in" = "$NR" ] || [ "$early" != 0 ] && break
+    awk -v a="$(now)" -v b="$wait_until" 'BEGIN { exit !(a > b) }' && break
+    sleep 0.1
+done
+echo "   $in of $NR ranks in the all-reduce loop $(since "$t0" "$(now)") s after the start"
+sleep 2
 early=0
 for ((r = 0; r < NR; r++)); do [ -s "$d/rank$r.exit" ] && early=$((early + 1)); done
 # wan0 is region 2's only way out (a veth to the bridge); down, it drops
@@ -365,10 +385,10 @@ for ((r = 0; r < NR; r++)); do
     sed 's/^/      /' "$d/rank$r.out" | head -8
 done
 RANK_PIDS=()
-if [ "$bad" = 0 ] && [ "$killed" = 0 ] && [ "$early" = 0 ]; then
+if [ "$bad" = 0 ] && [ "$killed" = 0 ] && [ "$early" = 0 ] && [ "$in" = "$NR" ]; then
     pass "d. cut-off: all $NR ranks exited 2 within ${worst} s of the cut (limit $limit s)"
 else
-    fail "d. cut-off: $bad of $NR ranks wrong, $killed killed 60 s after the cut, $early ended before it"
+    fail "d. cut-off: $bad of $NR ranks wrong, $killed killed 60 s after the cut, $early ended before it, $in of $NR had entered the loop"
 fi
 
 "$WAN" down -n "$NAME" -q >/dev/null 2>&1
