@@ -39,6 +39,10 @@
 #          against beside the one flow (target: at least half), and the
 #          all-reduce's calls against the bound on what the flows left it.
 #
+# LINK adds geoccl-wan up options for every link, e.g. LINK="--loss 0.5
+# --seed 3" or LINK="--jitter 5": the re-plan's rules on lossy and jittery
+# links (the bounds stay the links' rates).
+#
 # Needs root, network namespaces and TUN (exit 77 otherwise).  Its WAN is
 # called "grepl".  The last line is "N passed, N failed".
 #
@@ -126,8 +130,9 @@ case $SCENARIO in
     flap) what="region 0 between $LOW and $RATE every $FLAP_S s for $FLAP_FOR s from call $DROP" ;;
     cross) what="$CROSS_FLOWS cubic flows from region 0 to 1 from call $DROP to call $BACK" ;;
 esac
-echo "== 3 regions x 2 ranks, $RATE each, ${DELAY_MS} ms one way; $what; $CALLS x $BYTES B"
-wan_up -r 3 --rate "$RATE" --delay "${DELAY_MS}ms"
+read -r -a link_args <<< "${LINK:-}"
+echo "== 3 regions x 2 ranks, $RATE each, ${DELAY_MS} ms one way${LINK:+, $LINK}; $what; $CALLS x $BYTES B"
+wan_up -r 3 --rate "$RATE" --delay "${DELAY_MS}ms" "${link_args[@]}"
 D=$WORK/run
 mkdir -p "$D/pause"
 export HIER_RANK_PAUSE_AT="$DROP,$BACK" HIER_RANK_PAUSE_DIR=$D/pause
