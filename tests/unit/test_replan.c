@@ -98,6 +98,23 @@ static void test_flapping_pairs(void)
     }
 }
 
+/* Two settled calls (readings `calm`, busy `cbusy`, full `cfull`), then two
+ * reading `obs`: the first three must not re-plan; returns what the fourth
+ * answers (1: re-planned, next[] the new figures, why the reason). */
+static int settle_then_change(topoReplanState *s, const double *plan, const double *known,
+                              const double *calm, const double *cbusy, const double *cfull,
+                              const double *obs, const double *busy, const double *full,
+                              double *next, char *why)
+{
+    memset(s, 0, sizeof(*s));
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, calm, cbusy, cfull, 0.25, 2, names,
+                                          next, why, 256), 0);
+    CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
+                                      why, 256), 0);
+    return topoReplanObserve(s, 3, plan, known, obs, busy, full, 0.25, 2, names, next, why, 256);
+}
+
 static void test_flapping(void)
 {
     topoReplanState s;
@@ -123,11 +140,7 @@ static void test_not_limiting(void)
     double plan[3] = {1000 * MBIT, 1000 * MBIT, 1000 * MBIT};
     double obs[3] = {250 * MBIT, 260 * MBIT, 265 * MBIT}, busy[3] = {0.98, 0.5, 0.45};
     double calm[3] = {990 * MBIT, 400 * MBIT, 400 * MBIT};
-    memset(&s, 0, sizeof(s));
-    for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, calm, busy, NULL, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256), 1);
+    CU_ASSERT_EQUAL(settle_then_change(&s, plan, NULL, calm, busy, NULL, obs, busy, NULL, next, why), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 250 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 1000 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 1000 * MBIT, 1);
@@ -142,12 +155,8 @@ static void test_rise(void)
     double obs[3] = {900 * MBIT, 950 * MBIT, 100 * MBIT}, busy[3] = {0.2, 0.3, 1};
     double calm[3] = {300 * MBIT, 310 * MBIT, 100 * MBIT};
     double known[3] = {300 * MBIT, 300 * MBIT, 100 * MBIT}; /* a probe that misread */
-    memset(&s, 0, sizeof(s));
-    for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, busy, NULL, 0.25, 2, names, next, why, 256), 0);
     /* faster: counted however little the region was busy */
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256), 1);
+    CU_ASSERT_EQUAL(settle_then_change(&s, plan, known, calm, busy, NULL, obs, busy, NULL, next, why), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 900 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 950 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 100 * MBIT, 1);
@@ -170,13 +179,7 @@ static double return_after_cut(double busy0, char *why)
     double known[3] = {96 * MBIT, 97 * MBIT, 92 * MBIT};
     double calm[3] = {23.3 * MBIT, 97 * MBIT, 92 * MBIT}, cbusy[3] = {1, 0.4, 0.4};
     double obs[3] = {77 * MBIT, 92 * MBIT, 92 * MBIT}, busy[3] = {busy0, 1, 1};
-    memset(&s, 0, sizeof(s));
-    for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, cbusy, NULL, 0.25, 2, names, next,
-                                          why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why,
-                                      256), 0);
-    if (topoReplanObserve(&s, 3, plan, known, obs, busy, NULL, 0.25, 2, names, next, why, 256) != 1)
+    if (settle_then_change(&s, plan, known, calm, cbusy, NULL, obs, busy, NULL, next, why) != 1)
         return 0;
     return next[0];
 }
@@ -205,14 +208,7 @@ static void test_drop_forwarded(void)
     double plan[3] = {963 * MBIT, 962 * MBIT, 961 * MBIT};
     double obs[3] = {232 * MBIT, 253 * MBIT, 233 * MBIT}, busy[3] = {1, 0.99, 1};
     double full[3] = {1, 0.15, 0.16};
-    memset(&s, 0, sizeof(s));
-    for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, plan, busy, full, 0.25, 2, names,
-                                          next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, obs, busy, full, 0.25, 2, names, next,
-                                      why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, plan, obs, busy, full, 0.25, 2, names, next,
-                                      why, 256), 1);
+    CU_ASSERT_EQUAL(settle_then_change(&s, plan, plan, plan, busy, full, obs, busy, full, next, why), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 232 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 962 * MBIT, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 961 * MBIT, 1);
@@ -247,14 +243,7 @@ static void test_return_full_floor(void)
     double known[3] = {963 * MBIT, 962 * MBIT, 961 * MBIT};
     double obs[3] = {584 * MBIT, 888 * MBIT, 880 * MBIT}, busy[3] = {1, 1, 1};
     double full[3] = {0.6, 0.99, 0.92};
-    memset(&s, 0, sizeof(s));
-    for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, plan, busy, full, 0.25, 2, names,
-                                          next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
-                                      why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
-                                      why, 256), 1);
+    CU_ASSERT_EQUAL(settle_then_change(&s, plan, known, plan, busy, full, obs, busy, full, next, why), 1);
     CU_ASSERT_DOUBLE_EQUAL(next[0], 963 * MBIT, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "at least 584.0"));
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "60% full"));
