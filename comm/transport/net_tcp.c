@@ -367,10 +367,10 @@ static int tcp_peer_pid(void *state, int peer)
     return pid;
 }
 
-void tcpConnSampleQueued(tcpConn *c, double now)
+void tcpConnSampleQueued(tcpConn *c, double now, int force)
 {
     if (c->fd < 0 || c->local || c->ring || c->closed || c->down ||
-        (c->q_at > 0 && now - c->q_at < GEO_TCP_QUEUED_EVERY))
+        (!force && c->q_at > 0 && now - c->q_at < GEO_TCP_QUEUED_EVERY))
         return;
     int unsent = 0;
     if (ioctl(c->fd, SIOCOUTQNSD, &unsent) != 0)
@@ -399,7 +399,7 @@ static int tcp_link_stats(void *state, int peer, geoLinkStats *out)
         tcpConn *c = &st->peers[peer].conns[s];
         if (c->fd < 0 || c->local || geoTcpInfoAdd(c->fd, out) != 0)
             continue;
-        tcpConnSampleQueued(c, now);
+        tcpConnSampleQueued(c, now, 1);
         if (c->full_total > out->full)
             out->full = c->full_total;
     }

@@ -593,13 +593,15 @@ ncclResult_t tcpMail(void *state, int peer, void *buf, size_t len, int send);
 int tcpConnPace(tcpConn *c, uint64_t bytes_per_s, int active);
 /* Bytes not yet sent in a connection's socket above which its path, not
  * the data this rank has to send, holds the sender back: more than one
- * frame waiting.  Sampled at most every GEO_TCP_QUEUED_EVERY seconds. */
+ * frame waiting.  Sampled at most every GEO_TCP_QUEUED_EVERY seconds
+ * (and after every write). */
 #define GEO_TCP_QUEUED_FULL GEO_TCP_FRAME
 #define GEO_TCP_QUEUED_EVERY 0.002
 /* Sample the unsent bytes of TCP connection c (lock held) into its
  * full_total: the progress thread while c sends or was full, linkStats
- * when asked. */
-void tcpConnSampleQueued(tcpConn *c, double now);
+ * when asked.  At most every GEO_TCP_QUEUED_EVERY seconds unless force
+ * (after a write, and when the figures are read). */
+void tcpConnSampleQueued(tcpConn *c, double now, int force);
 
 /* The table's limitQueued and setStreams (transport.h); they take the lock. */
 void tcpLimitQueued(void *state, int bytes);

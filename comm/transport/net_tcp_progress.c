@@ -59,10 +59,16 @@ void *tcpProgressMain(void *arg)
                     /* only while it sends (a socket with room takes a whole
                      * message at once: nothing is left queued here), or its
                      * socket held data unsent at the last look: an idle
-                     * connection costs nothing */
-                    if (wrote || c->s_active || c->q_full ||
-                        st->peers[p].q[GEO_NET_SEND] != NULL)
-                        tcpConnSampleQueued(c, now);
+                     * connection costs nothing.  Always after a write: a
+                     * write that filled the socket may be followed by a
+                     * poll that sleeps until the path takes more (200 ms
+                     * and longer), and the look before that sleep decides
+                     * how the sleep counts (a look skipped there counted a
+                     * sender held 400 ms as full for 0.19 s). */
+                    if (wrote)
+                        tcpConnSampleQueued(c, geoNow(), 1);
+                    else if (c->s_active || c->q_full || st->peers[p].q[GEO_NET_SEND] != NULL)
+                        tcpConnSampleQueued(c, now, 0);
                 }
                 if (st->broken)
                     break;

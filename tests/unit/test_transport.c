@@ -656,7 +656,10 @@ static void test_full_time(void)
         printf("\n    %s: full %.3f s of %.3f s", late ? "receiver 400 ms late" : "paced sender",
                a[0].full, a[0].took);
         if (late) {
-            CU_ASSERT(a[0].full > 0.2);
+            /* held at least 400 ms less the few ms to fill the socket
+             * (0.56-0.61 s here with the draining after it; a look skipped
+             * before the progress thread's poll once read 0.19) */
+            CU_ASSERT(a[0].full > 0.35);
         } else {
             CU_ASSERT(a[0].full < 0.1 * a[0].took);
         }
