@@ -10,6 +10,7 @@
 #include "comm/transport/tcp_info.h"
 #include "comm/transport/transport.h"
 #include "geoccl.h"
+#include "tests/helpers/harness.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -616,11 +617,10 @@ static void *full_rank(void *p)
         /* 10 ms apart, times the sanitizer builds' scale: there a
          * receiver on a loaded machine lagged 64 KiB messages 10 ms apart
          * (0.075 s full of 0.366 under the thread sanitizer) */
-        const char *sc = getenv("GEOCCL_TEST_TIME_SCALE");
-        const int scale = sc != NULL && atoi(sc) > 1 ? atoi(sc) : 1;
+        const useconds_t gap = (useconds_t)(10000 * harness_time_scale());
         for (int i = 0; i < nsmall; i++) {
             if (a->rank == 0) {
-                usleep(10000 * scale);
+                usleep(gap);
                 CU_ASSERT_EQUAL(geoNetIsend(&c->net, 1, buf + i * small, small, &req[i]),
                                 ncclSuccess);
             } else {

@@ -347,16 +347,16 @@ start "$d" 29505 "$TIMEOUT_CUT" "0 0 1 1 2 2" loop 120 16777216
 # 2 s more, inside a call (a 16 MiB call takes about 1.8 s on these links).
 wait_until=$(awk -v a="$(now)" -v s="${GEOCCL_TEST_TIME_SCALE:-1}" 'BEGIN { printf "%.6f", a + 60 * s }')
 while :; do
-    in=0 early=0
+    inloop=0 early=0
     for ((r = 0; r < NR; r++)); do
-        grep -q "^rank $r: in the all-reduce loop" "$d/rank$r.out" 2>/dev/null && in=$((in + 1))
+        grep -q "^rank $r: in the all-reduce loop" "$d/rank$r.out" 2>/dev/null && inloop=$((inloop + 1))
         [ -s "$d/rank$r.exit" ] && early=$((early + 1))
     done
-    [ "$in" = "$NR" ] || [ "$early" != 0 ] && break
+    [ "$inloop" = "$NR" ] || [ "$early" != 0 ] && break
     awk -v a="$(now)" -v b="$wait_until" 'BEGIN { exit !(a > b) }' && break
     sleep 0.1
 done
-echo "   $in of $NR ranks in the all-reduce loop $(since "$t0" "$(now)") s after the start"
+echo "   $inloop of $NR ranks in the all-reduce loop $(since "$t0" "$(now)") s after the start"
 sleep 2
 early=0
 for ((r = 0; r < NR; r++)); do [ -s "$d/rank$r.exit" ] && early=$((early + 1)); done
@@ -385,10 +385,10 @@ for ((r = 0; r < NR; r++)); do
     sed 's/^/      /' "$d/rank$r.out" | head -8
 done
 RANK_PIDS=()
-if [ "$bad" = 0 ] && [ "$killed" = 0 ] && [ "$early" = 0 ] && [ "$in" = "$NR" ]; then
+if [ "$bad" = 0 ] && [ "$killed" = 0 ] && [ "$early" = 0 ] && [ "$inloop" = "$NR" ]; then
     pass "d. cut-off: all $NR ranks exited 2 within ${worst} s of the cut (limit $limit s)"
 else
-    fail "d. cut-off: $bad of $NR ranks wrong, $killed killed 60 s after the cut, $early ended before it, $in of $NR had entered the loop"
+    fail "d. cut-off: $bad of $NR ranks wrong, $killed killed 60 s after the cut, $early ended before it, $inloop of $NR had entered the loop"
 fi
 
 "$WAN" down -n "$NAME" -q >/dev/null 2>&1
