@@ -208,9 +208,13 @@ watch() {
         if [ "$step" = clean ] && [ "$n" != 2 ]; then
             local last segs
             last=$(grep -h "bbr still" "$d/rank$r.out" | tail -n 1)
-            sed "s/.*TRACE /      rank $r: /" <<< "$last"
+            [ -n "$last" ] && sed "s/.*TRACE /      rank $r: /" <<< "$last"
             segs=$(sed -nE 's/.*\(loss [^(]*\([0-9]+ of ([0-9]+) segments.*/\1/p' <<< "$last")
-            [ "$n" = 1 ] && [ -n "$segs" ] && [ "$segs" -lt 5000 ] && THIN=$((THIN + 1))
+            # no window logged for the pair left on bbr: no evidence either
+            # way (seen once beside a loaded suite), counted as thin and said
+            [ "$n" = 1 ] && [ -z "$last" ] && echo "      rank $r: no window logged for its other pair"
+            [ "$n" = 1 ] && { [ -z "$last" ] || { [ -n "$segs" ] && [ "$segs" -lt 5000 ]; }; } &&
+                THIN=$((THIN + 1))
         fi
     done
     RANK_PIDS=()
@@ -227,7 +231,7 @@ wan_up -r 3 --rate 100mbit --delay 25ms
 # segments on it (THIN counts those).
 if watch clean 29530 && [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':[12]$')" = 6 ] &&
    [ "$(tr ' ' '\n' <<< "$MOVED" | grep -c ':2$')" = "$((6 - THIN))" ]; then
-    pass "w. clean links: every rank moved its pairs from bbr to cubic after init, but for $THIN pair(s) with too few segments to judge ($MOVED)"
+    pass "w. clean links: every rank moved its pairs from bbr to cubic after init, but for $THIN pair(s) with too few segments, or no window logged, to judge ($MOVED)"
 else
     fail "w. clean links: ranks' pairs moved to cubic:$MOVED (every rank should say 2, or 1 where the other pair counted under 5000 segments)"
 fi
