@@ -25,8 +25,9 @@ static int settled(const topoReplanState *s, int g, double band)
 }
 
 int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *known,
-                      const double *obs, const double *busy, const double *full, double band,
-                      int calls, char names[][32], double *next, char *why, int whylen)
+                      const double *obs, const double *busy, const double *full,
+                      const double *cap, double band, int calls, char names[][32],
+                      double *next, char *why, int whylen)
 {
     int fire = 0, need[TOPO_REPLAN_MAX_REGIONS];
     if (R > TOPO_REPLAN_MAX_REGIONS)
@@ -39,7 +40,14 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
             fullest = full[g];
     for (int g = 0; g < R; g++) {
         int d = 0, informative = 0;
-        if (obs[g] > 0 && plan[g] > 0) {
+        /* a region planned under its known figure whose uplink ran at the
+         * pace's cap: the link took all the cap let through, so it is at
+         * least that fast; how much faster only an unpaced call shows */
+        const int held = cap != NULL && cap[g] > 0 && known != NULL && plan[g] < known[g] &&
+                         obs[g] >= TOPO_REPLAN_CAP_HELD * cap[g];
+        if (held) {
+            d = 1;
+        } else if (obs[g] > 0 && plan[g] > 0) {
             double ratio = obs[g] / plan[g];
             d = ratio < 1 - band ? -1 : ratio > 1 + band ? 1 : 0;
             informative = 1;
@@ -54,6 +62,7 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
             s->run[g] = 0;
             s->sum[g] = 0;
             s->busy[g] = 0;
+            s->held[g] = 0;
         }
         s->dir[g] = d;
         if (informative) {
@@ -72,6 +81,10 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
             double sat = busy[g];
             if (full != NULL && full[g] < sat)
                 sat = full[g];
+            if (held) {
+                sat = 0; /* full of what the cap held back: a floor */
+                s->held[g]++;
+            }
             s->busy[g] += sat;
             /* A link that has not settled since the last re-plan (its
              * readings spread wider than the band, or too few to say) must
@@ -99,18 +112,24 @@ int topoReplanObserve(topoReplanState *s, int R, const double *plan, const doubl
             char taken[48] = "";
             if (next[g] > read)
                 snprintf(taken, sizeof(taken), ", so the probe's %.1f", next[g] * 8e-6);
+            char how[48];
+            if (s->held[g] > 0)
+                snprintf(how, sizeof(how), "%d held at the pace's cap", s->held[g]);
+            else
+                snprintf(how, sizeof(how), "%.0f%% %s", 100 * s->busy[g] / s->run[g],
+                         full != NULL ? "full" : "busy");
             if (o < whylen - 1)
                 o += snprintf(why + o, (size_t)(whylen - o), "%s%s's uplink %s%.1f Mbit/s over "
-                              "%d calls at %.0f%% %s%s, planned %.1f", o ? "; " : "", names[g],
-                              floor ? "at least " : "", read * 8e-6, s->run[g],
-                              100 * s->busy[g] / s->run[g], full != NULL ? "full" : "busy",
-                              taken, plan[g] * 8e-6);
+                              "%d calls at %s%s, planned %.1f", o ? "; " : "", names[g],
+                              floor ? "at least " : "", read * 8e-6, s->run[g], how, taken,
+                              plan[g] * 8e-6);
         }
     }
     for (int g = 0; g < R; g++) {
         s->run[g] = 0;
         s->sum[g] = 0;
         s->busy[g] = 0;
+        s->held[g] = 0;
         s->dir[g] = 0;
         s->nhist[g] = 0;
     }

@@ -62,7 +62,7 @@
 
 #define TOPO_REPLAN_MAX_REGIONS 64
 #define TOPO_REPLAN_HIST 16    /* readings kept per region since the last re-plan */
-#define TOPO_REPLAN_FIG 3      /* figures per rank and region: rate, busy, full */
+#define TOPO_REPLAN_FIG 4      /* figures per rank and region: rate, busy, full, cap */
 
 typedef struct {
     int run[TOPO_REPLAN_MAX_REGIONS];      /* observed calls in a row outside the band */
@@ -73,6 +73,7 @@ typedef struct {
     double hist[TOPO_REPLAN_MAX_REGIONS][TOPO_REPLAN_HIST]; /* readings since the last
                                             * re-plan, oldest first */
     int nhist[TOPO_REPLAN_MAX_REGIONS];
+    int held[TOPO_REPLAN_MAX_REGIONS];     /* of the run, calls held at the pace's cap */
     int replans;                           /* plans made again so far */
 } topoReplanState;
 
@@ -91,12 +92,21 @@ typedef struct {
  * rate is what its uplink gives; under it, a faster reading is a floor. */
 #define TOPO_REPLAN_BUSY_FULL 0.9
 
+/* A region whose uplink rate reached this share of the pace's cap
+ * (cap[g] below) was held by the cap, not by its link. */
+#define TOPO_REPLAN_CAP_HELD 0.9
+
 /* One observed call: obs[g] the achieved uplink rate of region g (bytes/s;
  * <= 0: not observed this call, which ends its run), busy[g] the share of
  * the call its uplink was busy, full[g] the share its sockets were full
  * (NULL: not counted), plan[g] the figure the current plan uses,
  * known[g] a figure measured for it with its uplink full (the probe's at
- * init; NULL: none).
+ * init; NULL: none), cap[g] what the uplink pace let region g's
+ * connections send in all (bytes/s; 0 or NULL: not paced).
+ * A region planned under known[g] whose rate reached TOPO_REPLAN_CAP_HELD
+ * of its cap counts as a faster reading, whatever the band, and as a
+ * floor (the cap, not the link, held its sockets full): a link that
+ * returns shows no more than the cap lets through (wan_pace.c).
  * A rate over the band counts whatever busy says; one under it only where
  * busy >= TOPO_REPLAN_BUSY_MIN and the full guard above holds.  When some
  * region's run reaches `calls`, writes the new figures into next[] (the
@@ -106,8 +116,9 @@ typedef struct {
  * and returns 1, with why (size whylen) naming the regions and rates;
  * else 0.  Deterministic: same inputs, same answer on every rank. */
 int topoReplanObserve(topoReplanState *s, int R, const double *plan, const double *known,
-                      const double *obs, const double *busy, const double *full, double band,
-                      int calls, char names[][32], double *next, char *why, int whylen);
+                      const double *obs, const double *busy, const double *full,
+                      const double *cap, double band, int calls, char names[][32],
+                      double *next, char *why, int whylen);
 
 /* This rank's counters over its connections to each rank of another
  * region, at the start of a call (per peer: bytes acknowledged, and the

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#define PACE_UP_RESTART 1.5 /* a plan raising the uplink's figure this much restarts BBR */
+
 void geoWanPaceReset(geoWanPaceState *p)
 {
     memset(p->pace, 0, sizeof(p->pace));
@@ -59,6 +61,15 @@ void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap
     p->up = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && g >= 0 && g < R
                 ? m->egress_Bps[g] * m->wan_goodput : 0;
     p->up_gain = 1;
+    /* A plan made again that raises my uplink's figure (its link came
+     * back: topology/replan.h) lifts a cap my connections were held to
+     * for many calls, and BBR's estimate of the path is that cap: it
+     * would take 25% more per 8 round trips (3x2, 100 Mbit/s back from
+     * 25, 16 MiB: the three calls after the re-plan 2.02-2.21 s against
+     * 1.95).  The next paced call starts BBR again. */
+    p->up_restart = p->up > 0 && p->up_plan > 0 && p->up > PACE_UP_RESTART * p->up_plan;
+    if (p->up > 0)
+        p->up_plan = p->up;
     p->paced |= p->up > 0;
     if (p->up > 0 && rank == rm->members[g][0])
         geoInfo(GEO_LOG_TUNING, "hierarchical all-reduce: region %s sends at %.1f Mbit/s in "
@@ -192,11 +203,15 @@ void geoWanPace(geoWanPaceState *p, geoNet *net, const topoRegionMap *m, int ran
          * it lasts long enough (PACE_BBR_MIN_RTTS) for STARTUP to end
          * under the cap */
         double rtt = region_rtt != NULL ? region_rtt[g * m->nregions + h] : -1;
-        if (on && up > 0 && rate == up &&
-            busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
+        if (on && up > 0 && rate == up && p->up_restart)
+            geoNetTcpRestartBbr(net, x->peer, 0, PACE_BBR_IN_ROW + 1);
+        else if (on && up > 0 && rate == up &&
+                 busy >= (rtt > 0 ? PACE_BBR_MIN_RTTS * rtt : PACE_BBR_MIN_S))
             geoNetTcpRestartBbr(net, x->peer, fmax(0, PACE_BBR_WINDOW_S - PACE_BBR_SLACK * busy),
                                 PACE_BBR_IN_ROW);
     }
+    if (on && up_on)
+        p->up_restart = 0;
     /* Only a call that set the pace adjusts it (an error before that
      * lifts a pace this call never set); what leaves after the call
      * returns, uncapped, counts in the next call's figures. */
@@ -209,6 +224,7 @@ void geoWanPace(geoWanPaceState *p, geoNet *net, const topoRegionMap *m, int ran
         p->up_t0 = geoNow();
         p->up_acked0 = up_acked;
         p->up_cap = up_cap;
+        p->call_cap = up_cap;
         return;
     }
     if (!armed)

@@ -185,6 +185,14 @@ typedef struct {
      * connections ran at their caps; the call's start, the caps it set in
      * all, and what those connections had had acknowledged then */
     double up_gain, up_t0, up_cap, up_acked0;
+    /* the caps the call in progress set on my connections' uplink in all
+     * (bytes/s; 0: none), for the re-plan's reading (topology/replan.h) */
+    double call_cap;
+    /* the uplink figure of the plan before (kept across geoWanPaceReset),
+     * and whether the next paced call restarts BBR: the plan raised my
+     * uplink's figure well over it */
+    double up_plan;
+    int up_restart;
     int down_held[GEO_WAN_MAX_REGIONS]; /* the call held some connection into h at pace[h] */
     int paced;              /* some region is, or the uplink is */
     /* this rank's factor on pace[h], adjusted after each paced call, and

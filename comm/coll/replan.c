@@ -84,6 +84,7 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
                             geoErrOp(&comm->err));
     rp->observing = 1;
     rp->t0 = geoNow();
+    comm->wan.pace.call_cap = 0; /* the call's uplink caps, set where it paces */
     if (!rp->pending)
         return ncclSuccess;
     /* The last observed call's rates, on their way: to my leader, and from
@@ -102,18 +103,23 @@ ncclResult_t geoReplanCallStart(struct ncclComm *comm, size_t bytes)
     GEO_CHECK(wait_all(comm, 0, rp->nreq));
     /* The region's rate: its ranks' rates added (they send at once); how
      * busy and how full its uplink was: its busiest rank's share of its
-     * call, and its fullest rank's. */
+     * call, and its fullest rank's; its uplink's cap: its ranks' caps
+     * added, where every rank's connections were capped. */
     memcpy(rp->from, rp->mine, sizeof(rp->mine));
-    double sum = 0, busy = 0, full = 0;
+    double sum = 0, busy = 0, full = 0, cap = 0;
+    int uncapped = 0;
     for (int i = 0; i < m->size[g]; i++) {
         const double *f = &rp->from[F * i];
         sum += f[0] > 0 ? f[0] : 0;
         busy = f[1] > busy ? f[1] : busy;
         full = f[2] > full ? f[2] : full;
+        cap += f[3] > 0 ? f[3] : 0;
+        uncapped |= !(f[3] > 0);
     }
     rp->agg[F * g] = sum;
     rp->agg[F * g + 1] = busy;
     rp->agg[F * g + 2] = full;
+    rp->agg[F * g + 3] = uncapped ? 0 : cap;
     rp->nreq = 0;
     for (int h = 0; h < R; h++) {
         if (h == g)
@@ -137,7 +143,8 @@ static ncclResult_t decide(struct ncclComm *comm)
     double plan[TOPO_REPLAN_MAX_REGIONS], next[TOPO_REPLAN_MAX_REGIONS];
     double obs[TOPO_REPLAN_MAX_REGIONS], busy[TOPO_REPLAN_MAX_REGIONS];
     double full[TOPO_REPLAN_MAX_REGIONS], known[TOPO_REPLAN_MAX_REGIONS];
-    char seen[512];
+    double cap[TOPO_REPLAN_MAX_REGIONS];
+    char seen[768];
     int o = 0;
     for (int g = 0; g < R; g++) {
         plan[g] = comm->topo.egress[g] * gp;
@@ -146,16 +153,18 @@ static ncclResult_t decide(struct ncclComm *comm)
         obs[g] = rp->agg[F * g];
         busy[g] = rp->agg[F * g + 1];
         full[g] = rp->agg[F * g + 2];
-        if (o < (int)sizeof(seen) - 80)
+        cap[g] = rp->agg[F * g + 3];
+        if (o < (int)sizeof(seen) - 96)
             o += snprintf(seen + o, sizeof(seen) - (size_t)o, "%s%s %.1f Mbit/s (plan %.1f, "
-                          "busy %.0f%%, full %.0f%%)", g ? ", " : "", comm->regions.names[g],
-                          obs[g] * 8e-6, plan[g] * 8e-6, busy[g] * 100, full[g] * 100);
+                          "cap %.1f, busy %.0f%%, full %.0f%%)", g ? ", " : "",
+                          comm->regions.names[g], obs[g] * 8e-6, plan[g] * 8e-6, cap[g] * 8e-6,
+                          busy[g] * 100, full[g] * 100);
     }
     if (comm->rank == 0)
         geoInfo(GEO_LOG_TUNING, "replan: the last observed call's uplinks: %s", seen);
     double band = (double)geoParamInt(GEO_PARAM_REPLAN_BAND) / 100.0;
     char why[sizeof(rp->why) - 64];
-    if (!topoReplanObserve(&rp->rule, R, plan, known, obs, busy, full, band,
+    if (!topoReplanObserve(&rp->rule, R, plan, known, obs, busy, full, cap, band,
                            (int)geoParamInt(GEO_PARAM_REPLAN), comm->regions.names, next, why,
                            (int)sizeof(why)))
         return ncclSuccess;
@@ -188,7 +197,8 @@ ncclResult_t geoReplanCallEnd(struct ncclComm *comm, ncclResult_t res)
                             geoErrOp(&comm->err));
     double busy = 0, full = 0, took = geoNow() - rp->t0;
     double now = topoReplanRate(&rp->start, &rp->end, &busy, &full);
-    double mine[F] = {now, took > 0 ? busy / took : 0, took > 0 ? full / took : 0};
+    double mine[F] = {now, took > 0 ? busy / took : 0, took > 0 ? full / took : 0,
+                      comm->wan.pace.call_cap};
     if (!rp->inflight) {
         memcpy(rp->mine, mine, sizeof(mine));
         rp->pending = 1;

@@ -205,19 +205,14 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
                 topoHierWanPerByte(&m, eq) * (1 << 30));
     }
     comm->replan.wan_per_byte = topoHierWanPerByte(&m, comm->hier_w);
-    /* After a re-plan (comm/coll/replan.c) the uplink pace caps at the
-     * larger of the probe's figure and the new one: a link that came back
-     * must be free to show it, which a cap at its lowered figure would
-     * hide. */
-    if (comm->replan.probe != NULL) {
-        topoModel pm = m;
-        for (int g = 0; g < m.nregions; g++)
-            if (comm->replan.probe[g] > pm.egress_Bps[g])
-                pm.egress_Bps[g] = comm->replan.probe[g];
-        geoWanPaceSetup(&comm->wan.pace, &pm, &comm->regions, comm->rank);
-    } else {
-        geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
-    }
+    /* The uplink pace caps each region at its plan's figure, after a
+     * re-plan (comm/coll/replan.c) too: a region planned lower sends on
+     * its lowered link with its connections held to their shares, which
+     * BBR alone does not keep (they finish apart, and the call with the
+     * last).  A link that comes back then shows no more than the cap; the
+     * re-plan's rule reads a region that ran at its cap as at least that
+     * fast, and goes back to the probe's figure (topology/replan.h). */
+    geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {

@@ -25,7 +25,7 @@ static int observe(topoReplanState *s, double o0, double *next)
     double plan[3] = {100 * MBIT, 100 * MBIT, 100 * MBIT};
     double obs[3] = {o0, 97 * MBIT, 99 * MBIT}, busy[3] = {0.95, 0.9, 0.9};
     char why[256];
-    return topoReplanObserve(s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, sizeof(why));
+    return topoReplanObserve(s, 3, plan, NULL, obs, busy, NULL, NULL, 0.25, 2, names, next, why, sizeof(why));
 }
 
 static void test_steady(void)
@@ -83,7 +83,7 @@ static void test_flapping_pairs(void)
     memset(&s, 0, sizeof(s));
     for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
         obs[0] = seq[i] * MBIT;
-        if (topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, 0.25, 2, names, next, why, 256)) {
+        if (topoReplanObserve(&s, 3, plan, NULL, obs, busy, NULL, NULL, 0.25, 2, names, next, why, 256)) {
             if (nf < 8)
                 fired_at[nf] = (int)i;
             nf++;
@@ -108,11 +108,11 @@ static int settle_then_change(topoReplanState *s, const double *plan, const doub
 {
     memset(s, 0, sizeof(*s));
     for (int i = 0; i < 2; i++)
-        CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, calm, cbusy, cfull, 0.25, 2, names,
+        CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, calm, cbusy, cfull, NULL, 0.25, 2, names,
                                           next, why, 256), 0);
-    CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, obs, busy, full, 0.25, 2, names, next,
+    CU_ASSERT_EQUAL(topoReplanObserve(s, 3, plan, known, obs, busy, full, NULL, 0.25, 2, names, next,
                                       why, 256), 0);
-    return topoReplanObserve(s, 3, plan, known, obs, busy, full, 0.25, 2, names, next, why, 256);
+    return topoReplanObserve(s, 3, plan, known, obs, busy, full, NULL, 0.25, 2, names, next, why, 256);
 }
 
 static void test_flapping(void)
@@ -218,14 +218,14 @@ static void test_drop_forwarded(void)
     double full_all[3] = {0.95, 0.9, 0.92};
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 4; i++)
-        topoReplanObserve(&s, 3, plan, plan, obs, busy, full_all, 0.25, 2, names, next, why, 256);
+        topoReplanObserve(&s, 3, plan, plan, obs, busy, full_all, NULL, 0.25, 2, names, next, why, 256);
     CU_ASSERT_EQUAL(s.replans, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[1], 253 * MBIT, 1);
     /* nobody's sockets full (the transport counts none): busy decides alone */
     double none[3] = {0, 0, 0};
     memset(&s, 0, sizeof(s));
     for (int i = 0; i < 4; i++)
-        topoReplanObserve(&s, 3, plan, plan, obs, busy, none, 0.25, 2, names, next, why, 256);
+        topoReplanObserve(&s, 3, plan, plan, obs, busy, none, NULL, 0.25, 2, names, next, why, 256);
     CU_ASSERT_EQUAL(s.replans, 1);
     CU_ASSERT_DOUBLE_EQUAL(next[2], 233 * MBIT, 1);
 }
@@ -247,6 +247,43 @@ static void test_return_full_floor(void)
     CU_ASSERT_DOUBLE_EQUAL(next[0], 963 * MBIT, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "at least 584.0"));
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "60% full"));
+}
+
+/* Region 0 planned at 242 Mbit/s (its link was cut from 1 Gbit/s) and
+ * paced at 1.2x that; the others at their probe's figures.  While its link
+ * stays cut it reads under 0.9 of its cap: no re-plan.  When the link
+ * comes back its connections run at their cap (282 of 290): inside the
+ * band, but held by the cap, so a floor, and two such calls go back to the
+ * probe's 963.  Region 1 at its cap is no evidence: never planned lower.
+ * Without the caps the same readings stay inside the band. */
+static void test_return_held_at_cap(void)
+{
+    double plan[3] = {242 * MBIT, 962 * MBIT, 961 * MBIT};
+    double known[3] = {963 * MBIT, 962 * MBIT, 961 * MBIT};
+    double cap[3] = {290 * MBIT, 1154 * MBIT, 1153 * MBIT};
+    double calm[3] = {245 * MBIT, 900 * MBIT, 890 * MBIT}, busy[3] = {1, 1, 1};
+    double back[3] = {282 * MBIT, 1100 * MBIT, 890 * MBIT};
+    double full[3] = {1, 0.2, 0.2};
+    for (int with_cap = 1; with_cap >= 0; with_cap--) {
+        topoReplanState s;
+        double next[3];
+        char why[256] = "";
+        const double *c = with_cap ? cap : NULL;
+        memset(&s, 0, sizeof(s));
+        for (int i = 0; i < 4; i++)
+            CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, calm, busy, full, c, 0.25, 2,
+                                              names, next, why, 256), 0);
+        CU_ASSERT_EQUAL(topoReplanObserve(&s, 3, plan, known, back, busy, full, c, 0.25, 2,
+                                          names, next, why, 256), 0);
+        int fired = topoReplanObserve(&s, 3, plan, known, back, busy, full, c, 0.25, 2, names,
+                                      next, why, 256);
+        CU_ASSERT_EQUAL(fired, with_cap);
+        if (fired && with_cap) {
+            CU_ASSERT_DOUBLE_EQUAL(next[0], 963 * MBIT, 1);
+            CU_ASSERT_DOUBLE_EQUAL(next[1], 962 * MBIT, 1);
+            CU_ASSERT_PTR_NOT_NULL(strstr(why, "2 held at the pace's cap"));
+        }
+    }
 }
 
 /* 3 regions x 2 ranks, 25 ms one way, region 0's uplink at `r0` Mbit/s,
@@ -308,6 +345,7 @@ int main(void)
     CU_add_test(s, "slower where busy alike: only the region whose sockets were full",
                 test_drop_forwarded);
     CU_add_test(s, "faster while not full: a floor", test_return_full_floor);
+    CU_add_test(s, "a lowered region at its pace's cap: a floor", test_return_held_at_cap);
     CU_add_test(s, "the model on the new links", test_model_after_drop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
