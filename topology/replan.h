@@ -51,7 +51,13 @@
  *    mean and the figure last measured for the region with its uplink
  *    full (`known`: the probe's at init).  Where that is too high, the
  *    region now limits the calls, reads with its uplink busy, and a
- *    slower reading outside the band corrects it. */
+ *    slower reading outside the band corrects it;
+ *  - a region planned under its known figure is paced at its plan's
+ *    figure (topology/wan_pace.c: its connections kept to their shares of
+ *    the lowered link), so a link that comes back shows no more than the
+ *    cap: a reading that reached TOPO_REPLAN_CAP_HELD of the caps the
+ *    region's ranks set in the call counts as faster whatever the band,
+ *    and as a floor, which takes the plan back to the known figure. */
 #ifndef GEOCCL_TOPO_REPLAN_H_
 #define GEOCCL_TOPO_REPLAN_H_
 
