@@ -75,9 +75,10 @@ asan_skip="tests/wan/test_probe_wan.sh tests/wan/test_hier_wan.sh tests/wan/test
 tests/wan/test_wan_schedule.sh tests/wan/test_faults.sh tests/wan/test_replan.sh \
 tests/wan/test_elastic.sh tests/torch/run_pip_install.sh tests/wan/test_recipes.sh tests/device/run_bundle_emu.sh \
 tests/wan/test_elastic_torch.sh"
-# Started first under address,undefined, the slowest there (about 160, 120,
-# 65 and 65 s), so that the two jobs of make -j2 end close together.
-asan_first="tests/device/codec_emu tests/device/run_dev_emu.sh tests/torch/run_torch.sh \
+# Started first under address,undefined, the slowest there (beside other
+# work on two cores about 165, 70, 50 and 40 s), so that the two jobs of
+# make -j2 end close together.
+asan_first="tests/device/run_dev_emu.sh tests/device/codec_emu tests/torch/run_torch.sh \
 tests/test_hier"
 
 work=${GEOCCL_SANITIZE_DIR:-$(mktemp -d /tmp/geoccl-sanitize.XXXXXX)}
