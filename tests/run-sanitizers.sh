@@ -37,10 +37,11 @@ modes=("$@")
 # the examples and the torch extension
 # (--without-python: its C++ is most of a build's compile time, and
 # run_torch.sh is not among them).
-# Slowest first (make -j2 starts them in this order; under thread they
-# took, alone, about 190, 130, 70 and 33 s, the rest under 10 s).
-thread_tests="tests/test_hier tests/device/run_dev_emu.sh tests/test_collectives \
-tests/test_peer_death tests/unit/test_transport tests/unit/test_bootstrap tests/unit/test_shm_ring \
+# Slowest first (make -j2 starts them in this order; under thread, beside
+# other work on two cores, they took about 180, 105, 110 and 75 s, the rest
+# under 45 s; their CPU time 63, 77, 29 and 22 s).
+thread_tests="tests/test_collectives tests/test_hier tests/test_peer_death \
+tests/device/run_dev_emu.sh tests/unit/test_transport tests/unit/test_bootstrap tests/unit/test_shm_ring \
 tests/test_lazy_connect"
 thread_programs="$(printf '%s\n' $thread_tests | grep -v '\.sh$' | tr '\n' ' ')tests/device/dev_allreduce-emu"
 
@@ -74,9 +75,10 @@ asan_skip="tests/wan/test_probe_wan.sh tests/wan/test_hier_wan.sh tests/wan/test
 tests/wan/test_wan_schedule.sh tests/wan/test_faults.sh tests/wan/test_replan.sh \
 tests/wan/test_elastic.sh tests/torch/run_pip_install.sh tests/wan/test_recipes.sh tests/device/run_bundle_emu.sh \
 tests/wan/test_elastic_torch.sh"
-# Started first under address,undefined, the slowest there (about 160, 120,
-# 65 and 65 s), so that the two jobs of make -j2 end close together.
-asan_first="tests/device/codec_emu tests/device/run_dev_emu.sh tests/torch/run_torch.sh \
+# Started first under address,undefined, the slowest there (beside other
+# work on two cores about 165, 70, 50 and 40 s), so that the two jobs of
+# make -j2 end close together.
+asan_first="tests/device/run_dev_emu.sh tests/device/codec_emu tests/torch/run_torch.sh \
 tests/test_hier"
 
 work=${GEOCCL_SANITIZE_DIR:-$(mktemp -d /tmp/geoccl-sanitize.XXXXXX)}
@@ -93,11 +95,59 @@ else
     fi
 fi
 
+# The source tree this runs from: tests/run-all.sh builds there (in place)
+# before this starts.
+top=$(pwd)
+
+# mkvar DIR TEXT: TEXT (make variables) as the Makefile in DIR expands it.
+mkvar() {
+    printf 'p:\n\t@echo %s\n' "$2" | make -s -C "$1" -f Makefile -f - p 2>/dev/null
+}
+
+# torch_cxx DIR: the command that compiles the torch extension's objects
+# in the build in DIR, with its source folder named SRC.
+torch_cxx() {
+    local cmd t
+    cmd=$(mkvar "$1" '$(CXX) $(GEOCCL_TORCH_CXXFLAGS)')
+    t=$(mkvar "$1" '$(top_srcdir)')
+    echo "${cmd//"-I$t/"/-ISRC/}"
+}
+
+# reuse_torch_objects PLAIN BUILD: the torch extension's objects
+# (geoccl/csrc/) of the build in PLAIN, copied into BUILD, when PLAIN has
+# them up to date and BUILD would compile them from the same sources with
+# the same command.  They are never instrumented (the extension is compiled
+# with GEOCCL_TORCH_CXXFLAGS, without the sanitizer flags: it runs in an
+# interpreter that is not), so compiling them again, some 90 CPU seconds,
+# would make the same objects.  Anything different: BUILD compiles them.
+reuse_torch_objects() {
+    local plain=$1 b=$2 objs o f psrc cmd
+    [ -f "$plain/Makefile" ] || return 0
+    objs=$(mkvar "$b" '$(geoccl_torch_objects)')
+    [ -n "$objs" ] || return 0
+    for o in $objs; do
+        [ -f "$plain/$o" ] && make -s -C "$plain" -q "$o" 2>/dev/null || return 0
+    done
+    psrc=$(mkvar "$plain" '$(abs_top_srcdir)')
+    [ -d "$psrc/geoccl/csrc" ] || return 0
+    for f in "$psrc"/geoccl/csrc/*.[ch]pp include/nccl.h include/geoccl.h; do
+        f=${f#"$psrc"/}
+        cmp -s "$psrc/$f" "$src/$f" || return 0
+    done
+    cmd=$(torch_cxx "$plain")
+    [ -n "$cmd" ] && [ "$cmd" = "$(torch_cxx "$b")" ] || return 0
+    mkdir -p "$b/geoccl/csrc"
+    for o in $objs; do
+        cp "$plain/$o" "$b/$o" && touch "$b/$o" || { rm -f "$b/$o"; return 0; }
+    done
+    echo "== sanitizers: the torch extension's objects (not instrumented) from the build in $plain"
+}
+
 # run_mode MODE: configure, build and test MODE in $work/build-MODE; what
 # it prints goes to stdout, its summary line to build-MODE/summary and its
 # number of failures to build-MODE/failed.
 run_mode() {
-    local mode=$1 t0 b extra only tests late what all t trs result wall log pass skip f1 e1 x1 fail l secs skipped
+    local mode=$1 t0 b extra only gencode tests late what all t trs result wall log pass skip f1 e1 x1 fail l secs skipped
     t0=$(date +%s)
     b="$work/build-${mode//,/-}"
     rm -rf "$b"
@@ -117,6 +167,13 @@ run_mode() {
     case $mode in
         *thread*) only=(check_PROGRAMS="$thread_programs" bin_PROGRAMS= noinst_PROGRAMS=) ;;
     esac
+    # The kernels as PTX of the last architecture only (the last -gencode
+    # configure chose and proved): no test here runs them on a GPU, nvcc
+    # is not instrumented, and the plain build compiles every
+    # architecture's machine code; this halves nvcc's time.
+    gencode=$(sed -n 's/^NVCC_GENCODE = .*\(-gencode=[^ ]*\) *$/\1/p' "$b/Makefile")
+    [ -n "$gencode" ] && only+=(NVCC_GENCODE="$gencode")
+    reuse_torch_objects "$top" "$b"
     if ! make -C "$b" -j2 check TESTS= "${only[@]}" > "$b/make.log" 2>&1; then
         grep -E 'error|Error' "$b/make.log" | head -n 30
         echo "$mode: build failed" > "$b/summary"

@@ -40,6 +40,18 @@
  * keeps the reads. And one rank's input, then another's in-place buffer, in
  * secret memory (memfd_secret), which process_vm_readv cannot read: those
  * calls must take the ring and still be right.
+ *
+ * Under the sanitizers (GEOCCL_TEST_TIME_SCALE > 1: tests/run-sanitizers.sh)
+ * every test above runs, on every layout, with the same cases, but the
+ * large all-reduces of the matrices, byte counts, flat comparison, secret
+ * buffers and small slices have 262147 elements instead of 1000003
+ * (big_count(); still several single-copy blocks per segment, an uneven
+ * split everywhere and hundreds of 4096-byte slices), the ring's slices
+ * with GEOCCL_CMA=0 are 40004 bytes, and under thread the type x op
+ * matrices are cut as harness_race_matrix() says.  What those runs look
+ * for (races, leaks, bad accesses, undefined arithmetic) lies in which
+ * paths the calls take, not in how many elements or slices go through
+ * them; the full sizes run in the plain build.
  */
 #define _GNU_SOURCE
 #include <CUnit/Basic.h>
@@ -59,7 +71,23 @@
 #include "tests/helpers/harness.h"
 
 #define TIMEOUT_S 120.0
+/* The large all-reduces: 1000003 elements (a float sum is one 4 MB slice
+ * of the default slicing), kept for the planned runs whose plan depends
+ * on the size (uneven links, a codec per region).  The matrices, the
+ * byte counts, the flat comparison, the secret buffers and the small
+ * slices use big_count(): the same, but 262147 elements under the
+ * sanitizers (harness_time_scale() > 1), where those calls and their
+ * references took most of the test's time.  That count still splits
+ * unevenly over every region size here (it is odd, and not a multiple of
+ * 3, 5 or 7), its float segments still span many 64 KiB blocks of the
+ * single-copy reads, and at 4096- and 4100-byte slices it is still
+ * hundreds of slices: the same code paths, a quarter of the work. */
 #define BIG_COUNT ((size_t)1000003)
+#define SANITIZED_BIG_COUNT ((size_t)262147)
+static size_t big_count(void)
+{
+  return harness_time_scale() > 1 ? SANITIZED_BIG_COUNT : BIG_COUNT;
+}
 #define GUARD 64                 /* bytes checked past the end of outputs */
 #define LABEL_LEN 32             /* GEOCCL_REGION labels are shorter */
 #define DEFAULT_SLICE (4u << 20) /* GEOCCL_HIER_SLICE default, 4M */
@@ -208,7 +236,7 @@ static size_t make_cases(tcase *out)
             int big = (t == ncclFloat32 && op == ncclSum) ||
                       (t == ncclInt8 && op == ncclMax);
             if (!big) continue;
-            count = BIG_COUNT;
+            count = big_count();
           }
           if (out != NULL) {
             out[n].type = (ncclDataType_t)t;
@@ -697,8 +725,8 @@ static size_t make_exact_cases(int nranks, tcase *out)
       n++;
     }
   if (out != NULL) {
-    out[n] = (tcase){ncclFloat32, ncclSum, 0, BIG_COUNT, 7000};
-    out[n + 1] = (tcase){ncclInt8, ncclMax, 1, BIG_COUNT, 7001};
+    out[n] = (tcase){ncclFloat32, ncclSum, 0, big_count(), 7000};
+    out[n + 1] = (tcase){ncclInt8, ncclMax, 1, big_count(), 7001};
   }
   return n + 2;
 }
@@ -756,7 +784,7 @@ static int flat_compare(ncclComm_t comm, const struct layout *l, int rank,
   fails += run_kept(cases, ncases, hier, rank, n, comm, &calls, tag);
   if (fails) goto out;
   fails += check_calls(comm, &calls, 0, rank, tag);
-  fails += check_bytes(comm, l, rank, ncclFloat32, BIG_COUNT, DEFAULT_SLICE,
+  fails += check_bytes(comm, l, rank, ncclFloat32, big_count(), DEFAULT_SLICE,
                        &calls, wan_hier, tag);
   if (fails) goto out;
 
@@ -789,13 +817,13 @@ static int flat_compare(ncclComm_t comm, const struct layout *l, int rank,
 
   /* WAN bytes of the same float sum run flat */
   {
-    size_t nb = BIG_COUNT * sizeof(float);
+    size_t nb = big_count() * sizeof(float);
     float *x = malloc(nb);
     geocclStats st;
     uint64_t all[HARNESS_MAX_RANKS][2];
-    harness_fill_input(x, ncclFloat32, ncclSum, n, rank, 0, BIG_COUNT, 9001);
+    harness_fill_input(x, ncclFloat32, ncclSum, n, rank, 0, big_count(), 9001);
     if (reset_stats(fc, rank, ftag) ||
-        ncclAllReduce(x, x, BIG_COUNT, ncclFloat32, ncclSum, fc, NULL) != ncclSuccess ||
+        ncclAllReduce(x, x, big_count(), ncclFloat32, ncclSum, fc, NULL) != ncclSuccess ||
         get_stats(fc, &st, rank, ftag) || gather_bytes(fc, &st, all, rank, ftag)) {
       fprintf(stderr, "[rank %d %s] flat WAN bytes run failed: %s\n", rank, ftag,
               ncclGetLastError(fc));
@@ -843,10 +871,11 @@ out:
 static int slices_body(ncclComm_t comm, const struct layout *l, int rank,
                        size_t slice_bytes, const char *tag)
 {
+  const size_t big = big_count();
   const tcase cases[] = {
-      {ncclFloat32, ncclSum, 0, BIG_COUNT, 1},
-      {ncclFloat32, ncclSum, 1, BIG_COUNT, 2},
-      {ncclInt8, ncclMax, 0, BIG_COUNT, 3},
+      {ncclFloat32, ncclSum, 0, big, 1},
+      {ncclFloat32, ncclSum, 1, big, 2},
+      {ncclInt8, ncclMax, 0, big, 3},
       {ncclFloat64, ncclSum, 1, 100003, 4},
       {ncclBfloat16, ncclProd, 0, 30011, 5},
   };
@@ -857,7 +886,7 @@ static int slices_body(ncclComm_t comm, const struct layout *l, int rank,
                      comm, &calls, tag);
   if (fails) return fails;
   fails += check_calls(comm, &calls, 0, rank, tag);
-  fails += check_bytes(comm, l, rank, ncclFloat32, BIG_COUNT, slice_bytes,
+  fails += check_bytes(comm, l, rank, ncclFloat32, big, slice_bytes,
                        &calls, NULL, tag);
   fails += check_bytes(comm, l, rank, ncclFloat64, 100003, slice_bytes,
                        &calls, NULL, tag);
@@ -960,7 +989,7 @@ static void *secret_alloc(size_t bytes)
  * result, where reading it would fail the call. */
 static int secret_body(ncclComm_t comm, const struct layout *l, int rank, const char *tag)
 {
-  const size_t count = BIG_COUNT, nb = count * sizeof(float);
+  const size_t count = big_count(), nb = count * sizeof(float);
   const int n = l->nranks;
   int fails = 0;
   char m[256];
@@ -1030,7 +1059,7 @@ static int hier_body(int rank, int nranks, const ncclUniqueId *id, void *arg)
     if (f == 0) f += premul_cases(rank, nranks, comm, &calls, tag);
     if (f == 0) f += check_calls(comm, &calls, 0, rank, tag);
     if (f == 0)
-      f += check_bytes(comm, &l, rank, ncclFloat32, BIG_COUNT, DEFAULT_SLICE,
+      f += check_bytes(comm, &l, rank, ncclFloat32, big_count(), DEFAULT_SLICE,
                        &calls, NULL, tag);
     fails += f;
     free(cases);
@@ -1114,7 +1143,7 @@ static void test_cma_off(void)
   /* The ring through hundreds of 4100-byte slices takes 15 s in the plain
    * build and 35 s under the thread sanitizer; there 40004-byte slices
    * (still no multiple of 8) take the same paths in a tenth of the
-   * steps. */
+   * steps (and of big_count()'s fewer elements there: some 26 slices). */
   size_t slice = harness_time_scale() > 1 ? 40004 : 4100;
   run_layout_cma("a a a b b b b", RUN_MATRIX, 0, CMA_OFF);
   run_layout_cma("a a a b b b b", 0, slice, CMA_OFF);

@@ -38,7 +38,8 @@
  * through the host), exact results checked; no figures.
  *
  * Without CODEC: exact transfer; checks sum and avg results on odd and even
- * counts against the exact sums.  DEV_ALLREDUCE_OTHER_DEVICE=1 (needs 2
+ * counts against the exact sums (1, 7, 1000, 2^20 and 2^20 + 3;
+ * DEV_ALLREDUCE_EXACT_BIG=N: N in place of the last two).  DEV_ALLREDUCE_OTHER_DEVICE=1 (needs 2
  * devices): the communicator and stream are on device 1 and each of these
  * calls is made with device 0 current, as from a thread that never set the
  * device; the calls must work and leave device 0 current.  With CODEC (int8, fp16, bf16, int4, sign,
@@ -770,7 +771,15 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     NK(ncclCommInitRank(&comm, nranks, id, rank));
     int bad = 0;
-    const size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
+    size_t counts[] = {1, 7, 1000, 1 << 20, (1 << 20) + 3};
+    size_t ncounts = sizeof(counts) / sizeof(counts[0]);
+    /* DEV_ALLREDUCE_EXACT_BIG=N: one large count, N, instead of the two
+     * (run_dev_emu.sh under the sanitizers) */
+    const char *eb = getenv("DEV_ALLREDUCE_EXACT_BIG");
+    if (eb != NULL && strtoull(eb, NULL, 10) > 0) {
+        counts[3] = (size_t)strtoull(eb, NULL, 10);
+        ncounts = 4;
+    }
     if (codec && strcmp(codec, "abort") == 0) {
         int bad_abort = check_abort(rank, nranks, comm, s);
         cudaStreamDestroy(s);
@@ -802,7 +811,7 @@ static int rank_main(int rank, int nranks, size_t mib, const char *codec)
         bad |= check_codec(rank, nranks, comm, s, codec);
     }
     const int staged_only = mib == 0;
-    for (size_t c = 0; !codec && !staged_only && c < sizeof(counts) / sizeof(counts[0]); c++) {
+    for (size_t c = 0; !codec && !staged_only && c < ncounts; c++) {
         for (int avg = 0; avg < 2; avg++) {
             size_t n = counts[c];
             float *h = malloc(n * sizeof(float)), *d_in, *d_out;
