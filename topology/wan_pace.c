@@ -16,12 +16,15 @@
 #include <string.h>
 
 #define PACE_UP_RESTART 1.5 /* a plan raising the uplink's figure this much restarts BBR */
+#define PACE_UP_HEADROOM 1.2     /* the cap over the uplink's figure (geoWanPace) */
+#define PACE_UP_HEADROOM_LOW 1.4 /* the same over a figure a re-plan lowered */
 
 void geoWanPaceReset(geoWanPaceState *p)
 {
     memset(p->pace, 0, sizeof(p->pace));
     p->up = 0;
     p->up_gain = 1;
+    p->up_headroom = PACE_UP_HEADROOM;
     p->paced = 0;
 }
 
@@ -36,7 +39,8 @@ void geoWanPaceReset(geoWanPaceState *p)
  * (BENCHMARKS.md, "Uneven links").  My region's uplink goodput (up)
  * paces each of my connections to other regions at its share of it
  * (geoWanPace). */
-void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap *rm, int rank)
+void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap *rm, int rank,
+                     int lowered)
 {
     const int R = m->nregions;
     char line[512];
@@ -61,6 +65,15 @@ void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap
     p->up = geoParamInt(GEO_PARAM_WAN_PACE) != 0 && g >= 0 && g < R
                 ? m->egress_Bps[g] * m->wan_goodput : 0;
     p->up_gain = 1;
+    /* Under a figure a re-plan lowered, the cap sits PACE_UP_HEADROOM_LOW
+     * over it: a region's connections are not all busy at once (they wait
+     * for the stages of the pipeline), and at 1.2x those that are could
+     * not take what the others left: 3x2, region 0 cut from 100 to 25
+     * Mbit/s, 16 MiB, its calls took 6.12-6.39 s over five runs at 1.2x,
+     * 6.10-6.11 s in two at 1.4x (1 Gbit/s cut to 250: 2.29-2.37 s at 1.4x,
+     * 2.31-2.34 at 1.2x).  At init and on unchanged links 1.2x: at 1.4x
+     * the 1 Gbit/s calls took 0.79-0.81 s against 0.77-0.79. */
+    p->up_headroom = lowered ? PACE_UP_HEADROOM_LOW : PACE_UP_HEADROOM;
     /* A plan made again that raises my uplink's figure (its link came
      * back: topology/replan.h) lifts a cap my connections were held to
      * for many calls, and BBR's estimate of the path is that cap: it
@@ -146,7 +159,6 @@ int geoWanPaceOn(const geoWanPaceState *p, const geoNet *net)
 #define PACE_LOSS 0.01
 #define PACE_GAIN_MAX 1.3
 #define PACE_GAIN_MIN 0.7
-#define PACE_UP_HEADROOM 1.2
 #define PACE_UP_BINDING 0.9
 #define PACE_UP_RAISE 1.1
 #define PACE_UP_GAIN_MAX 2.0
@@ -190,7 +202,7 @@ void geoWanPace(geoWanPaceState *p, geoNet *net, const topoRegionMap *m, int ran
         double all = (double)len * (1 + (m->nregions - 2) * (double)shares[h] / TOPO_SHARE_ONE);
         /* the same on and off: the gains change only after this loop */
         double down = mine > 0 && p->pace[h] > 0 ? p->pace[h] * p->gain[h] * mine / all : 0;
-        double up = mine > 0 && up_on ? p->up * PACE_UP_HEADROOM * p->up_gain * mine / sent : 0;
+        double up = mine > 0 && up_on ? p->up * p->up_headroom * p->up_gain * mine / sent : 0;
         double rate = down > 0 && (up == 0 || down <= up) ? down : up;
         if (down > 0 && rate == down)
             down_held[h] = 1;
@@ -242,7 +254,7 @@ void geoWanPace(geoWanPaceState *p, geoNet *net, const topoRegionMap *m, int ran
             if (p->up_gain >= PACE_UP_GAIN_MAX) {
                 geoInfo(GEO_LOG_NET | GEO_LOG_TUNING, "uplink pace: calls still ran at their "
                         "caps at %.1fx the probe's uplink rate; the uplink is no longer paced",
-                        PACE_UP_HEADROOM * PACE_UP_GAIN_MAX);
+                        p->up_headroom * PACE_UP_GAIN_MAX);
                 p->up = 0;
             }
             p->up_gain = gain;

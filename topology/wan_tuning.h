@@ -193,6 +193,7 @@ typedef struct {
      * uplink's figure well over it */
     double up_plan;
     int up_restart;
+    double up_headroom; /* the cap over up: higher under a figure a re-plan lowered */
     int down_held[GEO_WAN_MAX_REGIONS]; /* the call held some connection into h at pace[h] */
     int paced;              /* some region is, or the uplink is */
     /* this rank's factor on pace[h], adjusted after each paced call, and
@@ -208,9 +209,12 @@ void geoWanPaceReset(geoWanPaceState *p);
 /* From the plan's model m (its regions' egress and ingress rates and
  * goodput factor): which regions' downlinks are paced into and at what
  * rate, and my region's uplink rate (rm, rank: the communicator's map and
- * this rank).  Said at INFO (subsystem TUNING) by rank 0 and my region's
- * first rank.  GEOCCL_WAN_PACE=0: nothing paced. */
-void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap *rm, int rank);
+ * this rank; lowered: a re-plan put my region's uplink under the probe's
+ * figure, which sets its cap higher over it, wan_pace.c).  Said at INFO
+ * (subsystem TUNING) by rank 0 and my region's first rank.
+ * GEOCCL_WAN_PACE=0: nothing paced. */
+void geoWanPaceSetup(geoWanPaceState *p, const topoModel *m, const topoRegionMap *rm, int rank,
+                     int lowered);
 
 /* Whether geoWanPace may act at all: something is paced and net is TCP.
  * A caller may skip building geoWanPace's inputs when it is 0. */

@@ -212,7 +212,12 @@ ncclResult_t geoTuningInit(struct ncclComm *comm)
      * last).  A link that comes back then shows no more than the cap; the
      * re-plan's rule reads a region that ran at its cap as at least that
      * fast, and goes back to the probe's figure (topology/replan.h). */
-    geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank);
+    {
+        const int g = comm->regions.region_of[comm->rank];
+        const int lowered = comm->replan.probe != NULL && g >= 0 && g < m.nregions &&
+                            comm->topo.egress[g] < comm->replan.probe[g];
+        geoWanPaceSetup(&comm->wan.pace, &m, &comm->regions, comm->rank, lowered);
+    }
     memcpy(costs, topoDefaultCodecCosts, sizeof(costs[0]) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (costs[i].id == GEO_CODEC_TOPK && comm->auto_params.topkFraction > 0) {

@@ -38,7 +38,9 @@
  * calls N BYTES: N all-reduces of BYTES of floats (sum, out-of-place, every
  *   result checked exactly and the same on every rank); rank 0 prints per call
  *     rank 0: call I: T s, replans K, shares a/b/c, ended E
- *   (T: the slowest rank's time; geocclCommGetReplan; E: rank 0's wall clock
+ *   (T: from the last rank's entry into the call to the last rank's return,
+ *   on the host's monotonic clock, which the ranks share: they run on one
+ *   host; geocclCommGetReplan; E: rank 0's wall clock
  *   when it returned, seconds since the epoch) and a last line "rank R: calls ok: ...".  With
  *   HIER_RANK_PAUSE_AT=i,j,... and HIER_RANK_PAUSE_DIR=D, rank 0 stops after
  *   call i, creates D/at-i and waits (up to 300 s) for D/go-i, so that a
@@ -622,10 +624,15 @@ static int mode_calls(unsigned long n, size_t bytes)
       rc = 1;
       goto out;
     }
-    /* The call's time is its slowest rank's: a region whose uplink is
-     * slow finishes after the others. */
-    double slowest = took;
-    if (ncclAllReduce(&took, &slowest, 1, ncclFloat64, ncclMax, comm, NULL) != ncclSuccess) {
+    /* The call's time: from the last rank's entry to the last rank's
+     * return (a region whose uplink is slow finishes after the others).
+     * The ranks share this host's monotonic clock.  Not each rank's own
+     * time: the checks above end at different times on different ranks
+     * (6 ranks checking 64 MiB each on 2 cores: tens of milliseconds
+     * apart), and a rank that enters early waits for the last, which is
+     * the harness's time, not the call's. */
+    double span[2] = {start, start + took}, last[2] = {start, start + took};
+    if (ncclAllReduce(span, last, 2, ncclFloat64, ncclMax, comm, NULL) != ncclSuccess) {
       printf("rank %d: error in the max of call %lu's times: %s\n", g_rank, c,
              ncclGetLastError(comm));
       ncclCommAbort(comm);
@@ -643,7 +650,8 @@ static int mode_calls(unsigned long n, size_t bytes)
         o += snprintf(line + o, sizeof(line) - (size_t)o, "%s%.3f", q ? "/" : "", sh[q]);
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
-      printf("rank 0: call %lu: %.3f s, replans %d, shares %s, ended %.3f%s%s\n", c, slowest,
+      printf("rank 0: call %lu: %.3f s, replans %d, shares %s, ended %.3f%s%s\n", c,
+             last[1] - last[0],
              replans, line, (double)ts.tv_sec + ts.tv_nsec * 1e-9, why[0] ? ", " : "", why);
       fflush(stdout);
     }
