@@ -211,7 +211,9 @@ watch() {
             local last segs
             last=$(grep -h "bbr still" "$d/rank$r.out" | tail -n 1)
             [ -n "$last" ] && sed "s/.*TRACE /      rank $r: /" <<< "$last"
-            segs=$(sed -nE 's/.*\(loss [^(]*\([0-9]+ of ([0-9]+) segments.*/\1/p' <<< "$last")
+            # "(loss ... (R of N segments" or "too little counted yet (N segments)"
+            segs=$(sed -nE -e 's/.*\(loss [^(]*\([0-9]+ of ([0-9]+) segments.*/\1/p' \
+                       -e 's/.*too little counted yet \(([0-9]+) segments\).*/\1/p' <<< "$last")
             # no window logged for the pair left on bbr: no evidence either
             # way (seen once beside a loaded suite), counted as thin and said
             [ "$n" = 1 ] && [ -z "$last" ] && echo "      rank $r: no window logged for its other pair"
