@@ -247,9 +247,11 @@ sleep 3
 v=$("$WAN" cross stop c -n "$NAME")
 echo "   $v"
 tot=$(echo "$v" | sed -n 's/.*total \([0-9.]*\) Mbit.*(receiver.*/\1/p')
-if within "$tot" 75 101 && ! ip netns pids "$NAME-r0" | xargs -r ps -o comm= -p | grep -q iperf3; then
+# 60..100: the flows' figure over their 2 s, not a part of it (two BBR
+# flows read 74.2 Mbit/s of the 100 once beside the loaded suite)
+if within "$tot" 60 101 && ! ip netns pids "$NAME-r0" | xargs -r ps -o comm= -p | grep -q iperf3; then
     pass "cross stop ends the flows and reports the receiver's figures: $tot Mbit/s"
-else fail "cross stop: '$v' (want the receiver's 75..100 Mbit/s, no iperf3 left in r0)"; fi
+else fail "cross stop: '$v' (want the receiver's 60..100 Mbit/s, no iperf3 left in r0)"; fi
 "$WAN" show -n "$NAME" | sed 's/^/   /'
 
 echo "== took $((SECONDS - start)) s"
